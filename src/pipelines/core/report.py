@@ -1,0 +1,109 @@
+"""The report every pipeline writes as ``<m>.report``: variants table, derived metrics, claims.
+
+Nodes call :func:`build_report`; the run context (env, git commit, save version, wall time) is stamped
+by ``PlatformHooks`` when the report is saved, so node functions stay pure.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pipelines.core.claims import evaluate_claims, flat_metrics
+
+RUN_CONTEXT_KEYS = ("env", "git_commit", "save_version", "wall_seconds", "runner")
+
+
+def params_hash(params: Mapping[str, Any]) -> str:
+    blob = json.dumps(params, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe floats (NaN/inf → None) and plain Python types."""
+    if isinstance(x, Mapping):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy / torch scalars
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def aggregate_seeds(rows: Iterable[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
+    """Rows ``{"variant", "seed", <metric>: value, ...}`` → (mean, std, per-seed) tables by variant.
+
+    std is the population std over the seeds a variant was run with (0 for one seed)."""
+    per_seed: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        v = r["variant"]
+        for k, val in r.items():
+            if k in ("variant", "seed"):
+                continue
+            per_seed.setdefault(v, {}).setdefault(k, []).append(float(val))
+    mean = {v: {k: sum(x) / len(x) for k, x in ms.items()} for v, ms in per_seed.items()}
+    std = {v: {k: math.sqrt(sum((xi - mean[v][k]) ** 2 for xi in x) / len(x)) for k, x in ms.items()}
+           for v, ms in per_seed.items()}
+    return mean, std, per_seed
+
+
+def relative_gain(baseline: float, method: float) -> float:
+    """Fractional improvement of a lower-is-better metric: (baseline − method) / baseline."""
+    return (baseline - method) / baseline if baseline else float("nan")
+
+
+def build_report(pipeline: str, params: Mapping[str, Any], rows: Iterable[Mapping[str, Any]],
+                 metrics: Mapping[str, float] | None = None, artifacts: Iterable[str] = (),
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble ``<m>.report`` and evaluate the claims declared in ``params['claims']``."""
+    import torch  # recorded, not configured, here
+
+    mean, std, per_seed = aggregate_seeds(rows)
+    metrics = dict(metrics or {})
+    claims = evaluate_claims(params.get("claims", []), flat_metrics(mean, metrics))
+    return _clean({
+        "pipeline": pipeline,
+        "seeds": list(params.get("seeds", [])),
+        "params_hash": params_hash(params),
+        "threads": torch.get_num_threads(),
+        "variants": mean,
+        "variants_std": std,
+        "per_seed": per_seed,
+        "metrics": metrics,
+        "claims": claims,
+        "claims_held": sum(c["holds"] for c in claims),
+        "claims_declared": len(claims),
+        "artifacts": sorted(artifacts),
+        **(extra or {}),
+    })
+
+
+def claims_table(report: Mapping[str, Any]) -> str:
+    """The claims as a markdown table (for READMEs, notes and the scoreboard)."""
+    lines = ["| claim | metric | op | threshold | value | holds |", "|---|---|---|---|---|---|"]
+    for c in report["claims"]:
+        val = "n/a" if c["value"] is None else f"{c['value']:.4g}"
+        lines.append(f"| {c['id']} | `{c['metric']}` | {c['op']} | {c['threshold']:g} | {val} | "
+                     f"{'yes' if c['holds'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def variants_table(report: Mapping[str, Any], metrics: Iterable[str] | None = None) -> str:
+    """Variants × metrics as ``mean ± std`` markdown."""
+    variants = report["variants"]
+    cols = list(metrics or sorted({k for row in variants.values() for k in row}))
+    lines = ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for v, row in variants.items():
+        cells = []
+        for k in cols:
+            if k not in row or row[k] is None:
+                cells.append("")
+            else:
+                s = report.get("variants_std", {}).get(v, {}).get(k)
+                cells.append(f"{row[k]:.4g}" + (f" ± {s:.2g}" if s else ""))
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

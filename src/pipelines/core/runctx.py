@@ -1,0 +1,62 @@
+"""Run context shared by the CLI, the config resolvers and the hooks (no heavy imports)."""
+from __future__ import annotations
+
+import contextvars
+import os
+import subprocess
+from pathlib import Path
+
+DEFAULT_PIPELINE = "tess"
+
+_requested: list[str] = []
+current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_node", default=None)
+
+
+def set_requested_pipelines(names: list[str] | None) -> None:
+    """Called by the project's ``kedro run`` before the session starts."""
+    _requested[:] = list(names or [])
+
+
+def requested_pipelines() -> list[str]:
+    return list(_requested) or [DEFAULT_PIPELINE]
+
+
+def experiment_name() -> str:
+    """MLflow experiment for this run: ``MLFLOW_EXPERIMENT_NAME`` if set, else the pipeline name(s)."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or "+".join(
+        DEFAULT_PIPELINE if n == "__default__" else n for n in requested_pipelines()
+    )
+
+
+def project_root() -> Path:
+    """The Kedro project root (the folder holding pyproject.toml with [tool.kedro])."""
+    from kedro.utils import find_kedro_project
+
+    return find_kedro_project(Path.cwd()) or Path.cwd()
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set (a team server), else the embedded sqlite store at the root."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def artifact_location() -> str | None:
+    """Artifacts of the embedded sqlite store go to <project root>/mlartifacts (not ./mlruns of the
+    cwd); a tracking server decides its own artifact store (None)."""
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        return (project_root() / "mlartifacts").as_uri()
+    return None
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    """HEAD's sha, suffixed ``-dirty`` when tracked files differ; ``unknown`` outside git."""
+    cwd = cwd or project_root()
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

@@ -34,13 +34,12 @@ class PipelineRun:
 
 
 def make_project(dest: Path) -> Path:
-    """A project folder sharing src/ with the repo (symlink) and holding its own conf/ and data/."""
+    """A project folder with its own conf/, data/ and MLflow store; code comes from the installed package."""
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
     shutil.copytree(ROOT / "conf", dest / "conf", ignore=shutil.ignore_patterns("local"), dirs_exist_ok=True)
     (dest / "conf" / "local").mkdir(exist_ok=True)
-    if not (dest / "src").exists():
-        (dest / "src").symlink_to(ROOT / "src")
+    (dest / "src").mkdir(exist_ok=True)  # the package itself is imported from the (editable) install
     (dest / "data").mkdir(exist_ok=True)
     return dest
 

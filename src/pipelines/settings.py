@@ -12,6 +12,8 @@ CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
+    # conf/test and conf/full hold only what differs from conf/base: deep-merge parameters and mlflow.yml
+    "merge_strategy": {"parameters": "soft", "mlflow": "soft", "runner": "soft"},
     "config_patterns": {
         "mlflow": ["mlflow*", "mlflow*/**"],
         "runner": ["runner*", "runner*/**"],

@@ -1,0 +1,468 @@
+"""The shared GPU-node runner (ARCHITECTURE.md, "The GPU-node runner"), built on Ray.
+
+``kedro run --pipeline=<m> --runner=pipelines.core.runner.GPUNodeRunner`` runs any pipeline. Loads,
+saves, hooks and kedro-mlflow logging all stay in the ``kedro run`` process (the driver); only the
+function of a node tagged ``gpu`` travels, as a Ray task asking for ``num_gpus`` (1, or n with a tag
+``gpus-<n>``). Everything else runs in the driver, so versioned datasets and MLflow runs behave as with
+Kedro's SequentialRunner, and nothing unpicklable (catalog, hooks, MLflow datasets) is shipped.
+
+Backend (first that is set wins): ``--runner-params address=...``, ``$RAY_ADDRESS``, ``address`` in
+``conf/<env>/runner.yml``. No address → ``inline`` (exactly SequentialRunner, zero overhead, no Ray
+import); ``local`` → a local Ray instance with this machine's CPUs/GPUs; anything else (``auto``,
+``ray://head:10001``, ``head:6379``) → join that cluster.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from collections import Counter
+from itertools import chain
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from kedro.framework.hooks import hook_impl
+from kedro.runner.runner import AbstractRunner
+from kedro.runner.task import Task
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipelines.core.runctx import current_node
+
+if TYPE_CHECKING:
+    from kedro.pipeline import Pipeline
+    from kedro.pipeline.node import Node
+
+log = logging.getLogger(__name__)
+
+GPU_TAG = "gpu"
+_GPUS_TAG = re.compile(r"^gpus-(\d+(?:\.\d+)?)$")
+INLINE_ADDRESSES = {"", "none", "null", "inline"}
+
+
+# --------------------------------------------------------------------------------------------- config
+class RunnerConfig(BaseModel):
+    """``conf/<env>/runner.yml`` (soft-merged over conf/base) and ``--runner-params``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str | None = None  # None → inline; "local"; "auto"; "ray://head:10001"; "head:6379"
+    num_gpus: float = Field(default=1, ge=0)  # per gpu node without a gpus-<n> tag
+    cpus_per_node: float = Field(default=1, ge=0)  # CPUs each gpu-node task reserves
+    allow_cpu_fallback: bool = False
+    max_retries: int = Field(default=3, ge=0)  # Ray re-runs a task whose worker process died
+    cuda_outputs: Literal["convert", "reject"] = "convert"
+    local_cpus: int | None = Field(default=None, ge=1)  # size of a local instance; None = all
+    runtime_env: dict[str, Any] | None = None  # passed to ray.init (e.g. env_vars, working_dir)
+
+    @property
+    def backend(self) -> str:
+        if self.address is None or self.address.strip().lower() in INLINE_ADDRESSES:
+            return "inline"
+        return "ray"
+
+    def describe(self) -> str:
+        return "inline" if self.backend == "inline" else f"ray@{self.address}"
+
+
+class RunnerConfigError(ValueError):
+    """A runner setting is wrong; the message names the key."""
+
+
+def parse_config(raw: dict[str, Any], source: str) -> RunnerConfig:
+    try:
+        return RunnerConfig.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        why = "unknown key (typo?)" if err["type"] == "extra_forbidden" else err["msg"]
+        raise RunnerConfigError(f"runner setting '{key}' ({source}): {why}") from None
+
+
+def resolve_config(overrides: dict[str, Any], conf: dict[str, Any] | None = None,
+                   environ: dict[str, str] | None = None) -> RunnerConfig:
+    """Runner kwargs (``--runner-params``) > ``$RAY_ADDRESS`` > runner.yml > defaults."""
+    environ = os.environ if environ is None else environ
+    merged = dict(parse_config(dict(conf or {}), "runner.yml").model_dump(exclude_unset=True))
+    if environ.get("RAY_ADDRESS"):
+        merged["address"] = environ["RAY_ADDRESS"]
+    merged.update(overrides)
+    return parse_config(merged, "--runner-params / RAY_ADDRESS")
+
+
+def node_gpus(node: Node, default: float) -> float | None:
+    """GPUs the node asks for: None if it is not tagged ``gpu`` (it runs in the driver)."""
+    if GPU_TAG not in node.tags:
+        return None
+    asked = [float(m.group(1)) for t in node.tags if (m := _GPUS_TAG.match(t))]
+    return max(asked) if asked else default
+
+
+# Where the runner finds conf/<env>/runner.yml: RunnerConfigHooks (registered in settings.HOOKS)
+# captures the session's config loader; without it the runner reads the project's conf itself.
+_session: dict[str, Any] = {}
+
+
+class RunnerConfigHooks:
+    """Captures the run's ``runner`` config (honouring ``--env`` and ``--conf-source``)."""
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        from kedro.config import MissingConfigException
+
+        _session.clear()
+        _session["env"] = context.env
+        try:
+            _session["conf"] = dict(context.config_loader["runner"] or {})
+        except (MissingConfigException, KeyError):
+            _session["conf"] = {}
+
+
+def _run_env(hook_manager) -> str | None:
+    """The ``--env`` of this run when RunnerConfigHooks is not registered: the platform hook has it."""
+    get_plugins = getattr(hook_manager, "get_plugins", None)
+    for plugin in (get_plugins() if callable(get_plugins) else None) or ():
+        ctx = getattr(plugin, "_ctx", None)
+        if isinstance(ctx, dict) and ctx.get("env"):
+            return ctx["env"]
+    return os.environ.get("KEDRO_ENV")
+
+
+def load_runner_conf(env: str | None) -> dict[str, Any]:
+    """``runner`` config of ``env`` merged over base, read with the project's config loader."""
+    from kedro.config import MissingConfigException
+    from kedro.framework.project import settings
+
+    from pipelines.core.runctx import project_root
+
+    conf_source = Path(project_root()) / settings.CONF_SOURCE
+    if not conf_source.is_dir():
+        return {}
+    loader = settings.CONFIG_LOADER_CLASS(conf_source=str(conf_source), env=env,
+                                          **settings.CONFIG_LOADER_ARGS)
+    if "runner" not in loader.config_patterns:
+        loader.config_patterns["runner"] = ["runner*", "runner*/**"]
+    try:
+        return dict(loader["runner"] or {})
+    except (MissingConfigException, KeyError):
+        return {}
+
+
+# ------------------------------------------------------------------------------------------- errors
+class GPUUnavailableError(RuntimeError):
+    """A ``gpu`` node was asked of a cluster that cannot give it the GPUs."""
+
+
+class CudaOutputError(TypeError):
+    """A remote node returned CUDA tensors while ``cuda_outputs: reject``."""
+
+
+class RemoteNodeError(RuntimeError):
+    """A node failed in its Ray task; the message names the node and carries the remote traceback.
+
+    Raised as a subclass of the original exception's type too (when possible), so code that catches,
+    e.g., ``NonFiniteLossError`` behaves as with the SequentialRunner."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _remote_error(node: Node, exc: BaseException, attempts: int) -> RemoteNodeError:
+    import ray.exceptions as rex
+
+    cause = getattr(exc, "cause", None) if isinstance(exc, rex.RayTaskError) else None
+    if isinstance(exc, rex.RayTaskError):
+        remote_tb = getattr(exc, "traceback_str", "") or str(exc)
+        what = f"{type(cause).__name__}: {cause}" if cause is not None else exc.__class__.__name__
+        msg = (f"node '{node.name}' failed in its Ray task ({what}) on {getattr(exc, 'ip', '?')} "
+               f"pid {getattr(exc, 'pid', '?')}\n--- remote traceback ---\n{remote_tb.rstrip()}")
+    else:  # the worker died more often than max_retries allows, the node was lost, OOM-killed, ...
+        msg = (f"node '{node.name}' failed in its Ray task after {attempts} attempt(s): "
+               f"{type(exc).__name__}: {exc}")
+    if isinstance(cause, Exception) and not isinstance(cause, RemoteNodeError):
+        try:
+            cls = type(f"RemoteNodeError[{type(cause).__name__}]", (RemoteNodeError, type(cause)), {})
+            return cls(msg)
+        except TypeError:  # incompatible layouts (e.g. OSError): the plain error still names the node
+            pass
+    return RemoteNodeError(msg)
+
+
+# ------------------------------------------------------------------------------------ remote side
+def _cpu_outputs(node_name: str, obj: Any, policy: str, path: str = "outputs") -> Any:
+    """Tensors (and modules) moved to the CPU, or a CudaOutputError naming where a CUDA one is.
+
+    Done on the worker: a pickled CUDA tensor needs CUDA to unpickle, which the driver may lack."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu":
+            return obj
+        if policy == "reject":
+            raise CudaOutputError(f"node '{node_name}' returned a {obj.device} tensor at {path}; nodes "
+                                  "return CPU tensors (pipelines.core.runtime.to_cpu) or set "
+                                  "cuda_outputs: convert in runner.yml")
+        return obj.detach().cpu()
+    if isinstance(obj, torch.nn.Module):
+        devices = {t.device.type for t in chain(obj.parameters(), obj.buffers())}
+        if devices <= {"cpu"}:
+            return obj
+        if policy == "reject":
+            raise CudaOutputError(f"node '{node_name}' returned a module on {sorted(devices)} at {path}; "
+                                  "move it to the CPU or set cuda_outputs: convert in runner.yml")
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu_outputs(node_name, v, policy, f"{path}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, list | tuple) and not hasattr(obj, "_fields"):
+        return type(obj)(_cpu_outputs(node_name, v, policy, f"{path}[{i}]") for i, v in enumerate(obj))
+    return obj
+
+
+def assigned_device() -> str:
+    """``cuda`` when this process may use a GPU (inside a Ray task: Ray assigned one), else ``cpu``.
+
+    Inside a Ray task with ``num_gpus=0`` (the CPU fallback) torch may still see the machine's GPUs
+    (Ray >= 2.48 no longer blanks CUDA_VISIBLE_DEVICES then), so the assignment decides, not torch."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return "cpu"
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        if ctx.get_task_id() is not None and not ray.get_gpu_ids():
+            return "cpu"
+    return "cuda"
+
+
+def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tuple[dict[str, Any], dict]:
+    """Body of the Ray task: run the node's function, hand back CPU outputs and where it ran."""
+    import ray
+
+    # pipelines.core.runtime.get_device consults this marker (see assigned_device) and the NaN guard
+    # names the node from current_node, as PlatformHooks.before_node_run does in the driver.
+    os.environ["RAY_WORKER_MODE"] = "1"
+    token = current_node.set(node.name)
+    t0 = time.perf_counter()
+    try:
+        outputs = node.run(inputs)
+        outputs = _cpu_outputs(node.name, outputs, cuda_outputs)
+    finally:
+        current_node.reset(token)
+    info = {"host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": list(ray.get_gpu_ids()),
+            "seconds": round(time.perf_counter() - t0, 3)}
+    return outputs, info
+
+
+# ------------------------------------------------------------------------------------------ runner
+class GPUNodeRunner(AbstractRunner):
+    """Runs ``gpu``-tagged nodes as Ray tasks, everything else (loads, saves, hooks) in the driver.
+
+    Keyword arguments (``--runner-params key=value,...``) override ``runner.yml`` key by key."""
+
+    def __init__(self, is_async: bool = False, **overrides: Any) -> None:
+        super().__init__(is_async=is_async)
+        parse_config(overrides, "--runner-params")  # reject typos before the session starts
+        self._overrides = overrides
+        self.config: RunnerConfig | None = None
+        self.placements: dict[str, dict] = {}  # node name → where its Ray task ran
+        self._warned_fallback = False
+
+    def __str__(self) -> str:  # recorded by Kedro as run_params["runner"]
+        return f"GPUNodeRunner({self.config.describe()})" if self.config else "GPUNodeRunner"
+
+    def _get_executor(self, max_workers: int) -> None:
+        return None
+
+    # -- configuration ---------------------------------------------------------------------------
+    def _configure(self, hook_manager) -> RunnerConfig:
+        if _session:
+            conf = _session.get("conf", {})
+        else:
+            conf = load_runner_conf(_run_env(hook_manager))
+        self.config = resolve_config(self._overrides, conf)
+        return self.config
+
+    def _run(self, pipeline: Pipeline, catalog, hook_manager=None, run_id: str | None = None) -> None:
+        cfg = self._configure(hook_manager)
+        if cfg.backend == "inline":
+            self._logger.info("GPUNodeRunner: inline backend (no RAY_ADDRESS / runner address); "
+                              "gpu nodes run in this process")
+            super()._run(pipeline, catalog, hook_manager, run_id)
+            return
+        remote = {n: g for n in pipeline.nodes if (g := node_gpus(n, cfg.num_gpus)) is not None}
+        for n in [n for n in remote if inspect.isgeneratorfunction(n.func)]:
+            # a generator's chunks are saved as they come: that needs the catalog, so it stays here
+            self._logger.warning("GPUNodeRunner: node '%s' is a generator; it runs in this process", n.name)
+            del remote[n]
+        if not remote:
+            self._logger.info("GPUNodeRunner: no gpu-tagged node; running in this process")
+            super()._run(pipeline, catalog, hook_manager, run_id)
+            return
+        started = self._connect(cfg)
+        try:
+            remote = self._check_resources(remote, cfg)
+            self._run_with_ray(pipeline, catalog, hook_manager, run_id, remote, cfg)
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+
+    def _connect(self, cfg: RunnerConfig) -> bool:
+        """Join or start Ray; True if this runner started (and so must stop) it."""
+        import ray
+
+        if ray.is_initialized():  # a caller (a notebook, a test) already connected: reuse, leave running
+            return False
+        kwargs: dict[str, Any] = {"runtime_env": cfg.runtime_env, "logging_level": logging.WARNING}
+        if cfg.address.strip().lower() == "local":
+            kwargs.update(address="local", num_cpus=cfg.local_cpus, include_dashboard=False)
+        else:
+            kwargs["address"] = cfg.address
+        self._logger.info("GPUNodeRunner: connecting to Ray (%s)", cfg.address)
+        ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+        return True
+
+    def _check_resources(self, remote: dict[Node, float], cfg: RunnerConfig) -> dict[Node, float]:
+        """Fail fast (before any node runs) when a gpu node cannot get its GPUs, or fall back."""
+        import ray
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        per_node = [n.get("Resources", {}).get("GPU", 0.0) for n in nodes]
+        total = ray.cluster_resources()
+        summary = ", ".join(f"{k}: {v:g}" for k, v in sorted(total.items())
+                            if not k.startswith(("node:", "memory", "object_store")))
+        largest = max(per_node, default=0.0)
+        out = {}
+        for node, gpus in remote.items():
+            if gpus <= largest:
+                out[node] = gpus
+                continue
+            if largest == 0 and cfg.allow_cpu_fallback:
+                if not self._warned_fallback:
+                    self._logger.warning(
+                        "GPUNodeRunner: the Ray cluster (%s) has no GPU; gpu nodes run on CPU "
+                        "(allow_cpu_fallback: true): %s", summary,
+                        ", ".join(sorted(n.name for n in remote)))
+                    self._warned_fallback = True
+                out[node] = 0.0
+                continue
+            where = "has no GPU" if largest == 0 else f"has at most {largest:g} GPU(s) on one node"
+            hint = (" Set allow_cpu_fallback: true in conf/<env>/runner.yml (or --runner-params "
+                    "allow_cpu_fallback=true) to run gpu nodes on CPU." if largest == 0 else "")
+            raise GPUUnavailableError(
+                f"node '{node.name}' is tagged gpu and asks for {gpus:g} GPU(s), but the Ray cluster "
+                f"({cfg.address}) {where}; its resources: {summary or 'none'} over {len(nodes)} "
+                f"node(s).{hint}")
+        return out
+
+    # -- the scheduling loop ---------------------------------------------------------------------
+    def _run_with_ray(self, pipeline: Pipeline, catalog, hook_manager, run_id, remote: dict[Node, float],
+                      cfg: RunnerConfig) -> None:
+        import ray
+
+        task_fn = ray.remote(_execute_remote)
+        nodes = pipeline.nodes  # topological order: driver nodes run in the order SequentialRunner uses
+        order = {n: i for i, n in enumerate(nodes)}
+        deps = pipeline.node_dependencies
+        load_counts = Counter(chain.from_iterable(n.inputs for n in nodes))
+        todo, done = set(nodes), set()
+        inflight: dict[Any, tuple[Node, dict[str, Any], float]] = {}
+        self._logger.info("GPUNodeRunner: %d of %d nodes go to Ray (%s): %s", len(remote), len(nodes),
+                          cfg.address, ", ".join(f"{n.name}[gpus={g:g}]" for n, g in remote.items()))
+        try:
+            while todo or inflight:
+                ready = sorted((n for n in todo if deps[n] <= done), key=order.__getitem__)
+                # Every ready gpu node is submitted at once: independent ones run concurrently.
+                for node in (n for n in ready if n in remote):
+                    inputs = self._load_inputs(node, catalog, hook_manager, run_id)
+                    try:
+                        ref = task_fn.options(
+                            num_gpus=remote[node], num_cpus=cfg.cpus_per_node, max_retries=cfg.max_retries,
+                            retry_exceptions=False, name=node.name,
+                        ).remote(node, inputs, cfg.cuda_outputs)
+                    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
+                        raise RemoteNodeError(
+                            f"node '{node.name}': its function or inputs cannot be shipped to Ray "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                            "define node functions in an importable module") from exc
+                    inflight[ref] = (node, inputs, time.perf_counter())
+                    todo.discard(node)
+                local = [n for n in ready if n not in remote]
+                if local:  # one driver node, then look again: it may unlock more gpu nodes
+                    node = local[0]
+                    todo.discard(node)
+                    Task(node=node, catalog=catalog, hook_manager=hook_manager, is_async=self._is_async,
+                         run_id=run_id).execute()
+                    self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
+                    continue
+                if not inflight:
+                    if todo:
+                        raise RuntimeError(f"GPUNodeRunner: cannot schedule {sorted(n.name for n in todo)}")
+                    break
+                finished, _ = ray.wait(list(inflight), num_returns=1)
+                for ref in finished:
+                    node, inputs, t0 = inflight.pop(ref)
+                    outputs = self._collect(ref, node, inputs, catalog, hook_manager, run_id, cfg)
+                    self._save_outputs(node, outputs, catalog, hook_manager)
+                    self._logger.info("Completed node: %s (Ray task, %.2fs, %s)", node.name,
+                                      time.perf_counter() - t0, self._where(node.name))
+                    self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
+        except BaseException:
+            for ref in inflight:
+                ray.cancel(ref, force=True)
+            self._suggest_resume_scenario(pipeline, done, catalog)
+            raise
+
+    def _where(self, name: str) -> str:
+        p = self.placements.get(name, {})
+        return f"{p.get('host')} pid {p.get('pid')} gpus {p.get('gpu_ids')}"
+
+    def _finish(self, node: Node, pipeline, catalog, load_counts, done: set, total: int) -> None:
+        done.add(node)
+        self._logger.info("Completed %d out of %d tasks", len(done), total)
+        self._release_datasets(node, catalog, load_counts, pipeline)
+
+    @staticmethod
+    def _load_inputs(node: Node, catalog, hook_manager, run_id) -> dict[str, Any]:
+        inputs = {}
+        for name in node.inputs:
+            hook_manager.hook.before_dataset_loaded(dataset_name=name, node=node)
+            inputs[name] = catalog.load(name)
+            hook_manager.hook.after_dataset_loaded(dataset_name=name, data=inputs[name], node=node)
+        inputs.update(Task._collect_inputs_from_hook(node, catalog, inputs, False, hook_manager,
+                                                     run_id=run_id))
+        return inputs
+
+    def _collect(self, ref, node: Node, inputs, catalog, hook_manager, run_id, cfg: RunnerConfig):
+        import ray
+        import ray.exceptions as rex
+
+        try:
+            outputs, info = ray.get(ref)
+        except rex.RayError as exc:
+            error = _remote_error(node, exc, cfg.max_retries + 1)
+            hook_manager.hook.on_node_error(error=error, node=node, catalog=catalog, inputs=inputs,
+                                            is_async=False, run_id=run_id)
+            raise error from None
+        self.placements[node.name] = info
+        hook_manager.hook.after_node_run(node=node, catalog=catalog, inputs=inputs, outputs=outputs,
+                                         is_async=False, run_id=run_id)
+        return outputs
+
+    @staticmethod
+    def _save_outputs(node: Node, outputs: dict[str, Any], catalog, hook_manager) -> None:
+        for name, data in outputs.items():
+            hook_manager.hook.before_dataset_saved(dataset_name=name, data=data, node=node)
+            catalog.save(name, data)
+            hook_manager.hook.after_dataset_saved(dataset_name=name, data=data, node=node)
+        for name in node.confirms:
+            catalog.confirm(name)

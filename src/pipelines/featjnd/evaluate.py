@@ -1,0 +1,319 @@
+"""Evaluation of `featjnd` (card, Experiments): E1 matched-distortion test against Gaussian, shuffled,
+inverse and saliency-inverse maps; E2 attribution (bg/fg tolerance ratio, rank agreement with
+gradient×input and occlusion); E3 token-wise dynamic quantization with FeatJND / permuted / uniform /
+saliency-inverse step allocations at the same noise budget. Then the report and the plots."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipelines.core.params import parse
+from pipelines.core.report import build_report
+from pipelines.core.runtime import get_device, set_threads
+from pipelines.featjnd import ops
+from pipelines.featjnd.model import SPLITS, JNDEstimator, flip_rate, sample_noise
+from pipelines.featjnd.train import encode, load_backbone
+
+E1_MAPS = ("featjnd", "gauss", "shuffled", "shuffled_all", "inverse", "sal_inv")
+E3_ALLOCS = ("featjnd", "perm_step", "uniform_step", "sal_inv")
+EVAL_SEED_OFFSET = {"s1": 3000, "s2": 4000}
+
+
+def snr_tag(s: float) -> str:
+    """10 → '10', −5 → 'm5', 2.5 → '2p5' (metric-name safe)."""
+    t = f"{abs(s):g}".replace(".", "p")
+    return ("m" if s < 0 else "") + t
+
+
+def step_tag(d: float) -> str:
+    return f"{d:g}".replace(".", "p")
+
+
+def gradient_x_input(head, fn: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """|∂ logit_ŷ / ∂f ⊙ f| for the *predicted* class ŷ (no labels), in normalised units."""
+    out = []
+    for i in range(0, fn.shape[0], batch):
+        f = fn[i:i + batch].clone().requires_grad_(True)
+        logits = head(f)
+        sel = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
+        (g,) = torch.autograd.grad(sel, f)
+        out.append((g * f).abs().detach())
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def accuracy(head, fn: torch.Tensor, y: torch.Tensor, batch: int = 512) -> float:
+    correct = 0
+    for i in range(0, fn.shape[0], batch):
+        correct += int((head(fn[i:i + batch]).argmax(-1) == y[i:i + batch]).sum())
+    return correct / fn.shape[0]
+
+
+@torch.no_grad()
+def occlusion_drop(head, fn: torch.Tensor, patch: int) -> torch.Tensor:
+    """Drop of the predicted-class probability when a patch×patch block of tokens is zeroed (B×Hp×Wp)."""
+    b, c, h, w = fn.shape
+    probs = torch.softmax(head(fn), -1)
+    pred = probs.argmax(-1, keepdim=True)
+    p0 = probs.gather(1, pred).squeeze(1)
+    hp, wp = math.ceil(h / patch), math.ceil(w / patch)
+    drops = torch.zeros(b, hp, wp)
+    for r in range(hp):
+        for col in range(wp):
+            occ = fn.clone()
+            occ[:, :, r * patch:(r + 1) * patch, col * patch:(col + 1) * patch] = 0.0  # "off" for ReLU features
+            drops[:, r, col] = (p0 - torch.softmax(head(occ), -1).gather(1, pred).squeeze(1)).cpu()
+    return drops
+
+
+def evaluate_split(images: dict, backbones: dict, estimators: dict, raw: dict, split: str
+                   ) -> tuple[pd.DataFrame, dict]:
+    """E1–E3 at one split point for every seed: long table (seed, split, variant, metric, value) + maps."""
+    p = parse("featjnd", raw)
+    ev, e = p.evaluation, p.estimator
+    set_threads(p.threads)
+    device = get_device(p.device)
+    rows: list[dict] = []
+    maps: dict[str, dict] = {}
+    for seed in p.seeds:
+        data, st = images[f"seed{seed}"], estimators[f"seed{seed}"]
+        model = load_backbone(data, backbones[f"seed{seed}"], p.backbone.widths, device)
+        std = st["std"].to(device)
+
+        def head(t: torch.Tensor) -> torch.Tensor:
+            return model.head(t * std, split)
+
+        x, y = data["x_test"].to(device), data["y_test"].to(device)
+        fn = encode(model, x, split) / std
+        est = JNDEstimator(fn.shape[1], e.hidden, e.j_max).to(device)
+        est.load_state_dict(st["state"])
+        est.eval()
+        with torch.no_grad():
+            j = torch.cat([est(fn[i:i + 512]) for i in range(0, len(fn), 512)])
+        gen = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET[split])
+
+        def rec(variant: str, metric: str, value: float) -> None:
+            rows.append({"seed": seed, "split": split, "variant": variant, "metric": metric, "value": float(value)})
+
+        acc_clean = accuracy(head, fn, y)
+        for v in set(E1_MAPS) | set(E3_ALLOCS):
+            rec(v, "acc_clean", acc_clean)
+        rec("featjnd", "calib_scale", st["scale"])
+        rec("featjnd", "flip_rate_at_J_val", st["flip_rate_val"])
+        draws = [sample_noise(tuple(fn.shape), e.noise_dist, gen).to(device) for _ in range(e.calib_draws)]
+        rec("featjnd", "flip_rate_at_J_test", flip_rate(j, fn, std, lambda t: model.head(t, split), draws))
+
+        # ---- E1: matched-distortion test (same z for every map: common random numbers) ----
+        gxi = gradient_x_input(head, fn)
+        sal_inv = 1.0 / (gxi + ev.sal_eps * gxi.mean(dim=(1, 2, 3), keepdim=True))
+        shuffled = ops.shuffle_spatial(j.cpu(), gen).to(device)
+        shaped = {"featjnd": j, "gauss": torch.ones_like(j), "shuffled": shuffled,
+                  "shuffled_all": ops.shuffle_all(j.cpu(), gen).to(device), "inverse": 1.0 / j,
+                  "sal_inv": sal_inv}
+        z = sample_noise(tuple(fn.shape), e.noise_dist, gen).to(device)
+        for name, m in shaped.items():
+            accs = []
+            for s in ev.snr_db:
+                delta = ops.match_energy(m * z, fn, s).to(fn.dtype)
+                acc = accuracy(head, fn + delta, y)
+                rec(name, f"acc_snr{snr_tag(s)}", acc)
+                accs.append(acc)
+            rec(name, "auc_acc_vs_snr", float(np.mean(accs)))
+
+        # ---- E2: attribution ----
+        h, w = fn.shape[2:]
+        mask = ops.pooled_mask(data["mask_test"].to(device), (h, w))
+        sens = (-torch.log(j)).mean(1)                   # S = mean_c(−log J): high where little is tolerated
+        sal_pos = gxi.mean(1)
+        rec("featjnd", "spearman_jnd_saliency", ops.spearman(sens.flatten(1), sal_pos.flatten(1)).mean())
+        if ev.occlusion_images > 0:
+            n_occ = min(ev.occlusion_images, len(fn))
+            drop = occlusion_drop(head, fn[:n_occ], ev.occlusion_patch)
+            sens_p = torch.nn.functional.avg_pool2d(sens[:n_occ].unsqueeze(1), ev.occlusion_patch,
+                                                    ceil_mode=True).squeeze(1).cpu()
+            rec("featjnd", "spearman_jnd_occlusion", ops.spearman(sens_p.flatten(1), drop.flatten(1)).mean())
+        for name, m in (("featjnd", j), ("shuffled", shuffled), ("sal_inv", sal_inv)):
+            ratio = ops.bg_fg_ratio(m.mean(1), mask)
+            rec(name, "jnd_bgfg_ratio", torch.nanmean(ratio))
+            energy = m.pow(2).sum(1)
+            share = (energy * (~mask)).sum((1, 2)) / energy.sum((1, 2))
+            rec(name, "bg_energy_share", share.mean())  # logged only: the background covers most positions
+        rec("featjnd", "bg_position_share", (~mask).float().mean())
+
+        # ---- E3: token-wise dynamic quantization at matched budget mean_t Δ_t² = Δ0² ----
+        u = (torch.rand(fn.shape, generator=gen) - 0.5).to(device)  # one dither for every allocation
+        w_jnd = ops.token_weights(j, ev.token_aggregation)
+        w_sal = ops.token_weights(sal_inv, ev.token_aggregation)
+        qacc: dict[tuple[str, bool], list[float]] = {}
+        for d0 in ev.quant_steps:
+            steps_jnd = ops.steps_from_weights(w_jnd, d0)
+            allocs = {"featjnd": steps_jnd, "perm_step": ops.permute_steps(steps_jnd.cpu(), gen).to(device),
+                      "uniform_step": torch.full_like(steps_jnd, d0),
+                      "sal_inv": ops.steps_from_weights(w_sal, d0)}
+            for name, steps in allocs.items():
+                for dith in (False, True):
+                    fq, sym = ops.quantize(fn, steps, ev.q_clip, u if dith else None)
+                    sfx = "_dither" if dith else ""
+                    acc = accuracy(head, fq, y)
+                    qacc.setdefault((name, dith), []).append(acc)
+                    rec(name, f"qacc_D{step_tag(d0)}{sfx}", acc)
+                    rec(name, f"qmse_D{step_tag(d0)}{sfx}", (fq - fn).pow(2).mean())
+                    rec(name, f"bits_D{step_tag(d0)}{sfx}", ops.entropy_bits(sym))
+        for (name, dith), accs in qacc.items():
+            rec(name, "qacc_mean" + ("_dither" if dith else ""), float(np.mean(accs)))
+
+        n = min(ev.maps_saved, len(fn))
+        maps[f"seed{seed}"] = {"J": j[:n].half().cpu(), "x": data["x_test"][:n], "mask": data["mask_test"][:n],
+                               "saliency": sal_pos[:n].cpu(), "y": data["y_test"][:n]}
+    return pd.DataFrame(rows), maps
+
+
+def evaluate_s1(images: dict, backbones: dict, estimators: dict, raw: dict) -> tuple[pd.DataFrame, dict]:
+    """Node: E1–E3 at split S1."""
+    return evaluate_split(images, backbones, estimators, raw, "s1")
+
+
+def evaluate_s2(images: dict, backbones: dict, estimators: dict, raw: dict) -> tuple[pd.DataFrame, dict]:
+    """Node: E1–E3 at split S2."""
+    return evaluate_split(images, backbones, estimators, raw, "s2")
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+def variant_rows(results: pd.DataFrame) -> list[dict]:
+    """Long results → one row per (variant, seed) with split-prefixed metric names (same names across
+    variants, so MLflow's Compare lines them up)."""
+    rows = []
+    for (variant, seed), d in results.groupby(["variant", "seed"]):
+        row = {"variant": variant, "seed": int(seed)}
+        row.update({f"{s}_{m}": v for s, m, v in zip(d["split"], d["metric"], d["value"])})
+        rows.append(row)
+    return rows
+
+
+def derived_metrics(results: pd.DataFrame, snrs: list[float]) -> dict[str, float]:
+    """Seed-mean gaps in accuracy points that the claims read (per split)."""
+    mean = results.groupby(["split", "variant", "metric"])["value"].mean()
+
+    def pts(split: str, metric: str, a: str, b: str) -> float:
+        return 100.0 * (mean[(split, a, metric)] - mean[(split, b, metric)])
+
+    out: dict[str, float] = {}
+    for sp in SPLITS:
+        if sp not in results["split"].unique():
+            continue
+        out[f"gap_pts.{sp}_auc_acc_vs_snr.featjnd_vs_gauss"] = pts(sp, "auc_acc_vs_snr", "featjnd", "gauss")
+        out[f"gap_pts.{sp}_auc_acc_vs_snr.gauss_vs_inverse"] = pts(sp, "auc_acc_vs_snr", "gauss", "inverse")
+        for s in snrs:
+            t = f"acc_snr{snr_tag(s)}"
+            for other in ("gauss", "shuffled", "shuffled_all", "inverse", "sal_inv"):
+                out[f"gap_pts.{sp}_{t}.featjnd_vs_{other}"] = pts(sp, t, "featjnd", other)
+        out[f"max_abs_gap_pts.{sp}_acc_snr.shuffled_all_vs_gauss"] = max(
+            abs(pts(sp, f"acc_snr{snr_tag(s)}", "shuffled_all", "gauss")) for s in snrs)
+        low = [s for s in snrs if s <= 0]
+        if low:
+            out[f"min_gap_pts.{sp}_acc_snr_le0.featjnd_vs_shuffled"] = min(
+                pts(sp, f"acc_snr{snr_tag(s)}", "featjnd", "shuffled") for s in low)
+        out[f"abs_dev_from_1.{sp}_jnd_bgfg_ratio.shuffled"] = abs(mean[(sp, "shuffled", "jnd_bgfg_ratio")] - 1)
+        for sfx in ("", "_dither"):
+            for other in ("uniform_step", "perm_step", "sal_inv"):
+                out[f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{other}"] = pts(sp, f"qacc_mean{sfx}", "featjnd",
+                                                                                other)
+    return out
+
+
+def _jnd_grid(maps: dict, split: str, n: int):
+    """The artifact users come for: inputs, mean_c J over the input (digit mask outlined), and the
+    gradient×input saliency, for ``n`` test examples of the first seed."""
+    import matplotlib.pyplot as plt
+    import torch.nn.functional as F
+
+    m = maps[sorted(maps)[0]]
+    n = min(n, m["J"].shape[0])
+    x = m["x"][:n, 0].float()
+    size = x.shape[-2:]
+    jmap = F.interpolate(m["J"][:n].float().mean(1, keepdim=True), size=size, mode="nearest")[:, 0]
+    sal = F.interpolate(m["saliency"][:n].float().unsqueeze(1), size=size, mode="nearest")[:, 0]
+    fig, axes = plt.subplots(3, n, figsize=(1.6 * n, 5.2), squeeze=False)
+    vmax = float(jmap.max())
+    for i in range(n):
+        axes[0, i].imshow(x[i], cmap="gray")
+        axes[0, i].contour(m["mask"][i].float(), levels=[0.5], colors="lime", linewidths=0.6)
+        axes[0, i].set_title(f"y={int(m['y'][i])}", fontsize=8)
+        axes[1, i].imshow(x[i], cmap="gray")
+        im = axes[1, i].imshow(jmap[i], cmap="magma", alpha=0.75, vmin=0, vmax=vmax)
+        axes[1, i].contour(m["mask"][i].float(), levels=[0.5], colors="cyan", linewidths=0.6)
+        axes[2, i].imshow(sal[i], cmap="viridis")
+        for r in range(3):
+            axes[r, i].set_xticks([])
+            axes[r, i].set_yticks([])
+    axes[0, 0].set_ylabel("input", fontsize=8)
+    axes[1, 0].set_ylabel("mean_c J", fontsize=8)
+    axes[2, 0].set_ylabel("|grad×input|", fontsize=8)
+    fig.colorbar(im, ax=axes[1, :].tolist(), fraction=0.02, label="J (channel-std units)")
+    fig.suptitle(f"FeatJND maps at split {split.upper()} (tolerable perturbation, normalised units)")
+    return fig
+
+
+def _quant_plot(results: pd.DataFrame, split: str, steps: list[float]):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    d = results[results.split == split]
+    for ax, sfx, title in ((axes[0], "", "plain rounding"), (axes[1], "_dither", "dithered")):
+        for v in E3_ALLOCS:
+            vals = [d[(d.variant == v) & (d.metric == f"qacc_D{step_tag(s)}{sfx}")]["value"] for s in steps]
+            ax.errorbar(steps, [x.mean() for x in vals], yerr=[x.std(ddof=0) for x in vals], marker="o",
+                        capsize=3, label=v)
+        ax.set(xlabel="Δ0 (RMS step, channel-std units)", title=f"{split.upper()}: {title}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _training_plot(estimators: dict[str, dict]):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for split, ests in estimators.items():
+        for key, st in sorted(ests.items()):
+            h = st["history"]
+            axes[0].plot(h[:, 0], h[:, 2], marker=".", label=f"{split} {key}")
+            axes[1].plot(h[:, 0], h[:, 3], marker=".", label=f"{split} {key}")
+    axes[0].set(xlabel="epoch", ylabel="train flip rate (mean over batches)", title="estimator flip rate")
+    axes[1].set(xlabel="epoch", ylabel="μ (end of epoch)", yscale="log", title="dual variable")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def make_report(results_s1: pd.DataFrame, results_s2: pd.DataFrame, maps_s1: dict, maps_s2: dict,
+                est_s1: dict, est_s2: dict, raw: dict) -> tuple[dict, dict]:
+    """Node: variants (method + every baseline), derived gaps, claims, and the figures."""
+    from pipelines.core.plots import line_plot
+
+    p = parse("featjnd", raw)
+    ev = p.evaluation
+    results = pd.concat([results_s1, results_s2], ignore_index=True)
+    metrics = derived_metrics(results, ev.snr_db)
+    figures = {"jnd_maps_s1": _jnd_grid(maps_s1, "s1", ev.plot_examples),
+               "jnd_maps_s2": _jnd_grid(maps_s2, "s2", ev.plot_examples)}
+    for sp in SPLITS:
+        d = results[results.split == sp]
+        series, errors = {}, {}
+        for v in E1_MAPS:
+            vals = [d[(d.variant == v) & (d.metric == f"acc_snr{snr_tag(s)}")]["value"] for s in ev.snr_db]
+            series[v], errors[v] = [x.mean() for x in vals], [x.std(ddof=0) for x in vals]
+        figures[f"acc_vs_snr_{sp}"] = line_plot(ev.snr_db, series, "SNR (dB), energy matched per image",
+                                                "test accuracy", f"{sp.upper()}: accuracy vs SNR", errors)
+        figures[f"qacc_vs_budget_{sp}"] = _quant_plot(results, sp, ev.quant_steps)
+    figures["estimator_training"] = _training_plot({"s1": est_s1, "s2": est_s2})
+    report = build_report("featjnd", raw, variant_rows(results), metrics, artifacts=[f"{k}.png" for k in figures])
+    return report, figures

@@ -1,0 +1,116 @@
+"""The measurement mechanics of `featjnd`'s experiments: matched-energy distortions and the control maps
+(E1), rank correlation and bg/fg ratios (E2), token-wise dynamic quantization with budget-matched step
+allocations and its rate proxy (E3). Pure tensor functions, tested against independent references."""
+from __future__ import annotations
+
+import torch
+
+
+def match_energy(direction: torch.Tensor, f: torch.Tensor, snr_db: float) -> torch.Tensor:
+    """δ = direction rescaled per image so that ‖δ‖² = ‖f‖² · 10^(−snr/10) (card E1).
+
+    Matched per image (never per batch, which would flatter a structured map); float64 inside so the
+    SNRs agree to 1e-6 whatever the map's dynamic range."""
+    d = direction.double()
+    dims = tuple(range(1, d.dim()))
+    target = f.double().pow(2).sum(dims) * 10.0 ** (-snr_db / 10.0)
+    scale = torch.sqrt(target / d.pow(2).sum(dims).clamp_min(1e-300))
+    return d * scale.view(-1, *([1] * (d.dim() - 1)))
+
+
+def snr_db(f: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Per-image SNR (dB) of the distortion δ relative to the feature f."""
+    dims = tuple(range(1, f.dim()))
+    return 10.0 * torch.log10(f.double().pow(2).sum(dims) / delta.double().pow(2).sum(dims))
+
+
+def shuffle_spatial(j: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """J permuted over positions independently within each channel of each image: keeps every channel's
+    multiset of tolerances (the channel allocation) and destroys the placement."""
+    b, c, h, w = j.shape
+    flat = j.reshape(b * c, h * w)
+    idx = torch.argsort(torch.rand(flat.shape, generator=gen), dim=1)
+    return torch.gather(flat, 1, idx).reshape(b, c, h, w)
+
+
+def shuffle_all(j: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """J permuted over all C·H·W entries of each image (keeps only the image's multiset)."""
+    b = j.shape[0]
+    flat = j.reshape(b, -1)
+    idx = torch.argsort(torch.rand(flat.shape, generator=gen), dim=1)
+    return torch.gather(flat, 1, idx).reshape(j.shape)
+
+
+def ranks(x: torch.Tensor) -> torch.Tensor:
+    """0-based ranks along the last axis, ties get their average rank (as scipy's rankdata, minus 1)."""
+    sorted_x = torch.sort(x.contiguous(), dim=-1).values
+    left = torch.searchsorted(sorted_x, x.contiguous(), right=False)
+    right = torch.searchsorted(sorted_x, x.contiguous(), right=True)
+    return (left + right - 1).double() / 2
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Spearman rank correlation of each row of a with the same row of b (shape B×N → B)."""
+    ra, rb = ranks(a.double()), ranks(b.double())
+    ra, rb = ra - ra.mean(-1, keepdim=True), rb - rb.mean(-1, keepdim=True)
+    return (ra * rb).sum(-1) / torch.sqrt(ra.pow(2).sum(-1) * rb.pow(2).sum(-1)).clamp_min(1e-300)
+
+
+def pooled_mask(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """The image-resolution object mask max-pooled to the feature grid (B×H×W bool)."""
+    import torch.nn.functional as F
+
+    return F.adaptive_max_pool2d(mask.float().unsqueeze(1), size).squeeze(1) > 0.5
+
+
+def bg_fg_ratio(map_bhw: torch.Tensor, mask_bhw: torch.Tensor) -> torch.Tensor:
+    """Per image: mean of the map outside the mask / mean inside (NaN where either side is empty)."""
+    m = mask_bhw.float()
+    fg = (map_bhw * m).sum((1, 2)) / m.sum((1, 2))
+    bg = (map_bhw * (1 - m)).sum((1, 2)) / (1 - m).sum((1, 2))
+    return bg / fg
+
+
+def token_weights(j: torch.Tensor, how: str = "mean") -> torch.Tensor:
+    """Aggregate a C×H×W map to one positive weight per spatial token (B×T)."""
+    flat = j.reshape(j.shape[0], j.shape[1], -1)
+    if how == "rms":
+        return flat.pow(2).mean(1).sqrt()
+    if how == "geomean":
+        return torch.exp(torch.log(flat.clamp_min(1e-12)).mean(1))
+    return flat.mean(1)
+
+
+def steps_from_weights(w: torch.Tensor, delta0: float) -> torch.Tensor:
+    """Δ_t ∝ w_t, renormalised per image so that mean_t Δ_t² = Δ0² (the noise budget Σ_t C·Δ_t²/12)."""
+    w = w.double()
+    return delta0 * w / w.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-300)
+
+
+def permute_steps(steps: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The same per-image multiset of steps, randomly permuted over tokens (budget-matched by construction)."""
+    idx = torch.argsort(torch.rand(steps.shape, generator=gen), dim=-1)
+    return torch.gather(steps, -1, idx)
+
+
+def quantize(f: torch.Tensor, steps: torch.Tensor, clip: float, dither: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-wise quantization of f (B×C×H×W) with per-token steps (B×T): Δ_t·round(f/Δ_t), or the dithered
+    Δ_t·(round(f/Δ_t + u) − u) whose error is exactly uniform with variance Δ²/12.
+
+    The range is clipped to [−clip, clip] identically for every allocation. Returns (f̂, integer symbols)."""
+    b, c, h, w = f.shape
+    d = steps.reshape(b, 1, h, w).to(f.dtype)
+    x = f.clamp(-clip, clip) / d
+    if dither is None:
+        q = torch.round(x)
+        return q * d, q
+    q = torch.round(x + dither)
+    return (q - dither) * d, q
+
+
+def entropy_bits(symbols: torch.Tensor) -> float:
+    """Empirical entropy (bits per element) of the quantised symbols: the rate proxy."""
+    _, counts = torch.unique(symbols.reshape(-1), return_counts=True)
+    p = counts.double() / counts.sum()
+    return float(-(p * torch.log2(p)).sum())

@@ -1,0 +1,86 @@
+"""Typed parameters of `featjnd` (validated before any node runs; a bad value names its key)."""
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+N_DIGITS = 1797  # sklearn's bundled load_digits
+
+
+class Data(Strict):
+    # digits_canvas: seeded canvases built from sklearn's bundled digits; tensor_file: a user's .pt file
+    source: Literal["digits_canvas", "tensor_file"] = "digits_canvas"
+    path: str | None = None
+    n_train: int = Field(default=1200, ge=20)
+    n_val: int = Field(default=300, ge=10)
+    n_test: int = Field(default=297, ge=10)
+    test_renders: int = Field(default=2, ge=1)
+    canvas: int = Field(default=32, ge=16, le=256)
+    upsample: int = Field(default=2, ge=1, le=8)
+    clutter: float = Field(default=0.1, ge=0, le=1)
+    n_strokes: int = Field(default=2, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Data":
+        if self.source == "digits_canvas":
+            if self.n_train + self.n_val + self.n_test > N_DIGITS:
+                raise ValueError(f"n_train + n_val + n_test must be <= {N_DIGITS} (the bundled digits)")
+            if self.canvas < 8 * self.upsample:
+                raise ValueError("canvas must be >= 8 * upsample (the digit must fit)")
+        elif not self.path:
+            raise ValueError("path is required when source is 'tensor_file'")
+        return self
+
+
+class Backbone(Strict):
+    widths: list[int] = Field(default=[16, 32, 64, 64], min_length=4, max_length=4)
+    epochs: int = Field(default=12, ge=1)
+    lr: float = Field(default=2e-3, gt=0)
+    batch_size: int = Field(default=64, ge=1)
+
+
+class Estimator(Strict):
+    hidden: int = Field(default=32, ge=1)
+    k_samples: int = Field(default=2, ge=1)
+    epochs: int = Field(default=8, ge=1)
+    lr: float = Field(default=2e-3, gt=0)
+    batch_size: int = Field(default=64, ge=1)
+    lambda_m: float = Field(default=0.05, gt=0)
+    tau: float = Field(default=0.05, gt=0)
+    rho: float = Field(default=0.05, gt=0, lt=1)
+    eta: float = Field(default=0.05, gt=0)
+    mu_init: float = Field(default=1.0, gt=0)
+    j_max: float = Field(default=10.0, gt=0)
+    noise_dist: Literal["gaussian", "uniform"] = "gaussian"
+    magnitude_metric: Literal["mean_log", "l2"] = "mean_log"
+    calib_steps: int = Field(default=10, ge=1)
+    calib_draws: int = Field(default=2, ge=1)
+
+
+class Evaluation(Strict):
+    snr_db: list[float] = Field(default=[10.0, 5.0, 0.0, -5.0], min_length=1)
+    quant_steps: list[float] = Field(default=[2.0, 3.0, 4.0], min_length=1)
+    token_aggregation: Literal["mean", "rms", "geomean"] = "mean"
+    q_clip: float = Field(default=10.0, gt=0)
+    sal_eps: float = Field(default=0.1, gt=0)
+    occlusion_images: int = Field(default=64, ge=0)
+    occlusion_patch: int = Field(default=2, ge=1)
+    plot_examples: int = Field(default=8, ge=1, le=32)
+    maps_saved: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Evaluation":
+        if any(d <= 0 for d in self.quant_steps):
+            raise ValueError("quant_steps must all be > 0")
+        if len(set(self.snr_db)) != len(self.snr_db):
+            raise ValueError("snr_db has duplicates")
+        return self
+
+
+class Params(MethodParams):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: Data
+    backbone: Backbone
+    estimator: Estimator
+    evaluation: Evaluation

@@ -1,0 +1,142 @@
+"""Typed parameters of `rankcal` (validated before any node runs; errors name the key)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+BUILTIN_DATASETS = ("iris", "wine", "digits5", "diabetes", "linnerud", "pl_truth", "mallows_truth")
+MODELS = ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl", "neural_pl_ts",
+          "uniform")
+
+
+class Synthetic(Strict):
+    n_train: int = Field(ge=20)
+    n_test: int = Field(ge=20)
+    n_features: int = Field(ge=1)
+    m: int = Field(ge=3, le=6)
+    w_std: float = Field(gt=0)
+    mallows_theta: float = Field(gt=0)
+    world_seed: int = 0
+
+
+class Data(Strict):
+    datasets: list[str] = Field(min_length=1)
+    test_fraction: float = Field(gt=0, lt=1)
+    synthetic: Synthetic
+    user_dir: str | None = None  # full env: folder of <name>.csv files, listed as "file:<name>"
+
+    @field_validator("datasets")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not (name in BUILTIN_DATASETS or (name.startswith("file:") and len(name) > 5)):
+                raise ValueError(f"unknown dataset {name!r}: use one of {BUILTIN_DATASETS} or 'file:<name>'")
+        return v
+
+    @model_validator(mode="after")
+    def _user_dir(self):
+        if any(n.startswith("file:") for n in self.datasets) and not self.user_dir:
+            raise ValueError("user_dir: 'file:<name>' datasets need a folder of <name>.csv files")
+        return self
+
+
+class Neural(Strict):
+    hidden: list[int] = Field(min_length=1)
+    steps: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    holdout_fraction: float = Field(gt=0, lt=1)
+    min_holdout: int = Field(ge=2)
+    t_min: float = Field(gt=0)
+    t_max: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.t_max <= self.t_min:
+            raise ValueError(f"t_max: must exceed t_min ({self.t_min})")
+        return self
+
+
+class Models(Strict):
+    variants: list[str] = Field(min_length=1)
+    l2: float = Field(ge=0)
+    knn_k: int = Field(ge=1)
+    ib_pl_alpha: float = Field(gt=0)
+    mm_iters: int = Field(ge=1)
+    mallows_theta_max: float = Field(gt=0)
+    rac_epsilon: float = Field(gt=0, lt=0.1)
+    rac_max_m: int = Field(ge=2, le=6)
+    neural: Neural
+
+    @field_validator("variants")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if x not in MODELS]
+        if bad:
+            raise ValueError(f"unknown model(s) {bad}: use {MODELS}")
+        if "neural_pl_ts" in v and "neural_pl" not in v:
+            raise ValueError("neural_pl_ts is the temperature-scaled copy of neural_pl: list both")
+        return v
+
+
+class Ece(Strict):
+    n_bins: int = Field(ge=1, le=100)
+    n_debias: int = Field(ge=1)
+    n_bootstrap: int = Field(ge=0)
+    full_cw_max_m: int = Field(ge=2, le=6)
+
+
+class Demo(Strict):
+    truth_weights: list[float] = Field(min_length=3, max_length=3)
+    margin: float = Field(gt=0, lt=1)
+    q_floor: float = Field(ge=0, lt=1 / 6)
+    n: int = Field(ge=100)
+
+    @field_validator("truth_weights")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if min(v) <= 0:
+            raise ValueError("PL weights must be positive")
+        return v
+
+
+class RewardModel(Strict):
+    name: str = Field(pattern=r"^[a-z0-9_]+$")
+    arch: Literal["linear", "mlp"]
+    weight_decay: float = Field(ge=0)
+    steps: int = Field(ge=1)
+
+
+class Rlhf(Strict):
+    enabled: bool = True
+    n_features: int = Field(ge=1)
+    k_responses: int = Field(ge=2, le=6)
+    beta: float = Field(gt=0)
+    n_pairs: list[int] = Field(min_length=1)
+    n_val: int = Field(ge=10)
+    n_test: int = Field(ge=20)
+    hidden: list[int] = Field(min_length=1)
+    lr: float = Field(gt=0)
+    models: list[RewardModel] = Field(min_length=1)
+    t_min: float = Field(gt=0)
+    t_max: float = Field(gt=0)
+    world_seed: int = 0
+
+    @field_validator("n_pairs")
+    @classmethod
+    def _sizes(cls, v: list[int]) -> list[int]:
+        if min(v) < 10:
+            raise ValueError("every training size must be >= 10 pairs")
+        return v
+
+
+class Params(MethodParams):
+    data: Data
+    models: Models
+    ece: Ece
+    demo: Demo
+    rlhf: Rlhf
+    rank_disagreement_datasets: list[str] = Field(default_factory=lambda: ["digits5", "diabetes"])
+    plot_seed: int = 0

@@ -1,0 +1,1 @@
+def evaluate(*a): raise NotImplementedError

@@ -1,0 +1,111 @@
+"""Typed parameters of `wbmm` (validated before any node runs; a bad value names its key)."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+MIXER_RE = re.compile(r"^(w|dw)([1-9][0-9]*)$")
+
+
+def _odd(values: list[int]) -> list[int]:
+    bad = [k for k in values if k % 2 == 0]
+    if bad:
+        raise ValueError(f"depthwise kernels must be odd (padding k//2 keeps the size), got {bad}")
+    return values
+
+
+class Bench(Strict):
+    """The operator grid: every (dtype, B, C, H) config times every op below, interleaved."""
+
+    batch: list[int] = Field(min_length=1)
+    channels: list[int] = Field(min_length=1)
+    sizes: list[int] = Field(min_length=1)  # H = W
+    dw_kernels: list[int] = Field(min_length=1)
+    windows: list[int] = Field(min_length=1)
+    unfold_kernels: list[int] = Field(default_factory=list)  # im2col strawman (sweep)
+    unfold_max_mb: float = Field(default=256, gt=0)  # skip unfold configs whose im2col buffer is larger
+    attn_windows: list[int] = Field(default_factory=list)  # Swin windowed attention (sweep)
+    dtypes: list[Literal["float32", "float16", "bfloat16"]] = Field(default_factory=lambda: ["float32"])
+    modes: list[Literal["fwd", "fwdbwd"]] = Field(default_factory=lambda: ["fwd", "fwdbwd"])
+    warmup: int = Field(default=2, ge=1)
+    min_reps: int = Field(default=5, ge=1)
+    min_total_s: float = Field(default=0.05, ge=0)  # reps = max(min_reps, ceil(min_total_s / t))
+    max_reps: int = Field(default=200, ge=1)
+    max_call_s: float = Field(default=5.0, gt=0)  # an op slower than this in warm-up is timed min_reps times only
+    slope_dw_kernels: list[int] = Field(default_factory=lambda: [7, 9, 13, 17, 27])
+
+    @field_validator("batch", "channels", "sizes", "windows", "attn_windows")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(x < 1 for x in v):
+            raise ValueError(f"values must be >= 1, got {v}")
+        return v
+
+    @field_validator("dw_kernels", "unfold_kernels", "slope_dw_kernels")
+    @classmethod
+    def _odd_kernels(cls, v: list[int]) -> list[int]:
+        return _odd(v)
+
+
+class Pairs(Strict):
+    """The reported (w, k) pairs: speedup = t_DW(k) / t_WBMM(w) from the same run."""
+
+    matched_rf: list[tuple[int, int]] = Field(default_factory=lambda: [(7, 7), (14, 13)])
+    matched_params: list[tuple[int, int]] = Field(default_factory=lambda: [(7, 13), (14, 27)])
+    headline: tuple[int, int] = (14, 5)
+
+
+class Acc(Strict):
+    """The small accuracy check: a 2-stage net whose stages alternate the mixers of a variant."""
+
+    data_path: str | None = None  # .npz with x_train, y_train, x_test, y_test (see README); None = digits
+    size: int = Field(default=14, ge=7)  # digits are bilinearly upsampled to size×size
+    test_size: int = Field(default=540, ge=10)
+    widths: tuple[int, int] = (16, 32)
+    blocks: int = Field(default=2, ge=1)
+    ffn_ratio: int = Field(default=2, ge=1)
+    layer_scale_init: float = Field(default=1.0, gt=0)
+    variants: dict[str, list[str]] = Field(min_length=1)  # name → mixer pattern cycled over a stage's blocks
+    epochs: int = Field(default=6, ge=1)
+    batch_size: int = Field(default=64, ge=2)
+    lr: float = Field(default=2e-3, gt=0)
+    weight_decay: float = Field(default=0.05, ge=0)
+
+    @field_validator("variants")
+    @classmethod
+    def _mixers(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, pattern in v.items():
+            if not pattern:
+                raise ValueError(f"variant {name!r}: empty mixer pattern")
+            for m in pattern:
+                match = MIXER_RE.match(m)
+                if not match:
+                    raise ValueError(f"variant {name!r}: mixer {m!r} is not 'w<window>' or 'dw<odd kernel>'")
+                if match.group(1) == "dw" and int(match.group(2)) % 2 == 0:
+                    raise ValueError(f"variant {name!r}: depthwise kernel in {m!r} must be odd")
+        return v
+
+
+class Params(MethodParams):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    malloc_tuning: bool = True  # raise glibc's mmap/trim thresholds before timing (see README)
+    bench: Bench
+    pairs: Pairs = Field(default_factory=Pairs)
+    acc: Acc
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs_in_grid(cls, pairs: Pairs, info: ValidationInfo) -> Pairs:
+        bench = info.data.get("bench")
+        if bench is None:  # bench itself failed; its error is reported
+            return pairs
+        for w, k in [*pairs.matched_rf, *pairs.matched_params, pairs.headline]:
+            if w not in bench.windows:
+                raise ValueError(f"window {w} is not in bench.windows {bench.windows}")
+            if k not in bench.dw_kernels:
+                raise ValueError(f"kernel {k} is not in bench.dw_kernels {bench.dw_kernels}")
+        return pairs

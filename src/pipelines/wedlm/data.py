@@ -1,0 +1,131 @@
+"""Seeded synthetic tasks of the WeDLM card (low-entropy `count`, high-entropy `markov`, `reverse`)
+and the fixed token layout that keeps EOS at a fixed absolute position (card's EOS pitfall).
+
+Layout of one sequence of length L:  [PAD]* [TAG] prompt-symbols [SEP] | answer-symbols [EOS] [PAD]*
+with the prompt left-padded to ``prompt_len`` and the answer of fixed length per regime."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from pipelines.core.params import parse
+
+
+class Vocab:
+    """Symbols 0..S-1, then SEP, EOS, MASK, PAD and one tag per regime."""
+
+    def __init__(self, n_symbols: int, regimes: list[str]):
+        self.n_symbols = n_symbols
+        self.sep, self.eos, self.mask, self.pad = n_symbols, n_symbols + 1, n_symbols + 2, n_symbols + 3
+        self.tags = {r: n_symbols + 4 + i for i, r in enumerate(sorted(regimes))}
+        self.size = n_symbols + 4 + len(self.tags)
+
+
+def vocab_of(p) -> Vocab:
+    return Vocab(p.data.n_symbols, list(p.data.regimes))
+
+
+def markov_chain(n_symbols: int, sigma: float, temperature: float, seed: int) -> np.ndarray:
+    """Order-1 transition matrix P = softmax(G / T), G ~ N(0, sigma²) (fixed by the data seed)."""
+    rng = np.random.default_rng([seed, 7])
+    g = rng.normal(0.0, sigma, size=(n_symbols, n_symbols)) / temperature
+    g -= g.max(1, keepdims=True)
+    p = np.exp(g)
+    return p / p.sum(1, keepdims=True)
+
+
+def sample_items(regime: str, n: int, rng: np.random.Generator, p, chain: np.ndarray) -> list[tuple[list, list]]:
+    """n (prompt symbols, answer symbols) pairs of one regime (vectorised over the n items)."""
+    d, S = p.data, p.data.n_symbols
+    a_len = d.answer_len[regime]
+    if n == 0:
+        return []
+    if regime == "reverse":
+        prompts = rng.integers(0, S, size=(n, a_len))
+        return [(r.tolist(), r[::-1].tolist()) for r in prompts]
+    ks = rng.integers(d.min_prompt_terms, d.max_prompt_terms + 1, size=n)
+    T = d.max_prompt_terms + a_len
+    if regime == "count":
+        seq = (rng.integers(0, S, size=(n, 1)) + d.count_stride * np.arange(T)[None]) % S
+    else:  # markov: the answer continues the chain from the prompt's last symbol
+        cdf = np.cumsum(chain, 1)
+        seq = np.empty((n, T), dtype=np.int64)
+        seq[:, 0] = rng.integers(0, S, size=n)
+        for t in range(1, T):
+            u = rng.random(n)[:, None]
+            seq[:, t] = np.minimum((u > cdf[seq[:, t - 1]]).sum(1), S - 1)
+    return [(row[:k].tolist(), row[k:k + a_len].tolist()) for row, k in zip(seq, ks)]
+
+
+def layout_prompt(regime: str, prompt: list[int], v: Vocab, prompt_len: int) -> list[int]:
+    body = [v.tags[regime], *prompt, v.sep]
+    if len(body) > prompt_len:
+        raise ValueError(f"prompt of {len(prompt)} symbols does not fit data.prompt_len={prompt_len}")
+    return [v.pad] * (prompt_len - len(body)) + body
+
+
+def layout_sequence(regime: str, prompt: list[int], answer: list[int], v: Vocab, prompt_len: int,
+                    seq_len: int) -> list[int]:
+    seq = layout_prompt(regime, prompt, v, prompt_len) + list(answer) + [v.eos]
+    if len(seq) > seq_len:
+        raise ValueError(f"sequence of length {len(seq)} does not fit data.seq_len={seq_len}")
+    return seq + [v.pad] * (seq_len - len(seq))
+
+
+def _read_jsonl(path: str, regimes: list[str], n_symbols: int) -> pd.DataFrame:
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if r["regime"] not in regimes:
+                raise ValueError(f"{path}:{i + 1}: regime {r['regime']!r} is not in data.regimes")
+            if any(not 0 <= t < n_symbols for t in [*r["prompt"], *r["answer"]]):
+                raise ValueError(f"{path}:{i + 1}: token ids must lie in [0, data.n_symbols={n_symbols})")
+            rows.append({"regime": r["regime"], "prompt": list(r["prompt"]), "answer": list(r["answer"])})
+    return pd.DataFrame(rows)
+
+
+def make_tasks(raw: dict) -> tuple[pd.DataFrame, dict]:
+    """The test set (one row per item: regime, prompt, answer) and the task tensors (markov chain;
+    with ``source: file`` also the training rows)."""
+    import torch
+
+    p = parse("wedlm", raw)
+    d = p.data
+    chain = markov_chain(d.n_symbols, d.markov_sigma, d.markov_temperature, d.seed)
+    extra: dict = {"chain": torch.tensor(chain, dtype=torch.float64)}
+    if d.source == "file":
+        test = _read_jsonl(d.test_path, list(d.regimes), d.n_symbols)
+        train = _read_jsonl(d.train_path, list(d.regimes), d.n_symbols)
+        v = vocab_of(p)
+        extra["train_sequences"] = torch.tensor(
+            [layout_sequence(r, pr, a, v, d.prompt_len, d.seq_len)
+             for r, pr, a in zip(train.regime, train.prompt, train.answer)], dtype=torch.long)
+    else:
+        rng = np.random.default_rng([d.seed, 1])  # the training stream uses the model seeds instead
+        frames = []
+        for regime in d.regimes:
+            items = sample_items(regime, d.n_test, rng, p, chain)
+            frames.append(pd.DataFrame({"regime": regime, "prompt": [a for a, _ in items],
+                                        "answer": [b for _, b in items]}))
+        test = pd.concat(frames, ignore_index=True)
+    test["item"] = test.groupby("regime").cumcount()
+    return test, extra
+
+
+def training_batch(regimes: list[str], n: int, rng: np.random.Generator, p, chain: np.ndarray,
+                   v: Vocab):
+    """A fresh batch of laid-out sequences (regimes drawn uniformly): LongTensor [n, L]."""
+    import torch
+
+    which = rng.integers(0, len(regimes), size=n)
+    rows = []
+    for i, r in enumerate(regimes):
+        m = int((which == i).sum())
+        for pr, a in sample_items(r, m, rng, p, chain):
+            rows.append(layout_sequence(r, pr, a, v, p.data.prompt_len, p.data.seq_len))
+    return torch.tensor(rows, dtype=torch.long)

@@ -1,0 +1,262 @@
+"""Decoding every variant with the trained weights and scoring it (paper §5 metrics at toy scale):
+exact match per regime, forwards per token / tokens per forward, p_cache, out-of-order fills, true NLL
+under the generating Markov chain, batch-1 CPU wall clock; the τ frontier and the report."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipelines.core.params import parse
+from pipelines.core.report import build_report
+from pipelines.core.runtime import get_device, set_threads
+from pipelines.wedlm.data import layout_prompt, vocab_of
+from pipelines.wedlm.decode import decode_ar, decode_parallel
+from pipelines.wedlm.model import build_model
+
+NLL_CAP = 10.0  # nats charged for a non-symbol (or impossible) token where the chain expects a symbol
+WEDLM_VARIANTS = ("wedlm", "wedlm_fast", "blockwise")
+
+
+def _configs(p) -> list[dict]:
+    """Main variants (same weights), the τ frontier, and (eval.sweeps) the λ × W × fallback grid."""
+    d = p.decode
+    base = {"window": d.window, "refill": d.refill, "fallback": d.fallback}
+    cfgs = [
+        {"kind": "main", "variant": "ar", "decoder": "ar", "tau": math.nan, "lam": math.nan, **base},
+        {"kind": "main", "variant": "wedlm", "decoder": "stream", "tau": d.tau, "lam": d.lam, **base},
+        {"kind": "main", "variant": "wedlm_fast", "decoder": "stream", "tau": d.tau, "lam": d.lam_fast, **base},
+        {"kind": "main", "variant": "blockwise", "decoder": "block", "tau": d.tau, "lam": d.lam_fast, **base},
+    ]
+    for tau in p.eval.taus:
+        for dec in ("stream", "block"):
+            cfgs.append({"kind": "frontier", "variant": f"{dec}_tau{tau:g}", "decoder": dec, "tau": tau,
+                         "lam": d.lam_fast, **base})
+    if p.eval.sweeps:
+        for tau in p.eval.taus:
+            for lam in p.eval.sweep_lams:
+                for w in p.eval.sweep_windows:
+                    for fb in p.eval.sweep_fallbacks:
+                        cfgs.append({"kind": "sweep", "variant": f"stream_tau{tau:g}_lam{lam:g}_w{w}_{fb}",
+                                     "decoder": "stream", "tau": tau, "lam": lam, "window": w,
+                                     "refill": d.refill, "fallback": fb})
+    return cfgs
+
+
+def _run(model, cfg: dict, prompts: torch.Tensor, v, max_new: int):
+    if cfg["decoder"] == "ar":
+        return decode_ar(model, prompts, v.eos, max_new)
+    return decode_parallel(model, prompts, v.eos, v.mask, max_new, cfg["window"], cfg["tau"], cfg["lam"],
+                           mode=cfg["decoder"], refill=cfg["refill"], fallback=cfg["fallback"])
+
+
+def _markov_nll(prompt: list[int], gen: list[int], answer_len: int, chain: np.ndarray) -> float:
+    """Mean NLL (nats/token) of the generated answer symbols under the true chain."""
+    S = chain.shape[0]
+    prev, total = prompt[-1], 0.0
+    body = [t for t in gen if t != -1][:answer_len]
+    body += [-1] * (answer_len - len(body))  # a short answer is charged the cap for the missing tokens
+    for t in body:
+        ok = 0 <= t < S and 0 <= prev < S and chain[prev, t] > 0
+        total += -math.log(chain[prev, t]) if ok else NLL_CAP
+        prev = t
+    return min(total / answer_len, NLL_CAP)
+
+
+def decode_all(models: dict, test: pd.DataFrame, tasks: dict, raw: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Decode the test set with every config and every seed's model (each regime as one batch), then time
+    the main variants at batch 1 on ``eval.n_timing`` prompts per regime."""
+    p = parse("wedlm", raw)
+    set_threads(p.threads)
+    v, d = vocab_of(p), p.data
+    dev = get_device(p.device)
+    chain = tasks["chain"].numpy()
+    max_new = p.decode.max_new_tokens
+    rows, timing, traces = [], [], {}
+    cfgs = _configs(p)
+    for name, sd in sorted(models.items()):
+        kind, seed = name.rsplit("_seed", 1)
+        seed = int(seed)
+        model = build_model(p, v.size).to(dev)
+        model.load_state_dict(sd)
+        model.eval()
+        todo = cfgs if kind == "wedlm" else [{**cfgs[0], "variant": "ar_only"}]
+        for regime, df in test.groupby("regime", sort=False):
+            prompts = torch.tensor([layout_prompt(regime, pr, v, d.prompt_len) for pr in df.prompt], device=dev)
+            answers = [list(a) + [v.eos] for a in df.answer]
+            for cfg in todo:
+                r = _run(model, cfg, prompts, v, max_new)
+                for k, (item, pr) in enumerate(zip(df["item"], df.prompt)):
+                    toks = r.tokens[k]
+                    gen = toks[:-1] if toks and toks[-1] == v.eos else toks
+                    rows.append({**{c: cfg[c] for c in ("kind", "variant", "decoder", "tau", "lam", "window",
+                                                        "fallback")},
+                                 "seed": seed, "regime": regime, "item": int(item), "tokens": toks,
+                                 "correct": toks == answers[k], "n_gen": len(toks), "forwards": r.forwards[k],
+                                 "processed": r.processed[k], "cached": r.cached[k], "fills": r.fills[k],
+                                 "out_of_order": r.out_of_order[k],
+                                 "nll": _markov_nll(list(pr), gen, d.answer_len[regime], chain)
+                                 if regime == "markov" else math.nan})
+                if cfg["kind"] == "main" and seed == p.seeds[0] and kind == "wedlm":
+                    traces.setdefault(regime, {})[cfg["variant"]] = r.trace
+            # wall clock: batch 1 with the cache, the same prompts for every main variant
+            for cfg in todo:
+                if cfg["kind"] != "main":
+                    continue
+                n_tok, secs = 0, 0.0
+                for k in range(min(p.eval.n_timing, len(prompts))):
+                    t0 = time.perf_counter()
+                    r = _run(model, cfg, prompts[k:k + 1], v, max_new)
+                    secs += time.perf_counter() - t0
+                    n_tok += len(r.tokens[0])
+                timing.append({"variant": cfg["variant"], "seed": seed, "regime": regime, "tokens": n_tok,
+                               "seconds": secs})
+    return pd.DataFrame(rows), pd.DataFrame(timing), traces
+
+
+def _summarise(d: pd.DataFrame) -> dict:
+    fills = d["fills"].sum()
+    return {"exact_match": 100.0 * d["correct"].mean(), "tokens_per_forward": d["n_gen"].sum() / d["forwards"].sum(),
+            "forwards_per_token": d["forwards"].sum() / d["n_gen"].sum(),
+            "p_cache": d["cached"].sum() / max(d["processed"].sum(), 1),
+            "out_of_order_fills": d["out_of_order"].sum() / fills if fills else 0.0,
+            "true_nll": d["nll"].mean()}
+
+
+def _variant_rows(dec: pd.DataFrame, timing: pd.DataFrame, regimes: list[str]) -> list[dict]:
+    rows = []
+    main = dec[dec.kind == "main"]
+    for (variant, seed), d in main.groupby(["variant", "seed"], sort=False):
+        row = {"variant": variant, "seed": int(seed)}
+        row.update({k: v for k, v in _summarise(d).items() if k not in ("exact_match", "true_nll")})
+        for r in regimes:
+            s = _summarise(d[d.regime == r])
+            row[f"exact_match_{r}"] = s["exact_match"]
+            row[f"tokens_per_forward_{r}"] = s["tokens_per_forward"]
+            row[f"forwards_per_token_{r}"] = s["forwards_per_token"]
+            if r == "markov":
+                row["true_nll_markov"] = s["true_nll"]
+        t = timing[(timing.variant == variant) & (timing.seed == seed)]
+        row["tokens_per_sec_cpu"] = t["tokens"].sum() / t["seconds"].sum()
+        rows.append(row)
+    by_seed = {(r["variant"], r["seed"]): r for r in rows}
+    for row in rows:
+        ar = by_seed.get(("ar", row["seed"]))
+        if ar is None:
+            continue
+        for r in regimes:
+            row[f"speedup_vs_ar_forwards_{r}"] = row[f"tokens_per_forward_{r}"] / ar[f"tokens_per_forward_{r}"]
+        row["speedup_vs_ar_forwards"] = row["tokens_per_forward"] / ar["tokens_per_forward"]
+        row["speedup_vs_ar_wallclock"] = row["tokens_per_sec_cpu"] / ar["tokens_per_sec_cpu"]
+    return rows
+
+
+def _curve(dec: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Per (config, regime): metrics pooled per seed, then the mean over seeds."""
+    d = dec[dec.kind == kind]
+    if d.empty:
+        return pd.DataFrame()
+    out = []
+    for (variant, regime, seed), g in d.groupby(["variant", "regime", "seed"], sort=False):
+        out.append({"variant": variant, "regime": regime, "seed": seed, "decoder": g.decoder.iloc[0],
+                    "tau": g.tau.iloc[0], "lam": g.lam.iloc[0], "window": int(g.window.iloc[0]),
+                    "fallback": g.fallback.iloc[0], **_summarise(g)})
+    keys = ["variant", "regime", "decoder", "tau", "lam", "window", "fallback"]
+    return pd.DataFrame(out).groupby(keys, sort=False, dropna=False).mean(numeric_only=True).drop(
+        columns="seed").reset_index()
+
+
+def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dict, train_log: pd.DataFrame,
+           regimes: list[str]) -> dict:
+    import matplotlib.pyplot as plt
+
+    from pipelines.core.plots import line_plot
+
+    figs = {}
+    for r in regimes:
+        metric, ylabel = ("true_nll", "true NLL (nats/token, lower is better)") if r == "markov" else \
+            ("exact_match", "exact match (%)")
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        for dec, style in (("stream", "o-"), ("block", "s--")):
+            f = frontier[(frontier.regime == r) & (frontier.decoder == dec)].sort_values("tau")
+            if f.empty:
+                continue
+            ax.plot(f.tokens_per_forward, f[metric], style, label=f"{'streaming' if dec == 'stream' else 'block-wise'} (τ sweep)")
+            for _, q in f.iterrows():
+                ax.annotate(f"τ={q.tau:g}", (q.tokens_per_forward, q[metric]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        for v, mk in (("ar", "k*"), ("ar_only", "kx"), ("wedlm", "r^"), ("wedlm_fast", "gv"), ("blockwise", "bD")):
+            if v in means and f"tokens_per_forward_{r}" in means[v]:
+                y = means[v].get("true_nll_markov" if r == "markov" else f"exact_match_{r}")
+                ax.plot(means[v][f"tokens_per_forward_{r}"], y, mk, ms=9, label=v)
+        ax.set(xlabel="tokens per forward (higher = faster)", ylabel=ylabel,
+               title=f"speed vs quality on '{r}' (mean of seeds, λ={frontier.lam.dropna().iloc[0] if len(frontier) else ''})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        figs[f"frontier_{r}"] = fig
+    if not frontier.empty:
+        pc = frontier.groupby(["decoder", "tau"]).p_cache.mean().unstack(0)
+        figs["p_cache_vs_tau"] = line_plot(list(pc.index), {("streaming" if c == "stream" else "block-wise"): list(pc[c])
+                                                            for c in pc.columns}, "τ (nats)", "p_cache",
+                                           "cache efficiency (all regimes, mean of seeds); AR = 1.0")
+    if traces:
+        r = "count" if "count" in traces else next(iter(traces))
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for v, tr in traces[r].items():
+            ax.step([t["step"] + 1 for t in tr], [t["committed"] + 0 for t in tr], where="post", label=v)
+        ax.set(xlabel="forward", ylabel="committed tokens (before this step's fills)",
+               title=f"decode trace: '{r}' item 0, first seed")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        figs["decode_trace"] = fig
+    if not train_log.empty:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (m, s), g in train_log.groupby(["model", "seed"]):
+            ax.plot(g.step, g.loss, label=f"{m} seed {s}")
+        ax.set(xlabel="step", ylabel="training loss", yscale="log", title="training loss")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        figs["training_loss"] = fig
+    if not sweep.empty and "count" in set(sweep.regime):
+        s = sweep[sweep.regime == "count"]
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        for (w, fb), g in s.groupby(["window", "fallback"]):
+            ax.plot(g.tokens_per_forward, g.exact_match, "o", alpha=0.7, label=f"W={w}, {fb}")
+        ax.set(xlabel="tokens per forward", ylabel="exact match (%)", title="streaming sweep on 'count' (τ × λ)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        figs["sweep_count"] = fig
+    return figs
+
+
+def report(decodes: pd.DataFrame, timing: pd.DataFrame, traces: dict, train_log: pd.DataFrame,
+           raw: dict) -> tuple[dict, dict]:
+    """Variants table (the method and every baseline on the same weights), derived ratios for the
+    claims, the τ frontier (and sweep) as report extras, and the plots."""
+    p = parse("wedlm", raw)
+    regimes = list(p.data.regimes)
+    rows = _variant_rows(decodes, timing, regimes)
+    mean = pd.DataFrame(rows).groupby("variant").mean(numeric_only=True).to_dict("index")
+    metrics: dict[str, float] = {}
+    if "ar" in mean:
+        for r in regimes:
+            for v in WEDLM_VARIANTS:
+                metrics[f"delta.exact_match_{r}.{v}_minus_ar"] = mean[v][f"exact_match_{r}"] - mean["ar"][f"exact_match_{r}"]
+    for r in regimes:
+        tpf = {v: mean[v][f"tokens_per_forward_{r}"] for v in WEDLM_VARIANTS}
+        metrics[f"ratio.tokens_per_forward_{r}.wedlm_fast_vs_wedlm"] = tpf["wedlm_fast"] / tpf["wedlm"]
+        metrics[f"ratio.tokens_per_forward_{r}.wedlm_fast_vs_blockwise"] = tpf["wedlm_fast"] / tpf["blockwise"]
+        metrics[f"max_wedlm_tokens_per_forward_{r}"] = max(tpf.values())
+    metrics["max_wedlm_p_cache"] = max(mean[v]["p_cache"] for v in WEDLM_VARIANTS)
+    frontier, sweep = _curve(decodes, "frontier"), _curve(decodes, "sweep")
+    figs = _plots(mean, frontier, sweep, traces, train_log, regimes)
+    extra = {"frontier": frontier.to_dict("records"), "sweep": sweep.to_dict("records") if len(sweep) else []}
+    return build_report("wedlm", raw, rows, metrics, artifacts=figs, extra=extra), figs
+

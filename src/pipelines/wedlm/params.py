@@ -1,0 +1,106 @@
+"""Typed parameters of `wedlm` (validated before any node runs; an error names the key)."""
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+Regime = Literal["count", "markov", "reverse"]
+
+
+class Data(Strict):
+    source: Literal["synthetic", "file"] = "synthetic"
+    # source=file: JSONL rows {"regime": str, "prompt": [int], "answer": [int]} with symbol ids in
+    # [0, n_symbols); the pipeline adds the tags, SEP, EOS and padding (see README).
+    train_path: str | None = None
+    test_path: str | None = None
+    regimes: list[Regime] = Field(min_length=1)
+    n_symbols: int = Field(ge=4, le=100_000)
+    prompt_len: int = Field(ge=4)               # fixed prompt length after left padding
+    seq_len: int = Field(ge=8)                  # training length L (prompt + answer + EOS + PAD tail)
+    answer_len: dict[str, int]                  # answer content length per regime (EOS comes after)
+    min_prompt_terms: int = Field(ge=1)
+    max_prompt_terms: int = Field(ge=1)
+    count_stride: int = Field(default=1, ge=1)
+    markov_sigma: float = Field(gt=0)
+    markov_temperature: float = Field(gt=0)
+    n_test: int = Field(ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for r in self.regimes:
+            if r not in self.answer_len:
+                raise ValueError(f"answer_len has no entry for regime '{r}'")
+            need = self.prompt_len + self.answer_len[r] + 1
+            if need > self.seq_len:
+                raise ValueError(f"seq_len {self.seq_len} < prompt_len + answer_len[{r}] + 1 = {need}")
+        if self.max_prompt_terms < self.min_prompt_terms or self.max_prompt_terms > self.prompt_len - 2:
+            raise ValueError("max_prompt_terms must be in [min_prompt_terms, prompt_len - 2]")
+        if "reverse" in self.regimes and self.answer_len["reverse"] > self.prompt_len - 2:
+            raise ValueError("answer_len['reverse'] must fit in the prompt (≤ prompt_len - 2)")
+        if self.source == "file" and not (self.train_path and self.test_path):
+            raise ValueError("source 'file' needs train_path and test_path")
+        return self
+
+
+class Model(Strict):
+    d_model: int = Field(ge=8)
+    n_heads: int = Field(ge=1)
+    n_layers: int = Field(ge=1)
+    d_ff: int = Field(ge=8)
+    rope_base: float = Field(default=10000.0, gt=1)
+    init_path: str | None = None                # a state dict of this architecture (e.g. an AR backbone)
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError("d_model / n_heads must be an even integer (RoPE rotates pairs)")
+        return self
+
+
+class Train(Strict):
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0, le=1)
+    weight_decay: float = Field(ge=0)
+    block_size: int = Field(ge=1)               # B: masking/reordering block of the prediction stream
+    gamma_min: float = Field(gt=0, le=1)        # clamp of the per-block mask ratio (1/γ weights)
+    ar_weight: float = Field(ge=0)              # total = (L_mlm + ar_weight · L_ar) / 2
+    grad_clip: float = Field(gt=0)
+    random_block_offset: bool = True            # shift block boundaries per step (windows start anywhere)
+    ar_only_seeds: list[int] = Field(default_factory=list)  # also train an AR-only model for these seeds
+
+
+class Decode(Strict):
+    window: int = Field(ge=1)                   # W
+    tau: float = Field(gt=0)                    # entropy threshold (nats)
+    lam: float = Field(ge=0)                    # distance penalty of the method config
+    lam_fast: float = Field(ge=0)               # the aggressive config (and block-wise)
+    max_new_tokens: int = Field(ge=1)
+    refill: Literal["before_forward", "after_predict"] = "before_forward"
+    fallback: Literal["argmin", "leftmost"] = "argmin"
+
+
+class Eval(Strict):
+    taus: list[float] = Field(min_length=1)     # frontier over the threshold (streaming and block-wise)
+    n_timing: int = Field(ge=1)                 # prompts per regime decoded at batch 1 for wall clock
+    sweeps: bool = False
+    sweep_lams: list[float] = Field(default_factory=lambda: [0.0, 0.02, 0.1])
+    sweep_windows: list[int] = Field(default_factory=lambda: [4, 8, 16])
+    sweep_fallbacks: list[Literal["argmin", "leftmost"]] = Field(default_factory=lambda: ["argmin", "leftmost"])
+
+    @model_validator(mode="after")
+    def _taus(self):
+        if any(t <= 0 for t in self.taus):
+            raise ValueError("taus must be > 0")
+        return self
+
+
+class Params(MethodParams):
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    data: Data
+    model: Model
+    train: Train
+    decode: Decode
+    eval: Eval

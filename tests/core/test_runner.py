@@ -1,0 +1,310 @@
+"""GPUNodeRunner: configuration, the inline backend (= SequentialRunner), the local Ray backend with CPU
+fallback (same results and report as inline), fail-fast without GPUs, retry of a killed worker, remote
+errors naming the node, and CUDA outputs converted or rejected. CPU only; Ray tests share one local
+2-CPU instance started and stopped by a module fixture."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from kedro.io import DataCatalog, MemoryDataset
+from kedro.pipeline import node, pipeline
+from kedro.runner import SequentialRunner
+
+from pipelines.core.registry import discover_methods
+from pipelines.core.runner import (
+    CudaOutputError,
+    GPUNodeRunner,
+    GPUUnavailableError,
+    RemoteNodeError,
+    RunnerConfigError,
+    _cpu_outputs,
+    load_runner_conf,
+    node_gpus,
+    resolve_config,
+)
+from pipelines.core.scaffold import scaffold
+from tests.conftest import ROOT, run_kedro
+
+RUNNER = "pipelines.core.runner.GPUNodeRunner"
+
+
+# ----------------------------------------------------------------------- node functions (importable)
+def make_data(n: int) -> torch.Tensor:
+    return torch.arange(float(n))
+
+
+def square(x: torch.Tensor) -> torch.Tensor:
+    return x ** 2
+
+
+def cube(x: torch.Tensor) -> torch.Tensor:
+    return x ** 3
+
+
+def combine(a: torch.Tensor, b: torch.Tensor) -> dict:
+    return {"total": float((a + b).sum())}
+
+
+def node_and_device() -> dict:
+    """What a node sees in its process: the node name (NaN errors use it) and the device helper."""
+    from pipelines.core.runctx import current_node
+    from pipelines.core.runner import assigned_device
+
+    real = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True  # pretend the worker sees a GPU Ray did not assign to us
+    try:
+        device = assigned_device()
+    finally:
+        torch.cuda.is_available = real
+    return {"node": current_node.get(), "device": device, "pid": os.getpid()}
+
+
+def die_once(marker: str, x: torch.Tensor) -> torch.Tensor:
+    """Kill the worker process the first time (as an OOM kill or a lost node would)."""
+    if not Path(marker).exists():
+        Path(marker).write_text("died")
+        os._exit(1)
+    return x + 1
+
+
+def fail(x: torch.Tensor) -> torch.Tensor:
+    raise ValueError("boom in the remote node")
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A CPU tensor that reports a CUDA device (this machine has no GPU)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def detach(self):
+        return self
+
+    def cpu(self):
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def cuda_out(x: torch.Tensor) -> dict:
+    return {"w": x.clone().as_subclass(FakeCudaTensor), "n": 3}
+
+
+def toy_pipeline(gpu_tags=("gpu",)):
+    return pipeline([
+        node(make_data, "params:n", "x", name="data.make", tags=["data"]),
+        node(square, "x", "sq", name="train.square", tags=["train", *gpu_tags]),
+        node(cube, "x", "cu", name="train.cube", tags=["train", *gpu_tags]),
+        node(combine, ["sq", "cu"], "summary", name="evaluate.combine", tags=["evaluate"]),
+    ])
+
+
+def toy_catalog(**extra) -> DataCatalog:
+    return DataCatalog({"params:n": MemoryDataset(5), **{k: MemoryDataset(v) for k, v in extra.items()}})
+
+
+def run_toy(runner, pipe=None, catalog=None) -> dict:
+    catalog = catalog or toy_catalog()
+    pipe = pipe or toy_pipeline()
+    runner.run(pipe, catalog)
+    return {name: catalog.load(name) for name in pipe.outputs()}  # intermediates are released
+
+
+# --------------------------------------------------------------------------------- configuration
+def test_config_precedence_and_validation():
+    conf = {"address": None, "num_gpus": 2, "max_retries": 1}
+    assert resolve_config({}, conf, environ={}).backend == "inline"
+    cfg = resolve_config({}, conf, environ={"RAY_ADDRESS": "ray://head:10001"})
+    assert (cfg.backend, cfg.address, cfg.num_gpus, cfg.max_retries) == ("ray", "ray://head:10001", 2, 1)
+    cfg = resolve_config({"address": "local", "max_retries": 0}, conf, environ={"RAY_ADDRESS": "auto"})
+    assert (cfg.address, cfg.max_retries) == ("local", 0)
+    assert resolve_config({"address": None}, {}, environ={"RAY_ADDRESS": "auto"}).backend == "inline"
+    for none in ("none", "inline", ""):
+        assert resolve_config({"address": none}, {}, environ={}).backend == "inline"
+    with pytest.raises(RunnerConfigError, match="'allow_cpu_fallbak'.*unknown key"):
+        GPUNodeRunner(allow_cpu_fallbak=True)
+    with pytest.raises(RunnerConfigError, match="'cuda_outputs' \\(runner.yml\\)"):
+        resolve_config({}, {"cuda_outputs": "ignore"}, environ={})
+    with pytest.raises(RunnerConfigError, match="'num_gpus'"):
+        resolve_config({"num_gpus": -1}, {}, environ={})
+
+
+def test_runner_yml_is_merged_per_env(e2e_project, monkeypatch):
+    monkeypatch.chdir(e2e_project)
+    base, test = load_runner_conf("local"), load_runner_conf("test")
+    assert base["address"] is None and base["allow_cpu_fallback"] is False and base["num_gpus"] == 1
+    assert test["allow_cpu_fallback"] is True and test["local_cpus"] == 2 and test["num_gpus"] == 1
+
+
+def test_gpu_tags():
+    tagged = toy_pipeline(("gpu", "gpus-2")).nodes
+    by_name = {n.name: node_gpus(n, 1) for n in tagged}
+    assert by_name == {"data.make": None, "train.square": 2.0, "train.cube": 2.0, "evaluate.combine": None}
+    assert node_gpus(node(square, "x", "y", name="a", tags=["gpu"]), 1) == 1
+    assert node_gpus(node(square, "x", "y", name="b", tags=["gpu", "gpus-0.5"]), 1) == 0.5
+    assert node_gpus(node(square, "x", "y", name="c", tags=["gpus-4"]), 1) is None  # no gpu tag: driver
+
+
+def test_cuda_outputs_converted_or_rejected():
+    fake = torch.arange(3.0).as_subclass(FakeCudaTensor)
+    out = _cpu_outputs("train.fit", {"m.w": [fake, 1], "m.df": "kept"}, "convert")
+    assert type(out["m.w"][0]) is torch.Tensor and out["m.w"][0].device.type == "cpu"
+    assert torch.equal(out["m.w"][0], torch.arange(3.0)) and out["m.df"] == "kept"
+    with pytest.raises(CudaOutputError, match=r"node 'train.fit' returned a cuda:0 tensor at outputs\['m.w'\]\[1\]"):
+        _cpu_outputs("train.fit", {"m.w": (torch.zeros(1), fake)}, "reject")
+
+
+def test_inline_backend_is_sequential(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    reference = run_toy(SequentialRunner())
+    runner = GPUNodeRunner()
+    got = run_toy(runner)
+    assert runner.config.backend == "inline" and not runner.placements
+    assert got["summary"] == reference["summary"] == {"total": float(sum(i**2 + i**3 for i in range(5)))}
+    assert "ray" not in str(runner)
+
+
+# ----------------------------------------------------------------------------------- local Ray
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    # Workers import the node functions of this test module by name: give them the repo root.
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_ray_fallback_matches_inline_and_names_the_node(ray_local, caplog):
+    reference = run_toy(GPUNodeRunner(address=None))
+    runner = GPUNodeRunner(address="local", allow_cpu_fallback=True)
+    pipe = toy_pipeline() + pipeline([node(node_and_device, None, "seen", name="train.probe", tags=["gpu"])])
+    with caplog.at_level(logging.WARNING, logger="pipelines.core.runner"):
+        got = run_toy(runner, pipe)
+    assert got["summary"] == reference["summary"]
+    assert set(runner.placements) == {"train.square", "train.cube", "train.probe"}  # gpu nodes went to Ray
+    assert got["seen"]["node"] == "train.probe" and got["seen"]["pid"] != os.getpid()
+    assert got["seen"]["device"] == "cpu"  # a GPU is visible but Ray assigned none: cpu
+    fallbacks = [r for r in caplog.records if "allow_cpu_fallback" in r.getMessage()]
+    assert len(fallbacks) == 1 and "CPU: 2" in fallbacks[0].getMessage()
+
+
+@pytest.mark.ray
+def test_no_gpu_fails_fast_with_resources(ray_local):
+    catalog = toy_catalog()
+    with pytest.raises(GPUUnavailableError) as err:
+        GPUNodeRunner(address="local").run(toy_pipeline(), catalog)
+    msg = str(err.value)
+    assert "node 'train." in msg and "asks for 1 GPU" in msg and "has no GPU" in msg
+    assert "CPU: 2" in msg and "allow_cpu_fallback: true" in msg
+    assert not catalog.exists("x")  # failed before any node ran
+    with pytest.raises(GPUUnavailableError, match="asks for 2 GPU"):
+        GPUNodeRunner(address="local").run(toy_pipeline(("gpu", "gpus-2")), toy_catalog())
+
+
+@pytest.mark.ray
+def test_killed_worker_is_retried(ray_local, tmp_path):
+    marker = str(tmp_path / "died")
+    pipe = pipeline([node(die_once, ["params:marker", "params:x"], "y", name="train.flaky", tags=["gpu"])])
+    catalog = DataCatalog({"params:marker": MemoryDataset(marker), "params:x": MemoryDataset(torch.ones(2))})
+    runner = GPUNodeRunner(address="local", allow_cpu_fallback=True, max_retries=2)
+    runner.run(pipe, catalog)
+    assert Path(marker).read_text() == "died"  # the first attempt did die
+    assert torch.equal(catalog.load("y"), torch.full((2,), 2.0))
+
+    marker2 = str(tmp_path / "died_again")
+    catalog = DataCatalog({"params:marker": MemoryDataset(marker2), "params:x": MemoryDataset(torch.ones(2))})
+    with pytest.raises(RemoteNodeError, match="node 'train.flaky' failed in its Ray task after 1 attempt"):
+        GPUNodeRunner(address="local", allow_cpu_fallback=True, max_retries=0).run(pipe, catalog)
+
+
+@pytest.mark.ray
+def test_remote_exception_names_node_with_traceback(ray_local):
+    pipe = toy_pipeline() + pipeline([node(fail, "sq", "never", name="train.broken", tags=["gpu"])])
+    with pytest.raises(ValueError) as err:  # still the node's own exception type
+        GPUNodeRunner(address="local", allow_cpu_fallback=True).run(pipe, toy_catalog())
+    msg = str(err.value)
+    assert isinstance(err.value, RemoteNodeError)
+    assert "node 'train.broken' failed in its Ray task (ValueError: boom in the remote node)" in msg
+    assert "remote traceback" in msg and "in fail" in msg
+
+    cuda = pipeline([node(cuda_out, "params:x", "out", name="train.cuda", tags=["gpu"])])
+    catalog = DataCatalog({"params:x": MemoryDataset(torch.ones(2))})
+    GPUNodeRunner(address="local", allow_cpu_fallback=True).run(cuda, catalog)
+    assert type(catalog.load("out")["w"]) is torch.Tensor  # converted on the worker
+    with pytest.raises(CudaOutputError, match="node 'train.cuda' returned a cuda:0 tensor"):
+        GPUNodeRunner(address="local", allow_cpu_fallback=True, cuda_outputs="reject").run(
+            cuda, DataCatalog({"params:x": MemoryDataset(torch.ones(2))}))
+
+
+# ------------------------------------------------------------------------- end to end (kedro run)
+PROBE = "zz_runner_probe"
+STAMPS = ("wall_seconds", "save_version", "git_commit")
+
+
+@pytest.fixture
+def gpu_probe(e2e_project):
+    """A scaffolded method whose train node is tagged gpu (removed afterwards)."""
+    created = scaffold(PROBE, title="runner probe", root=ROOT)
+    try:
+        pipe_py = ROOT / "src" / "pipelines" / PROBE / "pipeline.py"
+        pipe_py.write_text(pipe_py.read_text().replace('tags=["train"]', 'tags=["train", "gpu"]'))
+        shutil.copytree(ROOT / "conf", e2e_project / "conf", dirs_exist_ok=True)
+        yield PROBE
+    finally:
+        shutil.rmtree(ROOT / "src" / "pipelines" / PROBE, ignore_errors=True)
+        for p in created:
+            p.unlink(missing_ok=True)
+        for p in (e2e_project / "conf").rglob(f"parameters_{PROBE}.yml"):
+            p.unlink()
+
+
+def comparable(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k not in STAMPS}
+
+
+@pytest.mark.ray
+@pytest.mark.e2e
+def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2e_project, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    inline = run_kedro(e2e_project, gpu_probe, extra=["--runner", RUNNER])
+    assert inline.exit_code == 0, inline.output
+    # conf/test/runner.yml allows the CPU fallback; only the address comes from the command line
+    on_ray = run_kedro(e2e_project, gpu_probe, extra=["--runner", RUNNER, "--runner-params", "address=local"])
+    assert on_ray.exit_code == 0, on_ray.output
+    assert "has no GPU; gpu nodes run on CPU" in on_ray.output
+    assert comparable(on_ray.report) == comparable(inline.report)
+    assert on_ray.report["save_version"] != inline.report["save_version"]  # two versioned reports
+
+    import mlflow
+
+    client = mlflow.MlflowClient(on_ray.tracking_uri)
+    exp = client.get_experiment_by_name(gpu_probe)
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
+    parents = [r for r in runs if r.data.tags.get("role") == "parent"]
+    assert len(parents) >= 2
+    latest, previous = parents[0], parents[1]
+    assert latest.data.metrics == pytest.approx({**previous.data.metrics,
+                                                 "wall_seconds": latest.data.metrics["wall_seconds"]})
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif("tess" not in discover_methods(), reason="the tess pipeline has not landed yet")
+def test_tess_inline_backend_equals_sequential_runner(e2e_project, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    shutil.copytree(ROOT / "conf", e2e_project / "conf", dirs_exist_ok=True)
+    sequential = run_kedro(e2e_project, "tess")
+    assert sequential.exit_code == 0, sequential.output
+    inline = run_kedro(e2e_project, "tess", extra=["--runner", RUNNER])
+    assert inline.exit_code == 0, inline.output
+    assert comparable(inline.report) == comparable(sequential.report)
+    assert inline.report["variants"] and inline.report["claims"] == sequential.report["claims"]

@@ -1,0 +1,253 @@
+"""Tests of `wedlm`: the mechanism against independent references (naive recompute decoder, uncached
+forwards, explicit logical-order masks, a brute-force training mask), structural p_cache bounds, bad
+parameters, and the end-to-end --env=test run."""
+import copy
+
+import pytest
+import torch
+
+from pipelines.core.params import ParameterError, parse
+
+V, MASK, EOS = 20, 18, 17
+
+
+def _model(seed=0, layers=2, sharp=True):
+    from pipelines.wedlm.model import TinyLM
+
+    torch.manual_seed(seed)
+    m = TinyLM(V, 32, 4, layers, 64).eval()
+    if sharp:  # a random init is nearly uniform; sharpen it so argmax and entropy decisions are not ties
+        with torch.no_grad():
+            m.head.weight.mul_(40)
+    return m
+
+
+def _prompts(n=6, P=7, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 16, (n, P), generator=g)
+
+
+def naive_mask_decoder(model, prompt, max_new):
+    """Reference for a window of one slot: recompute [prompt, generated, MASK] from scratch every step
+    (no cache, plain causal mask, logical order) and take the argmax at the MASK."""
+    seq = prompt.tolist()
+    out = []
+    while len(out) < max_new:
+        x = torch.tensor([seq + out + [MASK]])
+        logits, _ = model(x, torch.arange(x.shape[1])[None])
+        t = int(logits[0, -1].argmax())
+        out.append(t)
+        if t == EOS:
+            break
+    return out
+
+
+def test_streaming_window_one_equals_naive_recompute():
+    from pipelines.wedlm.decode import decode_parallel
+
+    model, prompts = _model(), _prompts()
+    res = decode_parallel(model, prompts, EOS, MASK, max_new=9, window=1, tau=0.4, lam=0.1)
+    for i, p in enumerate(prompts):
+        assert res.tokens[i] == naive_mask_decoder(model, p, 9)
+    assert all(f == len(t) for f, t in zip(res.forwards, res.tokens))  # one token per forward
+
+
+def test_ar_cached_logits_equal_uncached():
+    from pipelines.wedlm.decode import KVCache, forward_on_cache
+
+    model = _model(sharp=False)
+    x = torch.cat([_prompts(3, 9), torch.randint(0, 16, (3, 6))], 1)
+    full, _ = model(x, torch.arange(x.shape[1]).expand(3, -1))
+    cache = KVCache(model, 3, 32, "cpu")
+    lg, kv = forward_on_cache(model, cache, x[:, :9], torch.arange(9).expand(3, -1))
+    cache.write(kv, torch.full((3,), 9))
+    steps = [lg]
+    for t in range(9, x.shape[1]):
+        lg, kv = forward_on_cache(model, cache, x[:, t:t + 1], torch.full((3, 1), t))
+        cache.write(kv, torch.ones(3, dtype=torch.long))
+        steps.append(lg)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+def test_streaming_cached_logits_equal_uncached():
+    """A mid-decoding streaming forward (rows with different committed lengths, filled and masked slots,
+    reordered) on the ragged cache equals one uncached causal forward over [prefix, reordered window]."""
+    from pipelines.wedlm.decode import KVCache, forward_on_cache
+
+    model = _model(3, sharp=False)
+    g = torch.Generator().manual_seed(5)
+    prefix_lens, W = [8, 11], 6
+    cache = KVCache(model, 2, 40, "cpu")
+    prefixes = [torch.randint(0, 16, (n,), generator=g) for n in prefix_lens]
+    # fill the cache in uneven chunks per row, as streaming commits do
+    for i, pre in enumerate(prefixes):
+        row = KVCache(model, 1, 40, "cpu")
+        for s in range(0, len(pre), 3):
+            chunk = pre[s:s + 3][None]
+            _, kv = forward_on_cache(model, row, chunk, torch.arange(s, s + chunk.shape[1])[None])
+            row.write(kv, torch.tensor([chunk.shape[1]]))
+        for L in range(len(model.layers)):
+            cache.k[L][i], cache.v[L][i] = row.k[L][0], row.v[L][0]
+        cache.len[i] = row.len[0]
+    filled = torch.tensor([[1, 1, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0]], dtype=torch.bool)
+    win = torch.where(filled, torch.randint(0, 16, (2, W), generator=g), torch.full((2, W), MASK))
+    off = torch.arange(W).expand(2, W)
+    perm = torch.where(filled, off, W + off).argsort(1)
+    tok = win.gather(1, perm)
+    pos = torch.tensor(prefix_lens)[:, None] + perm
+    cached, _ = forward_on_cache(model, cache, tok, pos)
+    for i, pre in enumerate(prefixes):
+        x = torch.cat([pre, tok[i]])[None]
+        p = torch.cat([torch.arange(len(pre)), pos[i]])[None]
+        ref, _ = model(x, p)
+        torch.testing.assert_close(cached[i], ref[0, len(pre):], atol=1e-5, rtol=0)
+
+
+def test_reordering_equals_logical_order_with_explicit_mask():
+    model = _model(4, sharp=False)
+    g = torch.Generator().manual_seed(2)
+    L = 14
+    x = torch.randint(0, 16, (3, L), generator=g)
+    observed = torch.rand(3, L, generator=g) < 0.5
+    observed[:, 0] = True
+    tok = torch.where(observed, x, torch.full_like(x, MASK))
+    pos = torch.arange(L)
+    # (a) logical order; observed causal among themselves, a mask sees every observed token and the
+    # masks before it (itself included)
+    i, j = pos[:, None], pos[None, :]
+    ref = []
+    for b in range(3):
+        ob = observed[b]
+        m = (ob[:, None] & ob[None, :] & (j <= i)) | (~ob[:, None] & ob[None, :]) | \
+            (~ob[:, None] & ~ob[None, :] & (j <= i))
+        lg, _ = model(tok[b:b + 1], pos[None], m[None])
+        ref.append(lg[0])
+    ref = torch.stack(ref)
+    # (b) observed moved to the physical prefix, logical positions kept for RoPE, plain causal mask
+    perm = torch.where(observed, pos, L + pos).argsort(1)
+    lg, _ = model(tok.gather(1, perm), perm)
+    back = torch.empty_like(lg).scatter_(1, perm[:, :, None].expand_as(lg), lg)
+    torch.testing.assert_close(back, ref, atol=1e-5, rtol=0)
+
+
+def test_dual_stream_mask_matches_brute_force_rules():
+    from pipelines.wedlm.model import block_ids, dual_stream_mask
+
+    L, B, off = 11, 4, 3
+    blk = block_ids(L, B, off)
+    m = dual_stream_mask(blk)
+    for r in range(2 * L):
+        for c in range(2 * L):
+            if r < L:
+                want = c < L and c <= r
+            elif c < L:
+                want = blk[c] < blk[r - L]
+            else:
+                want = blk[c - L] == blk[r - L] and c <= r
+            assert bool(m[r, c]) == want, (r, c)
+
+
+def test_dual_stream_batch_reorders_within_blocks_and_weights():
+    from pipelines.wedlm.model import IGNORE, block_ids, dual_stream_batch
+
+    g = torch.Generator().manual_seed(0)
+    N, L, P, B = 16, 20, 6, 5
+    x = torch.randint(0, 16, (N, L), generator=g)
+    b = dual_stream_batch(x, P, B, 2, 0.05, MASK, g)
+    blk = block_ids(L, B, 2)
+    xt_tok, xt_pos = b["tokens"][:, L:], b["pos"][:, L:]
+    assert torch.equal(b["tokens"][:, :L], x) and torch.equal(b["pos"][:, :L], torch.arange(L).expand(N, L))
+    for n in range(N):
+        assert sorted(xt_pos[n].tolist()) == list(range(L))
+        assert torch.equal(blk[xt_pos[n]], blk)  # positions stay inside their block
+        is_m = xt_tok[n] == MASK
+        assert (xt_pos[n][is_m] >= P).all()  # the prompt is never masked
+        for k in blk.unique():
+            sel = blk == k
+            mk, ps = is_m[sel], xt_pos[n][sel]
+            # observed first, then masks, each ascending by logical position
+            assert mk.tolist() == sorted(mk.tolist())
+            assert ps[~mk].tolist() == sorted(ps[~mk].tolist()) and ps[mk].tolist() == sorted(ps[mk].tolist())
+        tgt = b["mlm_target"][n]
+        assert torch.equal(tgt[is_m], x[n][xt_pos[n][is_m]]) and (tgt[~is_m] == IGNORE).all()
+        assert torch.equal(xt_tok[n][~is_m], x[n][xt_pos[n][~is_m]])
+    torch.testing.assert_close(b["mlm_weight"].sum(), torch.tensor(1.0))
+    assert (b["mlm_weight"][b["mlm_target"] == IGNORE] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["stream", "block"])
+def test_p_cache_at_most_half_and_ar_is_one(mode):
+    from pipelines.wedlm.decode import decode_ar, decode_parallel
+
+    model, prompts = _model(1), _prompts(8)
+    for W, tau in [(4, 0.4), (8, 3.0), (3, 50.0)]:
+        r = decode_parallel(model, prompts, EOS, MASK, 12, W, tau, 0.02, mode=mode)
+        assert sum(r.cached) / sum(r.processed) <= 0.5
+        assert all(len(t) <= 12 for t in r.tokens)
+    a = decode_ar(model, prompts, EOS, 12)
+    assert sum(a.cached) == sum(a.processed) > 0
+    assert all(f == len(t) for f, t in zip(a.forwards, a.tokens))
+
+
+def test_refill_after_predict_caps_tokens_per_forward_at_half_window():
+    from pipelines.wedlm.decode import decode_parallel
+
+    model, prompts = _model(2), _prompts(5)
+    W = 4
+    # tau huge: every mask is filled at once, so only the refill order limits throughput
+    before = decode_parallel(model, prompts, -1, MASK, 48, W, 1e9, 0.0, refill="before_forward")
+    after = decode_parallel(model, prompts, -1, MASK, 48, W, 1e9, 0.0, refill="after_predict")
+    tpf = [sum(map(len, r.tokens)) / sum(r.forwards) for r in (before, after)]
+    assert tpf[0] == pytest.approx(W)
+    # W/2 up to the last fill, which needs no commit forward: 48 tokens in 23 forwards
+    assert 0.45 * W <= tpf[1] <= 0.55 * W
+
+
+def test_batched_decoding_equals_one_by_one():
+    from pipelines.wedlm.decode import decode_parallel
+
+    model, prompts = _model(5), _prompts(5)
+    batched = decode_parallel(model, prompts, EOS, MASK, 10, 4, 0.8, 0.05)
+    for i in range(5):
+        single = decode_parallel(model, prompts[i:i + 1], EOS, MASK, 10, 4, 0.8, 0.05)
+        assert single.tokens[0] == batched.tokens[i] and single.forwards[0] == batched.forwards[i]
+
+
+def _base_params():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    return yaml.safe_load((ROOT / "conf/base/parameters_wedlm.yml").read_text())["wedlm"]
+
+
+@pytest.mark.parametrize("path,value,key", [
+    (("decode", "window"), 0, "wedlm.decode.window"),
+    (("train", "gamma_min"), 0.0, "wedlm.train.gamma_min"),
+    (("decode", "refill"), "sometimes", "wedlm.decode.refill"),
+    (("model", "n_heads"), "four", "wedlm.model.n_heads"),
+    (("eval", "tau_grid"), [0.1], "wedlm.eval.tau_grid"),
+])
+def test_bad_parameter_names_the_key(path, value, key):
+    raw = copy.deepcopy(_base_params())
+    raw[path[0]][path[1]] = value
+    with pytest.raises(ParameterError, match=key.replace(".", r"\.")):
+        parse("wedlm", raw)
+
+
+def test_inconsistent_lengths_rejected():
+    raw = copy.deepcopy(_base_params())
+    raw["data"]["seq_len"] = 10
+    with pytest.raises(ParameterError, match=r"wedlm\.data.*seq_len"):
+        parse("wedlm", raw)
+
+
+@pytest.mark.e2e
+def test_end_to_end(run_pipeline):
+    result = run_pipeline("wedlm")
+    report = result.report
+    assert {"ar", "wedlm", "wedlm_fast", "blockwise"} <= set(report["variants"])
+    assert report["env"] == "test"
+    assert report["variants"]["ar"]["p_cache"] == pytest.approx(1.0)
+    assert report["variants"]["wedlm"]["p_cache"] <= 0.5
+    assert "frontier_count" in " ".join(report["artifacts"])

@@ -76,9 +76,6 @@ def latest_reports_from_mlflow(tracking_uri: str, run_filter: str = "",
                                pipelines: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
     """The report of the newest finished parent run per pipeline (``tags.role = 'parent'``) in the store,
     optionally narrowed by an MLflow filter such as ``tags.env = 'base'``."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
     out: dict[str, dict[str, Any]] = {}
     for run in parent_runs(tracking_uri, run_filter, pipelines):  # newest first
         m = run.data.tags.get("pipeline")
@@ -117,10 +114,14 @@ def parent_runs(tracking_uri: str, run_filter: str = "", pipelines: Iterable[str
 
 def report_of_run(tracking_uri: str, run) -> dict[str, Any] | None:
     """The ``report.json`` artifact of a parent run (None if absent), with the run id added."""
-    import mlflow
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
 
     try:
-        report = mlflow.artifacts.load_dict(f"{run.info.artifact_uri.rstrip('/')}/report.json")
+        with tempfile.TemporaryDirectory(prefix="scoreboard_") as tmp:
+            path = MlflowClient(tracking_uri=tracking_uri).download_artifacts(run.info.run_id, "report.json", tmp)
+            report = json.loads(Path(path).read_text())
     except Exception:  # noqa: BLE001 - a run without the artifact is skipped, not fatal
         return None
     if not _is_report(report):

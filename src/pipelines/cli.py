@@ -24,6 +24,8 @@ def cli() -> None:
 
 
 def _run(**kw: Any) -> dict[str, Any]:
+    from kedro.io import DatasetError
+
     from pipelines.core.claims import ClaimError
     from pipelines.core.params import ParameterError
     from pipelines.core.training import NonFiniteLossError
@@ -47,7 +49,7 @@ def _run(**kw: Any) -> dict[str, Any]:
     try:
         with settings.SESSION_CLASS.create(**create_kwargs) as session:
             return session.run(**run_kwargs)
-    except (ParameterError, ClaimError, NonFiniteLossError) as exc:
+    except (ParameterError, ClaimError, NonFiniteLossError, DatasetError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

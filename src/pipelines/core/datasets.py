@@ -7,6 +7,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import fsspec
+import pandas as pd
+from kedro_datasets.pandas import ParquetDataset
 from kedro.io import AbstractVersionedDataset, DatasetError, Version
 from kedro.io.core import get_filepath_str, get_protocol_and_path
 
@@ -32,6 +34,19 @@ class _FsDataset(AbstractVersionedDataset):
         except DatasetError:
             return False
         return self._fs.exists(get_filepath_str(path, self._protocol))
+
+
+class TableDataset(ParquetDataset):
+    """kedro-datasets' versioned ParquetDataset whose load errors name the catalog entry
+    (``metadata: {dataset: <m>.<name>}``, set by the catalog factory) and the file."""
+
+    def load(self) -> pd.DataFrame:
+        try:
+            return super().load()
+        except Exception as exc:  # noqa: BLE001 - re-raised with the dataset's name
+            name = (self.metadata or {}).get("dataset", "?")
+            raise DatasetError(f"dataset '{name}' could not be read from {self._get_load_path()}: "
+                               f"{type(exc).__name__}: {exc}") from exc
 
 
 class TorchDataset(_FsDataset):

@@ -1,0 +1,42 @@
+"""Parameter validation: bad type, missing key, out of range, unknown key → one line naming the key."""
+import pytest
+from pydantic import Field
+
+from pipelines.core.params import MethodParams, ParameterError, Strict, validate
+
+
+class Inner(Strict):
+    lr: float = Field(gt=0)
+    layers: int = Field(ge=1)
+
+
+class Schema(MethodParams):
+    model: Inner
+
+
+GOOD = {"seeds": [0, 1], "model": {"lr": 0.1, "layers": 2}}
+
+
+def test_valid_params_parse():
+    p = validate(Schema, GOOD, "m")
+    assert p.model.layers == 2 and p.threads == 2 and p.claims == []
+
+
+@pytest.mark.parametrize("raw,key,why", [
+    ({**GOOD, "model": {"lr": "fast", "layers": 2}}, "m.model.lr", "valid number"),
+    ({**GOOD, "model": {"lr": 0.1}}, "m.model.layers", "missing key"),
+    ({**GOOD, "model": {"lr": -1.0, "layers": 2}}, "m.model.lr", "greater than 0"),
+    ({**GOOD, "model": {"lr": 0.1, "layers": 2, "layres": 3}}, "m.model.layres", "unknown key"),
+    ({"model": {"lr": 0.1, "layers": 2}}, "m.seeds", "missing key"),
+    ({**GOOD, "claims": [{"id": "x", "text": "t", "metric": "a", "op": "==", "threshold": 1}]}, "m.claims.0.op", ""),
+])
+def test_errors_name_the_key(raw, key, why):
+    with pytest.raises(ParameterError) as exc:
+        validate(Schema, raw, "m")
+    msg = str(exc.value)
+    assert msg.startswith(f"parameter {key}:") and why in msg and "\n" not in msg
+
+
+def test_non_mapping_rejected():
+    with pytest.raises(ParameterError, match="expected a mapping"):
+        validate(Schema, [1, 2], "m")

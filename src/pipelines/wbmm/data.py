@@ -39,6 +39,8 @@ def make_images(raw: dict) -> dict:
                 raise ParameterError(f"parameter wbmm.acc.data_path: {path} lacks arrays {sorted(missing)}")
             split = {"x_train": _resize(z["x_train"], p.size), "x_test": _resize(z["x_test"], p.size),
                      "y_train": torch.as_tensor(z["y_train"]).long(), "y_test": torch.as_tensor(z["y_test"]).long()}
+        if p.train_limit:
+            split["x_train"], split["y_train"] = split["x_train"][:p.train_limit], split["y_train"][:p.train_limit]
         return {str(s): split for s in parse("wbmm", raw).seeds}
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -49,6 +51,6 @@ def make_images(raw: dict) -> dict:
     for seed in parse("wbmm", raw).seeds:
         tr, te = train_test_split(np.arange(len(y)), test_size=p.test_size, stratify=digits.target,
                                   random_state=seed)
-        tr, te = torch.as_tensor(tr), torch.as_tensor(te)
+        tr, te = torch.as_tensor(tr[:p.train_limit]), torch.as_tensor(te)
         out[str(seed)] = {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
     return out

@@ -65,6 +65,7 @@ class Acc(Strict):
     data_path: str | None = None  # .npz with x_train, y_train, x_test, y_test (see README); None = digits
     size: int = Field(default=14, ge=7)  # digits are bilinearly upsampled to size×size
     test_size: int = Field(default=540, ge=10)
+    train_limit: int | None = Field(default=None, ge=10)  # use only the first n training images (tests)
     widths: tuple[int, int] = (16, 32)
     blocks: int = Field(default=2, ge=1)
     ffn_ratio: int = Field(default=2, ge=1)

@@ -115,9 +115,9 @@ def evaluate_split(images: dict, backbones: dict, estimators: dict, raw: dict, s
                   "sal_inv": sal_inv}
         z = sample_noise(tuple(fn.shape), e.noise_dist, gen).to(device)
         for name, m in shaped.items():
-            accs = []
+            accs, direction = [], m * z
             for s in ev.snr_db:
-                delta = ops.match_energy(m * z, fn, s).to(fn.dtype)
+                delta = ops.match_energy(direction, fn, s)
                 acc = accuracy(head, fn + delta, y)
                 rec(name, f"acc_snr{snr_tag(s)}", acc)
                 accs.append(acc)
@@ -243,8 +243,7 @@ def _jnd_grid(maps: dict, split: str, n: int):
         axes[0, i].imshow(x[i], cmap="gray")
         axes[0, i].contour(m["mask"][i].float(), levels=[0.5], colors="lime", linewidths=0.6)
         axes[0, i].set_title(f"y={int(m['y'][i])}", fontsize=8)
-        axes[1, i].imshow(x[i], cmap="gray")
-        im = axes[1, i].imshow(jmap[i], cmap="magma", alpha=0.75, vmin=0, vmax=vmax)
+        im = axes[1, i].imshow(jmap[i], cmap="magma", vmin=0, vmax=vmax)
         axes[1, i].contour(m["mask"][i].float(), levels=[0.5], colors="cyan", linewidths=0.6)
         axes[2, i].imshow(sal[i], cmap="viridis")
         for r in range(3):

@@ -144,7 +144,7 @@ def wedlm_loss(model: TinyLM, batch: dict, x: torch.Tensor, ar_target_mask: torc
                          reduction="none").view_as(tgt)
     l_mlm = (ce * batch["mlm_weight"]).sum()
     l_ar = ar_loss_from_logits(logits[:, :L], x, ar_target_mask)
-    return (l_mlm + ar_weight * l_ar) / 2, {"mlm": float(l_mlm), "ar": float(l_ar)}
+    return (l_mlm + ar_weight * l_ar) / 2, {"mlm": l_mlm.item(), "ar": l_ar.item()}
 
 
 def ar_loss_from_logits(logits: torch.Tensor, x: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 seed, and of the optional AR-only backbone baseline. Batches are sampled on the fly from the seeded tasks."""
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -13,6 +14,8 @@ from pipelines.core.runtime import get_device, seed_everything, set_threads
 from pipelines.core.training import check_finite
 from pipelines.wedlm.data import training_batch, vocab_of
 from pipelines.wedlm.model import ar_loss_from_logits, build_model, dual_stream_batch, wedlm_loss
+
+log = logging.getLogger(__name__)
 
 
 def _ar_target_mask(x: torch.Tensor, pad: int, prompt_len: int) -> torch.Tensor:
@@ -36,7 +39,7 @@ def train_one(p, chain: np.ndarray, seed: int, objective: str, train_rows: torch
         model.load_state_dict(init_state)
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=t.lr, total_steps=t.steps, pct_start=0.1)
-    log = []
+    history = []
     model.train()
     bar = tqdm(range(t.steps), desc=desc, leave=False, disable=None)
     for step in bar:
@@ -54,7 +57,7 @@ def train_one(p, chain: np.ndarray, seed: int, objective: str, train_rows: torch
         else:
             logits, _ = model(x, torch.arange(x.shape[1], device=dev).expand_as(x))
             loss = ar_loss_from_logits(logits, x, ar_mask)
-            parts = {"mlm": math.nan, "ar": float(loss)}
+            parts = {"mlm": math.nan, "ar": loss.item()}
         check_finite(loss, desc, 0, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -62,10 +65,12 @@ def train_one(p, chain: np.ndarray, seed: int, objective: str, train_rows: torch
         opt.step()
         sched.step()
         if step % 10 == 0 or step == t.steps - 1:
-            log.append({"step": step, "loss": float(loss), **parts})
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            history.append({"step": step, "loss": loss.item(), **parts})
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % 200 == 0 or step == t.steps - 1:
+            log.info("%s: step %d/%d loss %.4f", desc, step + 1, t.steps, loss.item())
     model.eval()
-    return {k: val.detach().cpu() for k, val in model.state_dict().items()}, log
+    return {k: val.detach().cpu() for k, val in model.state_dict().items()}, history
 
 
 def train_models(tasks: dict, raw: dict) -> tuple[dict, pd.DataFrame]:
@@ -78,11 +83,11 @@ def train_models(tasks: dict, raw: dict) -> tuple[dict, pd.DataFrame]:
     init = torch.load(p.model.init_path, map_location="cpu", weights_only=True) if p.model.init_path else None
     models, logs = {}, []
     for seed in p.seeds:
-        sd, log = train_one(p, chain, seed, "wedlm", rows, init, desc=f"wedlm seed {seed}")
+        sd, hist = train_one(p, chain, seed, "wedlm", rows, init, desc=f"wedlm seed {seed}")
         models[f"wedlm_seed{seed}"] = sd
-        logs += [{"model": "wedlm", "seed": seed, **r} for r in log]
+        logs += [{"model": "wedlm", "seed": seed, **r} for r in hist]
     for seed in p.train.ar_only_seeds:
-        sd, log = train_one(p, chain, seed, "ar", rows, init, desc=f"ar_only seed {seed}")
+        sd, hist = train_one(p, chain, seed, "ar", rows, init, desc=f"ar_only seed {seed}")
         models[f"ar_only_seed{seed}"] = sd
-        logs += [{"model": "ar_only", "seed": seed, **r} for r in log]
+        logs += [{"model": "ar_only", "seed": seed, **r} for r in hist]
     return models, pd.DataFrame(logs)

@@ -88,6 +88,9 @@ def synthetic_dataset(kind: str, n: int, W: np.ndarray, theta: float,
 
 def read_user_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A user dataset: CSV with feature columns ``x_*`` and ``ranking`` = labels best→worst, e.g. "2,0,1"."""
+    if not path.is_file():
+        raise FileNotFoundError(f"parameter rankcal.data.user_dir: {path} not found (expected a CSV with "
+                                "columns x_* and 'ranking'; see src/pipelines/rankcal/README.md)")
     df = pd.read_csv(path)
     feats = [c for c in df.columns if c.startswith("x_")]
     if not feats or "ranking" not in df.columns:

@@ -229,9 +229,10 @@ def test_killed_worker_is_retried(ray_local, tmp_path):
 
 @pytest.mark.ray
 def test_remote_exception_names_node_with_traceback(ray_local):
-    pipe = toy_pipeline() + pipeline([node(fail, "sq", "never", name="train.broken", tags=["gpu"])])
+    pipe = pipeline([node(fail, "params:x", "never", name="train.broken", tags=["gpu"])])
+    catalog = DataCatalog({"params:x": MemoryDataset(torch.ones(2))})
     with pytest.raises(ValueError) as err:  # still the node's own exception type
-        GPUNodeRunner(address="local", allow_cpu_fallback=True).run(pipe, toy_catalog())
+        GPUNodeRunner(address="local", allow_cpu_fallback=True).run(pipe, catalog)
     msg = str(err.value)
     assert isinstance(err.value, RemoteNodeError)
     assert "node 'train.broken' failed in its Ray task (ValueError: boom in the remote node)" in msg
@@ -269,24 +270,41 @@ def gpu_probe(e2e_project):
 
 
 def comparable(report: dict) -> dict:
-    return {k: v for k, v in report.items() if k not in STAMPS}
+    """The report without its run stamps and timings (``*_seconds`` differ between any two runs)."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if not k.endswith("_seconds")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    return strip({k: v for k, v in report.items() if k not in STAMPS})
 
 
 @pytest.mark.ray
 @pytest.mark.e2e
-def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2e_project, monkeypatch):
+def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2e_project, monkeypatch,
+                                                       caplog):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     inline = run_kedro(e2e_project, gpu_probe, extra=["--runner", RUNNER])
     assert inline.exit_code == 0, inline.output
-    # conf/test/runner.yml allows the CPU fallback; only the address comes from the command line
-    on_ray = run_kedro(e2e_project, gpu_probe, extra=["--runner", RUNNER, "--runner-params", "address=local"])
-    assert on_ray.exit_code == 0, on_ray.output
-    assert "has no GPU; gpu nodes run on CPU" in on_ray.output
-    assert comparable(on_ray.report) == comparable(inline.report)
-    assert on_ray.report["save_version"] != inline.report["save_version"]  # two versioned reports
-
+    inline_report = inline.report  # read now: .report is the latest version in the folder
     import mlflow
 
+    # An in-process `kedro run` leaves its MLflow run active (reported to the lead); end it so the
+    # second run gets its own parent run, as two `kedro run` commands would.
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    caplog.clear()
+    # conf/test/runner.yml allows the CPU fallback; only the address comes from the command line
+    with caplog.at_level(logging.INFO, logger="pipelines.core.runner"):
+        on_ray = run_kedro(e2e_project, gpu_probe, extra=["--runner", RUNNER, "--runner-params", "address=local"])
+    assert on_ray.exit_code == 0, on_ray.output
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "pipelines.core.runner")
+    assert "has no GPU; gpu nodes run on CPU" in logged
+    assert f"Completed node: {gpu_probe}.train.variants (Ray task" in logged
+    assert comparable(on_ray.report) == comparable(inline_report)
+    assert on_ray.report["save_version"] != inline_report["save_version"]  # two versioned reports
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
     client = mlflow.MlflowClient(on_ray.tracking_uri)
     exp = client.get_experiment_by_name(gpu_probe)
     runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
@@ -297,14 +315,26 @@ def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2
                                                  "wall_seconds": latest.data.metrics["wall_seconds"]})
 
 
+TESS_TRAIN = "tess.train.baselines,tess.train.tess"
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif("tess" not in discover_methods(), reason="the tess pipeline has not landed yet")
-def test_tess_inline_backend_equals_sequential_runner(e2e_project, monkeypatch):
+def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_project, monkeypatch):
+    """The flagship: a SequentialRunner run, then its train + evaluate stages again from the same
+    (versioned) data with the inline backend and with the gpu nodes on local Ray: the same report."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     shutil.copytree(ROOT / "conf", e2e_project / "conf", dirs_exist_ok=True)
     sequential = run_kedro(e2e_project, "tess")
     assert sequential.exit_code == 0, sequential.output
-    inline = run_kedro(e2e_project, "tess", extra=["--runner", RUNNER])
-    assert inline.exit_code == 0, inline.output
-    assert comparable(inline.report) == comparable(sequential.report)
-    assert inline.report["variants"] and inline.report["claims"] == sequential.report["claims"]
+    reference = sequential.report  # read now: .report is the latest version in the folder
+    reports = {}
+    for backend, params in (("inline", "address=null"), ("ray", "address=local")):
+        run = run_kedro(e2e_project, "tess", extra=["--runner", RUNNER, "--runner-params", params,
+                                                    "--from-nodes", TESS_TRAIN])
+        assert run.exit_code == 0, run.output
+        reports[backend] = run.report
+    assert reports["inline"]["variants"] and reports["inline"]["claims"]
+    assert comparable(reports["inline"]) == comparable(reference)
+    assert comparable(reports["ray"]) == comparable(reference)
+    assert len({reference["save_version"], *(r["save_version"] for r in reports.values())}) == 3

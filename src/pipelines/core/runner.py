@@ -417,8 +417,8 @@ class GPUNodeRunner(AbstractRunner):
                                       time.perf_counter() - t0, self._where(node.name))
                     self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
         except BaseException:
-            for ref in inflight:
-                ray.cancel(ref, force=True)
+            for ref in inflight:  # not force: killing workers would make the next run start new ones
+                ray.cancel(ref)
             self._suggest_resume_scenario(pipeline, done, catalog)
             raise
 

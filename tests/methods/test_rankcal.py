@@ -287,6 +287,30 @@ def test_type_a_rankings_have_no_spurious_ties():
     assert len({tuple(r) for r in o}) <= 6 and o.shape == (150, 3)
 
 
+def test_user_csv_format_round_trip_and_errors(tmp_path):
+    from pipelines.rankcal.data import make_datasets, unpack
+
+    rng = np.random.default_rng(9)
+    orders = [",".join(map(str, rng.permutation(4))) for _ in range(40)]
+    import pandas as pd
+
+    pd.DataFrame({"x_0": rng.normal(size=40), "x_1": rng.normal(size=40), "ranking": orders}).to_csv(
+        tmp_path / "toy.csv", index=False)
+    raw = copy.deepcopy(base_raw())
+    raw["seeds"] = [0]
+    raw["data"].update(datasets=["file:toy"], user_dir=str(tmp_path))
+    df = make_datasets(raw)
+    assert (df.split == "test").sum() == 12 and set(df.dataset) == {"file:toy"}
+    x, o, m = unpack(df)
+    assert m == 4 and x.shape == (40, 2) and {",".join(map(str, r)) for r in o} == set(orders)
+    raw["data"]["datasets"] = ["file:missing"]
+    with pytest.raises(FileNotFoundError, match=r"rankcal\.data\.user_dir"):
+        make_datasets(raw)
+    raw["data"].update(datasets=["file:toy"], user_dir=None)
+    with pytest.raises(ParameterError, match=r"rankcal\.data"):
+        parse("rankcal", raw)
+
+
 def test_hierarchy_counterexamples_match_the_card():
     from pipelines.rankcal.demo import counterexample, population_ece
 

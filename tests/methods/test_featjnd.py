@@ -232,6 +232,18 @@ def test_missing_tensor_file_is_reported_with_its_key(tmp_path):
         make_images(raw)
 
 
+def test_tensor_file_input_round_trips(tmp_path):
+    from pipelines.featjnd.data import digits_canvas, make_images
+
+    data = digits_canvas(0, 20, 10, 10, test_renders=1)
+    user = {k: v for k, v in data.items() if k != "mask_test"}
+    torch.save(user, tmp_path / "images.pt")
+    out = make_images({**BASE, "seeds": [0, 1], "data": {"source": "tensor_file", "path": str(tmp_path / "images.pt")}})
+    assert set(out) == {"seed0", "seed1"}
+    assert torch.equal(out["seed1"]["x_test"], data["x_test"])
+    assert out["seed0"]["mask_test"].shape == (10, 32, 32) and not out["seed0"]["mask_test"].any()
+
+
 # ------------------------------------------------------------------ end to end
 
 @pytest.mark.e2e

@@ -22,11 +22,7 @@ class PipelineRun:
     exit_code: int
     output: str
     tracking_uri: str
-
-    @property
-    def report_path(self) -> Path:
-        versions = sorted((self.project / "data" / "08_reporting" / self.pipeline / "report.json").iterdir())
-        return versions[-1] / "report.json"
+    report_path: Path | None = None          # the newest report version right after this run
 
     @property
     def report(self) -> dict:
@@ -71,7 +67,9 @@ def run_kedro(project: Path, pipeline: str, env: str = "test", extra: list[str] 
         import traceback
 
         out += "".join(traceback.format_exception(res.exception))
-    return PipelineRun(project, pipeline, res.exit_code, out, uri)
+    reports = project / "data" / "08_reporting" / pipeline / "report.json"
+    latest = sorted(reports.glob("*/report.json"))[-1] if reports.is_dir() else None
+    return PipelineRun(project, pipeline, res.exit_code, out, uri, latest)
 
 
 @pytest.fixture(scope="session")

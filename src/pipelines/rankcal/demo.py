@@ -75,6 +75,7 @@ def hierarchy_demo(raw: dict) -> pd.DataFrame:
             Q = np.tile(q, (d.n, 1))
             ece, _ = C.calibration_metrics(Q, y, 3, n_bins=p.ece.n_bins, n_debias=p.ece.n_debias,
                                            full_cw_max_m=p.ece.full_cw_max_m, rng=rng)
-            rows.append({"variant": f"demo.{name}", "seed": seed, **ece, **C.proper_scores(Q, y, 3),
+            rows.append({"variant": f"demo.{name}", "seed": seed, **ece,
+                         "max_ece_db": max(v for k, v in ece.items() if k.endswith("_db")), **C.proper_scores(Q, y, 3),
                          **population_ece(q, P), **{f"q_{i}": float(v) for i, v in enumerate(q)}})
     return pd.DataFrame(rows)

@@ -4,6 +4,7 @@ correlation, reliability diagrams and the report."""
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -39,7 +40,8 @@ def calibration_table(predictions: dict, raw: dict) -> tuple[pd.DataFrame, dict]
             m, y = int(entry["m"]), entry["y"].numpy()
             n_boot = e.n_bootstrap if int(seed) == p.plot_seed else 0
             for model, Q in _tables(entry).items():
-                rng = np.random.default_rng([int(seed), 11, len(ds), len(model)])
+                # one stream per (seed, dataset, model) for the redraws and the bootstrap
+                rng = np.random.default_rng([int(seed), zlib.crc32(f"{ds}.{model}".encode())])
                 ece, ci = C.calibration_metrics(Q, y, m, n_bins=e.n_bins, n_debias=e.n_debias, n_bootstrap=n_boot,
                                                 full_cw_max_m=e.full_cw_max_m, rng=rng)
                 db = [v for k, v in ece.items() if k.endswith("_db")]

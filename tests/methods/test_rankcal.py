@@ -349,6 +349,17 @@ def test_bad_parameter_names_the_key(path, value, key):
         parse("rankcal", raw)
 
 
+@pytest.mark.parametrize("key,value,pattern", [
+    ("plot_seed", 7, r"plot_seed: 7"),
+    ("rank_disagreement_datasets", ["glass"], r"rank_disagreement_datasets: \['glass'\]"),
+])
+def test_inconsistent_parameters_name_the_key(key, value, pattern):
+    raw = copy.deepcopy(base_raw())
+    raw[key] = value
+    with pytest.raises(ParameterError, match=pattern):
+        parse("rankcal", raw)
+
+
 def test_base_parameters_are_valid_and_claims_declared():
     p = parse("rankcal", base_raw())
     assert len(p.claims) >= 10 and p.seeds == [0, 1, 2]

@@ -140,3 +140,12 @@ class Params(MethodParams):
     rlhf: Rlhf
     rank_disagreement_datasets: list[str] = Field(default_factory=lambda: ["digits5", "diabetes"])
     plot_seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        missing = [d for d in self.rank_disagreement_datasets if d not in self.data.datasets]
+        if missing:
+            raise ValueError(f"rank_disagreement_datasets: {missing} not in data.datasets")
+        if self.plot_seed not in self.seeds:
+            raise ValueError(f"plot_seed: {self.plot_seed} is not one of seeds {self.seeds}")
+        return self

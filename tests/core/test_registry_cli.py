@@ -19,8 +19,8 @@ def test_discovery_finds_method_folders_only():
 
 def test_default_is_tess_and_imports_only_what_is_asked():
     code = ("import sys; from pipelines.core.registry import LazyPipelines; p = LazyPipelines(); "
-            "d = p['__default__']; print(sorted(m.split('.')[1] for m in sys.modules "
-            "if m.startswith('pipelines.') and m.count('.') >= 1 and m.split('.')[1] != 'core'))")
+            "d = p['__default__']; print(sorted({m.split('.')[1] for m in sys.modules "
+            "if m.startswith('pipelines.') and m.split('.')[1] not in ('core', 'settings')}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == ["tess"]
 

@@ -60,6 +60,17 @@ def backend_info(device: torch.device) -> dict[str, object]:
     return info
 
 
+def timing_clock(choice: str, device: torch.device, threads: int) -> str:
+    """'auto': this process's CPU time on a 1-thread CPU run (on a shared machine it is what an idle core
+    would take, while wall time also counts the waits for other jobs' time slices), else wall time
+    (GPU: after a synchronize; several CPU threads: CPU time would add the threads up)."""
+    if choice != "auto":
+        if choice == "cpu" and (device.type != "cpu" or threads != 1):
+            raise ValueError("parameter wbmm.bench.clock: 'cpu' needs device cpu and threads: 1")
+        return choice
+    return "cpu" if device.type == "cpu" and threads == 1 else "wall"
+
+
 def padded(size: int, w: int) -> int:
     return math.ceil(size / w) * w
 
@@ -145,36 +156,43 @@ def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tenso
 
 
 def _time_interleaved(calls: dict[tuple, Callable[[], object]], sync: Callable[[], None], warmup: int,
-                      min_reps: int, min_total_s: float, max_reps: int, max_call_s: float) -> dict[tuple, dict]:
+                      min_reps: int, min_total_s: float, max_reps: int, max_call_s: float,
+                      clock: str = "wall") -> dict[tuple, dict]:
     """Warm every call up, pick its repeat count from its warm-up time, then time all calls round-robin
-    (rotating the start so no op always follows the same one) and keep median and quartiles."""
-    def once(fn: Callable[[], object]) -> float:
+    (rotating the start so no op always follows the same one) and keep median and quartiles of the
+    chosen clock ('wall' or 'cpu' = this process's CPU time); the wall-clock median is kept as well."""
+    pick = 1 if clock == "cpu" else 0
+    def once(fn: Callable[[], object]) -> tuple[float, float]:
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         sync()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     warm: dict[tuple, float] = {}
     for _ in range(warmup):
         for key, fn in calls.items():
-            warm[key] = once(fn)
+            warm[key] = once(fn)[pick]
     reps = {}
     for key, t in warm.items():
         n = min_reps if t > max_call_s else max(min_reps, math.ceil(min_total_s / max(t, 1e-9)))
         reps[key] = min(n, max(max_reps, min_reps))
     times: dict[tuple, list[float]] = {k: [] for k in calls}
+    walls: dict[tuple, list[float]] = {k: [] for k in calls}
     keys = list(calls)
     for r in range(max(reps.values())):
         shift = r % len(keys)
         for key in keys[shift:] + keys[:shift]:
             if r < reps[key]:
-                times[key].append(once(calls[key]))
+                wall, cpu = once(calls[key])
+                times[key].append(cpu if pick else wall)
+                walls[key].append(wall)
     out = {}
     for key, ts in times.items():
         q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
         out[key] = {"ms": 1e3 * statistics.median(ts), "p25_ms": 1e3 * q[0], "p75_ms": 1e3 * q[2],
-                    "reps": len(ts), "warmup_ms": 1e3 * warm[key]}
+                    "reps": len(ts), "warmup_ms": 1e3 * warm[key],
+                    "wall_ms": 1e3 * statistics.median(walls[key])}
     return out
 
 
@@ -187,6 +205,8 @@ def run_benchmark(grid: pd.DataFrame, raw: dict) -> tuple[pd.DataFrame, dict]:
     env = tune_malloc() if (p.malloc_tuning and device.type == "cpu") else {"malloc_tuned": False}
     env.update(backend_info(device))
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    clock = timing_clock(p.bench.clock, device, torch.get_num_threads())
+    env["clock"] = clock
     results = []
     for (dtype, b, c, h), rows in grid.groupby(["dtype", "batch", "channels", "size"], sort=False):
         seed = p.seeds[0] * 1_000_003 + zlib.crc32(f"{dtype}-{b}-{c}-{h}".encode())
@@ -200,11 +220,11 @@ def run_benchmark(grid: pd.DataFrame, raw: dict) -> tuple[pd.DataFrame, dict]:
         with torch.no_grad():
             fwd = {k: v for k, v in calls.items() if k[2] == "fwd"}
             timed = _time_interleaved(fwd, sync, p.bench.warmup, p.bench.min_reps, p.bench.min_total_s,
-                                      p.bench.max_reps, p.bench.max_call_s) if fwd else {}
+                                      p.bench.max_reps, p.bench.max_call_s, clock) if fwd else {}
         bwd = {k: v for k, v in calls.items() if k[2] == "fwdbwd"}
         if bwd:
             timed.update(_time_interleaved(bwd, sync, p.bench.warmup, p.bench.min_reps, p.bench.min_total_s,
-                                           p.bench.max_reps, p.bench.max_call_s))
+                                           p.bench.max_reps, p.bench.max_call_s, clock))
         for (op, param, mode), t in timed.items():
             flops = op_flops(op, param, b, c, h) if mode == "fwd" else float("nan")
             results.append({"dtype": dtype, "batch": int(b), "channels": int(c), "size": int(h), "op": op,

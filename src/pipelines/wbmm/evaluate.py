@@ -210,8 +210,9 @@ def evaluate(bench: pd.DataFrame, bench_env: dict, acc: pd.DataFrame, raw: dict)
                                            list(stds.train_imgs_per_s), ylabel="train images / s (median step)",
                                            title="tiny nets: training throughput")
     extra = {"bench_env": bench_env,
-             "timing_note": "speed numbers are medians of interleaved repeats from one run; compare ratios, "
-                            "not absolute times (machine and load dependent)"}
+             "timing_note": f"speed numbers are medians of interleaved repeats from one run on the "
+                            f"'{bench_env.get('clock', 'wall')}' clock; compare ratios, not absolute times "
+                            "(machine and load dependent)"}
     report = build_report("wbmm", raw, op_rows + acc_rows, {**m_bench, **m_acc},
                           artifacts=[f"{k}.png" for k in figures], extra=extra)
     return report, figures

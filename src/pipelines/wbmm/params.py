@@ -31,6 +31,7 @@ class Bench(Strict):
     attn_windows: list[int] = Field(default_factory=list)  # Swin windowed attention (sweep)
     dtypes: list[Literal["float32", "float16", "bfloat16"]] = Field(default_factory=lambda: ["float32"])
     modes: list[Literal["fwd", "fwdbwd"]] = Field(default_factory=lambda: ["fwd", "fwdbwd"])
+    clock: Literal["auto", "wall", "cpu"] = "auto"  # auto: process CPU time on 1-thread CPU runs, else wall
     warmup: int = Field(default=2, ge=1)
     min_reps: int = Field(default=5, ge=1)
     min_total_s: float = Field(default=0.05, ge=0)  # reps = max(min_reps, ceil(min_total_s / t))
@@ -97,6 +98,13 @@ class Params(MethodParams):
     bench: Bench
     pairs: Pairs = Field(default_factory=Pairs)
     acc: Acc
+
+    @field_validator("bench")
+    @classmethod
+    def _cpu_clock_single_thread(cls, bench: Bench, info: ValidationInfo) -> Bench:
+        if bench.clock == "cpu" and info.data.get("threads", 1) != 1:
+            raise ValueError("clock 'cpu' (process CPU time) measures latency only with threads: 1")
+        return bench
 
     @field_validator("pairs")
     @classmethod

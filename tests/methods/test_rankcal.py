@@ -299,14 +299,16 @@ def test_user_csv_format_round_trip_and_errors(tmp_path):
     raw = copy.deepcopy(base_raw())
     raw["seeds"] = [0]
     raw["data"].update(datasets=["file:toy"], user_dir=str(tmp_path))
+    raw["rank_disagreement_datasets"] = ["file:toy"]
     df = make_datasets(raw)
     assert (df.split == "test").sum() == 12 and set(df.dataset) == {"file:toy"}
     x, o, m = unpack(df)
     assert m == 4 and x.shape == (40, 2) and {",".join(map(str, r)) for r in o} == set(orders)
-    raw["data"]["datasets"] = ["file:missing"]
-    with pytest.raises(FileNotFoundError, match=r"rankcal\.data\.user_dir"):
+    raw["data"]["datasets"] = raw["rank_disagreement_datasets"] = ["file:missing"]
+    with pytest.raises(ParameterError, match=r"rankcal\.data\.user_dir"):
         make_datasets(raw)
     raw["data"].update(datasets=["file:toy"], user_dir=None)
+    raw["rank_disagreement_datasets"] = ["file:toy"]
     with pytest.raises(ParameterError, match=r"rankcal\.data"):
         parse("rankcal", raw)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.params import parse
+from pipelines.core.params import ParameterError, parse
 from pipelines.rankcal import ranking as R
 
 BUILTIN = ("iris", "wine", "digits5", "diabetes", "linnerud", "pl_truth", "mallows_truth")
@@ -89,7 +89,8 @@ def synthetic_dataset(kind: str, n: int, W: np.ndarray, theta: float,
 def read_user_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A user dataset: CSV with feature columns ``x_*`` and ``ranking`` = labels best→worst, e.g. "2,0,1"."""
     if not path.is_file():
-        raise FileNotFoundError(f"parameter rankcal.data.user_dir: {path} not found (expected a CSV with "
+        # a parameter error (one clean line from the CLI), not a traceback
+        raise ParameterError(f"parameter rankcal.data.user_dir: {path} not found (expected a CSV with "
                                 "columns x_* and 'ranking'; see src/pipelines/rankcal/README.md)")
     df = pd.read_csv(path)
     feats = [c for c in df.columns if c.startswith("x_")]

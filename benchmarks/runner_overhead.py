@@ -95,7 +95,8 @@ def main() -> None:
     on_ray = GPUNodeRunner(address="local", allow_cpu_fallback=True)
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
+             log_to_driver=False)
     ray_start = time.perf_counter() - t0
     try:
         cold = _timed_run(on_ray, one, {"x": 0})

@@ -57,6 +57,9 @@ def test_row_headline_best_baseline_and_gain():
                                       paper="Alpha (ICML 2026)"))
     assert row.paper == "Alpha (ICML 2026)" and row.best_baseline == "linear"
     assert row.relative_gain == pytest.approx((0.9 - 0.7) / 0.7)
+    # a declared list of baselines narrows the best baseline (ablations are not baselines)
+    row = row_from_report(fake_report(headline={"metric": "test_mse", "method": "alpha", "baselines": ["mean_baseline"]}))
+    assert row.best_baseline == "mean_baseline" and row.relative_gain == pytest.approx(0.75)
     assert gain(2.0, 1.0, lower_is_better=True) == -1.0 and gain(1.0, 0.0, True) is None
 
 

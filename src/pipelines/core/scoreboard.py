@@ -11,7 +11,7 @@ artifact of each pipeline's latest finished parent run). A registered pipeline w
 row saying "not run", never an error.
 
 The headline of a row is the report's optional ``headline`` block
-``{metric, method, lower_is_better, tolerance}`` (and ``paper``), else the same keys in
+``{metric, method, lower_is_better, baselines, tolerance}`` (and ``paper``), else the same keys in
 ``conf/base/parameters_<m>.yml``, else inferred from the first claim on ``relative_gain.<metric>.<a>_vs_<b>``
 (a relative gain is defined for lower-is-better metrics) or on ``variants.<v>.<metric>``.
 
@@ -228,7 +228,8 @@ def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> R
         metric, method, lower = head["metric"], head["method"], bool(head.get("lower_is_better", True))
         row.method_value = _num((variants.get(method) or {}).get(metric))
         row.method_std = _num((stds.get(method) or {}).get(metric))
-        baselines = {v: _num(vals.get(metric)) for v, vals in variants.items() if v != method}
+        allowed = set(head.get("baselines") or variants)  # a declared list narrows "best baseline"
+        baselines = {v: _num(vals.get(metric)) for v, vals in variants.items() if v != method and v in allowed}
         baselines = {v: x for v, x in baselines.items() if x is not None}
         if baselines:
             best = (min if lower else max)(baselines, key=baselines.get)

@@ -64,7 +64,8 @@ class DecodeResult:
     cached: list[int]                # generated tokens whose K/V entered the cache
     fills: list[int]
     out_of_order: list[int]          # fills that left an unfilled mask to their left
-    trace: list[dict] = field(default_factory=list)  # per step of row 0: committed, filled, window
+    # per forward of row 0: committed (in the cache), decided (committed + leading filled run), filled
+    trace: list[dict] = field(default_factory=list)
 
 
 def _leading(filled: torch.Tensor) -> torch.Tensor:
@@ -85,7 +86,7 @@ def decode_ar(model: TinyLM, prompts: torch.Tensor, eos: int, max_new: int) -> D
     fwd = [1] * n
     proc = [0] * n
     ids = torch.arange(n, device=dev)
-    trace = [{"step": 0, "committed": 1, "filled": 0, "window": 0}]
+    trace = [{"step": 0, "committed": 0, "decided": 1, "filled": 0, "window": 0}]
     for step in range(1, max_new):
         alive = torch.tensor([out[i][-1] != eos and len(out[i]) < max_new for i in ids.tolist()],
                              dtype=torch.bool, device=dev)
@@ -104,7 +105,8 @@ def decode_ar(model: TinyLM, prompts: torch.Tensor, eos: int, max_new: int) -> D
             fwd[i] += 1
             proc[i] += 1
         if ids[0] == 0:
-            trace.append({"step": step, "committed": len(out[0]), "filled": 0, "window": 0})
+            trace.append({"step": step, "committed": len(out[0]) - 1, "decided": len(out[0]), "filled": 0,
+                          "window": 0})
     return DecodeResult(out, fwd, proc, list(proc), [len(o) for o in out], [0] * n, trace)
 
 
@@ -178,8 +180,8 @@ def decode_parallel(model: TinyLM, prompts: torch.Tensor, eos: int, mask_id: int
             fills[i] += int(nf[a])
             ooo[i] += int(no[a])
             if i == 0:
-                trace.append({"step": step, "committed": len(out[0]), "filled": int(win_filled[a].sum()),
-                              "window": W})
+                trace.append({"step": step, "committed": len(out[0]), "decided": len(out[0]) + int(lead[a]),
+                              "filled": int(win_filled[a].sum()), "window": W})
             if done[a]:
                 seq = out[i] + win_tok[a, :int(lead[a])].tolist()
                 if eos in seq:

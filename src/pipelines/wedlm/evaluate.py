@@ -207,8 +207,9 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
         r = "count" if "count" in traces else next(iter(traces))
         fig, ax = plt.subplots(figsize=(6, 4))
         for v, tr in traces[r].items():
-            ax.step([t["step"] + 1 for t in tr], [t["committed"] + 0 for t in tr], where="post", label=v)
-        ax.set(xlabel="forward", ylabel="committed tokens (before this step's fills)",
+            ax.step([t["step"] + 1 for t in tr], [t["decided"] for t in tr], where="post", marker="o", ms=3,
+                    label=v)
+        ax.set(xlabel="forward", ylabel="final tokens after this forward\n(committed + leading filled run)",
                title=f"decode trace: '{r}' item 0, first seed")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -31,8 +31,10 @@ def relative_index(w: int, device: torch.device | str | None = None) -> torch.Te
 
 def build_matrix(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """M = R[:, I]: one w²×w² Toeplitz-of-Toeplitz matrix per channel (C × w² × w²). Differentiable in R
-    (the backward is a scatter-add, which is why training rebuilds it every step)."""
-    return table[:, index]
+    (the backward is a scatter-add, which is why training rebuilds it every step). ``index_select`` on the
+    flattened index: on CPU it was 5-7x faster than ``table[:, index]`` forward and ~3x in backward."""
+    c, n = table.shape[0], index.shape[0]
+    return table.index_select(1, index.reshape(-1)).view(c, n, n)
 
 
 def window_partition(x: torch.Tensor, w: int) -> tuple[torch.Tensor, tuple[int, int, int, int]]:

@@ -55,11 +55,12 @@ def node_and_device() -> dict:
     """What a node sees in its process: the node name (NaN errors use it) and the device helper."""
     from pipelines.core.runctx import current_node
     from pipelines.core.runner import assigned_device
+    from pipelines.core.runtime import get_device
 
     real = torch.cuda.is_available
     torch.cuda.is_available = lambda: True  # pretend the worker sees a GPU Ray did not assign to us
     try:
-        device = assigned_device()
+        device = assigned_device(), str(get_device())
     finally:
         torch.cuda.is_available = real
     return {"node": current_node.get(), "device": device, "pid": os.getpid()}
@@ -210,7 +211,7 @@ def test_ray_fallback_matches_inline_and_names_the_node(ray_local, caplog):
     assert got["summary"] == reference["summary"]
     assert set(runner.placements) == {"train.square", "train.cube", "train.probe"}  # gpu nodes went to Ray
     assert got["seen"]["node"] == "train.probe" and got["seen"]["pid"] != os.getpid()
-    assert got["seen"]["device"] == "cpu"  # a GPU is visible but Ray assigned none: cpu
+    assert got["seen"]["device"] == ("cpu", "cpu")  # a GPU is visible but Ray assigned none: cpu
     fallbacks = [r for r in caplog.records if "allow_cpu_fallback" in r.getMessage()]
     assert len(fallbacks) == 1 and "CPU: 2" in fallbacks[0].getMessage()
 

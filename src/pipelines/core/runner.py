@@ -230,7 +230,8 @@ def assigned_device() -> str:
     """``cuda`` when this process may use a GPU (inside a Ray task: Ray assigned one), else ``cpu``.
 
     Inside a Ray task with ``num_gpus=0`` (the CPU fallback) torch may still see the machine's GPUs
-    (Ray >= 2.48 no longer blanks CUDA_VISIBLE_DEVICES then), so the assignment decides, not torch."""
+    (recent Ray, 2.60 here, no longer blanks CUDA_VISIBLE_DEVICES then), so the assignment decides.
+    ``pipelines.core.runtime.get_device`` gets the same answer through the RAY_WORKER_MODE marker."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return "cpu"

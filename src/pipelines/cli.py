@@ -28,6 +28,7 @@ def _run(**kw: Any) -> dict[str, Any]:
 
     from pipelines.core.claims import ClaimError
     from pipelines.core.params import ParameterError
+    from pipelines.core.runner import GPUUnavailableError, RunnerConfigError
     from pipelines.core.training import NonFiniteLossError
 
     pipeline, pipelines = kw.pop("pipeline"), kw.pop("pipelines")
@@ -35,7 +36,9 @@ def _run(**kw: Any) -> dict[str, Any]:
         raise KedroCliError("Options '--pipeline' and '--pipelines' cannot be used together")
     names = [pipeline] if pipeline else sorted(set(pipelines))
     runctx.set_requested_pipelines(names)
-    runner_cls = load_obj(kw.pop("runner") or "SequentialRunner", "kedro.runner")
+    runner_path = kw.pop("runner") or "SequentialRunner"
+    runner_cls = load_obj(runner_path, "kedro.runner")
+    runctx.set_runner_name(runner_cls.__name__)
     runner_kwargs = dict(kw.pop("runner_params") or {})
     if kw.pop("is_async"):
         runner_kwargs["is_async"] = True
@@ -43,13 +46,14 @@ def _run(**kw: Any) -> dict[str, Any]:
     kw.pop("config", None)  # already applied by click's callback
     create_kwargs = {"env": kw.pop("env"), "conf_source": kw.pop("conf_source"), "runtime_params": params}
     run_kwargs = {
-        "tags": tuple(kw.pop("tags")), "runner": runner_cls(**runner_kwargs),
+        "tags": tuple(kw.pop("tags")),
         "node_names": tuple(kw.pop("node_names")), "pipeline_names": names, **kw,
     }
     try:
         with settings.SESSION_CLASS.create(**create_kwargs) as session:
-            return session.run(**run_kwargs)
-    except (ParameterError, ClaimError, NonFiniteLossError, DatasetError) as exc:
+            return session.run(runner=runner_cls(**runner_kwargs), **run_kwargs)
+    except (ParameterError, ClaimError, NonFiniteLossError, DatasetError, GPUUnavailableError,
+            RunnerConfigError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

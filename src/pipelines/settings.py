@@ -2,11 +2,13 @@
 from kedro.config import OmegaConfigLoader
 
 from pipelines.core.hooks import PlatformHooks
+from pipelines.core.runner import RunnerConfigHooks
 from pipelines.core.runctx import artifact_location, experiment_name, tracking_uri
 
 # kedro-mlflow registers its own hook through its entry point; ours stamps and logs the report,
-# validates parameters before any node runs and names the node in errors.
-HOOKS = (PlatformHooks(),)
+# validates parameters before any node runs and names the node in errors; RunnerConfigHooks hands
+# the GPU-node runner this run's conf/<env>/runner.yml.
+HOOKS = (PlatformHooks(), RunnerConfigHooks())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

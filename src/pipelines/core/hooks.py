@@ -8,7 +8,7 @@ from typing import Any
 
 from kedro.framework.hooks import hook_impl
 
-from pipelines.core.runctx import current_node, git_commit
+from pipelines.core.runctx import current_node, git_commit, runner_name
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,18 @@ def validate_pipeline_params(pipeline, catalog) -> None:
         validate(schema, raw, m)
 
 
+def _end_mlflow_runs() -> None:
+    """kedro-mlflow re-opens its run in every node; make sure nothing stays active after the run, so a
+    second run in the same process (notebooks, tests) never logs into this one's parent."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
 class PlatformHooks:
     def __init__(self) -> None:
         self._ctx: dict[str, Any] = {}
@@ -42,9 +54,18 @@ class PlatformHooks:
             "env": run_params.get("env") or "base",
             "save_version": run_params.get("run_id"),
             "git_commit": git_commit(),
+            "runner": runner_name(),
             "_t0": time.perf_counter(),
         }
         validate_pipeline_params(pipeline, catalog)
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        _end_mlflow_runs()
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        _end_mlflow_runs()
 
     @hook_impl
     def before_node_run(self, node) -> None:

@@ -9,12 +9,21 @@ from pathlib import Path
 DEFAULT_PIPELINE = "tess"
 
 _requested: list[str] = []
+_runner: list[str] = []
 current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_node", default=None)
 
 
 def set_requested_pipelines(names: list[str] | None) -> None:
     """Called by the project's ``kedro run`` before the session starts."""
     _requested[:] = list(names or [])
+
+
+def set_runner_name(name: str) -> None:
+    _runner[:] = [name]
+
+
+def runner_name() -> str:
+    return _runner[0] if _runner else "SequentialRunner"
 
 
 def requested_pipelines() -> list[str]:
@@ -50,8 +59,11 @@ def artifact_location() -> str | None:
 
 
 def git_commit(cwd: Path | None = None) -> str:
-    """HEAD's sha, suffixed ``-dirty`` when tracked files differ; ``unknown`` outside git."""
+    """HEAD's sha, suffixed ``-dirty`` when tracked files differ; outside git (a container image) the
+    ``GIT_COMMIT`` environment variable, else ``unknown``."""
     cwd = cwd or project_root()
+    if not (cwd / ".git").exists() and os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()
@@ -59,4 +71,4 @@ def git_commit(cwd: Path | None = None) -> str:
                                capture_output=True, text=True, timeout=5).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return os.environ.get("GIT_COMMIT", "unknown")

@@ -231,7 +231,7 @@ def assigned_device() -> str:
 
     Inside a Ray task with ``num_gpus=0`` (the CPU fallback) torch may still see the machine's GPUs
     (recent Ray, 2.60 here, no longer blanks CUDA_VISIBLE_DEVICES then), so the assignment decides.
-    ``pipelines.core.runtime.get_device`` gets the same answer through the RAY_WORKER_MODE marker."""
+    ``pipelines.core.runtime.get_device`` applies the same rule."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return "cpu"
@@ -247,9 +247,7 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
     """Body of the Ray task: run the node's function, hand back CPU outputs and where it ran."""
     import ray
 
-    # pipelines.core.runtime.get_device consults this marker (see assigned_device) and the NaN guard
-    # names the node from current_node, as PlatformHooks.before_node_run does in the driver.
-    os.environ["RAY_WORKER_MODE"] = "1"
+    # the NaN guard names the node from current_node, as PlatformHooks.before_node_run does in the driver
     token = current_node.set(node.name)
     t0 = time.perf_counter()
     try:

@@ -1,7 +1,6 @@
 """Seeding, thread count and device choice: the one place nodes get them from."""
 from __future__ import annotations
 
-import os
 import random
 import sys
 
@@ -35,8 +34,9 @@ def get_device(prefer: str = "auto") -> torch.device:
             raise RuntimeError("device 'cuda' was asked for but torch sees no GPU")
         return torch.device("cpu")
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized() and os.environ.get("RAY_WORKER_MODE", "") != "":
-        if not ray.get_gpu_ids():
+    if ray is not None and ray.is_initialized():
+        # inside a Ray task the assignment decides (recent Ray leaves GPUs visible to num_gpus=0 tasks)
+        if ray.get_runtime_context().get_task_id() is not None and not ray.get_gpu_ids():
             return torch.device("cpu")
     return torch.device("cuda")
 

@@ -67,7 +67,9 @@ def embed_texts(texts: pd.DataFrame, windows: pd.DataFrame, raw: dict) -> tuple[
         is_train = torch.tensor([w in train_ids for w in t["window_id"]])
         flat = hidden[is_train][mask[is_train]]
         mean = flat.mean(0)
-        _, _, v = torch.pca_lowrank(flat - mean, q=p.model.token_dim, center=False, niter=4)
+        with torch.random.fork_rng():                       # randomized PCA: seeded, global RNG untouched
+            torch.manual_seed(p.data.data_seed)
+            _, _, v = torch.pca_lowrank(flat - mean, q=p.model.token_dim, center=False, niter=4)
         reduced = ((hidden - mean) @ v[:, :p.model.token_dim]) * mask[..., None]
         out[level] = {"window_id": torch.tensor(t["window_id"].to_numpy()), "sent": sent.float(),
                       "tokens": reduced.to(torch.float16), "mask": mask, "cue": cue}

@@ -133,9 +133,10 @@ def test_runs_listed_and_compare_shows_variant_metrics(mlflow_server, browser_pa
             page.get_by_role("button", name=re.compile(r"^Compare")).first.click()
             page.wait_for_url(re.compile(r"compare-runs"))
             page.get_by_text(f"Comparing {len(compared)} Runs").wait_for()
-            metric_row = page.get_by_text("test_mse_std", exact=True).first
-            metric_row.wait_for()
-            metric_row.scroll_into_view_if_needed()
+            page.get_by_text("test_mse_std", exact=True).first.wait_for()
+            # scroll the page to the section header (scrolling to a metric name would scroll the
+            # table's name column alone and misalign it with the values in the screenshot)
+            page.get_by_text("Metrics", exact=True).first.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "mlflow_compare.png"))
             text = page.inner_text("body")
         finally:

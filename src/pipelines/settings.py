@@ -10,6 +10,9 @@ from pipelines.core.runctx import artifact_location, experiment_name, tracking_u
 # the GPU-node runner this run's conf/<env>/runner.yml.
 HOOKS = (PlatformHooks(), RunnerConfigHooks())
 
+# kedro-viz's dataset-stats / run-event hooks would write .viz/ on every run; `kedro viz` works without them.
+DISABLE_HOOKS_FOR_PLUGINS = ("kedro-viz",)
+
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {
     "base_env": "base",

@@ -29,6 +29,17 @@ class ClaimSpec(Strict):
     metric: str
     op: Literal[">=", "<=", ">", "<"]
     threshold: float
+    tolerance: float | None = Field(default=None, ge=0)   # scoreboard regression tolerance on the value
+
+
+class Headline(Strict):
+    """The one number the scoreboard shows for a method (and which variants count as baselines)."""
+
+    metric: str
+    method: str
+    lower_is_better: bool = True
+    baselines: list[str] | None = None
+    tolerance: float | None = Field(default=None, ge=0)
 
 
 class MethodParams(Strict):
@@ -37,6 +48,8 @@ class MethodParams(Strict):
     seeds: list[int] = Field(min_length=1)
     threads: int = Field(default=2, ge=1, le=256)
     claims: list[ClaimSpec] = Field(default_factory=list)
+    paper: str | None = None                # short citation / title, shown by the scoreboard
+    headline: Headline | None = None
 
 
 def _describe(err: dict[str, Any]) -> str:

@@ -78,6 +78,8 @@ def build_report(pipeline: str, params: Mapping[str, Any], rows: Iterable[Mappin
         "claims_held": sum(c["holds"] for c in claims),
         "claims_declared": len(claims),
         "artifacts": sorted(artifacts),
+        "paper": params.get("paper"),
+        "headline": params.get("headline"),
         **(extra or {}),
     })
 

@@ -125,9 +125,7 @@ def evaluate(windows: pd.DataFrame, gt: pd.DataFrame, texts: pd.DataFrame, extr:
     numeric = {k: v for k, v in metrics.items() if not isinstance(v, str)}
     report = build_report("tess", raw, rows, numeric, artifacts=[f"{k}.png" for k in figures],
                           extra={"best_variants": {k: v for k, v in metrics.items() if isinstance(v, str)},
-                                 "labeller": label_info,
-                                 "headline": {"metric": "test_mse", "method": "tess", "lower_is_better": True,
-                                              "baselines": [*UNIMODAL, *RAW_TEXT]}})
+                                 "labeller": label_info})
     return report, figures
 
 

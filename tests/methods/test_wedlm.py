@@ -242,6 +242,41 @@ def test_inconsistent_lengths_rejected():
         parse("wedlm", raw)
 
 
+def test_tasks_follow_their_rules_and_file_input(tmp_path):
+    import json
+
+    from pipelines.wedlm.data import layout_sequence, make_tasks, vocab_of
+
+    raw = copy.deepcopy(_base_params())
+    raw["data"]["n_test"] = 20
+    test, tasks = make_tasks(raw)
+    for _, r in test.iterrows():
+        if r.regime == "count":
+            assert all((b - a) % 32 == 1 for a, b in zip([*r.prompt, *r.answer], [*r.prompt, *r.answer][1:]))
+        elif r.regime == "reverse":
+            assert list(r.answer) == list(r.prompt)[::-1]
+        assert len(r.answer) == raw["data"]["answer_len"][r.regime]
+    chain = tasks["chain"].numpy()
+    ent = -(chain * __import__("numpy").log(chain)).sum(1).mean()
+    assert 0.9 < ent < 1.8  # the card's high-entropy regime (≈ 1.2-1.5 nats at T = 1)
+    # file input: JSONL rows are laid out with tags, SEP, EOS and PAD by the pipeline
+    rows = [{"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
+            {"regime": "reverse", "prompt": list(range(10)), "answer": list(range(9, -1, -1))}]
+    for name in ("train", "test"):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    raw["data"].update(source="file", train_path=str(tmp_path / "train.jsonl"), test_path=str(tmp_path / "test.jsonl"))
+    test, tasks = make_tasks(raw)
+    v = vocab_of(parse("wedlm", raw))
+    seq = tasks["train_sequences"][0].tolist()
+    assert seq == layout_sequence("count", [1, 2, 3], list(range(4, 16)), v, 12, 28)
+    assert seq[:12] == [v.pad] * 7 + [v.tags["count"], 1, 2, 3, v.sep] and seq[24] == v.eos
+    for bad in ({"regime": "count", "prompt": [99], "answer": list(range(12))},
+                {"regime": "count", "prompt": [1], "answer": [1]}):
+        (tmp_path / "test.jsonl").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="test.jsonl:1"):
+            make_tasks(raw)
+
+
 @pytest.mark.e2e
 def test_end_to_end(run_pipeline):
     result = run_pipeline("wedlm")

@@ -74,7 +74,7 @@ def layout_sequence(regime: str, prompt: list[int], answer: list[int], v: Vocab,
     return seq + [v.pad] * (seq_len - len(seq))
 
 
-def _read_jsonl(path: str, regimes: list[str], n_symbols: int) -> pd.DataFrame:
+def _read_jsonl(path: str, regimes: list[str], n_symbols: int, answer_len: dict[str, int]) -> pd.DataFrame:
     rows = []
     with open(path) as f:
         for i, line in enumerate(f):
@@ -85,6 +85,9 @@ def _read_jsonl(path: str, regimes: list[str], n_symbols: int) -> pd.DataFrame:
                 raise ValueError(f"{path}:{i + 1}: regime {r['regime']!r} is not in data.regimes")
             if any(not 0 <= t < n_symbols for t in [*r["prompt"], *r["answer"]]):
                 raise ValueError(f"{path}:{i + 1}: token ids must lie in [0, data.n_symbols={n_symbols})")
+            if len(r["answer"]) != answer_len[r["regime"]]:
+                raise ValueError(f"{path}:{i + 1}: answer has {len(r['answer'])} tokens, "
+                                 f"data.answer_len[{r['regime']!r}] = {answer_len[r['regime']]}")
             rows.append({"regime": r["regime"], "prompt": list(r["prompt"]), "answer": list(r["answer"])})
     return pd.DataFrame(rows)
 
@@ -99,8 +102,8 @@ def make_tasks(raw: dict) -> tuple[pd.DataFrame, dict]:
     chain = markov_chain(d.n_symbols, d.markov_sigma, d.markov_temperature, d.seed)
     extra: dict = {"chain": torch.tensor(chain, dtype=torch.float64)}
     if d.source == "file":
-        test = _read_jsonl(d.test_path, list(d.regimes), d.n_symbols)
-        train = _read_jsonl(d.train_path, list(d.regimes), d.n_symbols)
+        test = _read_jsonl(d.test_path, list(d.regimes), d.n_symbols, d.answer_len)
+        train = _read_jsonl(d.train_path, list(d.regimes), d.n_symbols, d.answer_len)
         v = vocab_of(p)
         extra["train_sequences"] = torch.tensor(
             [layout_sequence(r, pr, a, v, d.prompt_len, d.seq_len)

@@ -141,6 +141,9 @@ def _variant_rows(dec: pd.DataFrame, timing: pd.DataFrame, regimes: list[str]) -
                 row["true_nll_markov"] = s["true_nll"]
         t = timing[(timing.variant == variant) & (timing.seed == seed)]
         row["tokens_per_sec_cpu"] = t["tokens"].sum() / t["seconds"].sum()
+        for r in regimes:
+            tr = t[t.regime == r]
+            row[f"tokens_per_sec_cpu_{r}"] = tr["tokens"].sum() / tr["seconds"].sum()
         rows.append(row)
     by_seed = {(r["variant"], r["seed"]): r for r in rows}
     for row in rows:
@@ -149,6 +152,7 @@ def _variant_rows(dec: pd.DataFrame, timing: pd.DataFrame, regimes: list[str]) -
             continue
         for r in regimes:
             row[f"speedup_vs_ar_forwards_{r}"] = row[f"tokens_per_forward_{r}"] / ar[f"tokens_per_forward_{r}"]
+            row[f"speedup_vs_ar_wallclock_{r}"] = row[f"tokens_per_sec_cpu_{r}"] / ar[f"tokens_per_sec_cpu_{r}"]
         row["speedup_vs_ar_forwards"] = row["tokens_per_forward"] / ar["tokens_per_forward"]
         row["speedup_vs_ar_wallclock"] = row["tokens_per_sec_cpu"] / ar["tokens_per_sec_cpu"]
     return rows

@@ -328,14 +328,13 @@ def test_end_to_end_report(tess_run):
     r = tess_run.report
     assert r["pipeline"] == "tess" and r["env"] == "test" and r["seeds"] == [0]
     expected = {"naive", "seasonal_naive", "dlinear", "patchtst", "tfidf_ridge", "fusion_A", "xattn_A", "tess",
-                "tess_nogate", "oracle", "shuffled", "tess_prototype", "fusion_D", "xattn_D",
-                "tess_B", "tess_C", "tess_D", "tess_E"}
+                "tess_nogate", "oracle", "shuffled", "tess_prototype", "fusion_D", "xattn_D", "tess_D"}
     assert set(r["variants"]) == expected
     assert all("test_mse" in row and "test_mae" in row for row in r["variants"].values())
     ids = [c["id"] for c in r["claims"]]
     assert ids == [c["id"] for c in BASE["claims"]]
     assert all(isinstance(c["holds"], bool) for c in r["claims"])
-    for k in ("extract_acc_shift", "gate_auroc", "gap_a_minus_gap_d", "mse_by_text_level.tess.E"):
+    for k in ("extract_acc_shift", "gate_auroc", "gap_a_minus_gap_d", "mse_by_text_level.tess.D"):
         assert k in r["metrics"]
     assert {"forecasts.png", "gate_reliability.png", "mse_vs_text_level.png", "confusion_lag.png"} <= set(r["artifacts"])
     assert r["git_commit"] and r["params_hash"] and r["wall_seconds"] > 0

@@ -159,8 +159,9 @@ def plan(p) -> dict[str, list[int]]:
     plan = {v: all_s for v in ("naive", "seasonal_naive", "dlinear", "patchtst", "tfidf_ridge", "fusion_A",
                                "xattn_A", "tess", "tess_nogate")}
     plan.update({v: first for v in ("oracle", "shuffled", "tess_prototype", "fusion_D", "xattn_D")})
-    plan.update({f"tess_{lv}": first for lv in levels})
-    if p.eval.sweeps:
+    plan["tess_D"] = first
+    if p.eval.sweeps:                                   # the full A–E ladder and hard labels
+        plan.update({f"tess_{lv}": first for lv in levels})
         plan.update({f"{b}_{lv}": first for b in ("fusion", "xattn") for lv in ("B", "C", "E")})
         plan["tess_hard"] = first
     return plan

@@ -161,14 +161,21 @@ def test_reads_the_latest_parent_run_from_mlflow(tmp_path, monkeypatch):
     from pipelines.core.mlflow_logging import log_report
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the fluent API's store, without a global set_tracking_uri
-    for i, (m, mse, holds) in enumerate([("alpha", 0.5, True), ("alpha", 0.95, False), ("beta", 0.5, True)]):
-        exp = mlflow.get_experiment_by_name(m)
-        exp_id = exp.experiment_id if exp else mlflow.create_experiment(m, (tmp_path / "art").as_uri())
-        with mlflow.start_run(experiment_id=exp_id):
-            rep = fake_report(m, mse, holds=holds, version=f"2026-01-0{i + 1}T00.00.00.000Z",
-                              env="base" if i < 2 else "test")
-            run_id = log_report(rep)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    # an earlier in-process kedro run may have set a global tracking URI (kedro-mlflow does), which wins
+    # over the environment variable: point the fluent API here and restore it afterwards
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        for i, (m, mse, holds) in enumerate([("alpha", 0.5, True), ("alpha", 0.95, False), ("beta", 0.5, True)]):
+            exp = mlflow.get_experiment_by_name(m)
+            exp_id = exp.experiment_id if exp else mlflow.create_experiment(m, (tmp_path / "art").as_uri())
+            with mlflow.start_run(experiment_id=exp_id):
+                rep = fake_report(m, mse, holds=holds, version=f"2026-01-0{i + 1}T00.00.00.000Z",
+                                  env="base" if i < 2 else "test")
+                run_id = log_report(rep)
+    finally:
+        mlflow.set_tracking_uri(previous)
     reports = latest_reports_from_mlflow(uri)
     assert reports["alpha"]["claims"][0]["holds"] is False and reports["beta"]["run_id"] == run_id
     assert set(latest_reports_from_mlflow(uri, "tags.env = 'base'")) == {"alpha"}

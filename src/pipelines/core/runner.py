@@ -120,6 +120,16 @@ class RunnerConfigHooks:
         except (MissingConfigException, KeyError):
             _session["conf"] = {}
 
+    # the captured config belongs to one session: forget it when the run ends, so a runner used
+    # later in the same process (a notebook, a test) never sees a stale env's settings
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        _session.clear()
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        _session.clear()
+
 
 def _run_env(hook_manager) -> str | None:
     """The ``--env`` of this run when RunnerConfigHooks is not registered: the platform hook has it."""

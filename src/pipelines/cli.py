@@ -29,7 +29,7 @@ def _run(**kw: Any) -> dict[str, Any]:
     from pipelines.core.claims import ClaimError
     from pipelines.core.params import ParameterError
     from pipelines.core.runner import GPUUnavailableError, RunnerConfigError
-    from pipelines.core.training import NonFiniteLossError
+    from pipelines.core.errors import NonFiniteLossError
 
     pipeline, pipelines = kw.pop("pipeline"), kw.pop("pipelines")
     if pipeline and pipelines:

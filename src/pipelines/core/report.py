@@ -60,8 +60,9 @@ def build_report(pipeline: str, params: Mapping[str, Any], rows: Iterable[Mappin
                  metrics: Mapping[str, float] | None = None, artifacts: Iterable[str] = (),
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assemble ``<m>.report`` and evaluate the claims declared in ``params['claims']``."""
-    import torch  # recorded, not configured, here
+    import sys
 
+    torch = sys.modules.get("torch")  # recorded, not configured (nor imported) here
     mean, std, per_seed = aggregate_seeds(rows)
     metrics = dict(metrics or {})
     claims = evaluate_claims(params.get("claims", []), flat_metrics(mean, metrics))
@@ -69,7 +70,7 @@ def build_report(pipeline: str, params: Mapping[str, Any], rows: Iterable[Mappin
         "pipeline": pipeline,
         "seeds": list(params.get("seeds", [])),
         "params_hash": params_hash(params),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads() if torch is not None else 1,
         "variants": mean,
         "variants_std": std,
         "per_seed": per_seed,

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipelines.core.errors import NonFiniteLossError
 from pipelines.core.runctx import current_node
 
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or inf; the message names the node and the model."""
+__all__ = ["FitResult", "NonFiniteLossError", "check_finite", "fit"]
 
 
 @dataclass

@@ -187,3 +187,13 @@ def test_reads_the_latest_parent_run_from_mlflow(tmp_path, monkeypatch):
     assert any("beats_linear held" in r for r in regs)
     assert main(["--tracking-uri", uri, "--pipelines", "alpha,beta", "--compare-to",
                  "mlflow:tags.save_version = '2026-01-01T00.00.00.000Z'"]) == 1
+
+
+def test_only_default_scale_reports_by_default(tmp_path, capsys):
+    """A newer --env=full (or test) report never replaces the default-scale one unless asked for."""
+    write_report(tmp_path, fake_report("alpha", 0.5, env="base", version="2026-01-01T00.00.00.000Z"))
+    write_report(tmp_path, fake_report("alpha", 0.9, env="full", version="2026-01-02T00.00.00.000Z"))
+    assert latest_reports_from_dir(tmp_path, "base")["alpha"]["env"] == "base"
+    assert latest_reports_from_dir(tmp_path)["alpha"]["env"] == "full"
+    assert main(["--reports", str(tmp_path), "--pipelines", "alpha"]) == 0
+    assert "0.5" in capsys.readouterr().out

@@ -50,8 +50,8 @@ def _report_key(report: Mapping[str, Any], path: Path | None = None) -> tuple:
     return (str(report.get("save_version") or ""), path.stat().st_mtime if path else 0.0)
 
 
-def latest_reports_from_dir(root: Path) -> dict[str, dict[str, Any]]:
-    """The newest ``report.json`` per pipeline found anywhere under ``root``."""
+def latest_reports_from_dir(root: Path, env: str | None = None) -> dict[str, dict[str, Any]]:
+    """The newest ``report.json`` per pipeline found anywhere under ``root`` (of one ``env`` if given)."""
     best: dict[str, tuple[tuple, dict[str, Any]]] = {}
     if not root.exists():
         return {}
@@ -62,7 +62,7 @@ def latest_reports_from_dir(root: Path) -> dict[str, dict[str, Any]]:
             report = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # a half-written or foreign file is not a report
-        if not _is_report(report):
+        if not _is_report(report) or (env is not None and report.get("env") != env):
             continue
         report.setdefault("_source", str(path))
         key = _report_key(report, path)
@@ -435,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="reference: a scoreboard JSON, a folder of reports, or mlflow:<run filter>")
     ap.add_argument("--headline-tolerance", type=float, default=DEFAULT_HEADLINE_TOLERANCE,
                     help="relative worsening of the headline metric flagged as a regression (default 0.05)")
+    ap.add_argument("--env", default="base",
+                    help="only reports of this Kedro env (default base: the default-scale runs); 'any' for all")
     ap.add_argument("--allow-missing", action="store_true",
                     help="a pipeline without a report now is a note, not a regression")
     args = ap.parse_args(argv)
@@ -442,11 +444,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipelines = ([p.strip() for p in args.pipelines.split(",") if p.strip()] if args.pipelines
                  else registered_pipelines())
     project = args.project if (args.project / "conf").is_dir() else None
+    env = None if args.env == "any" else args.env
     if args.tracking_uri:
-        reports, source = latest_reports_from_mlflow(args.tracking_uri, args.run_filter, None), args.tracking_uri
+        run_filter = args.run_filter
+        if env is not None and "tags.env" not in run_filter:
+            run_filter = " and ".join(f for f in (run_filter, f"tags.env = '{env}'") if f)
+        reports, source = latest_reports_from_mlflow(args.tracking_uri, run_filter, None), args.tracking_uri
     else:
         root = args.reports or (args.project / "data" / "08_reporting")
-        reports, source = latest_reports_from_dir(root), str(root)
+        reports, source = latest_reports_from_dir(root, env), str(root)
     board = build_scoreboard(reports, pipelines, project, source=source)
 
     regressions: list[str] = []

@@ -28,7 +28,7 @@ def _run(**kw: Any) -> dict[str, Any]:
 
     from pipelines.core.claims import ClaimError
     from pipelines.core.params import ParameterError
-    from pipelines.core.runner import GPUUnavailableError, RunnerConfigError
+    from pipelines.core.runner import GPUUnavailableError, RunnerConfigError, forget_session
     from pipelines.core.errors import NonFiniteLossError
 
     pipeline, pipelines = kw.pop("pipeline"), kw.pop("pipelines")
@@ -55,6 +55,8 @@ def _run(**kw: Any) -> dict[str, Any]:
     except (ParameterError, ClaimError, NonFiniteLossError, DatasetError, GPUUnavailableError,
             RunnerConfigError) as exc:
         raise click.ClickException(str(exc)) from None
+    finally:
+        forget_session()   # a failed before_pipeline_run skips the runner hooks' own clean-up
 
 
 run = click.Command("run", params=list(_kedro_run.params), callback=_run,

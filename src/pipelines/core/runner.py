@@ -131,6 +131,11 @@ class RunnerConfigHooks:
         _session.clear()
 
 
+def forget_session() -> None:
+    """Drop the captured session config (called when a `kedro run` ends, however it ends)."""
+    _session.clear()
+
+
 def _run_env(hook_manager) -> str | None:
     """The ``--env`` of this run when RunnerConfigHooks is not registered: the platform hook has it."""
     get_plugins = getattr(hook_manager, "get_plugins", None)

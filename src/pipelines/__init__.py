@@ -7,4 +7,3 @@ import warnings as _warnings
 # Third-party noise on every `kedro run` that users cannot act on (kept out of the logs).
 _warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
 _warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
-_warnings.filterwarnings("ignore", message=r".*Option '--pipeline' is deprecated")

@@ -13,9 +13,6 @@ from typing import Any
 
 from pipelines.core.claims import evaluate_claims, flat_metrics
 
-RUN_CONTEXT_KEYS = ("env", "git_commit", "save_version", "wall_seconds", "runner")
-
-
 def params_hash(params: Mapping[str, Any]) -> str:
     blob = json.dumps(params, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -177,7 +177,7 @@ def train_baselines(windows: pd.DataFrame, texts: pd.DataFrame, emb: dict, raw: 
     te = a.idx["test"]
     todo = {v: s for v, s in plan(p).items() if not v.startswith("tess") and v not in ("oracle", "shuffled")}
     preds, log_rows = [], []
-    period = parse("tess", raw).data.period
+    period = p.data.period
     season = a.x[:, L - period:][:, torch.arange(H) % period]
     for seed in p.seeds:
         preds += _rows("naive", seed, a.ids[te], a.x[te, -1:].expand(-1, H))

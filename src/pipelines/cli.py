@@ -112,3 +112,12 @@ def method_new(name: str, title: str) -> None:
         raise click.ClickException(str(exc)) from None
     for p in created:
         click.echo(f"created {p}")
+
+
+def _add_sweep() -> None:
+    from pipelines.core.sweep import sweep
+
+    cli.add_command(sweep)
+
+
+_add_sweep()

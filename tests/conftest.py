@@ -87,3 +87,21 @@ def run_pipeline(e2e_project):
         return result
 
     return _run
+
+
+_E2E_CACHE: dict[str, PipelineRun] = {}
+
+
+@pytest.fixture
+def test_env_run(e2e_project):
+    """``test_env_run(m)``: the one ``--env=test`` run of pipeline ``m`` in this test session (run on
+    first use, then shared), so the registry smoke test and a method's own report checks cost one run."""
+
+    def _get(pipeline: str) -> PipelineRun:
+        if pipeline not in _E2E_CACHE:
+            result = run_kedro(e2e_project, pipeline, "test")
+            assert result.exit_code == 0, result.output
+            _E2E_CACHE[pipeline] = result
+        return _E2E_CACHE[pipeline]
+
+    return _get

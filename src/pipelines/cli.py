@@ -3,6 +3,7 @@ experiment after the pipeline, turns parameter / claim errors into one line), ``
 (names only, imports nothing) and ``kedro method new <name>`` (the scaffold)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -23,18 +24,124 @@ def cli() -> None:
     """Project commands."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """SIGTERM (or Ctrl-C) stopped the run: its MLflow runs are marked KILLED."""
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise RunInterrupted("terminated (SIGTERM)")
+
+
+def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> dict[str, Any]:
+    """``--params``: ``key=value`` items split on commas outside brackets and quotes, so a list value
+    (``rankcal.data.datasets=[iris,wine]``) can be written; values parsed as YAML (OmegaConf's rules).
+    Keys that address one list item (``m.claims.0.threshold``) are refused in one line: give the whole
+    list, or, for claims, an env whose parameters declare them before the run."""
+    from omegaconf import OmegaConf
+
+    if isinstance(value, dict):
+        return value
+    items, depth, quote, cur = [], 0, None, ""
+    for ch in value or "":
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    items.append(cur)
+    dot_list = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        key, eq, val = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise click.BadParameter(f"'{item}' must be key=value", ctx=ctx, param=param)
+        parts = key.split(".")
+        if param.name == "params" and len(parts) > 1 and parts[1] == "claims":
+            raise click.BadParameter(
+                f"'{key}': claims are declared before a run and cannot be overridden on the command line; "
+                f"declare them in conf/<env>/parameters_{parts[0]}.yml and run with --env=<env>",
+                ctx=ctx, param=param)
+        if any(p.isdigit() for p in parts):
+            raise click.BadParameter(
+                f"'{key}' addresses one item of a list; give the whole list instead "
+                f"(e.g. {'.'.join(parts[:next(i for i, p in enumerate(parts) if p.isdigit())])}=[...])",
+                ctx=ctx, param=param)
+        dot_list.append(f"{key}={val}")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(dot_list))
+    except Exception as exc:  # noqa: BLE001 - OmegaConf's grammar errors are long
+        raise click.BadParameter(str(exc).splitlines()[0], ctx=ctx, param=param) from None
+
+
+def check_request(names: list[str], env: str | None, conf_source: str | None) -> None:
+    """Refuse, in one line and before anything is created, an unknown pipeline or env."""
+    from pipelines.core.registry import discover_methods
+    from pipelines.core.runctx import project_root
+
+    known = discover_methods()
+    for n in names:
+        if n != "__default__" and n not in known:
+            raise click.ClickException(f"pipeline '{n}' is not registered; registered: {', '.join(known)}")
+    if env and not conf_source:
+        conf = project_root() / settings.CONF_SOURCE
+        if not (conf / env).is_dir():
+            envs = sorted(p.name for p in conf.iterdir() if p.is_dir()) if conf.is_dir() else []
+            raise click.ClickException(f"env '{env}' not found: no folder {conf / env} (envs: {', '.join(envs)})")
+
+
+def validate_params(context, names: list[str]) -> None:
+    """The requested methods' parameters against their schemas, before any MLflow run is opened."""
+    from pipelines.core.params import ParameterError, schema_for, validate
+    from pipelines.core.runctx import DEFAULT_PIPELINE
+
+    raw = context.config_loader["parameters"]
+    for n in names:
+        m = DEFAULT_PIPELINE if n == "__default__" else n
+        schema = schema_for(m)
+        if schema is None:
+            continue
+        if m not in raw:
+            raise ParameterError(f"parameter {m}: missing (conf/base/parameters_{m}.yml with top-level key '{m}')")
+        validate(schema, raw[m], m)
+
+
+def end_mlflow_runs(status: str) -> None:
+    """End every MLflow run still active in this process with ``status`` (FAILED / KILLED)."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return
+    while mlflow.active_run() is not None:
+        mlflow.end_run(status)
+
+
 def _run(**kw: Any) -> dict[str, Any]:
+    import signal
+
     from kedro.io import DatasetError
+    from kedro.validation.exceptions import ParameterValidationError
 
     from pipelines.core.claims import ClaimError
+    from pipelines.core.errors import NonFiniteLossError
     from pipelines.core.params import ParameterError
     from pipelines.core.runner import GPUUnavailableError, RunnerConfigError, forget_session
-    from pipelines.core.errors import NonFiniteLossError
 
     pipeline, pipelines = kw.pop("pipeline"), kw.pop("pipelines")
     if pipeline and pipelines:
         raise KedroCliError("Options '--pipeline' and '--pipelines' cannot be used together")
-    names = [pipeline] if pipeline else sorted(set(pipelines))
+    names = [pipeline] if pipeline else (sorted(set(pipelines)) or ["__default__"])
+    check_request(names, kw.get("env"), kw.get("conf_source"))
     runctx.set_requested_pipelines(names)
     runner_path = kw.pop("runner") or "SequentialRunner"
     runner_cls = load_obj(runner_path, "kedro.runner")
@@ -49,17 +156,50 @@ def _run(**kw: Any) -> dict[str, Any]:
         "tags": tuple(kw.pop("tags")),
         "node_names": tuple(kw.pop("node_names")), "pipeline_names": names, **kw,
     }
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         with settings.SESSION_CLASS.create(**create_kwargs) as session:
+            validate_params(session.load_context(), names)
             return session.run(runner=runner_cls(**runner_kwargs), **run_kwargs)
+    except KeyboardInterrupt as exc:
+        end_mlflow_runs("KILLED")
+        why = str(exc) or "interrupted (Ctrl-C)"
+        click.echo(f"Error: run {why}; its MLflow run is marked KILLED", err=True)
+        raise SystemExit(143 if isinstance(exc, RunInterrupted) else 130) from None
     except (ParameterError, ClaimError, NonFiniteLossError, DatasetError, GPUUnavailableError,
             RunnerConfigError) as exc:
+        end_mlflow_runs("FAILED")
         raise click.ClickException(str(exc)) from None
+    except ParameterValidationError as exc:  # Kedro's own check, should ours ever let something through
+        end_mlflow_runs("FAILED")
+        raise click.ClickException(" ".join(str(exc).split())) from None
+    except BaseException:
+        end_mlflow_runs("FAILED")
+        raise
     finally:
         forget_session()   # a failed before_pipeline_run skips the runner hooks' own clean-up
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
-run = click.Command("run", params=list(_kedro_run.params), callback=_run,
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _run_params() -> list[click.Parameter]:
+    """Kedro's ``run`` options, with ``--params`` / ``--runner-params`` split by :func:`split_params`."""
+    out = []
+    for p in _kedro_run.params:
+        if p.name in ("params", "runner_params"):
+            p = copy.copy(p)
+            p.callback = split_params
+        out.append(p)
+    return out
+
+
+run = click.Command("run", params=_run_params(), callback=_run,
                     help="Run a pipeline: `kedro run --pipeline=<method> [--env=test|full]`. "
                          "Without --pipeline it runs the flagship (tess).")
 cli.add_command(run)

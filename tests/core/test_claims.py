@@ -39,3 +39,10 @@ def test_nan_value_never_holds():
 def test_unknown_op_rejected():
     with pytest.raises(ClaimError, match="op"):
         evaluate_claims([claim("nan_metric", "==", 1)], METRICS)
+
+
+@pytest.mark.parametrize("lo,hi,verdict", [(1.2, 1.5, "holds"), (0.8, 0.95, "fails"), (0.9, 1.3, "inconclusive")])
+def test_claims_on_an_interval(lo, hi, verdict):
+    vals = {"speedup": (lo + hi) / 2, "speedup.ci_low": lo, "speedup.ci_high": hi}
+    [c] = evaluate_claims([claim("speedup", ">=", 1.0)], vals)
+    assert c["verdict"] == verdict and c["holds"] is (verdict == "holds") and c["ci"] == [lo, hi]

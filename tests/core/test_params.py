@@ -19,7 +19,7 @@ GOOD = {"seeds": [0, 1], "model": {"lr": 0.1, "layers": 2}}
 
 def test_valid_params_parse():
     p = validate(Schema, GOOD, "m")
-    assert p.model.layers == 2 and p.threads == 2 and p.claims == []
+    assert p.model.layers == 2 and p.threads == "auto" and p.claims == []
 
 
 @pytest.mark.parametrize("raw,key,why", [
@@ -40,3 +40,22 @@ def test_errors_name_the_key(raw, key, why):
 def test_non_mapping_rejected():
     with pytest.raises(ParameterError, match="expected a mapping"):
         validate(Schema, [1, 2], "m")
+
+
+@pytest.mark.parametrize("raw,key,why", [
+    ({**GOOD, "model": {"lr": 0.1, "layers": True}}, "m.model.layers", "valid integer"),   # true is not 1
+    ({**GOOD, "model": {"lr": 0.1, "layers": "2"}}, "m.model.layers", "valid integer"),    # nor is "2"
+    ({**GOOD, "threads": True}, "m.threads", "'auto'"),
+    ({**GOOD, "threads": 0}, "m.threads", "greater than or equal to 1"),
+    ({**GOOD, "threads": "many"}, "m.threads", "'auto'"),
+])
+def test_types_are_strict_and_union_errors_name_the_key(raw, key, why):
+    with pytest.raises(ParameterError) as exc:
+        validate(Schema, raw, "m")
+    msg = str(exc.value)
+    assert msg.startswith(f"parameter {key}:") and why in msg and "\n" not in msg
+
+
+def test_int_is_a_valid_float_and_threads_take_an_integer():
+    p = validate(Schema, {**GOOD, "threads": 3, "model": {"lr": 1, "layers": 2}}, "m")
+    assert p.threads == 3 and p.model.lr == 1.0 and isinstance(p.model.lr, float)

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from pipelines.core.report import aggregate_seeds, build_report, claims_table, params_hash, relative_gain
+from pipelines.core.metrics import relative_gain
+from pipelines.core.report import aggregate_seeds, build_report, claims_table, params_hash
 
 
 def test_aggregate_matches_numpy():
@@ -17,6 +18,11 @@ def test_aggregate_matches_numpy():
 def test_relative_gain_lower_is_better():
     assert relative_gain(baseline=2.0, method=1.5) == pytest.approx(0.25)
     assert relative_gain(baseline=2.0, method=3.0) == pytest.approx(-0.5)
+    # higher-is-better: positive still means the method is better; a zero baseline is undefined
+    assert relative_gain(method=0.9, baseline=0.6, lower_is_better=False) == pytest.approx(0.5)
+    assert np.isnan(relative_gain(method=1.0, baseline=0.0))
+    with pytest.raises(TypeError):
+        relative_gain(2.0, 1.5)  # keyword-only: the order can never be swapped silently
 
 
 def test_build_report_evaluates_claims_and_is_json_safe():

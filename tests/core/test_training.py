@@ -43,3 +43,54 @@ def test_nan_loss_names_the_node():
                 epochs=1, desc="probe", progress=False)
     finally:
         current_node.reset(token)
+
+
+def _ls_problem(n=128):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 3, generator=g)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5]])
+
+
+def test_steps_mode_with_sampled_batches_callback_and_schedule():
+    x, y = _ls_problem()
+    model = torch.nn.Linear(3, 1, bias=False)
+    seen = []
+
+    def sample(step, gen):
+        idx = torch.randint(0, len(x), (32,), generator=gen)
+        return x[idx], y[idx]
+
+    res = fit(model, None, lambda m, a, b: (torch.nn.functional.mse_loss(m(a), b), {"half": 0.5}),
+              sample_batch=sample, steps=300, lr=0.05, weight_decay=0.0, scheduler="onecycle",
+              callback=lambda info: seen.append((info.step, info.loss, info.extras["half"])), progress=False)
+    assert res.steps_run == 300 and [s for s, _, _ in seen] == list(range(300)) and seen[-1][2] == 0.5
+    assert len(res.step_seconds) == 300 and seen[-1][1] < seen[0][1] / 100
+    assert torch.allclose(model.weight.data.T, torch.linalg.lstsq(x, y).solution, atol=1e-2)
+
+
+def test_full_batch_lbfgs_reaches_the_closed_form():
+    x, y = _ls_problem()
+    model = torch.nn.Linear(3, 1, bias=False)
+    fit(model, [x, y], lambda m, a, b: torch.nn.functional.mse_loss(m(a), b), epochs=5, batch_size=None,
+        optimizer="lbfgs", lr=1.0, grad_clip=None, progress=False)
+    assert torch.allclose(model.weight.data.T, torch.linalg.lstsq(x, y).solution, atol=1e-5)
+
+
+def test_steps_cap_epochs_and_validation_every_k_steps():
+    x, y = _ls_problem(64)
+    model = torch.nn.Linear(3, 1, bias=False)
+    res = fit(model, [x, y], lambda m, a, b: torch.nn.functional.mse_loss(m(a), b), epochs=100, steps=10,
+              batch_size=16, val_score=lambda m: 1.0, val_every=5, progress=False)
+    assert res.steps_run == 10 and [r["step"] for r in res.history] == [5, 10] and res.best_epoch == 5
+
+
+def test_same_seed_same_weights():
+    x, y = _ls_problem()
+    ws = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        fit(model, [x, y], lambda m, a, b: torch.nn.functional.mse_loss(m(a), b), epochs=3, batch_size=16,
+            seed=7, progress=False)
+        ws.append(model.weight.detach().clone())
+    assert torch.equal(ws[0], ws[1])

@@ -1,4 +1,9 @@
-"""Claims: the paper's expected outcomes, declared as data before a run and checked by one function."""
+"""Claims: the paper's expected outcomes, declared as data before a run and checked by one function.
+
+A claim on a metric that comes with an interval (``<metric>.ci_low`` / ``<metric>.ci_high`` beside it in
+the report, e.g. a timing ratio from interleaved repeats) holds only when the whole interval is on the
+claimed side of the threshold, fails when the whole interval is on the other side, and is
+``inconclusive`` (``holds: false``) when the interval straddles the threshold."""
 from __future__ import annotations
 
 import math
@@ -23,8 +28,13 @@ def flat_metrics(variants: Mapping[str, Mapping[str, float]], metrics: Mapping[s
     return flat
 
 
+def _num(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
 def evaluate_claims(claims: Iterable[Mapping[str, Any]], values: Mapping[str, float]) -> list[dict[str, Any]]:
-    """Each claim with its measured ``value`` and ``holds``; a NaN value never holds."""
+    """Each claim with its measured ``value``, ``holds`` and ``verdict`` (holds / fails / inconclusive),
+    plus ``ci`` where the metric has an interval. A NaN value never holds."""
     out = []
     for c in claims:
         c = dict(c)
@@ -34,8 +44,24 @@ def evaluate_claims(claims: Iterable[Mapping[str, Any]], values: Mapping[str, fl
             near = sorted(k for k in values if k.split(".")[-1] == c["metric"].split(".")[-1])[:5]
             hint = f"; did you mean one of {near}?" if near else ""
             raise ClaimError(f"claim '{c['id']}': metric '{c['metric']}' is not in the report{hint}")
-        value = float(values[c["metric"]])
-        holds = (not math.isnan(value)) and bool(OPS[c["op"]](value, float(c["threshold"])))
-        out.append({**c, "threshold": float(c["threshold"]), "value": None if math.isnan(value) else value,
-                    "holds": holds})
+        op, thr = OPS[c["op"]], float(c["threshold"])
+        value = _num(values[c["metric"]])
+        lo_key, hi_key = f"{c['metric']}.ci_low", f"{c['metric']}.ci_high"
+        entry = {**c, "threshold": thr, "value": None if math.isnan(value) else value}
+        if lo_key in values and hi_key in values:
+            lo, hi = _num(values[lo_key]), _num(values[hi_key])
+            entry["ci"] = [None if math.isnan(lo) else lo, None if math.isnan(hi) else hi]
+            if math.isnan(lo) or math.isnan(hi) or math.isnan(value):
+                verdict = "fails"
+            elif op(lo, thr) and op(hi, thr):
+                verdict = "holds"
+            elif not op(lo, thr) and not op(hi, thr):
+                verdict = "fails"
+            else:
+                verdict = "inconclusive"
+        else:
+            verdict = "holds" if (not math.isnan(value) and op(value, thr)) else "fails"
+        entry["holds"] = verdict == "holds"
+        entry["verdict"] = verdict
+        out.append(entry)
     return out

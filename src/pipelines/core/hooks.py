@@ -1,5 +1,7 @@
-"""Platform hooks: validate parameters before any node runs, name the running node in errors,
-stamp the report with the run context and log it to MLflow (parent + one child per variant)."""
+"""Platform hooks: name the running node in errors, log typed parameters to MLflow, stamp the report
+with the run context and log it to MLflow (parent + one child per variant), and close MLflow runs with
+the status the run ended with. Parameters are validated before the session runs (the project's
+``kedro run``, then Kedro's own type-hint validation)."""
 from __future__ import annotations
 
 import logging
@@ -17,22 +19,7 @@ def method_namespaces(pipeline) -> list[str]:
     return sorted({n.namespace.split(".")[0] for n in pipeline.nodes if n.namespace})
 
 
-def validate_pipeline_params(pipeline, catalog) -> None:
-    """Validate ``params:<m>`` of every method in ``pipeline`` against its schema."""
-    from pipelines.core.params import ParameterError, schema_for, validate
-
-    for m in method_namespaces(pipeline):
-        schema = schema_for(m)
-        if schema is None:
-            continue
-        try:
-            raw = catalog.load(f"params:{m}")
-        except Exception:  # noqa: BLE001 - a missing parameters file is a user error worth one line
-            raise ParameterError(f"parameter {m}: missing (conf/base/parameters_{m}.yml with top-level key '{m}')") from None
-        validate(schema, raw, m)
-
-
-def _end_mlflow_runs() -> None:
+def _end_mlflow_runs(status: str = "FINISHED") -> None:
     """kedro-mlflow re-opens its run in every node; make sure nothing stays active after the run, so a
     second run in the same process (notebooks, tests) never logs into this one's parent."""
     import sys
@@ -41,7 +28,35 @@ def _end_mlflow_runs() -> None:
     if mlflow is None:
         return
     while mlflow.active_run() is not None:
-        mlflow.end_run()
+        mlflow.end_run(status)
+
+
+def log_typed_params(inputs: dict[str, Any], logged: set[str]) -> None:
+    """Log a node's typed ``params:<m>`` flattened (``m.data.n_train`` ...) to the active MLflow run,
+    once per run: kedro-mlflow flattens dicts only, and Kedro now hands nodes a ``Params`` model."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or mlflow.active_run() is None:
+        return
+    from pipelines.core.report import params_dict
+
+    for name, value in inputs.items():
+        if not name.startswith("params:") or name in logged or not hasattr(value, "model_dump"):
+            continue
+        logged.add(name)
+        flat: dict[str, str] = {}
+
+        def walk(prefix: str, v: Any) -> None:
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(f"{prefix}.{k}", x)
+            else:
+                flat[prefix] = str(v)[:6000]
+
+        walk(name[len("params:"):], params_dict(value))
+        for i in range(0, len(flat), 100):   # MLflow's batch limit
+            mlflow.log_params(dict(list(flat.items())[i:i + 100]))
 
 
 class PlatformHooks:
@@ -57,7 +72,7 @@ class PlatformHooks:
             "runner": runner_name(),
             "_t0": time.perf_counter(),
         }
-        validate_pipeline_params(pipeline, catalog)
+        self._logged_params: set[str] = set()
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -65,11 +80,12 @@ class PlatformHooks:
 
     @hook_impl
     def on_pipeline_error(self) -> None:
-        _end_mlflow_runs()
+        _end_mlflow_runs("FAILED")
 
     @hook_impl
-    def before_node_run(self, node) -> None:
+    def before_node_run(self, node, inputs: dict[str, Any]) -> None:
         current_node.set(node.name)
+        log_typed_params(inputs, getattr(self, "_logged_params", set()))
 
     @hook_impl
     def after_node_run(self, node) -> None:

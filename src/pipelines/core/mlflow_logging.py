@@ -26,7 +26,8 @@ def log_report(report: Mapping[str, Any]) -> str | None:
         return None
     m = report["pipeline"]
     tags = {"pipeline": m, "role": "parent"}
-    for key in ("env", "git_commit", "params_hash", "save_version", "threads", "runner"):
+    for key in ("env", "git_commit", "params_hash", "save_version", "threads", "threads_setting",
+                "omp_wait_policy", "runner"):
         if report.get(key) is not None:
             tags[key] = str(report[key])
     mlflow.set_tags(tags)

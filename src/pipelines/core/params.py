@@ -1,12 +1,15 @@
 """Typed parameter schemas: each method declares ``Params`` (a pydantic model) in ``<m>/params.py``.
 
-Validation happens once, before any node runs (``PlatformHooks.before_pipeline_run``): a wrong type,
-a missing key, an unknown key or an out-of-range value stops the run with one line naming the key.
+Node functions take it as a type hint (``def train(data, p: Params)``) and Kedro's own parameter
+validation (``kedro.validation``) turns ``params:<m>`` into a ``Params`` before any node runs. The
+project's ``kedro run`` validates the same schemas first, in :func:`validate`, so that a wrong type
+(strictly: ``true`` is not an int), a missing, unknown or out-of-range key stops the command with one
+line naming the key, before any MLflow run is opened.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,9 +21,14 @@ class ParameterError(ValueError):
 
 
 class Strict(BaseModel):
-    """Base for every schema block: unknown keys are typos, not silently ignored."""
+    """Base for every schema block: unknown keys are typos, not silently ignored; types are strict
+    (``true`` is not an int, ``"3"`` is not a number), except that an int is a valid float."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# `auto`: the platform picks (core.runtime.resolve_threads); an integer wins.
+Threads = Literal["auto"] | Annotated[int, Field(ge=1, le=256)]
 
 
 class ClaimSpec(Strict):
@@ -46,19 +54,34 @@ class MethodParams(Strict):
     """What every method's parameters hold; a method's ``Params`` extends it."""
 
     seeds: list[int] = Field(min_length=1)
-    threads: int = Field(default=2, ge=1, le=256)
+    threads: Threads = "auto"
     claims: list[ClaimSpec] = Field(default_factory=list)
     paper: str | None = None                # short citation / title, shown by the scoreboard
     headline: Headline | None = None
 
+    def __str__(self) -> str:
+        # kedro-mlflow logs a node's params input as str(value); the platform logs the flattened keys
+        return f"<{type(self).__module__}.{type(self).__qualname__}: logged flattened as <method>.*>"
 
-def _describe(err: dict[str, Any]) -> str:
-    msg = err["msg"]
-    if err["type"] == "missing":
+
+_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "tuple", "none", "set", "bytes"}
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """The key path of an error, without the tags pydantic adds for the members of a union."""
+    return tuple(p for p in loc if isinstance(p, int)
+                 or not (p in _TYPE_TAGS or "[" in p or "-" in p or p.startswith("function")))
+
+
+def _describe(errs: list[dict[str, Any]]) -> str:
+    first = errs[0]
+    if first["type"] == "missing":
         return "missing key"
-    if err["type"] == "extra_forbidden":
+    if first["type"] == "extra_forbidden":
         return "unknown key (typo?)"
-    got = err.get("input")
+    msgs = list(dict.fromkeys(e["msg"] for e in errs))   # a union: what each member expected
+    got = first.get("input")
+    msg = " or ".join([msgs[0], *(m[:1].lower() + m[1:] for m in msgs[1:])])
     return f"{msg} (got {got!r})" if not isinstance(got, dict | list) else msg
 
 
@@ -69,11 +92,13 @@ def validate(schema: type[T], raw: Any, root: str) -> T:
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join([root, *(str(p) for p in first["loc"])])
-        more = len(exc.errors()) - 1
+        errors = exc.errors()
+        loc = _clean_loc(errors[0]["loc"])
+        same = [e for e in errors if _clean_loc(e["loc"]) == loc]
+        key = ".".join([root, *(str(p) for p in loc)])
+        more = len({_clean_loc(e["loc"]) for e in errors}) - 1
         suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-        raise ParameterError(f"parameter {key}: {_describe(first)}{suffix}") from None
+        raise ParameterError(f"parameter {key}: {_describe(same)}{suffix}") from None
 
 
 def schema_for(method: str) -> type[BaseModel] | None:
@@ -87,8 +112,9 @@ def schema_for(method: str) -> type[BaseModel] | None:
     return getattr(module, "Params", None)
 
 
-def parse(method: str, raw: Any) -> BaseModel:
-    """Validated, typed parameters of ``method`` (nodes call this on their ``params:<m>`` input)."""
+def parse(method: str, raw: Any) -> BaseModel:  # TRANSITIONAL: removed once every method type-hints Params
+    if isinstance(raw, BaseModel):
+        return raw
     schema = schema_for(method)
     if schema is None:
         raise ParameterError(f"{method}: no schema (define Params in pipelines/{method}/params.py)")

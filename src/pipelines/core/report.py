@@ -13,7 +13,15 @@ from typing import Any
 
 from pipelines.core.claims import evaluate_claims, flat_metrics
 
-def params_hash(params: Mapping[str, Any]) -> str:
+def params_dict(params: Any) -> dict[str, Any]:
+    """A method's parameters as plain data (its typed ``Params`` model or an already plain mapping)."""
+    if hasattr(params, "model_dump"):
+        return params.model_dump(mode="json")
+    return dict(params)
+
+
+def params_hash(params: Any) -> str:
+    params = params_dict(params)
     blob = json.dumps(params, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -48,18 +56,25 @@ def aggregate_seeds(rows: Iterable[Mapping[str, Any]]) -> tuple[dict, dict, dict
     return mean, std, per_seed
 
 
-def relative_gain(baseline: float, method: float) -> float:
-    """Fractional improvement of a lower-is-better metric: (baseline − method) / baseline."""
-    return (baseline - method) / baseline if baseline else float("nan")
-
-
-def build_report(pipeline: str, params: Mapping[str, Any], rows: Iterable[Mapping[str, Any]],
-                 metrics: Mapping[str, float] | None = None, artifacts: Iterable[str] = (),
-                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Assemble ``<m>.report`` and evaluate the claims declared in ``params['claims']``."""
+def thread_record() -> dict[str, Any]:
+    """Threads and OpenMP wait policy this run used (from the node preamble, when torch ran)."""
+    import os
     import sys
 
-    torch = sys.modules.get("torch")  # recorded, not configured (nor imported) here
+    runtime = sys.modules.get("pipelines.core.runtime")  # recorded, not configured (nor imported) here
+    if runtime is not None:
+        return runtime.thread_record()
+    return {"threads": 1, "threads_setting": "auto", "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
+
+
+def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
+                 metrics: Mapping[str, float] | None = None, artifacts: Iterable[str] = (),
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble ``<m>.report`` and evaluate the claims declared in ``params['claims']``.
+
+    ``params`` is the method's ``Params`` (or its dict). A derived metric may come with an interval as
+    ``<name>.ci_low`` / ``<name>.ci_high``; claims on it then use the interval (core.claims)."""
+    params = params_dict(params)
     mean, std, per_seed = aggregate_seeds(rows)
     metrics = dict(metrics or {})
     claims = evaluate_claims(params.get("claims", []), flat_metrics(mean, metrics))
@@ -67,7 +82,7 @@ def build_report(pipeline: str, params: Mapping[str, Any], rows: Iterable[Mappin
         "pipeline": pipeline,
         "seeds": list(params.get("seeds", [])),
         "params_hash": params_hash(params),
-        "threads": torch.get_num_threads() if torch is not None else 1,
+        **thread_record(),
         "variants": mean,
         "variants_std": std,
         "per_seed": per_seed,
@@ -87,8 +102,11 @@ def claims_table(report: Mapping[str, Any]) -> str:
     lines = ["| claim | metric | op | threshold | value | holds |", "|---|---|---|---|---|---|"]
     for c in report["claims"]:
         val = "n/a" if c["value"] is None else f"{c['value']:.4g}"
-        lines.append(f"| {c['id']} | `{c['metric']}` | {c['op']} | {c['threshold']:g} | {val} | "
-                     f"{'yes' if c['holds'] else '**no**'} |")
+        if c.get("ci") and None not in c["ci"]:
+            val += f" [{c['ci'][0]:.3g}, {c['ci'][1]:.3g}]"
+        verdict = c.get("verdict", "holds" if c["holds"] else "fails")
+        shown = {"holds": "yes", "fails": "**no**", "inconclusive": "*inconclusive*"}[verdict]
+        lines.append(f"| {c['id']} | `{c['metric']}` | {c['op']} | {c['threshold']:g} | {val} | {shown} |")
     return "\n".join(lines)
 
 
@@ -107,3 +125,9 @@ def variants_table(report: Mapping[str, Any], metrics: Iterable[str] | None = No
                 cells.append(f"{row[k]:.4g}" + (f" ± {s:.2g}" if s else ""))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def relative_gain(baseline: float, method: float) -> float:  # TRANSITIONAL: use core.metrics.relative_gain
+    from pipelines.core.metrics import relative_gain as _rg
+
+    return _rg(method=method, baseline=baseline)

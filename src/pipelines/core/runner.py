@@ -262,6 +262,9 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
     """Body of the Ray task: run the node's function, hand back CPU outputs and where it ran."""
     import ray
 
+    # `threads: auto` in a task means the CPUs Ray reserved for it, not the whole worker machine
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    os.environ["PIPELINES_THREADS"] = str(max(1, int(cpus)))
     # the NaN guard names the node from current_node, as PlatformHooks.before_node_run does in the driver
     token = current_node.set(node.name)
     t0 = time.perf_counter()
@@ -273,6 +276,16 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
     info = {"host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": list(ray.get_gpu_ids()),
             "seconds": round(time.perf_counter() - t0, 3)}
     return outputs, info
+
+
+def worker_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    """The user's runtime_env with OpenMP's passive wait policy for every worker (unless it sets one):
+    a worker imports torch before it imports this package, so the package import is too late there."""
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    env_vars.setdefault("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    env["env_vars"] = env_vars
+    return env
 
 
 # ------------------------------------------------------------------------------------------ runner
@@ -336,7 +349,8 @@ class GPUNodeRunner(AbstractRunner):
 
         if ray.is_initialized():  # a caller (a notebook, a test) already connected: reuse, leave running
             return False
-        kwargs: dict[str, Any] = {"runtime_env": cfg.runtime_env, "logging_level": logging.WARNING}
+        kwargs: dict[str, Any] = {"runtime_env": worker_runtime_env(cfg.runtime_env),
+                                  "logging_level": logging.WARNING}
         if cfg.address.strip().lower() == "local":
             kwargs.update(address="local", num_cpus=cfg.local_cpus, include_dashboard=False)
         else:

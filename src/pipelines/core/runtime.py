@@ -1,11 +1,94 @@
-"""Seeding, thread count and device choice: the one place nodes get them from."""
+"""Threads, seeding and device choice: the one place nodes get them from (the node preamble).
+
+Thread policy: ``threads: auto`` resolves to the CPUs this process may use (its affinity mask and its
+cgroup CPU quota) divided by the number of runs sharing the machine (``PIPELINES_CONCURRENCY``, set by
+``kedro sweep`` and by Ray workers; 1 otherwise). An integer in the parameters wins. OpenMP's wait policy
+is made passive on the package import (``pipelines/__init__.py``) before torch loads.
+"""
 from __future__ import annotations
 
+import math
+import os
 import random
-import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+
+CONCURRENCY_ENV = "PIPELINES_CONCURRENCY"
+THREADS_ENV = "PIPELINES_THREADS"      # what `auto` means in a Ray task: the CPUs Ray reserved for it
+
+# What the last node preamble chose: the report and MLflow record it.
+_chosen: dict[str, Any] = {}
+
+
+def _cgroup_quota_cpus(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs allowed by a cgroup CPU quota (v2 ``cpu.max`` or v1 ``cfs_quota_us``), None if unlimited."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: affinity mask, capped by the cgroup quota (at least 1)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_quota_cpus()
+    if quota is not None:
+        n = min(n, max(1, math.floor(quota)))
+    return max(1, n)
+
+
+def concurrency() -> int:
+    """How many runs share this machine's CPUs (``PIPELINES_CONCURRENCY``, default 1)."""
+    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+    try:
+        return max(1, int(raw)) if raw else 1
+    except ValueError:
+        raise ValueError(f"{CONCURRENCY_ENV}={raw!r} is not an integer") from None
+
+
+def resolve_threads(spec: int | str | None) -> int:
+    """``auto``/None → usable CPUs // concurrency (at least 1), or ``PIPELINES_THREADS`` where a
+    scheduler (a Ray task) set it; an integer is taken as it is."""
+    if spec is None or spec == "auto":
+        if os.environ.get(THREADS_ENV, "").strip().isdigit():
+            return max(1, int(os.environ[THREADS_ENV]))
+        return max(1, usable_cpus() // concurrency())
+    return int(spec)
+
+
+def set_threads(spec: int | str | None = "auto") -> int:
+    """Fix torch's intra-op threads from a ``threads`` setting; returns the number used."""
+    n = resolve_threads(spec)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    _chosen.update(threads=torch.get_num_threads(), threads_setting=str(spec if spec is not None else "auto"))
+    return _chosen["threads"]
+
+
+def thread_record() -> dict[str, Any]:
+    """Threads and OpenMP wait policy of this process (the report and the MLflow parent run carry it)."""
+    import pipelines
+
+    n = _chosen.get("threads", torch.get_num_threads())
+    return {"threads": n, "threads_setting": _chosen.get("threads_setting", "auto"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+            "omp_wait_policy_source": "user" if pipelines.OMP_WAIT_POLICY_SET_BY_USER else "platform",
+            "usable_cpus": usable_cpus(), "concurrency": concurrency()}
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -16,29 +99,31 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def set_threads(n: int) -> int:
-    """Fix torch's intra-op threads (tiny models on 2 busy cores are often fastest at 1); returns n."""
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
-    return torch.get_num_threads()
-
-
 def get_device(prefer: str = "auto") -> torch.device:
     """``cuda`` when a GPU is visible and (inside a Ray task) Ray assigned one to us, else ``cpu``.
 
-    Node code never sets CUDA_VISIBLE_DEVICES: Ray does that for the task it schedules."""
+    Node code never sets CUDA_VISIBLE_DEVICES: Ray does that for the task it schedules. The rule
+    is the runner's (``pipelines.core.runner.assigned_device``), so the two can never disagree."""
+    from pipelines.core.runner import assigned_device
+
     if prefer == "cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
+    if assigned_device() == "cpu":
         if prefer == "cuda":
-            raise RuntimeError("device 'cuda' was asked for but torch sees no GPU")
+            raise RuntimeError("device 'cuda' was asked for but no GPU is visible / assigned to this task")
         return torch.device("cpu")
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        # inside a Ray task the assignment decides (recent Ray leaves GPUs visible to num_gpus=0 tasks)
-        if ray.get_runtime_context().get_task_id() is not None and not ray.get_gpu_ids():
-            return torch.device("cpu")
     return torch.device("cuda")
+
+
+def node_setup(params: Any = None, seed: int | None = None, device: str | None = None) -> torch.device:
+    """The node preamble, in one place: threads from ``params.threads`` (``auto`` by default), the
+    seed (when given) and the device (``params.device`` or ``device``, ``auto`` by default).
+
+    Every node that runs torch code starts with ``device = node_setup(p)`` (or ``node_setup(p, seed)``)."""
+    set_threads(getattr(params, "threads", "auto") if params is not None else "auto")
+    if seed is not None:
+        seed_everything(int(seed))
+    return get_device(device or getattr(params, "device", None) or "auto")
 
 
 def to_cpu(obj):
@@ -50,3 +135,7 @@ def to_cpu(obj):
     if isinstance(obj, list | tuple):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
+
+
+__all__ = ["CONCURRENCY_ENV", "THREADS_ENV", "concurrency", "get_device", "node_setup", "resolve_threads", "seed_everything",
+           "set_threads", "thread_record", "to_cpu", "usable_cpus"]

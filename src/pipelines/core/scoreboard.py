@@ -207,10 +207,11 @@ def _num(x: Any) -> float | None:
 
 
 def gain(method: float, baseline: float, lower_is_better: bool) -> float | None:
-    """Fractional improvement of the method over the baseline, positive when the method is better."""
-    if baseline == 0:
-        return None
-    return (baseline - method) / abs(baseline) if lower_is_better else (method - baseline) / abs(baseline)
+    """core.metrics.relative_gain, None where it is undefined (a zero baseline)."""
+    from pipelines.core.metrics import relative_gain
+
+    g = relative_gain(method=method, baseline=baseline, lower_is_better=lower_is_better)
+    return g if math.isfinite(g) else None
 
 
 def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> Row:

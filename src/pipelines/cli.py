@@ -152,6 +152,7 @@ def _run(**kw: Any) -> dict[str, Any]:
     params = kw.pop("params")
     kw.pop("config", None)  # already applied by click's callback
     create_kwargs = {"env": kw.pop("env"), "conf_source": kw.pop("conf_source"), "runtime_params": params}
+    runctx.set_run_config(create_kwargs["env"], create_kwargs["conf_source"], params)
     run_kwargs = {
         "tags": tuple(kw.pop("tags")),
         "node_names": tuple(kw.pop("node_names")), "pipeline_names": names, **kw,

@@ -29,6 +29,42 @@ def load_pipeline(name: str):
     return module.create_pipeline()
 
 
+def method_config(method: str, env: str | None = None, runtime_params: dict | None = None) -> dict:
+    """The raw ``params:<method>`` of the run being set up (its env deep-merged over base, then its
+    ``--params``): what ``create_pipeline`` reads to build one train node per variant. Outside a
+    ``kedro run`` (kedro viz, registry describe) it is conf/base's, or ``env``'s when given."""
+    import json
+
+    from pipelines.core.runctx import run_config
+
+    rc = run_config()
+    env = env if env is not None else rc["env"]
+    params = runtime_params if runtime_params is not None else rc["runtime_params"]
+    key = (str(_conf_source(rc["conf_source"])), env, json.dumps(params, sort_keys=True, default=str))
+    if key not in _CONFIG_CACHE:
+        from kedro.config import MissingConfigException
+        from kedro.framework.project import settings
+
+        loader = settings.CONFIG_LOADER_CLASS(conf_source=key[0], env=env, runtime_params=params,
+                                              **settings.CONFIG_LOADER_ARGS)
+        try:
+            _CONFIG_CACHE[key] = dict(loader["parameters"])
+        except MissingConfigException:
+            _CONFIG_CACHE[key] = {}
+    return _CONFIG_CACHE[key].get(method) or {}
+
+
+_CONFIG_CACHE: dict[tuple, dict] = {}
+
+
+def _conf_source(conf_source: str | None) -> Path:
+    from kedro.framework.project import settings
+
+    from pipelines.core.runctx import project_root
+
+    return Path(conf_source) if conf_source else project_root() / settings.CONF_SOURCE
+
+
 class LazyPipelines(Mapping):
     """Read-only mapping name → Pipeline that imports a method on first access."""
 
@@ -37,12 +73,18 @@ class LazyPipelines(Mapping):
         self._cache: dict = {}
 
     def __getitem__(self, name: str):
+        import json
+
+        from pipelines.core.runctx import project_root, run_config
+
         target = DEFAULT_PIPELINE if name == "__default__" else name
         if target not in self._names:
             raise KeyError(name)
-        if target not in self._cache:
-            self._cache[target] = load_pipeline(target)
-        return self._cache[target]
+        # a pipeline is built from its parameters (one train node per variant): one per run config
+        key = (target, str(project_root()), json.dumps(run_config(), sort_keys=True, default=str))
+        if key not in self._cache:
+            self._cache[key] = load_pipeline(target)
+        return self._cache[key]
 
     def __iter__(self) -> Iterator[str]:
         yield from self._names

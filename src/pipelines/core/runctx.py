@@ -10,12 +10,24 @@ DEFAULT_PIPELINE = "tess"
 
 _requested: list[str] = []
 _runner: list[str] = []
+_run_config: dict = {}      # env, conf_source and --params of the `kedro run` being set up
 current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_node", default=None)
 
 
 def set_requested_pipelines(names: list[str] | None) -> None:
     """Called by the project's ``kedro run`` before the session starts."""
     _requested[:] = list(names or [])
+
+
+def set_run_config(env: str | None, conf_source: str | None, runtime_params: dict | None) -> None:
+    """Called by the project's ``kedro run`` (and ``kedro sweep`` points): what a pipeline built from
+    its parameters (one train node per variant) must read."""
+    _run_config.clear()
+    _run_config.update(env=env, conf_source=conf_source, runtime_params=dict(runtime_params or {}))
+
+
+def run_config() -> dict:
+    return {"env": None, "conf_source": None, "runtime_params": {}, **_run_config}
 
 
 def set_runner_name(name: str) -> None:

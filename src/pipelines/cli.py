@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import click
@@ -126,6 +127,40 @@ def end_mlflow_runs(status: str) -> None:
         mlflow.end_run(status)
 
 
+def unfinished_version(context, names: list[str]) -> tuple[str | None, list[str]]:
+    """The newest save version of these pipelines' versioned datasets when it has no report (a run
+    that was killed or failed), and the versioned datasets; (None, datasets) when the newest run finished.
+
+    Kedro's ``--only-missing-outputs`` counts a versioned output as existing when *any* version exists;
+    resuming means: the killed run's version, with every versioned dataset pinned to it."""
+    from kedro.framework.project import pipelines as registered
+    from kedro.io import AbstractVersionedDataset
+
+    context._pipelines_to_validate = list(names)   # else Kedro validates (and imports) every pipeline
+    catalog = context.catalog
+    versions: dict[str, set[str]] = {}
+    datasets: list[str] = []
+    reports: set[str] = set()
+    for n in names:
+        for ds in registered[n].datasets():
+            if ds.startswith("params:") or ds == "parameters":
+                continue
+            obj = catalog.get(ds, fallback_to_runtime_pattern=False)
+            if not isinstance(obj, AbstractVersionedDataset):
+                continue
+            datasets.append(ds)
+            root = Path(str(obj._filepath))
+            found = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+            versions[ds] = found
+            if ds.endswith(".report"):
+                reports |= found
+    every = set().union(*versions.values()) if versions else set()
+    if not every:
+        return None, datasets
+    newest = max(every)
+    return (None if newest in reports else newest), datasets
+
+
 def _run(**kw: Any) -> dict[str, Any]:
     import signal
 
@@ -160,7 +195,17 @@ def _run(**kw: Any) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         with settings.SESSION_CLASS.create(**create_kwargs) as session:
-            validate_params(session.load_context(), names)
+            context = session.load_context()
+            validate_params(context, names)
+            if run_kwargs.get("only_missing_outputs"):
+                version, versioned = unfinished_version(context, names)
+                if version is not None:
+                    # finish the killed run: its save version, every versioned dataset pinned to it
+                    click.echo(f"Resuming run {version}: nodes whose outputs it saved are skipped", err=True)
+                    session._store["session_id"] = version
+                    session.session_id = version
+                    run_kwargs["load_versions"] = {**{d: version for d in versioned},
+                                                   **(run_kwargs.get("load_versions") or {})}
             return session.run(runner=runner_cls(**runner_kwargs), **run_kwargs)
     except KeyboardInterrupt as exc:
         end_mlflow_runs("KILLED")

@@ -1,0 +1,119 @@
+"""One smoke test over the registry: every registered pipeline runs at --env=test and writes a report
+with the contract's schema, every claim evaluated, one MLflow parent run with a child per variant, and
+its plots. A new method is covered the moment its folder exists."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.core.registry import discover_methods
+from tests.conftest import ROOT
+
+METHODS = discover_methods()
+REPORT_KEYS = {"pipeline", "env", "git_commit", "seeds", "params_hash", "save_version", "threads",
+               "omp_wait_policy", "variants", "variants_std", "metrics", "claims", "claims_held",
+               "claims_declared", "artifacts", "wall_seconds"}
+
+
+def _raw(env: str, m: str) -> dict:
+    f = ROOT / "conf" / env / f"parameters_{m}.yml"
+    return (yaml.safe_load(f.read_text()) or {}).get(m, {}) if f.is_file() else {}
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.mark.parametrize("m", METHODS)
+@pytest.mark.parametrize("env", ["base", "test", "full"])
+def test_parameters_of_every_env_validate(m, env):
+    """conf/base, and base with each env's delta, parse with the method's strict schema."""
+    from pipelines.core.params import schema_for, validate
+
+    schema = schema_for(m)
+    assert schema is not None, f"src/pipelines/{m}/params.py defines no Params"
+    raw = _raw("base", m) if env == "base" else _deep_merge(_raw("base", m), _raw(env, m))
+    p = validate(schema, raw, m)
+    assert p.claims, f"{m} declares no claims"
+
+
+@pytest.mark.parametrize("m", METHODS)
+def test_node_names_and_tags_follow_the_contract(m):
+    from pipelines.core.registry import load_pipeline
+
+    nodes = load_pipeline(m).nodes
+    names = {n.name for n in nodes}
+    for n in nodes:
+        stage = n.name.split(".")[1]
+        assert n.name.startswith(f"{m}.") and stage in {"data", "train", "evaluate"}, n.name
+        assert stage in n.tags, f"{n.name} lacks the tag {stage}"
+    assert {f"{m}.evaluate.report", f"{m}.evaluate.plots"} <= names
+    assert sum(n.startswith(f"{m}.train.") for n in names) >= 2, "one train.<variant> node per variant"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("m", METHODS)
+def test_pipeline_runs_at_test_env_and_reports(m, test_env_run):
+    run = test_env_run(m)
+    r = run.report
+    assert REPORT_KEYS <= set(r), REPORT_KEYS - set(r)
+    assert r["pipeline"] == m and r["env"] == "test" and r["wall_seconds"] > 0
+    assert r["variants"] and all(isinstance(row, dict) and row for row in r["variants"].values())
+    declared = [c["id"] for c in _deep_merge(_raw("base", m), _raw("test", m))["claims"]]
+    assert [c["id"] for c in r["claims"]] == declared
+    for c in r["claims"]:
+        assert isinstance(c["holds"], bool) and c["verdict"] in {"holds", "fails", "inconclusive"}, c
+        assert c["value"] is not None or c["verdict"] == "fails", c
+    assert r["claims_held"] == sum(c["holds"] for c in r["claims"])
+    plots = run.project / "data" / "08_reporting" / m / "plots"
+    saved = sorted(plots.glob("*/*.png"))
+    assert r["artifacts"] and saved, "no plots saved"
+    assert set(r["artifacts"]) <= {p.name for p in saved}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("m", METHODS)
+def test_mlflow_parent_and_variant_children(m, test_env_run):
+    import mlflow
+
+    run = test_env_run(m)
+    client = mlflow.MlflowClient(tracking_uri=run.tracking_uri)
+    exp = client.get_experiment_by_name(m)
+    assert exp is not None
+    sv = run.report["save_version"]
+    [parent] = client.search_runs([exp.experiment_id], f"tags.role = 'parent' and tags.save_version = '{sv}'")
+    assert parent.info.status == "FINISHED"
+    for tag in ("pipeline", "env", "git_commit", "params_hash", "threads", "omp_wait_policy"):
+        assert parent.data.tags.get(tag), tag
+    assert {f"claim.{c['id']}" for c in run.report["claims"]} <= set(parent.data.metrics)
+    assert any(k.startswith(f"{m}.") for k in parent.data.params), "flattened parameters not logged"
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    variants = {c.data.tags.get("variant") for c in children if c.data.tags.get("role") == "variant"}
+    assert len(variants) >= 2 and variants == set(run.report["variants"])
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"report.json", "plots"} <= arts
+
+
+def test_every_method_has_a_readme_with_claims_and_no_outside_links():
+    for m in METHODS:
+        text = (ROOT / "src" / "pipelines" / m / "README.md").read_text()
+        assert "claim" in text.lower(), m
+        assert "shared/" not in text and "ARCHITECTURE.md" not in text, f"{m}/README.md links outside the repo"
+
+
+def _project_files() -> list[Path]:
+    tracked = [*ROOT.glob("*.md"), *(ROOT / "docs").rglob("*.md"), *(ROOT / "conf").rglob("*.yml"),
+               *(ROOT / "src").rglob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]
+    return [p for p in tracked if p.is_file()]
+
+
+def test_nothing_links_outside_the_repository():
+    bad = [str(p.relative_to(ROOT)) for p in _project_files()
+           if "../shared" in p.read_text(errors="ignore") or "shared/design" in p.read_text(errors="ignore")
+           or "shared/methods" in p.read_text(errors="ignore")]
+    assert not bad, f"files linking outside the repository: {bad}"

@@ -1,4 +1,4 @@
-"""The shared GPU-node runner (ARCHITECTURE.md, "The GPU-node runner"), built on Ray.
+"""The shared GPU-node runner (docs/architecture.md, "The GPU-node runner"), built on Ray.
 
 ``kedro run --pipeline=<m> --runner=pipelines.core.runner.GPUNodeRunner`` runs any pipeline. Loads,
 saves, hooks and kedro-mlflow logging all stay in the ``kedro run`` process (the driver); only the

@@ -86,7 +86,7 @@ def thread_record() -> dict[str, Any]:
 
     n = _chosen.get("threads", torch.get_num_threads())
     return {"threads": n, "threads_setting": _chosen.get("threads_setting", "auto"),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
             "omp_wait_policy_source": "user" if pipelines.OMP_WAIT_POLICY_SET_BY_USER else "platform",
             "usable_cpus": usable_cpus(), "concurrency": concurrency()}
 

@@ -100,12 +100,18 @@ def check_request(names: list[str], env: str | None, conf_source: str | None) ->
             raise click.ClickException(f"env '{env}' not found: no folder {conf / env} (envs: {', '.join(envs)})")
 
 
-def validate_params(context, names: list[str]) -> None:
-    """The requested methods' parameters against their schemas, before any MLflow run is opened."""
+def validate_params(names: list[str]) -> None:
+    """The requested methods' parameters against their schemas, before any MLflow run is opened (read
+    with the run's config through core.registry.method_config: no context, so no hook runs twice)."""
     from pipelines.core.params import ParameterError, schema_for, validate
+    from pipelines.core.registry import method_config
     from pipelines.core.runctx import DEFAULT_PIPELINE
 
-    raw = context.config_loader["parameters"]
+    raw = {}
+    for n in names:
+        m = DEFAULT_PIPELINE if n == "__default__" else n
+        if method_config(m):
+            raw[m] = method_config(m)
     for n in names:
         m = DEFAULT_PIPELINE if n == "__default__" else n
         schema = schema_for(m)
@@ -194,11 +200,10 @@ def _run(**kw: Any) -> dict[str, Any]:
     }
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
+        validate_params(names)
         with settings.SESSION_CLASS.create(**create_kwargs) as session:
-            context = session.load_context()
-            validate_params(context, names)
             if run_kwargs.get("only_missing_outputs"):
-                version, versioned = unfinished_version(context, names)
+                version, versioned = unfinished_version(session.load_context(), names)
                 if version is not None:
                     # finish the killed run: its save version, every versioned dataset pinned to it
                     click.echo(f"Resuming run {version}: nodes whose outputs it saved are skipped", err=True)

@@ -74,7 +74,14 @@ class TorchDataset(_FsDataset):
 
 class FiguresDataset(_FsDataset):
     """A dict name → matplotlib Figure, saved as ``<name>.png`` in a versioned folder and logged as
-    artifacts (``plots/``) of the active MLflow run. Loading returns name → PNG path."""
+    artifacts (``plots/``) of the active MLflow run. Loading returns name → PNG path.
+
+    Why not kedro-datasets' ``matplotlib.MatplotlibDataset`` wrapped in kedro-mlflow's
+    ``MlflowArtifactDataset`` (checked with kedro-datasets 9.6, kedro-mlflow 2.0): that dataset cannot be
+    loaded, and evaluate.report loads the plots to list the files it really saved, while a resumed run
+    (``--only-missing-outputs``) needs ``exists()`` of the saved version; the artifact wrapper logs one
+    file per save (``log_artifact``), not a folder of figures; and figures are closed here after saving,
+    so a method with dozens of plots does not hold them all in memory."""
 
     def _load(self) -> dict[str, str]:
         base = get_filepath_str(self._get_load_path(), self._protocol)

@@ -58,3 +58,12 @@ def test_package_import_makes_openmp_passive_unless_the_user_chose(preset, expec
             "print(os.environ['OMP_WAIT_POLICY'], pipelines.OMP_WAIT_POLICY_SET_BY_USER)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [expected, str(bool(preset))]
+
+
+def test_ray_workers_get_the_passive_policy_and_keep_the_users_env(monkeypatch):
+    from pipelines.core.runner import worker_runtime_env
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert worker_runtime_env(None) == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    mine = worker_runtime_env({"env_vars": {"OMP_WAIT_POLICY": "ACTIVE", "HF_HOME": "/c"}, "pip": ["x"]})
+    assert mine == {"env_vars": {"OMP_WAIT_POLICY": "ACTIVE", "HF_HOME": "/c"}, "pip": ["x"]}

@@ -1,12 +1,17 @@
 """Tests of `wedlm`: the mechanism against independent references (naive recompute decoder, uncached
-forwards, explicit logical-order masks, a brute-force training mask), structural p_cache bounds, bad
-parameters, and the end-to-end --env=test run."""
+forwards, explicit logical-order masks, a brute-force training mask, a hand-written training loop),
+structural p_cache bounds, the interleaved timing, one train node per trained model, bad parameters and
+bad input files (the end-to-end --env=test run is tests/methods/test_all_pipelines.py's)."""
 import copy
+import json
 
+import numpy as np
 import pytest
 import torch
 
-from pipelines.core.params import ParameterError, parse
+from pipelines.core.params import ParameterError, validate
+from pipelines.core.schemas import InputDataError
+from pipelines.wedlm.params import Params
 
 V, MASK, EOS = 20, 18, 17
 
@@ -221,35 +226,50 @@ def _base_params():
     return yaml.safe_load((ROOT / "conf/base/parameters_wedlm.yml").read_text())["wedlm"]
 
 
+def _params(raw) -> Params:
+    return validate(Params, raw, "wedlm")
+
+
+def _tiny_raw(**train):
+    raw = copy.deepcopy(_base_params())
+    raw["seeds"] = [0]
+    raw["data"]["n_test"] = 6
+    raw["model"].update(d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    raw["train"].update(steps=6, batch_size=4, **train)
+    raw["decode"]["max_new_tokens"] = 14
+    raw["eval"].update(taus=[0.4], n_timing=4, timing_rounds=2)
+    return raw
+
+
 @pytest.mark.parametrize("path,value,key", [
     (("decode", "window"), 0, "wedlm.decode.window"),
     (("train", "gamma_min"), 0.0, "wedlm.train.gamma_min"),
     (("decode", "refill"), "sometimes", "wedlm.decode.refill"),
     (("model", "n_heads"), "four", "wedlm.model.n_heads"),
     (("eval", "tau_grid"), [0.1], "wedlm.eval.tau_grid"),
+    (("train", "steps"), True, "wedlm.train.steps"),
+    (("eval", "timing_rounds"), 0, "wedlm.eval.timing_rounds"),
 ])
 def test_bad_parameter_names_the_key(path, value, key):
     raw = copy.deepcopy(_base_params())
     raw[path[0]][path[1]] = value
     with pytest.raises(ParameterError, match=key.replace(".", r"\.")):
-        parse("wedlm", raw)
+        _params(raw)
 
 
 def test_inconsistent_lengths_rejected():
     raw = copy.deepcopy(_base_params())
     raw["data"]["seq_len"] = 10
     with pytest.raises(ParameterError, match=r"wedlm\.data.*seq_len"):
-        parse("wedlm", raw)
+        _params(raw)
 
 
 def test_tasks_follow_their_rules_and_file_input(tmp_path):
-    import json
-
     from pipelines.wedlm.data import layout_sequence, make_tasks, vocab_of
 
     raw = copy.deepcopy(_base_params())
     raw["data"]["n_test"] = 20
-    test, tasks = make_tasks(raw)
+    test, tasks = make_tasks(_params(raw))
     for _, r in test.iterrows():
         if r.regime == "count":
             assert all((b - a) % 32 == 1 for a, b in zip([*r.prompt, *r.answer], [*r.prompt, *r.answer][1:]))
@@ -257,7 +277,7 @@ def test_tasks_follow_their_rules_and_file_input(tmp_path):
             assert list(r.answer) == list(r.prompt)[::-1]
         assert len(r.answer) == raw["data"]["answer_len"][r.regime]
     chain = tasks["chain"].numpy()
-    ent = -(chain * __import__("numpy").log(chain)).sum(1).mean()
+    ent = -(chain * np.log(chain)).sum(1).mean()
     assert 0.9 < ent < 1.8  # the card's high-entropy regime (≈ 1.2-1.5 nats at T = 1)
     # file input: JSONL rows are laid out with tags, SEP, EOS and PAD by the pipeline
     rows = [{"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
@@ -265,24 +285,177 @@ def test_tasks_follow_their_rules_and_file_input(tmp_path):
     for name in ("train", "test"):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     raw["data"].update(source="file", train_path=str(tmp_path / "train.jsonl"), test_path=str(tmp_path / "test.jsonl"))
-    test, tasks = make_tasks(raw)
-    v = vocab_of(parse("wedlm", raw))
+    p = _params(raw)
+    test, tasks = make_tasks(p)
+    assert list(test.regime) == ["count", "reverse"] and list(test["item"]) == [0, 0]
+    v = vocab_of(p)
     seq = tasks["train_sequences"][0].tolist()
     assert seq == layout_sequence("count", [1, 2, 3], list(range(4, 16)), v, 12, 28)
     assert seq[:12] == [v.pad] * 7 + [v.tags["count"], 1, 2, 3, v.sep] and seq[24] == v.eos
-    for bad in ({"regime": "count", "prompt": [99], "answer": list(range(12))},
-                {"regime": "count", "prompt": [1], "answer": [1]}):
-        (tmp_path / "test.jsonl").write_text(json.dumps(bad))
-        with pytest.raises(ValueError, match="test.jsonl:1"):
-            make_tasks(raw)
 
 
-@pytest.mark.e2e
-def test_end_to_end(run_pipeline):
-    result = run_pipeline("wedlm")
-    report = result.report
-    assert {"ar", "wedlm", "wedlm_fast", "blockwise"} <= set(report["variants"])
-    assert report["env"] == "test"
-    assert report["variants"]["ar"]["p_cache"] == pytest.approx(1.0)
-    assert report["variants"]["wedlm"]["p_cache"] <= 0.5
-    assert "frontier_count" in " ".join(report["artifacts"])
+GOOD = {"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))}
+
+
+@pytest.mark.parametrize("lines,msg", [
+    ([{"prompt": [1], "answer": list(range(12))}], r"column 'regime' is missing"),
+    ([{**GOOD, "prompt": 5}], r"column 'prompt' should be array"),
+    ([{**GOOD, "regime": 3}], r"column 'regime' should be str"),
+    ([{**GOOD, "answer": None}], r"column 'answer'"),
+    ([], r"0 rows, at least 1 needed"),
+    ([GOOD, {**GOOD, "prompt": [99]}], r"line 2: column 'prompt' token ids"),
+    ([{**GOOD, "prompt": [1.5]}], r"line 1: column 'prompt' token ids"),
+    ([{**GOOD, "answer": [1]}], r"line 1: column 'answer' has 1 tokens"),
+    ([{**GOOD, "regime": "add"}], r"line 1: column 'regime' value 'add'"),
+    ([{**GOOD, "prompt": list(range(11))}], r"line 1: column 'prompt' has 11 tokens"),
+    (["{not json"], r"line 1 is not JSON"),
+])
+def test_bad_input_file_stops_with_one_line_naming_dataset_and_column(tmp_path, lines, msg):
+    from pipelines.wedlm.data import make_tasks
+
+    (tmp_path / "train.jsonl").write_text(json.dumps(GOOD))
+    (tmp_path / "test.jsonl").write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))
+    raw = copy.deepcopy(_base_params())
+    raw["data"].update(source="file", train_path=str(tmp_path / "train.jsonl"), test_path=str(tmp_path / "test.jsonl"))
+    with pytest.raises(InputDataError, match=msg) as err:
+        make_tasks(_params(raw))
+    assert "\n" not in str(err.value) and "wedlm.test (" in str(err.value) and "test.jsonl" in str(err.value)
+
+
+def test_missing_input_file_is_one_line(tmp_path):
+    from pipelines.wedlm.data import make_tasks
+
+    raw = copy.deepcopy(_base_params())
+    raw["data"].update(source="file", train_path=str(tmp_path / "no.jsonl"), test_path=str(tmp_path / "no.jsonl"))
+    with pytest.raises(InputDataError, match=r"wedlm\.test .*cannot be read"):
+        make_tasks(_params(raw))
+
+
+def _reference_training(p, chain, seed, objective, train_rows=None):
+    """The training loop written out by hand (as it was before core.training.fit): AdamW, one-cycle
+    with 10 % warm-up, clipping; synthetic batches and block offsets from default_rng([seed, 2]), the
+    dual-stream masks (and file rows) from a torch generator seeded with the model seed."""
+    from pipelines.core.runtime import seed_everything
+    from pipelines.wedlm.data import training_batch, vocab_of
+    from pipelines.wedlm.model import ar_loss_from_logits, build_model, dual_stream_batch, wedlm_loss
+
+    t, v = p.train, vocab_of(p)
+    gen = seed_everything(seed)
+    rng = np.random.default_rng([seed, 2])
+    model = build_model(p, v.size)
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=t.lr, total_steps=t.steps, pct_start=0.1)
+    losses = []
+    model.train()
+    for _ in range(t.steps):
+        if train_rows is None:
+            x = training_batch(list(p.data.regimes), t.batch_size, rng, p, chain, v)
+        else:
+            x = train_rows[torch.randint(0, len(train_rows), (t.batch_size,), generator=gen)]
+        left = torch.arange(x.shape[1])[None, :] < p.data.prompt_len
+        ar_mask = ~(left & (x == v.pad))
+        if objective == "wedlm":
+            off = int(rng.integers(0, t.block_size))
+            b = dual_stream_batch(x, p.data.prompt_len, t.block_size, off, t.gamma_min, v.mask, gen)
+            loss, _ = wedlm_loss(model, b, x, ar_mask, t.ar_weight)
+        else:
+            logits, _ = model(x, torch.arange(x.shape[1]).expand_as(x))
+            loss = ar_loss_from_logits(logits, x, ar_mask)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return model.state_dict(), losses
+
+
+@pytest.mark.parametrize("objective", ["wedlm", "ar"])
+@pytest.mark.parametrize("source", ["synthetic", "rows"])
+def test_training_through_core_fit_equals_the_hand_written_loop(objective, source):
+    """Same seeds, same RNG streams, same optimiser and schedule: the weights after training agree."""
+    from pipelines.wedlm.data import make_tasks
+    from pipelines.wedlm.train import train_one
+
+    p = _params(_tiny_raw())
+    _, tasks = make_tasks(p)
+    chain = tasks["chain"].numpy()
+    rows = None
+    if source == "rows":
+        g = torch.Generator().manual_seed(9)
+        rows = torch.randint(0, 32, (10, p.data.seq_len), generator=g)
+    ref, ref_losses = _reference_training(p, chain, 3, objective, rows)
+    from pipelines.core.runtime import seed_everything
+
+    seed_everything(3)
+    sd, hist = train_one(p, chain, 3, objective, torch.device("cpu"), rows, desc="t")
+    assert [h["step"] for h in hist] == [0, p.train.steps - 1]
+    np.testing.assert_allclose([h["loss"] for h in hist], [ref_losses[0], ref_losses[-1]], rtol=1e-6)
+    for k in ref:
+        # the same operations in the same order; float64 comparison with a float32 rounding margin
+        np.testing.assert_allclose(sd[k].double().numpy(), ref[k].double().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_one_train_node_per_trained_model_and_selection():
+    from pipelines.core.registry import method_config
+    from pipelines.wedlm.params import trained_variants
+    from pipelines.wedlm.pipeline import create_pipeline
+
+    pipe = create_pipeline()
+    variants = trained_variants(method_config("wedlm"))
+    assert variants == ["wedlm", "ar_only"]  # conf/base trains the AR-only baseline too
+    names = {n.name for n in pipe.only_nodes_with_tags("train").nodes}
+    assert names == {f"wedlm.train.{v}" for v in variants}
+    one = pipe.only_nodes("wedlm.train.ar_only")
+    assert [n.name for n in one.nodes] == ["wedlm.train.ar_only"]
+    assert set(one.outputs()) == {"wedlm.ar_only_model", "wedlm.fit_log_ar_only", "wedlm.decodes_ar_only",
+                                  "wedlm.traces_ar_only_json"}
+    assert {n.name for n in pipe.nodes} >= {"wedlm.data.tasks", "wedlm.evaluate.timing", "wedlm.evaluate.plots",
+                                            "wedlm.evaluate.report"}
+    assert trained_variants({"train": {"ar_only_seeds": []}}) == ["wedlm"]
+
+
+def test_variant_node_trains_decodes_and_timing_is_interleaved():
+    """train.<variant> returns per-seed weights, the fit log and the decodes; evaluate.timing times every
+    main decoder on the same prompt groups, round by round; the ratios carry an interval around them."""
+    from pipelines.wedlm.data import make_tasks
+    from pipelines.wedlm.evaluate import _speed_ratios, measure_speed
+    from pipelines.wedlm.train import train_variant
+
+    p = _params(_tiny_raw(ar_only_seeds=[0]))
+    test, tasks = make_tasks(p)
+    models, log, dec, traces = train_variant(tasks, test, p, variant="wedlm")
+    assert set(models) == {"seed0"} and set(log.model) == {"wedlm"} and log.step.max() == p.train.steps - 1
+    assert {"ar", "wedlm", "wedlm_fast", "blockwise"} <= set(dec.variant)
+    assert set(traces) == set(p.data.regimes)
+    ar_models, _, ar_dec, _ = train_variant(tasks, test, p, variant="ar_only")
+    assert set(ar_dec.variant) == {"ar_only"} and (ar_dec.forwards == ar_dec.n_gen).all()
+    # deterministic given the seeds: a second run gives the same weights and decodes
+    again, _, dec2, _ = train_variant(tasks, test, p, variant="wedlm")
+    assert all(torch.equal(again["seed0"][k], models["seed0"][k]) for k in models["seed0"])
+    assert dec2.tokens.map(list).tolist() == dec.tokens.map(list).tolist()
+
+    timing = measure_speed(p, test, wedlm=models, ar_only=ar_models)
+    assert set(timing.variant) == {"ar", "wedlm", "wedlm_fast", "blockwise", "ar_only"}
+    assert len(timing) == 5 * len(p.data.regimes) * p.eval.timing_rounds
+    assert (timing.seconds > 0).all()
+    # every decoder decoded the same group in a round; the batch-1 token counts equal the batched decodes
+    assert timing.groupby(["regime", "round"]).group.nunique().eq(1).all()
+    for (variant, regime), t in timing.groupby(["variant", "regime"]):
+        d = dec if variant != "ar_only" else ar_dec
+        ref = d[(d.variant == variant) & (d.regime == regime) & (d.kind == "main")].sort_values("item")
+        assert t.tokens.sum() == ref.n_gen.iloc[:p.eval.n_timing].sum()
+    m = _speed_ratios(timing, list(p.data.regimes))
+    for r in p.data.regimes:
+        for pair in ("wedlm_vs_ar", "wedlm_fast_vs_ar", "blockwise_vs_ar", "wedlm_fast_vs_blockwise"):
+            key = f"ratio.tokens_per_sec_{r}.{pair}"
+            assert m[f"{key}.ci_low"] <= m[key] <= m[f"{key}.ci_high"]
+    # the interval is ratio_ci's over the paired (seed, round) ratios
+    from pipelines.core.metrics import ratio_ci
+
+    t = timing[timing.regime == "count"].assign(tps=lambda d: d.tokens / d.seconds)
+    a = t[t.variant == "wedlm"].sort_values(["seed", "round"]).tps.to_numpy()
+    b = t[t.variant == "ar"].sort_values(["seed", "round"]).tps.to_numpy()
+    est = ratio_ci(a, b)
+    assert m["ratio.tokens_per_sec_count.wedlm_vs_ar"] == pytest.approx(est.ratio)
+    assert m["ratio.tokens_per_sec_count.wedlm_vs_ar.ci_high"] == pytest.approx(est.ci_high)

@@ -10,7 +10,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from pipelines.core.params import parse
+from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.wedlm.params import Params
 
 
 class Vocab:
@@ -74,36 +75,61 @@ def layout_sequence(regime: str, prompt: list[int], answer: list[int], v: Vocab,
     return seq + [v.pad] * (seq_len - len(seq))
 
 
-def _read_jsonl(path: str, regimes: list[str], n_symbols: int, answer_len: dict[str, int]) -> pd.DataFrame:
-    rows = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
+def _schema(split: str, path: str) -> TableSchema:
+    return TableSchema(f"wedlm.{split} ({path})", {"regime": "str", "prompt": "array", "answer": "array"},
+                       no_missing=("regime", "prompt", "answer"))
+
+
+def read_jsonl(path: str, split: str, p: Params) -> pd.DataFrame:
+    """A user's JSONL file as a table (regime, prompt, answer), checked at the door: the columns and
+    their kinds (core.schemas), then every row's regime, token range and lengths. A bad file stops the
+    run with one line naming the file, the line and the column."""
+    d = p.data
+    name = f"wedlm.{split} ({path})"
+    try:
+        with open(path) as f:
+            lines = [(i + 1, line) for i, line in enumerate(f) if line.strip()]
+    except OSError as exc:
+        raise InputDataError(f"dataset '{name}': cannot be read ({exc.strerror})") from None
+    records = []
+    for lineno, line in lines:
+        try:
             r = json.loads(line)
-            if r["regime"] not in regimes:
-                raise ValueError(f"{path}:{i + 1}: regime {r['regime']!r} is not in data.regimes")
-            if any(not 0 <= t < n_symbols for t in [*r["prompt"], *r["answer"]]):
-                raise ValueError(f"{path}:{i + 1}: token ids must lie in [0, data.n_symbols={n_symbols})")
-            if len(r["answer"]) != answer_len[r["regime"]]:
-                raise ValueError(f"{path}:{i + 1}: answer has {len(r['answer'])} tokens, "
-                                 f"data.answer_len[{r['regime']!r}] = {answer_len[r['regime']]}")
-            rows.append({"regime": r["regime"], "prompt": list(r["prompt"]), "answer": list(r["answer"])})
-    return pd.DataFrame(rows)
+        except json.JSONDecodeError as exc:
+            raise InputDataError(f"dataset '{name}': line {lineno} is not JSON ({exc.msg})") from None
+        if not isinstance(r, dict):
+            raise InputDataError(f"dataset '{name}': line {lineno} is not a JSON object")
+        records.append(r)
+    df = _schema(split, path).check(pd.DataFrame.from_records(records) if records else pd.DataFrame())
+    for lineno, (regime, prompt, answer) in zip((n for n, _ in lines), df[["regime", "prompt", "answer"]].itertuples(index=False)):
+        where = f"dataset '{name}': line {lineno}"
+        if regime not in d.regimes:
+            raise InputDataError(f"{where}: column 'regime' value {regime!r} is not in data.regimes")
+        for col, toks in (("prompt", prompt), ("answer", answer)):
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < d.n_symbols for t in toks):
+                raise InputDataError(f"{where}: column '{col}' token ids must be integers in "
+                                     f"[0, data.n_symbols={d.n_symbols})")
+        if len(prompt) > d.prompt_len - 2:
+            raise InputDataError(f"{where}: column 'prompt' has {len(prompt)} tokens, at most "
+                                 f"data.prompt_len - 2 = {d.prompt_len - 2}")
+        if len(answer) != d.answer_len[regime]:
+            raise InputDataError(f"{where}: column 'answer' has {len(answer)} tokens, "
+                                 f"data.answer_len[{regime!r}] = {d.answer_len[regime]}")
+    return pd.DataFrame({"regime": df["regime"].astype(str), "prompt": [list(x) for x in df["prompt"]],
+                         "answer": [list(x) for x in df["answer"]]})
 
 
-def make_tasks(raw: dict) -> tuple[pd.DataFrame, dict]:
+def make_tasks(p: Params) -> tuple[pd.DataFrame, dict]:
     """The test set (one row per item: regime, prompt, answer) and the task tensors (markov chain;
-    with ``source: file`` also the training rows)."""
+    with ``source: file`` also the training rows, both files checked before any training)."""
     import torch
 
-    p = parse("wedlm", raw)
     d = p.data
     chain = markov_chain(d.n_symbols, d.markov_sigma, d.markov_temperature, d.seed)
     extra: dict = {"chain": torch.tensor(chain, dtype=torch.float64)}
     if d.source == "file":
-        test = _read_jsonl(d.test_path, list(d.regimes), d.n_symbols, d.answer_len)
-        train = _read_jsonl(d.train_path, list(d.regimes), d.n_symbols, d.answer_len)
+        test = read_jsonl(d.test_path, "test", p)
+        train = read_jsonl(d.train_path, "train", p)
         v = vocab_of(p)
         extra["train_sequences"] = torch.tensor(
             [layout_sequence(r, pr, a, v, d.prompt_len, d.seq_len)

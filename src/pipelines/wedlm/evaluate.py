@@ -1,21 +1,22 @@
 """Decoding every variant with the trained weights and scoring it (paper §5 metrics at toy scale):
 exact match per regime, forwards per token / tokens per forward, p_cache, out-of-order fills, true NLL
-under the generating Markov chain, batch-1 CPU wall clock; the τ frontier and the report."""
+under the generating Markov chain; batch-1 wall clock measured side by side (interleaved rounds, ratios
+with an interval); the τ frontier, the plots and the report."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.params import parse
+from pipelines.core.metrics import interleaved_timing, ratio_ci
 from pipelines.core.report import build_report
-from pipelines.core.runtime import get_device, set_threads
+from pipelines.core.runtime import node_setup
 from pipelines.wedlm.data import layout_prompt, vocab_of
 from pipelines.wedlm.decode import decode_ar, decode_parallel
 from pipelines.wedlm.model import build_model
+from pipelines.wedlm.params import Params
 
 NLL_CAP = 10.0  # nats charged for a non-symbol (or impossible) token where the chain expects a symbol
 WEDLM_VARIANTS = ("wedlm", "wedlm_fast", "blockwise")
@@ -66,55 +67,110 @@ def _markov_nll(prompt: list[int], gen: list[int], answer_len: int, chain: np.nd
     return min(total / answer_len, NLL_CAP)
 
 
-def decode_all(models: dict, test: pd.DataFrame, tasks: dict, raw: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Decode the test set with every config and every seed's model (each regime as one batch), then time
-    the main variants at batch 1 on ``eval.n_timing`` prompts per regime."""
-    p = parse("wedlm", raw)
-    set_threads(p.threads)
+def _prompts(regime: str, df: pd.DataFrame, p: Params, v, dev) -> torch.Tensor:
+    return torch.tensor([layout_prompt(regime, pr, v, p.data.prompt_len) for pr in df.prompt], device=dev)
+
+
+def _load(sd: dict, p: Params, dev) -> torch.nn.Module:
+    model = build_model(p, vocab_of(p).size).to(dev)
+    model.load_state_dict(sd)
+    return model.eval()
+
+
+def decode_test(sd: dict, variant: str, seed: int, test: pd.DataFrame, chain: np.ndarray, p: Params,
+                dev) -> tuple[pd.DataFrame, dict]:
+    """Decode the test set (each regime as one batch) with one trained model: every decoder config for
+    ``wedlm`` weights (the main variants, the τ frontier, the sweep), greedy AR for ``ar_only``. Returns
+    one row per (config, item) and the per-forward traces of item 0 for the main configs."""
     v, d = vocab_of(p), p.data
-    dev = get_device(p.device)
-    chain = tasks["chain"].numpy()
     max_new = p.decode.max_new_tokens
-    rows, timing, traces = [], [], {}
+    model = _load(sd, p, dev)
     cfgs = _configs(p)
-    for name, sd in sorted(models.items()):
-        kind, seed = name.rsplit("_seed", 1)
-        seed = int(seed)
-        model = build_model(p, v.size).to(dev)
-        model.load_state_dict(sd)
-        model.eval()
-        todo = cfgs if kind == "wedlm" else [{**cfgs[0], "variant": "ar_only"}]
+    todo = cfgs if variant == "wedlm" else [{**cfgs[0], "variant": variant}]
+    rows, traces = [], {}
+    for regime, df in test.groupby("regime", sort=False):
+        prompts = _prompts(regime, df, p, v, dev)
+        answers = [list(a) + [v.eos] for a in df.answer]
+        for cfg in todo:
+            r = _run(model, cfg, prompts, v, max_new)
+            for k, (item, pr) in enumerate(zip(df["item"], df.prompt)):
+                toks = r.tokens[k]
+                gen = toks[:-1] if toks and toks[-1] == v.eos else toks
+                rows.append({**{c: cfg[c] for c in ("kind", "variant", "decoder", "tau", "lam", "window",
+                                                    "fallback")},
+                             "seed": seed, "regime": regime, "item": int(item), "tokens": toks,
+                             "correct": toks == answers[k], "n_gen": len(toks), "forwards": r.forwards[k],
+                             "processed": r.processed[k], "cached": r.cached[k], "fills": r.fills[k],
+                             "out_of_order": r.out_of_order[k],
+                             "nll": _markov_nll(list(pr), gen, d.answer_len[regime], chain)
+                             if regime == "markov" else math.nan})
+            if cfg["kind"] == "main":
+                traces.setdefault(regime, {})[cfg["variant"]] = r.trace
+    return pd.DataFrame(rows), traces
+
+
+def measure_speed(p: Params, test: pd.DataFrame, **models: dict) -> pd.DataFrame:
+    """Batch-1 wall clock of every main decoder, side by side in one process (so it is one node): per
+    (seed, regime) the first ``eval.n_timing`` test prompts are split into ``eval.timing_rounds`` groups,
+    and core.metrics.interleaved_timing decodes one group per round with every decoder, one prompt at a
+    time with the KV cache, in an order rotated each round (a warm-up round first). Load that hits a round
+    hits every decoder alike, so per-round ratios are paired. ``models``: ``{variant: {"seed<k>": state}}``
+    (``wedlm`` weights give the ``ar``/``wedlm``/``wedlm_fast``/``blockwise`` decoders; ``ar_only`` its AR
+    decoder). Returns one row per (decoder, seed, regime, round): tokens and seconds."""
+    dev = node_setup(p)
+    v, max_new = vocab_of(p), p.decode.max_new_tokens
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    main = [c for c in _configs(p) if c["kind"] == "main"]
+    seeds = sorted({int(k[len("seed"):]) for states in models.values() for k in states})
+    rows = []
+    for seed in seeds:
+        decoders = {}
+        for variant, states in models.items():
+            if f"seed{seed}" not in states:
+                continue
+            model = _load(states[f"seed{seed}"], p, dev)
+            cfgs = main if variant == "wedlm" else [{**main[0], "variant": variant}]
+            decoders.update({c["variant"]: (model, c) for c in cfgs})
         for regime, df in test.groupby("regime", sort=False):
-            prompts = torch.tensor([layout_prompt(regime, pr, v, d.prompt_len) for pr in df.prompt], device=dev)
-            answers = [list(a) + [v.eos] for a in df.answer]
-            for cfg in todo:
-                r = _run(model, cfg, prompts, v, max_new)
-                for k, (item, pr) in enumerate(zip(df["item"], df.prompt)):
-                    toks = r.tokens[k]
-                    gen = toks[:-1] if toks and toks[-1] == v.eos else toks
-                    rows.append({**{c: cfg[c] for c in ("kind", "variant", "decoder", "tau", "lam", "window",
-                                                        "fallback")},
-                                 "seed": seed, "regime": regime, "item": int(item), "tokens": toks,
-                                 "correct": toks == answers[k], "n_gen": len(toks), "forwards": r.forwards[k],
-                                 "processed": r.processed[k], "cached": r.cached[k], "fills": r.fills[k],
-                                 "out_of_order": r.out_of_order[k],
-                                 "nll": _markov_nll(list(pr), gen, d.answer_len[regime], chain)
-                                 if regime == "markov" else math.nan})
-                if cfg["kind"] == "main" and seed == p.seeds[0] and kind == "wedlm":
-                    traces.setdefault(regime, {})[cfg["variant"]] = r.trace
-            # wall clock: batch 1 with the cache, the same prompts for every main variant
-            for cfg in todo:
-                if cfg["kind"] != "main":
-                    continue
-                n_tok, secs = 0, 0.0
-                for k in range(min(p.eval.n_timing, len(prompts))):
-                    t0 = time.perf_counter()
-                    r = _run(model, cfg, prompts[k:k + 1], v, max_new)
-                    secs += time.perf_counter() - t0
-                    n_tok += len(r.tokens[0])
-                timing.append({"variant": cfg["variant"], "seed": seed, "regime": regime, "tokens": n_tok,
-                               "seconds": secs})
-    return pd.DataFrame(rows), pd.DataFrame(timing), traces
+            prompts = _prompts(regime, df.iloc[:p.eval.n_timing], p, v, dev)
+            groups = np.array_split(np.arange(len(prompts)), min(p.eval.timing_rounds, len(prompts)))
+            tokens: dict[str, list[int]] = {name: [] for name in decoders}
+
+            def make(name, model, cfg):
+                def run():  # call k decodes group k mod G: the warm-up takes group 0, round r group r+1
+                    g = groups[len(tokens[name]) % len(groups)]
+                    tokens[name].append(sum(len(_run(model, cfg, prompts[i:i + 1], v, max_new).tokens[0])
+                                            for i in g))
+                return run
+
+            secs = interleaved_timing({name: make(name, *mc) for name, mc in decoders.items()},
+                                      rounds=len(groups), warmup=1, sync=sync)
+            for name in decoders:
+                for r in range(len(groups)):
+                    rows.append({"variant": name, "seed": seed, "regime": regime, "round": r,
+                                 "group": (r + 1) % len(groups), "tokens": tokens[name][r + 1],
+                                 "seconds": float(secs[name][r])})
+    return pd.DataFrame(rows)
+
+
+def _speed_ratios(timing: pd.DataFrame, regimes: list[str]) -> dict[str, float]:
+    """``ratio.tokens_per_sec_<regime>.<a>_vs_<b>`` with its ``.ci_low``/``.ci_high``: the median of the
+    paired per-round tokens/s ratios (the rounds of every seed) and its order-statistic 95 % interval
+    (core.metrics.ratio_ci). Per regime only: the regimes' speed-ups differ by design (≈ 2× on ``count``,
+    ≈ 0.35× on ``markov``), so a median pooled over them would describe none of them."""
+    t = timing.assign(tps=timing.tokens / timing.seconds).pivot_table(
+        index=["seed", "regime", "round"], columns="variant", values="tps")
+    pairs = [(a, "ar") for a in WEDLM_VARIANTS] + [("wedlm_fast", "blockwise")]
+    out: dict[str, float] = {}
+    for a, b in pairs:
+        if a not in t or b not in t:
+            continue
+        for r in (r for r in regimes if r in t.index.get_level_values("regime")):
+            sub = t.xs(r, level="regime")[[a, b]].dropna()
+            if len(sub):
+                name = f"ratio.tokens_per_sec_{r}.{a}_vs_{b}"
+                out.update(ratio_ci(sub[a].to_numpy(), sub[b].to_numpy()).as_metrics(name))
+    return out
 
 
 def _summarise(d: pd.DataFrame) -> dict:
@@ -241,14 +297,67 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
     return figs
 
 
-def report(decodes: pd.DataFrame, timing: pd.DataFrame, traces: dict, train_log: pd.DataFrame,
-           raw: dict) -> tuple[dict, dict]:
-    """Variants table (the method and every baseline on the same weights), derived ratios for the
-    claims, the τ frontier (and sweep) as report extras, and the plots."""
-    p = parse("wedlm", raw)
+def _gather(outputs: dict, prefix: str) -> dict:
+    """``{variant: output}`` from the evaluate nodes' keyword inputs named ``<prefix>_<variant>``."""
+    return {k[len(prefix) + 1:]: v for k, v in outputs.items() if k.startswith(prefix + "_")}
+
+
+def _tables(p: Params, decodes: pd.DataFrame, timing: pd.DataFrame):
     regimes = list(p.data.regimes)
     rows = _variant_rows(decodes, timing, regimes)
     mean = pd.DataFrame(rows).groupby("variant").mean(numeric_only=True).to_dict("index")
+    return regimes, rows, mean, _curve(decodes, "frontier"), _curve(decodes, "sweep")
+
+
+def _speed_plot(metrics: dict[str, float], regimes: list[str]):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = ["wedlm", "wedlm_fast", "blockwise"]
+    for j, r in enumerate(regimes):
+        xs, ys, lo, hi = [], [], [], []
+        for i, v in enumerate(names):
+            key = f"ratio.tokens_per_sec_{r}.{v}_vs_ar"
+            if key in metrics:
+                xs.append(i + (j - (len(regimes) - 1) / 2) * 0.2)
+                ys.append(metrics[key])
+                lo.append(metrics[key] - metrics[f"{key}.ci_low"])
+                hi.append(metrics[f"{key}.ci_high"] - metrics[key])
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=r)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylabel="tokens/s ÷ AR (same weights)", title="batch-1 wall-clock speed-up vs AR\n"
+           "(median of paired interleaved rounds; 95 % order-statistic interval,\n"
+           "min–max when there are too few rounds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def make_plots(p: Params, timing: pd.DataFrame, **outputs) -> dict:
+    """``evaluate.plots``: the speed–quality frontier per regime, p_cache against τ, a decode trace, the
+    training losses, the wall-clock speed-ups with their intervals (and the sweep). ``outputs``:
+    ``decodes_<v>``, ``fit_log_<v>`` and ``traces_<v>`` of every trained variant."""
+    decodes = pd.concat(list(_gather(outputs, "decodes").values()), ignore_index=True)
+    regimes, _, mean, frontier, sweep = _tables(p, decodes, timing)
+    traces: dict = {}
+    for tr in _gather(outputs, "traces").values():
+        for regime, by_variant in tr.items():
+            traces.setdefault(regime, {}).update(by_variant)
+    logs = [df for df in _gather(outputs, "fit_log").values() if len(df)]
+    figs = _plots(mean, frontier, sweep, traces, pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(),
+                  regimes)
+    figs["wallclock_speedup"] = _speed_plot(_speed_ratios(timing, regimes), regimes)
+    return figs
+
+
+def report(p: Params, timing: pd.DataFrame, plots: dict, **decodes: pd.DataFrame) -> dict:
+    """``evaluate.report``: the variants table (every decoder of the ``wedlm`` weights and the separately
+    trained ``ar_only``), the derived ratios the claims read (count-based: exact; wall clock: with an
+    interval), the τ frontier (and sweep) as report extras. ``decodes``: ``{variant: decodes table}``."""
+    regimes, rows, mean, frontier, sweep = _tables(p, pd.concat(list(decodes.values()), ignore_index=True),
+                                                   timing)
     metrics: dict[str, float] = {}
     if "ar" in mean:
         for r in regimes:
@@ -260,8 +369,6 @@ def report(decodes: pd.DataFrame, timing: pd.DataFrame, traces: dict, train_log:
         metrics[f"ratio.tokens_per_forward_{r}.wedlm_fast_vs_blockwise"] = tpf["wedlm_fast"] / tpf["blockwise"]
         metrics[f"max_wedlm_tokens_per_forward_{r}"] = max(tpf.values())
     metrics["max_wedlm_p_cache"] = max(mean[v]["p_cache"] for v in WEDLM_VARIANTS)
-    frontier, sweep = _curve(decodes, "frontier"), _curve(decodes, "sweep")
-    figs = _plots(mean, frontier, sweep, traces, train_log, regimes)
+    metrics.update(_speed_ratios(timing, regimes))
     extra = {"frontier": frontier.to_dict("records"), "sweep": sweep.to_dict("records") if len(sweep) else []}
-    return build_report("wedlm", raw, rows, metrics, artifacts=figs, extra=extra), figs
-
+    return build_report("wedlm", p, rows, metrics, artifacts=plots, extra=extra)

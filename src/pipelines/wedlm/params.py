@@ -69,7 +69,7 @@ class Train(Strict):
     ar_weight: float = Field(ge=0)              # total = (L_mlm + ar_weight · L_ar) / 2
     grad_clip: float = Field(gt=0)
     random_block_offset: bool = True            # shift block boundaries per step (windows start anywhere)
-    ar_only_seeds: list[int] = Field(default_factory=list)  # also train an AR-only model for these seeds
+    ar_only_seeds: list[int] = Field(default_factory=list)  # the AR-only baseline's seeds (train.ar_only); [] drops it
 
 
 class Decode(Strict):
@@ -85,6 +85,7 @@ class Decode(Strict):
 class Eval(Strict):
     taus: list[float] = Field(min_length=1)     # frontier over the threshold (streaming and block-wise)
     n_timing: int = Field(ge=1)                 # prompts per regime decoded at batch 1 for wall clock
+    timing_rounds: int = Field(default=5, ge=1)  # the n_timing prompts split into this many interleaved rounds
     sweeps: bool = False
     sweep_lams: list[float] = Field(default_factory=lambda: [0.0, 0.02, 0.1])
     sweep_windows: list[int] = Field(default_factory=lambda: [4, 8, 16])
@@ -95,6 +96,12 @@ class Eval(Strict):
         if any(t <= 0 for t in self.taus):
             raise ValueError("taus must be > 0")
         return self
+
+
+def trained_variants(raw: dict) -> list[str]:
+    """The models this run trains, one ``train.<variant>`` node each, from the raw ``params:wedlm``:
+    ``wedlm`` (one model per seed, decoded four ways) and ``ar_only`` when ``train.ar_only_seeds`` is set."""
+    return ["wedlm"] + (["ar_only"] if (raw.get("train") or {}).get("ar_only_seeds") else [])
 
 
 class Params(MethodParams):

@@ -1,5 +1,7 @@
-"""Training of the WeDLM model (dual-stream causal mask recovery + AR auxiliary loss, paper §3) for every
-seed, and of the optional AR-only backbone baseline. Batches are sampled on the fly from the seeded tasks."""
+"""One node per trained model (``train.<variant>``): ``wedlm`` (dual-stream causal mask recovery + AR
+auxiliary loss, paper §3; one model per seed, later decoded four ways) and ``ar_only`` (next-token loss
+only, the backbone baseline; ``train.ar_only_seeds``). Each node trains its seeds with core's training
+loop on batches sampled on the fly from the seeded tasks, then decodes the test set with its weights."""
 from __future__ import annotations
 
 import logging
@@ -9,13 +11,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.params import parse
-from pipelines.core.runtime import get_device, seed_everything, set_threads
-from pipelines.core.training import check_finite
+from pipelines.core.runtime import node_setup
+from pipelines.core.training import StepInfo, fit
 from pipelines.wedlm.data import training_batch, vocab_of
+from pipelines.wedlm.evaluate import decode_test
 from pipelines.wedlm.model import ar_loss_from_logits, build_model, dual_stream_batch, wedlm_loss
+from pipelines.wedlm.params import Params
 
 log = logging.getLogger(__name__)
+
+OBJECTIVES = {"wedlm": "wedlm", "ar_only": "ar"}
+LOG_EVERY = 10          # fit-log rows: every 10th step and the last
 
 
 def _ar_target_mask(x: torch.Tensor, pad: int, prompt_len: int) -> torch.Tensor:
@@ -24,70 +30,92 @@ def _ar_target_mask(x: torch.Tensor, pad: int, prompt_len: int) -> torch.Tensor:
     return ~(left & (x == pad))
 
 
-def train_one(p, chain: np.ndarray, seed: int, objective: str, train_rows: torch.Tensor | None = None,
-              init_state: dict | None = None, desc: str = "wedlm") -> tuple[dict, list[dict]]:
-    """Train one model; ``objective`` is ``wedlm`` (mixed) or ``ar`` (next-token only)."""
-    from tqdm.auto import tqdm
-
-    t = p.train
-    v = vocab_of(p)
-    gen = seed_everything(seed)
+def batch_sampler(p: Params, chain: np.ndarray, seed: int, objective: str, dev: torch.device,
+                  train_rows: torch.Tensor | None = None):
+    """``sample_batch(step, gen)`` for core.training.fit. ``gen`` is fit's torch generator (seeded with
+    the model seed): it draws the rows of a file dataset and the dual-stream masks; the synthetic
+    sequences and the block offsets come from ``default_rng([seed, 2])``. Returns (x, ar target mask)
+    for ``ar``, plus the dual-stream tensors for ``wedlm``."""
+    t, v = p.train, vocab_of(p)
     rng = np.random.default_rng([seed, 2])
-    dev = get_device(p.device)
-    model = build_model(p, v.size).to(dev)
-    if init_state is not None:
-        model.load_state_dict(init_state)
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=t.lr, total_steps=t.steps, pct_start=0.1)
-    history = []
-    model.train()
-    bar = tqdm(range(t.steps), desc=desc, leave=False, disable=None)
-    for step in bar:
+
+    def sample(step: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
         if train_rows is None:
             x = training_batch(list(p.data.regimes), t.batch_size, rng, p, chain, v)
         else:
             x = train_rows[torch.randint(0, len(train_rows), (t.batch_size,), generator=gen)]
-        x = x.to(dev)
         ar_mask = _ar_target_mask(x, v.pad, p.data.prompt_len)
-        if objective == "wedlm":
-            offset = int(rng.integers(0, t.block_size)) if t.random_block_offset else 0
-            batch = dual_stream_batch(x.cpu(), p.data.prompt_len, t.block_size, offset, t.gamma_min, v.mask, gen)
-            batch = {k: b.to(dev) for k, b in batch.items()}
-            loss, parts = wedlm_loss(model, batch, x, ar_mask, t.ar_weight)
-        else:
-            logits, _ = model(x, torch.arange(x.shape[1], device=dev).expand_as(x))
+        if objective == "ar":
+            return x.to(dev), ar_mask.to(dev)
+        offset = int(rng.integers(0, t.block_size)) if t.random_block_offset else 0
+        b = dual_stream_batch(x, p.data.prompt_len, t.block_size, offset, t.gamma_min, v.mask, gen)
+        return tuple(z.to(dev) for z in (x, ar_mask, b["tokens"], b["pos"], b["mlm_target"], b["mlm_weight"],
+                                          b["mask"]))
+
+    return sample
+
+
+def _loss(objective: str, ar_weight: float):
+    if objective == "ar":
+        def ar(model, x, ar_mask):
+            logits, _ = model(x, torch.arange(x.shape[1], device=x.device).expand_as(x))
             loss = ar_loss_from_logits(logits, x, ar_mask)
-            parts = {"mlm": math.nan, "ar": loss.item()}
-        check_finite(loss, desc, 0, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        sched.step()
-        if step % 10 == 0 or step == t.steps - 1:
-            history.append({"step": step, "loss": loss.item(), **parts})
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        if step % 200 == 0 or step == t.steps - 1:
-            log.info("%s: step %d/%d loss %.4f", desc, step + 1, t.steps, loss.item())
-    model.eval()
+            return loss, {"mlm": math.nan, "ar": loss.item()}
+        return ar
+
+    def mixed(model, x, ar_mask, tokens, pos, mlm_target, mlm_weight, mask):
+        batch = {"tokens": tokens, "pos": pos, "mlm_target": mlm_target, "mlm_weight": mlm_weight, "mask": mask}
+        return wedlm_loss(model, batch, x, ar_mask, ar_weight)
+    return mixed
+
+
+def train_one(p: Params, chain: np.ndarray, seed: int, objective: str, dev: torch.device,
+              train_rows: torch.Tensor | None = None, init_state: dict | None = None,
+              desc: str = "wedlm") -> tuple[dict, list[dict]]:
+    """Train one model with core.training.fit (AdamW, one-cycle with 10 % warm-up, gradient clipping);
+    ``objective`` is ``wedlm`` (mixed) or ``ar`` (next-token only). The caller seeds torch first (the
+    initial weights). Returns the CPU state dict and the loss log (every 10th step and the last)."""
+    t = p.train
+    model = build_model(p, vocab_of(p).size).to(dev)
+    if init_state is not None:
+        model.load_state_dict(init_state)
+    history: list[dict] = []
+
+    def record(s: StepInfo) -> None:
+        if s.step % LOG_EVERY == 0 or s.step == t.steps - 1:
+            history.append({"step": s.step, "loss": s.loss, **s.extras})
+        if s.step % 200 == 0 or s.step == t.steps - 1:
+            log.info("%s: step %d/%d loss %.4f", desc, s.step + 1, t.steps, s.loss)
+
+    fit(model, None, _loss(objective, t.ar_weight), steps=t.steps,
+        sample_batch=batch_sampler(p, chain, seed, objective, dev, train_rows),
+        lr=t.lr, weight_decay=t.weight_decay, optimizer="adamw",
+        scheduler=lambda opt, total: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=t.lr, total_steps=total,
+                                                                         pct_start=0.1),
+        grad_clip=t.grad_clip, seed=seed, desc=desc, callback=record)
     return {k: val.detach().cpu() for k, val in model.state_dict().items()}, history
 
 
-def train_models(tasks: dict, raw: dict) -> tuple[dict, pd.DataFrame]:
-    """One WeDLM model per seed (shared by the AR, streaming and block-wise decoders) and an AR-only
-    model for each of ``train.ar_only_seeds``. Returns {name: state_dict} and the loss log."""
-    p = parse("wedlm", raw)
-    set_threads(p.threads)
+def train_variant(tasks: dict, test: pd.DataFrame, p: Params, variant: str) -> tuple[dict, pd.DataFrame,
+                                                                                      pd.DataFrame, dict]:
+    """``train.<variant>``: train ``variant`` (``wedlm`` on ``seeds``, ``ar_only`` on
+    ``train.ar_only_seeds``) and decode the test set with each seed's weights. Returns the state dicts
+    ``{"seed<k>": ...}``, the loss log, the decodes (one row per item and decoder config) and the decode
+    traces of the first seed."""
+    if variant not in OBJECTIVES:
+        raise ValueError(f"unknown wedlm variant {variant!r} (one of {sorted(OBJECTIVES)})")
+    seeds = list(p.seeds) if variant == "wedlm" else list(p.train.ar_only_seeds)
     chain = tasks["chain"].numpy()
     rows = tasks.get("train_sequences")
     init = torch.load(p.model.init_path, map_location="cpu", weights_only=True) if p.model.init_path else None
-    models, logs = {}, []
-    for seed in p.seeds:
-        sd, hist = train_one(p, chain, seed, "wedlm", rows, init, desc=f"wedlm seed {seed}")
-        models[f"wedlm_seed{seed}"] = sd
-        logs += [{"model": "wedlm", "seed": seed, **r} for r in hist]
-    for seed in p.train.ar_only_seeds:
-        sd, hist = train_one(p, chain, seed, "ar", rows, init, desc=f"ar_only seed {seed}")
-        models[f"ar_only_seed{seed}"] = sd
-        logs += [{"model": "ar_only", "seed": seed, **r} for r in hist]
-    return models, pd.DataFrame(logs)
+    models, logs, decodes, traces = {}, [], [], {}
+    for seed in seeds:
+        dev = node_setup(p, seed)     # threads, seed (the initial weights), device
+        sd, hist = train_one(p, chain, seed, OBJECTIVES[variant], dev, rows, init, desc=f"{variant} seed {seed}")
+        models[f"seed{seed}"] = sd
+        logs += [{"model": variant, "seed": seed, **r} for r in hist]
+        dec, tr = decode_test(sd, variant, seed, test, chain, p, dev)
+        decodes.append(dec)
+        if seed == seeds[0]:
+            traces = tr
+    return models, pd.DataFrame(logs), pd.concat(decodes, ignore_index=True), traces

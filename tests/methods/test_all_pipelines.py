@@ -71,7 +71,7 @@ def test_pipeline_runs_at_test_env_and_reports(m, test_env_run):
         assert c["value"] is not None or c["verdict"] == "fails", c
     assert r["claims_held"] == sum(c["holds"] for c in r["claims"])
     plots = run.project / "data" / "08_reporting" / m / "plots"
-    saved = sorted(plots.rglob("*.png"))
+    saved = sorted((plots / r["save_version"]).rglob("*.png"))   # this run's version
     assert r["artifacts"] and saved, "no plots saved"
     assert set(r["artifacts"]) <= {p.name for p in saved}
 

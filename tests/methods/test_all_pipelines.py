@@ -53,7 +53,9 @@ def test_node_names_and_tags_follow_the_contract(m):
         assert n.name.startswith(f"{m}.") and stage in {"data", "train", "evaluate"}, n.name
         assert stage in n.tags, f"{n.name} lacks the tag {stage}"
     assert {f"{m}.evaluate.report", f"{m}.evaluate.plots"} <= names
-    assert sum(n.startswith(f"{m}.train.") for n in names) >= 2, "one train.<variant> node per variant"
+    # one train.<variant> node per trained variant (a method whose variants are decoders or estimators of
+    # one trained model may have a single one)
+    assert sum(n.startswith(f"{m}.train.") for n in names) >= 1, "no train.<variant> node"
 
 
 @pytest.mark.e2e

@@ -1,24 +1,45 @@
 """Tests of `rankcal`: the calibration estimators and the ranking distributions against brute-force
-enumeration and closed forms, the models against independent solvers, bad parameters, and the
-end-to-end --env=test run."""
+enumeration and closed forms (ties up to rounding included), the models against independent solvers,
+one train node per variant, bad parameters, claims that name unplanned datasets, and bad user files.
+The end-to-end --env=test run is covered by tests/methods/test_all_pipelines.py (its report is checked
+here through the shared ``test_env_run`` fixture)."""
 import copy
 import itertools
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
-from pipelines.core.params import ParameterError, parse
+from pipelines.core.params import ParameterError, validate
+from pipelines.core.schemas import InputDataError
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import models as M
 from pipelines.rankcal import ranking as R
+from pipelines.rankcal.params import Params
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def env_raw(env: str = "base") -> dict:
+    """conf/base's rankcal parameters, deep-merged with ``env``'s (lists replaced, as Kedro does)."""
+    def merge(a, b):
+        return {k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+                for k, v in {**a, **b}.items()}
+
+    raw = yaml.safe_load((ROOT / "conf" / "base" / "parameters_rankcal.yml").read_text())["rankcal"]
+    if env != "base":
+        raw = merge(raw, yaml.safe_load((ROOT / "conf" / env / "parameters_rankcal.yml").read_text())["rankcal"])
+    return raw
+
+
 def base_raw() -> dict:
-    return yaml.safe_load((ROOT / "conf" / "base" / "parameters_rankcal.yml").read_text())["rankcal"]
+    return env_raw("base")
+
+
+def parse(raw: dict) -> Params:
+    return validate(Params, raw, "rankcal")
 
 
 # ----------------------------------------------------------------- brute-force references
@@ -194,36 +215,85 @@ def test_ece_estimators_match_brute_force(m):
 
 
 def test_tied_scores_share_a_bin():
+    from pipelines.core.metrics import binned_ece, equal_mass_bins
+
     # a calibrated constant predictor: one bin, so the ECE is |frequency − q| exactly
     s = np.full(500, 0.3)
     hits = np.zeros(500)
     hits[:150] = 1
-    assert C.binned_ece(s, hits[None], 15)[0] == pytest.approx(0.0, abs=1e-15)
-    assert len(np.unique(C.bin_ids(np.r_[np.full(300, 0.5), np.linspace(0, 1, 200)], 15)[:300])) == 1
+    assert binned_ece(s, hits[None], 15)[0] == pytest.approx(0.0, abs=1e-15)
+    assert len(np.unique(equal_mass_bins(np.r_[np.full(300, 0.5), np.linspace(0, 1, 200)], 15)[:300])) == 1
 
 
-def test_debiasing_removes_the_small_sample_bias_of_a_calibrated_model():
-    rng = np.random.default_rng(3)
-    vals, dbs = [], []
-    for _ in range(8):
-        Q = R.pl_table(rng.normal(size=(300, 4)) * 1.5)
-        y = R.sample_table(Q, rng, 1)[0]  # outcomes drawn from Q: perfectly calibrated
-        out, ci = C.calibration_metrics(Q, y, 4, n_debias=20, n_bootstrap=50, rng=rng)
-        vals.append(out["ece_top1_conf"])
-        dbs.append(out["ece_top1_conf_db"])
-        lo, hi = ci["ece_top1_conf"]
-        assert lo <= out["ece_top1_conf"] + 0.02 and hi >= lo
-    assert np.mean(vals) > 0.03          # plain binned ECE is biased upwards at n = 300
-    assert abs(np.mean(dbs)) < 0.01      # the debiased one is not
+# Near ties: scores that are mathematically equal but come out one rounding step apart. Each test first
+# checks that the scores really differ bitwise (else it would test nothing), then that the estimator
+# treats them as one tied score: a constant predictor has one bin, so its ECE is |hit rate − q| exactly.
+def _hits_on_the_larger_copies(scores: np.ndarray) -> np.ndarray:
+    """Hits exactly on the rows whose score is the larger bitwise copy: splitting the tied scores at
+    a quantile edge would then separate hits from misses and inflate the ECE."""
+    levels = np.unique(scores)[1:]   # hits on the copies from one level up: the most even split
+    hi = min((scores >= lv for lv in levels), key=lambda h: abs(h.mean() - 0.5))
+    assert 0.05 < hi.mean() < 0.95, "need both bitwise copies in quantity"
+    return hi
 
 
-def test_miscalibration_is_detected():
-    rng = np.random.default_rng(4)
-    s = rng.normal(size=(3000, 4)) * 1.5
-    y = R.sample_table(R.pl_table(s), rng, 1)[0]
-    over, _ = C.calibration_metrics(R.pl_table(3 * s), y, 4, rng=rng)   # over-confident
-    right, _ = C.calibration_metrics(R.pl_table(s), y, 4, rng=rng)
-    assert over["ece_pair_db"] > 0.05 > 0.01 > right["ece_pair_db"]
+def test_ib_mallows_rows_with_the_same_theta_share_a_bin():
+    m, n = 4, 400
+    rng = np.random.default_rng(11)
+    centres = R.perms(m)[rng.integers(0, 24, n)]
+    neigh = np.repeat(centres[:, None, :], 15, axis=1)   # all neighbours agree: θ = the cap for every row
+    Q, theta = M.ib_mallows_table(neigh, m, 5.0)
+    assert np.all(theta == theta[0])
+    g = C.notion_groups(Q, m, "top1_conf")
+    scores, first = g.scores[0], g.target[0]
+    assert len(np.unique(scores)) > 1 and np.ptp(scores) < 1e-15   # one rounding step apart
+    np.testing.assert_array_equal(first, centres[:, 0])            # the centre's first label is the mode
+    hit = _hits_on_the_larger_copies(scores)
+    # observed ranking: the centre (its first label hits) or the centre with its top two swapped (misses)
+    swapped = centres.copy()
+    swapped[:, [0, 1]] = swapped[:, [1, 0]]
+    y = R.perm_index(np.where(hit[:, None], centres, swapped))
+    out, _ = C.calibration_metrics(Q, y, m, n_bins=15, n_debias=0)
+    assert out["ece_top1_conf"] == pytest.approx(abs(hit.mean() - scores.mean()), abs=1e-12)
+    assert out["ece_top1_conf_db"] == out["ece_top1_conf"]
+
+
+def test_uniform_predictor_top2_prefix_is_the_lowest_and_scores_tie():
+    m, n = 5, 300
+    prefixes, lut = R.prefix_lut(m, 2)
+    # uniform up to rounding, as float32 storage or a BLAS summation order leaves it (which one depends on
+    # the BLAS kernel and its threads, so the rounding is written out): the orderings that start with
+    # (0, 1) one step below 1/120
+    Q = np.full((n, 120), 1 / 120)
+    Q[:, lut == 0] = np.nextafter(1 / 120, 0)
+    marg = R.marginal(Q, lut, len(prefixes))
+    assert (marg[:, 0] < marg.max(1)).all() and np.ptp(marg) < 1e-15   # 0.049999999999999996 vs 0.05
+    assert (marg.argmax(1) != 0).all()                                  # a plain argmax misses (0, 1)
+    g = C.notion_groups(Q, m, "top2_conf")
+    assert prefixes[0] == (0, 1) and (g.target == 0).all()  # ties → the lowest prefix, (0, 1)
+    rng = np.random.default_rng(12)
+    y = rng.integers(0, 120, n)
+    out, _ = C.calibration_metrics(Q, y, m, n_bins=15, n_debias=0)
+    freq = (lut[y] == 0).mean()
+    assert out["ece_top2_conf"] == pytest.approx(abs(freq - g.scores.mean()), abs=1e-12)
+    assert out["ece_top1_conf"] == pytest.approx(abs((R.perms(m)[y, 0] == 0).mean() - 0.2), abs=1e-12)
+    assert C.proper_scores(Q, y, m)["top1_acc"] == pytest.approx((R.perms(m)[y, 0] == 0).mean())
+
+
+def test_float32_storage_then_renormalised_keeps_ties():
+    m, n = 4, 360
+    rng = np.random.default_rng(13)
+    # IB-Mallows tables at the θ cap (probabilities from 1 down to e^-30 of the mode), other centres
+    Q = R.mallows_table(rng.integers(0, 24, n), np.full(n, 5.0), m)
+    Q = Q.astype(np.float32).astype(np.float64)    # stored as float32 ...
+    Q /= Q.sum(1, keepdims=True)                    # ... and renormalised: sums in other orders
+    conf = Q.max(1)
+    assert len(np.unique(conf)) > 1 and np.ptp(conf) < 1e-14
+    hit = _hits_on_the_larger_copies(conf)
+    mode = Q.argmax(1)
+    y = np.where(hit, mode, (mode + 1) % 24)
+    out, _ = C.calibration_metrics(Q, y, m, n_bins=15, n_debias=0)
+    assert out["ece_full_conf"] == pytest.approx(abs(hit.mean() - conf.mean()), abs=1e-12)
 
 
 # ----------------------------------------------------------------- models vs independent solvers
@@ -287,34 +357,67 @@ def test_type_a_rankings_have_no_spurious_ties():
     assert len({tuple(r) for r in o}) <= 6 and o.shape == (150, 3)
 
 
-def test_user_csv_format_round_trip_and_errors(tmp_path):
-    from pipelines.rankcal.data import make_datasets, unpack
-
-    rng = np.random.default_rng(9)
-    orders = [",".join(map(str, rng.permutation(4))) for _ in range(40)]
-    import pandas as pd
-
-    pd.DataFrame({"x_0": rng.normal(size=40), "x_1": rng.normal(size=40), "ranking": orders}).to_csv(
-        tmp_path / "toy.csv", index=False)
+def _user_raw(tmp_path, names=("toy",)) -> dict:
     raw = copy.deepcopy(base_raw())
     raw["seeds"] = [0]
-    raw["data"].update(datasets=["file:toy"], user_dir=str(tmp_path))
-    raw["rank_disagreement_datasets"] = ["file:toy"]
-    df = make_datasets(raw)
+    raw["data"].update(datasets=[f"file:{n}" for n in names], user_dir=str(tmp_path))
+    raw["rank_disagreement_datasets"] = [f"file:{names[0]}"]
+    raw["claims"] = []   # the default claims name pl_truth / mallows_truth
+    return raw
+
+
+def _toy_csv(tmp_path, n=40, name="toy"):
+    rng = np.random.default_rng(9)
+    orders = [",".join(map(str, rng.permutation(4))) for _ in range(n)]
+    df = pd.DataFrame({"x_0": rng.normal(size=n), "x_1": rng.normal(size=n), "ranking": orders})
+    df.to_csv(tmp_path / f"{name}.csv", index=False)
+    return df
+
+
+def test_user_csv_format_round_trip(tmp_path):
+    from pipelines.rankcal.data import make_datasets, unpack
+
+    orders = set(_toy_csv(tmp_path)["ranking"])
+    df = make_datasets(parse(_user_raw(tmp_path)))
     assert (df.split == "test").sum() == 12 and set(df.dataset) == {"file:toy"}
     x, o, m = unpack(df)
-    assert m == 4 and x.shape == (40, 2) and {",".join(map(str, r)) for r in o} == set(orders)
-    raw["data"]["datasets"] = raw["rank_disagreement_datasets"] = ["file:missing"]
-    with pytest.raises(ParameterError, match=r"rankcal\.data\.user_dir"):
-        make_datasets(raw)
-    raw["data"].update(datasets=["file:toy"], user_dir=None)
-    raw["rank_disagreement_datasets"] = ["file:toy"]
+    assert m == 4 and x.shape == (40, 2) and {",".join(map(str, r)) for r in o} == orders
+
+
+@pytest.mark.parametrize("mutate,pattern", [
+    (lambda df: df.drop(columns="ranking"), r"dataset 'file:toy': column 'ranking' is missing"),
+    (lambda df: df.drop(columns=["x_0", "x_1"]), r"dataset 'file:toy': no feature column x_\*"),
+    (lambda df: df.assign(x_1="abc"), r"dataset 'file:toy': column 'x_1' should be number"),
+    (lambda df: df.iloc[:0], r"dataset 'file:toy': 0 rows"),
+    (lambda df: df.assign(ranking=["0,1,1,3"] + list(df.ranking[1:])),
+     r"dataset 'file:toy': column 'ranking', row 0: '0,1,1,3' is not an ordering"),
+    (lambda df: df.assign(ranking=["a,b,c,d"] + list(df.ranking[1:])),
+     r"dataset 'file:toy': column 'ranking' holds 'a,b,c,d'"),
+    (lambda df: df.assign(ranking=[",".join(map(str, range(7)))] * len(df)),
+     r"dataset 'file:toy': column 'ranking' has m = 7 labels"),
+])
+def test_bad_user_file_stops_with_one_line_naming_dataset_and_column(tmp_path, mutate, pattern):
+    from pipelines.rankcal.data import make_datasets
+
+    mutate(_toy_csv(tmp_path)).to_csv(tmp_path / "toy.csv", index=False)
+    with pytest.raises(InputDataError, match=pattern) as exc:
+        make_datasets(parse(_user_raw(tmp_path)))
+    assert "\n" not in str(exc.value)
+
+
+def test_missing_user_file_and_missing_user_dir(tmp_path):
+    from pipelines.rankcal.data import make_datasets
+
+    with pytest.raises(InputDataError, match=r"dataset 'file:missing': .*missing\.csv not found"):
+        make_datasets(parse(_user_raw(tmp_path, ("missing",))))
+    raw = _user_raw(tmp_path)
+    raw["data"]["user_dir"] = None
     with pytest.raises(ParameterError, match=r"rankcal\.data"):
-        parse("rankcal", raw)
+        parse(raw)
 
 
 def test_hierarchy_counterexamples_match_the_card():
-    from pipelines.rankcal.demo import counterexample, population_ece
+    from pipelines.rankcal.demo import counterexample, population_calibration_error
 
     P = R.pl_table(np.log([[0.45, 0.35, 0.20]]))[0]
     np.testing.assert_allclose(P, [.286, .164, .242, .108, .112, .088], atol=1.5e-3)
@@ -322,10 +425,10 @@ def test_hierarchy_counterexamples_match_the_card():
     q_top = counterexample(P, "q_top", 0.15, 0.01)
     np.testing.assert_allclose(q_sub, [.234, .066, .392, .010, .263, .035], atol=2e-3)
     np.testing.assert_allclose(q_top, [.136, .314, .092, .258, .112, .088], atol=2e-3)
-    assert population_ece(q_sub, P)["pop_ece_pair"] == pytest.approx(0, abs=1e-9)
-    assert population_ece(q_sub, P)["pop_ece_top1_cw"] == pytest.approx(0.10, abs=1e-9)
-    assert population_ece(q_top, P)["pop_ece_top1_cw"] == pytest.approx(0, abs=1e-9)
-    assert population_ece(q_top, P)["pop_ece_pair"] == pytest.approx(0.10, abs=1e-9)
+    assert population_calibration_error(q_sub, P)["pop_ece_pair"] == pytest.approx(0, abs=1e-9)
+    assert population_calibration_error(q_sub, P)["pop_ece_top1_cw"] == pytest.approx(0.10, abs=1e-9)
+    assert population_calibration_error(q_top, P)["pop_ece_top1_cw"] == pytest.approx(0, abs=1e-9)
+    assert population_calibration_error(q_top, P)["pop_ece_pair"] == pytest.approx(0.10, abs=1e-9)
 
 
 def test_infeasible_counterexample_names_the_key():
@@ -348,7 +451,7 @@ def test_bad_parameter_names_the_key(path, value, key):
     raw = copy.deepcopy(base_raw())
     raw[path[0]][path[1]] = value
     with pytest.raises(ParameterError, match=key):
-        parse("rankcal", raw)
+        parse(raw)
 
 
 @pytest.mark.parametrize("key,value,pattern", [
@@ -359,23 +462,125 @@ def test_inconsistent_parameters_name_the_key(key, value, pattern):
     raw = copy.deepcopy(base_raw())
     raw[key] = value
     with pytest.raises(ParameterError, match=pattern):
-        parse("rankcal", raw)
+        parse(raw)
 
 
-def test_base_parameters_are_valid_and_claims_declared():
-    p = parse("rankcal", base_raw())
-    assert len(p.claims) >= 10 and p.seeds == [0, 1, 2]
+@pytest.mark.parametrize("env", ["base", "test", "full"])
+def test_env_parameters_are_valid_and_claims_declared(env):
+    p = parse(env_raw(env))
+    assert len(p.claims) >= 10
+    assert "threads" not in env_raw(env)   # `auto`: the platform picks
+
+
+# ----------------------------------------------------------------- claims must name planned variants
+@pytest.mark.parametrize("edit,pattern", [
+    (lambda r: r["data"].update(datasets=["diabetes"]) or r.update(rank_disagreement_datasets=["diabetes"]),
+     r"claim 'pl_lin_calibrated_when_well_specified': metric 'variants\.pl_truth\.pl_lin\.max_ece_db' "
+     r"names dataset 'pl_truth', which is not in data\.datasets \['diabetes'\]"),
+    (lambda r: r["data"].update(datasets=["iris", "wine", "pl_truth"]) or r.update(rank_disagreement_datasets=["iris"]),
+     r"claim 'pl_lin_miscalibrated_when_misspecified': .*names dataset 'mallows_truth'"),
+    (lambda r: r["models"].update(variants=["pl_lin", "ib_pl", "rpc_bt", "neural_pl", "neural_pl_ts"]),
+     r"claim 'ib_mallows_calibrated_on_mallows': .*names model 'ib_mallows'"),
+    (lambda r: r["rlhf"].update(enabled=False), r"claim 'rm_calibration_tracks_accuracy': .*rlhf\.enabled: false"),
+    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "variants.digits5.rankings_as_classes.nll",
+                                   "op": "<=", "threshold": 1.0}), r"claim 'x': .*m <= models\.rac_max_m = 4"),
+    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "variants.demo.q_mid.ece_pair_db",
+                                   "op": "<=", "threshold": 1.0}), r"claim 'x': .*demo predictor 'q_mid'"),
+    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "rank_disagreement.iris",
+                                   "op": "<=", "threshold": 1.0}), r"claim 'x': .*not in rank_disagreement_datasets"),
+])
+def test_claims_naming_unplanned_variants_are_refused_before_the_run(edit, pattern):
+    raw = copy.deepcopy(base_raw())
+    edit(raw)
+    with pytest.raises(ParameterError, match=r"^parameter rankcal: Value error, " + pattern) as exc:
+        parse(raw)
+    assert "\n" not in str(exc.value) and "parameters_rankcal.yml" in str(exc.value)
+
+
+def test_dataset_list_override_that_keeps_the_claimed_datasets_is_valid():
+    raw = copy.deepcopy(base_raw())
+    raw["data"]["datasets"] = ["iris", "wine", "pl_truth", "mallows_truth"]
+    raw["rank_disagreement_datasets"] = ["iris", "wine"]
+    assert parse(raw).data.datasets == ["iris", "wine", "pl_truth", "mallows_truth"]
 
 
 @pytest.mark.e2e
-def test_end_to_end(run_pipeline):
-    result = run_pipeline("rankcal")
-    report = result.report
-    assert report["env"] == "test"
+def test_cli_refuses_a_run_whose_claims_name_datasets_it_does_not_run(e2e_project):
+    from tests.conftest import run_kedro
+
+    res = run_kedro(e2e_project, "rankcal", "test",
+                    ["--params", "rankcal.data.datasets=[diabetes],rankcal.rank_disagreement_datasets=[diabetes]"])
+    assert res.exit_code != 0
+    assert "claim 'pl_lin_calibrated_when_well_specified'" in res.output and "'pl_truth'" in res.output
+    assert "Traceback" not in res.output and "Running node" not in res.output
+
+
+# ----------------------------------------------------------------- one node per variant
+def _pipeline_for(monkeypatch, raw: dict):
+    import pipelines.rankcal.pipeline as P
+
+    monkeypatch.setattr(P, "method_config", lambda method: raw)
+    return P.create_pipeline()
+
+
+def test_one_train_node_per_variant_and_reward_model(monkeypatch):
+    raw = base_raw()
+    pipe = _pipeline_for(monkeypatch, raw)
+    names = {n.name for n in pipe.only_nodes_with_tags("train").nodes}
+    assert names == {f"rankcal.train.{v}" for v in raw["models"]["variants"]} | {
+        f"rankcal.train.rm_{r['name']}" for r in raw["rlhf"]["models"]}
+    assert {n.name for n in pipe.nodes} - names == {
+        "rankcal.data.label_rankings", "rankcal.evaluate.calibration", "rankcal.evaluate.hierarchy_demo",
+        "rankcal.evaluate.plots", "rankcal.evaluate.report"}
+    # --nodes=rankcal.train.<v>: one variant alone, its inputs loaded from the catalog
+    one = pipe.only_nodes("rankcal.train.pl_lin")
+    assert [n.name for n in one.nodes] == ["rankcal.train.pl_lin"]
+    assert one.inputs() == {"rankcal.datasets", "params:rankcal"}
+    assert one.outputs() == {"rankcal.predictions_pl_lin_tensors"}
+    ts = pipe.only_nodes("rankcal.train.neural_pl_ts")   # reads neural_pl's output, fits T only
+    assert ts.inputs() == {"rankcal.predictions_neural_pl_tensors", "params:rankcal"}
+
+
+def test_pipeline_follows_the_planned_variants(monkeypatch):
+    raw = copy.deepcopy(base_raw())
+    raw["models"]["variants"] = ["pl_lin", "uniform"]
+    raw["rlhf"]["enabled"] = False
+    names = {n.name for n in _pipeline_for(monkeypatch, raw).only_nodes_with_tags("train").nodes}
+    assert names == {"rankcal.train.pl_lin", "rankcal.train.uniform"}
+
+
+def test_variant_nodes_are_deterministic_and_temperature_scaling_reads_neural_pl():
+    from pipelines.rankcal.data import make_datasets
+    from pipelines.rankcal.train import temperature_scale, train_variant
+
+    raw = copy.deepcopy(env_raw("test"))
+    raw["data"]["datasets"] = ["pl_truth", "mallows_truth"]
+    raw["rank_disagreement_datasets"] = ["pl_truth"]
+    p = parse(raw)
+    df = make_datasets(p)
+    a = train_variant(df, p, variant="neural_pl")
+    b = train_variant(df, p, variant="neural_pl")
+    for ds in a:
+        for key, t in a[ds]["0"].items():
+            assert torch_equal(t, b[ds]["0"][key]), (ds, key)
+    ts = temperature_scale(a, p)
+    e, t = a["pl_truth"]["0"], ts["pl_truth"]["0"]
+    T = float(t["temperature"])
+    assert T != 1.0 and len(e["scores_hold"]) == 40   # 20% of the 200 training rows held out
+    np.testing.assert_allclose(t["Q"].numpy(), R.pl_table(e["scores"].numpy() / T), rtol=1e-12)
+    assert t["Q"].dtype == e["Q"].dtype and str(t["Q"].dtype) == "torch.float64"
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def test_report_of_the_test_env_run(test_env_run):
+    report = test_env_run("rankcal").report
     v = report["variants"]
-    for model in ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl",
-                  "neural_pl_ts", "uniform"):
-        assert f"pl_truth.{model}" in v
+    for model in base_raw()["models"]["variants"]:
         assert "ece_pair_db" in v[f"pl_truth.{model}"] and "ece_top1_conf_db" in v[f"pl_truth.{model}"]
     assert {"demo.q_sub", "demo.q_top", "demo.truth"} <= set(v)
     assert [c["id"] for c in report["claims"]] == [c["id"] for c in base_raw()["claims"]]

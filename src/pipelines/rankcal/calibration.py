@@ -1,10 +1,12 @@
 """ECE-style estimators of full-ranking, sub-ranking (pairwise, triples) and top-k calibration (the
 paper's calibration hierarchy), their consistency-resampling debiasing, bootstrap CIs and proper scores.
 
-Every estimator reduces to binary "score vs indicator" problems: ``ece = Σ_b (n_b/n)|acc_b − conf_b|``
-with equal-mass bins whose edges are score quantiles. Bins are assigned by *value* so tied scores always
-share a bin (splitting ties inflates the ECE of constant / instance-based predictors). Bins depend only on
-the predictions, so the observed outcomes and all resampled outcomes are scored in one matrix product.
+Every estimator reduces to binary "score vs indicator" problems scored with core.metrics' binned ECE
+(``Σ_b (n_b/n)|acc_b − conf_b|``, equal-mass bins whose edges are score quantiles). Scores equal up to a
+rounding tolerance are ties and always share a bin (splitting ties inflates the ECE of constant and
+instance-based predictors, whose tied scores come out one rounding step apart from ``Q @ indicator``
+sums); the top-k category is a tie-aware argmax (ties → the lowest category). Bins depend only on the
+predictions, so the observed outcomes and all resampled outcomes are scored in one matrix product.
 """
 from __future__ import annotations
 
@@ -12,37 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.core.metrics import argmax_ties, binned_ece, equal_mass_bins
 from pipelines.rankcal import ranking as R
 
 NOTIONS = ("full_conf", "full_cw", "pair", "triple_conf", "top1_conf", "top1_cw", "top2_conf")
-
-
-def bin_ids(scores: np.ndarray, n_bins: int) -> np.ndarray:
-    """Equal-mass bins from score quantiles; a value equal to an edge goes up, so ties share a bin."""
-    edges = np.unique(np.quantile(scores, np.linspace(0, 1, n_bins + 1)[1:-1]))
-    return np.searchsorted(edges, scores, side="right")
-
-
-def _onehot(ids: np.ndarray) -> np.ndarray:
-    oh = np.zeros((len(ids), int(ids.max()) + 1))
-    oh[np.arange(len(ids)), ids] = 1.0
-    return oh
-
-
-def binned_ece(scores: np.ndarray, indicators: np.ndarray, n_bins: int,
-               weights: np.ndarray | None = None) -> np.ndarray:
-    """ECE of ``scores`` (n,) against each row of ``indicators`` (r, n) with the same bins.
-
-    With ``weights`` (B, n) (bootstrap counts) it returns the B bootstrap ECEs of ``indicators[0]``
-    with the bin edges fixed from the full sample."""
-    scores = np.asarray(scores, float)
-    ind = np.atleast_2d(np.asarray(indicators, float))
-    oh = _onehot(bin_ids(scores, n_bins))
-    n = len(scores)
-    if weights is None:
-        # Σ_b |Σ_{i∈b} (y_i − s_i)| / n  ==  Σ_b (n_b/n) |acc_b − conf_b|
-        return np.abs((ind - scores) @ oh).sum(1) / n
-    return np.abs((weights * (ind[0] - scores)) @ oh).sum(1) / weights.sum(1)
 
 
 @dataclass
@@ -57,7 +32,7 @@ def notion_groups(Q: np.ndarray, m: int, notion: str) -> Groups | None:
     """The binary problems of one calibration notion for predictions Q (n, m!) (None: not defined)."""
     n, K = Q.shape
     P = R.perms(m)
-    if notion in ("full_conf", "top1_conf", "top2_conf", "triple_conf"):
+    if notion in ("full_conf", "top1_conf", "top2_conf", "triple_conf"):  # top-label confidence
         if notion == "full_conf":
             luts, ncat = [np.arange(K)], K
         elif notion == "top1_conf":
@@ -76,7 +51,7 @@ def notion_groups(Q: np.ndarray, m: int, notion: str) -> Groups | None:
         for lut in luts:
             marg = R.marginal(Q, lut, ncat)
             scores.append(marg.max(1))
-            targets.append(marg.argmax(1))  # ties → lowest category, deterministic
+            targets.append(argmax_ties(marg, axis=1))  # ties up to rounding → the lowest category
         return Groups(np.stack(scores), np.stack(luts), np.stack(targets))
     if notion == "pair":
         pairs, lut = R.pair_lut(m)
@@ -92,7 +67,7 @@ def notion_groups(Q: np.ndarray, m: int, notion: str) -> Groups | None:
     raise ValueError(f"unknown calibration notion {notion!r}")
 
 
-def notion_ece(groups: Groups, outcomes: np.ndarray, n_bins: int,
+def notion_calibration_error(groups: Groups, outcomes: np.ndarray, n_bins: int,
                weights: np.ndarray | None = None) -> np.ndarray:
     """Mean over the notion's binary problems of the ECE, for each row of ``outcomes`` (r, n) of
     permutation indices (or, with ``weights``, for each bootstrap resample of ``outcomes[0]``)."""
@@ -127,12 +102,12 @@ def calibration_metrics(Q: np.ndarray, y: np.ndarray, m: int, *, n_bins: int = 1
         g = notion_groups(Q, m, notion)
         if g is None:
             continue
-        vals = notion_ece(g, outcomes, n_bins)
+        vals = notion_calibration_error(g, outcomes, n_bins)
         bias = float(vals[1:].mean()) if n_debias else 0.0
         out[f"ece_{notion}"] = float(vals[0])
         out[f"ece_{notion}_db"] = float(vals[0]) - bias
         if weights is not None:
-            boot = notion_ece(g, outcomes[:1], n_bins, weights)
+            boot = notion_calibration_error(g, outcomes[:1], n_bins, weights)
             lo, hi = np.quantile(boot, [0.025, 0.975])
             ci[f"ece_{notion}"] = (float(lo), float(hi))
             ci[f"ece_{notion}_db"] = (float(lo) - bias, float(hi) - bias)
@@ -149,19 +124,19 @@ def proper_scores(Q: np.ndarray, y: np.ndarray, m: int) -> dict[str, float]:
     top = R.top1_marginal(Q, m)
     first = R.perms(m)[y, 0]
     onehot = np.eye(m)[first]
-    mode = Q.argmax(1)
+    mode = argmax_ties(Q, axis=1)
     return {
         "nll": float(-np.log(np.maximum(q_obs, 1e-300)).mean()),
         "brier_pair": float(((p - won) ** 2).mean()),
         "brier_top1": float(((top - onehot) ** 2).sum(1).mean()),
         "kendall_tau_mode": float(R.kendall_tau(mode, y, m).mean()),
-        "top1_acc": float((top.argmax(1) == first).mean()),
+        "top1_acc": float((argmax_ties(top, axis=1) == first).mean()),
     }
 
 
 def reliability_points(scores: np.ndarray, indicators: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per equal-mass bin: mean score, observed frequency, count (for reliability diagrams)."""
-    ids = bin_ids(scores, n_bins)
+    ids = equal_mass_bins(scores, n_bins)
     cnt = np.bincount(ids)
     keep = cnt > 0
     conf = np.bincount(ids, scores)[keep] / cnt[keep]

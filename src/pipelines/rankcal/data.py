@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.params import ParameterError, parse
+from pipelines.core.schemas import InputDataError, TableSchema
 from pipelines.rankcal import ranking as R
-
-BUILTIN = ("iris", "wine", "digits5", "diabetes", "linnerud", "pl_truth", "mallows_truth")
+from pipelines.rankcal.params import Params
 
 
 def rank_by_value(values: np.ndarray) -> np.ndarray:
@@ -86,18 +85,34 @@ def synthetic_dataset(kind: str, n: int, W: np.ndarray, theta: float,
     return x, sample_mallows(rank_by_value(u), theta, rng)
 
 
-def read_user_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """A user dataset: CSV with feature columns ``x_*`` and ``ranking`` = labels best→worst, e.g. "2,0,1"."""
+def read_user_file(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A user dataset ``file:<name>``: a CSV with numeric feature columns ``x_*`` and a column ``ranking``
+    holding the labels 0..m−1 best→worst, e.g. "2,0,1,3" (the same m on every row). Checked before any
+    training: a missing file, column, a wrong dtype, an empty table or a malformed ranking stops the run
+    with one line naming the dataset (and the column)."""
+    ds = f"file:{name}"
     if not path.is_file():
-        # a parameter error (one clean line from the CLI), not a traceback
-        raise ParameterError(f"parameter rankcal.data.user_dir: {path} not found (expected a CSV with "
-                                "columns x_* and 'ranking'; see src/pipelines/rankcal/README.md)")
+        raise InputDataError(f"dataset '{ds}': {path} not found (data.user_dir holds <name>.csv files with "
+                             "columns x_* and 'ranking'; see src/pipelines/rankcal/README.md)")
     df = pd.read_csv(path)
-    feats = [c for c in df.columns if c.startswith("x_")]
-    if not feats or "ranking" not in df.columns:
-        raise ValueError(f"{path}: needs feature columns x_* and a 'ranking' column")
-    orderings = np.array([[int(t) for t in str(s).strip("()[] ").split(",")] for s in df["ranking"]])
-    return df[feats].to_numpy(float), orderings
+    feats = [c for c in df.columns if str(c).startswith("x_")]
+    if not feats:
+        raise InputDataError(f"dataset '{ds}': no feature column x_* (columns: {', '.join(map(str, df.columns[:12]))})")
+    TableSchema(ds, {"ranking": "str", **{c: "number" for c in feats}}, min_rows=2,
+                no_missing=("ranking", *feats)).check(df)
+    try:
+        orderings = [[int(t) for t in str(s).strip("()[] ").split(",")] for s in df["ranking"]]
+    except ValueError:
+        bad = next(s for s in df["ranking"] if not all(t.strip().lstrip("-").isdigit()
+                                                          for t in str(s).strip("()[] ").split(",")))
+        raise InputDataError(f"dataset '{ds}': column 'ranking' holds {bad!r}; expected labels separated by "
+                             "commas, e.g. \"2,0,1,3\"") from None
+    m = len(orderings[0])
+    for r, o in enumerate(orderings):
+        if sorted(o) != list(range(m)):
+            raise InputDataError(f"dataset '{ds}': column 'ranking', row {r}: {df['ranking'].iloc[r]!r} is not an "
+                                 f"ordering of the labels 0..{m - 1}")
+    return df[feats].to_numpy(float), np.array(orderings, dtype=np.int64)
 
 
 def _frame(name: str, seed: int, x: np.ndarray, orderings: np.ndarray, split: np.ndarray) -> pd.DataFrame:
@@ -110,21 +125,22 @@ def _frame(name: str, seed: int, x: np.ndarray, orderings: np.ndarray, split: np
     return df
 
 
-def make_datasets(raw: dict) -> pd.DataFrame:
+def make_datasets(p: Params) -> pd.DataFrame:
     """All datasets × seeds in one long table (dataset, seed, split, m, ranking, x_*); real-derived
-    data get a fresh 70/30 split per seed, synthetic data a fresh draw per seed from a fixed world."""
-    p = parse("rankcal", raw)
+    data get a fresh 70/30 split per seed, synthetic data a fresh draw per seed from a fixed world.
+    User files are read and checked first, so a bad one stops the run before anything is computed."""
     d = p.data
     frames = []
     for name in d.datasets:
         if name.startswith("file:"):
-            x, o = read_user_file(Path(d.user_dir) / f"{name[5:]}.csv")
+            x, o = read_user_file(Path(d.user_dir) / f"{name[5:]}.csv", name[5:])
         elif name in ("pl_truth", "mallows_truth"):
             x = o = None
         else:
             x, o = real_dataset(name)
         if o is not None and not 2 <= o.shape[1] <= R.MAX_EXACT_M:
-            raise ValueError(f"dataset {name}: m = {o.shape[1]} labels; exact tables need m <= {R.MAX_EXACT_M}")
+            raise InputDataError(f"dataset '{name}': column 'ranking' has m = {o.shape[1]} labels; exact "
+                                 f"tables need 2 <= m <= {R.MAX_EXACT_M}")
         for seed in p.seeds:
             # a stream per (seed, dataset) so adding a dataset never changes another one's draws
             rng = np.random.default_rng([seed, zlib.crc32(name.encode())])

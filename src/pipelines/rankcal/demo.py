@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.params import parse
+from pipelines.core.runtime import node_setup
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import ranking as R
+from pipelines.rankcal.params import Params
 
 
 def counterexample(P: np.ndarray, kind: str, margin: float, floor: float) -> np.ndarray:
@@ -50,7 +51,7 @@ def counterexample(P: np.ndarray, kind: str, margin: float, floor: float) -> np.
     return res.x[:K]
 
 
-def population_ece(Q: np.ndarray, P: np.ndarray) -> dict[str, float]:
+def population_calibration_error(Q: np.ndarray, P: np.ndarray) -> dict[str, float]:
     """Exact ECEs of a constant predictor Q under truth P (one bin: the gap of its marginals)."""
     pairs, plut = R.pair_lut(3)
     rows = (plut == 0).astype(float)
@@ -59,9 +60,9 @@ def population_ece(Q: np.ndarray, P: np.ndarray) -> dict[str, float]:
             "pop_ece_top1_cw": float(np.abs(top @ (Q - P)).mean())}
 
 
-def hierarchy_demo(raw: dict) -> pd.DataFrame:
+def hierarchy_demo(p: Params) -> pd.DataFrame:
     """Rows (variant, seed, metrics) for the truth, Q_sub and Q_top on n draws from P, per seed."""
-    p = parse("rankcal", raw)
+    node_setup(p)
     d = p.demo
     P = R.pl_table(np.log(np.asarray(d.truth_weights))[None])[0]
     preds = {"truth": P}
@@ -77,5 +78,5 @@ def hierarchy_demo(raw: dict) -> pd.DataFrame:
                                            full_cw_max_m=p.ece.full_cw_max_m, rng=rng)
             rows.append({"variant": f"demo.{name}", "seed": seed, **ece,
                          "max_ece_db": max(v for k, v in ece.items() if k.endswith("_db")), **C.proper_scores(Q, y, 3),
-                         **population_ece(q, P), **{f"q_{i}": float(v) for i, v in enumerate(q)}})
+                         **population_calibration_error(q, P), **{f"q_{i}": float(v) for i, v in enumerate(q)}})
     return pd.DataFrame(rows)

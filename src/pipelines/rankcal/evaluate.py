@@ -1,6 +1,8 @@
 """Calibration metrics of every label-ranking model (all notions of the hierarchy, debiased, with
 bootstrap CIs), the disagreement between sub-ranking and top-k orderings of the models, the RLHF
-correlation, reliability diagrams and the report."""
+correlation, reliability diagrams and the report. The evaluate nodes gather the variants' outputs:
+``**predictions`` are the ``train.<model>`` tables by model, ``**reward_models`` the ``train.rm_<name>``
+frames."""
 from __future__ import annotations
 
 import math
@@ -9,37 +11,49 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from pipelines.core.params import parse
 from pipelines.core.report import build_report
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import ranking as R
+from pipelines.rankcal.data import unpack
+from pipelines.rankcal.params import Params
 
 # the six "popular" models ranked against each other (not the TS copy or the uniform anchor)
 RANKED_MODELS = ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl")
 NON_METRIC = ("variant", "seed", "dataset", "model")
 
 
-def _tables(entry: dict) -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in entry.items():
-        if k in ("y", "m") or k.startswith("info."):
-            continue
-        Q = v.double().numpy()
-        out[k] = Q / Q.sum(1, keepdims=True)  # stored as float32
+def test_rankings(datasets: pd.DataFrame) -> dict[str, dict[str, tuple[np.ndarray, int]]]:
+    """``{dataset: {seed: (test permutation indices, m)}}`` from the data table."""
+    out: dict = {}
+    for (name, seed), d in datasets[datasets.split == "test"].groupby(["dataset", "seed"], sort=False):
+        _, o, m = unpack(d)
+        out.setdefault(str(name), {})[str(seed)] = (R.perm_index(o), m)
     return out
 
 
-def calibration_table(predictions: dict, raw: dict) -> tuple[pd.DataFrame, dict]:
+def by_dataset(predictions: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """``{dataset: {seed: {model: entry}}}`` from the variants' ``{dataset: {seed: entry}}``, models in
+    the order of ``models.variants``."""
+    out: dict = {}
+    for model, tables in predictions.items():
+        for ds, seeds in tables.items():
+            for seed, entry in seeds.items():
+                out.setdefault(ds, {}).setdefault(seed, {})[model] = entry
+    return out
+
+
+def calibration_table(datasets: pd.DataFrame, p: Params, **predictions: dict) -> tuple[pd.DataFrame, dict]:
     """One row per dataset × model × seed with every ECE (plain and ``_db``), ``max_ece_db`` and the
     proper scores; bootstrap 95% CIs for the plot seed."""
-    p = parse("rankcal", raw)
     e = p.ece
+    truth = test_rankings(datasets)
     rows, cis = [], {}
-    for ds, seeds in predictions.items():
-        for seed, entry in seeds.items():
-            m, y = int(entry["m"]), entry["y"].numpy()
+    for ds, seeds in by_dataset(predictions).items():
+        for seed, models in seeds.items():
+            y, m = truth[ds][seed]
             n_boot = e.n_bootstrap if int(seed) == p.plot_seed else 0
-            for model, Q in _tables(entry).items():
+            for model, entry in models.items():
+                Q = entry["Q"].double().numpy()
                 # one stream per (seed, dataset, model) for the redraws and the bootstrap
                 rng = np.random.default_rng([int(seed), zlib.crc32(f"{ds}.{model}".encode())])
                 ece, ci = C.calibration_metrics(Q, y, m, n_bins=e.n_bins, n_debias=e.n_debias, n_bootstrap=n_boot,
@@ -47,10 +61,10 @@ def calibration_table(predictions: dict, raw: dict) -> tuple[pd.DataFrame, dict]
                 db = [v for k, v in ece.items() if k.endswith("_db")]
                 row = {"variant": f"{ds}.{model}", "dataset": ds, "model": model, "seed": int(seed), **ece,
                        "max_ece_db": max(db), **C.proper_scores(Q, y, m), "n_test": len(y)}
-                if model == "neural_pl_ts" and "info.neural_pl_temperature" in entry:
-                    row["temperature"] = float(entry["info.neural_pl_temperature"])
-                if model == "ib_mallows" and "info.ib_mallows_theta_mean" in entry:
-                    row["theta_mean"] = float(entry["info.ib_mallows_theta_mean"])
+                if "temperature" in entry:
+                    row["temperature"] = float(entry["temperature"])
+                if "theta_mean" in entry:
+                    row["theta_mean"] = float(entry["theta_mean"])
                 rows.append(row)
                 if ci:
                     cis[f"{ds}.{model}"] = {k: [lo, hi] for k, (lo, hi) in ci.items()}
@@ -68,6 +82,11 @@ def rank_disagreement(metrics: pd.DataFrame, dataset: str) -> float:
     if len(mean) < 3:
         return math.nan
     return float(kendalltau(mean["ece_pair_db"], mean["ece_top1_conf_db"]).statistic)
+
+
+def gather_reward_models(reward_models: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in reward_models.values() if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["variant", "seed", "ts"])
 
 
 def rlhf_summary(rlhf: pd.DataFrame) -> dict[str, float]:
@@ -103,13 +122,11 @@ def _reliability_inputs(Q: np.ndarray, y: np.ndarray, m: int, kind: str) -> tupl
     return g.scores.ravel(), ind.ravel()  # pairwise: pooled over the pairs
 
 
-def reliability_figure(title: str, entry: dict, n_bins: int):
+def reliability_figure(title: str, tables: dict[str, np.ndarray], y: np.ndarray, m: int, n_bins: int):
     """One figure per dataset: pairwise (pooled over pairs), top-1 and full-ranking confidence
     reliability curves, every model overlaid (equal-mass bins, as in the estimators)."""
     import matplotlib.pyplot as plt
 
-    tables = _tables(entry)
-    m, y = int(entry["m"]), entry["y"].numpy()
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.2))
     for ax, kind in zip(axes, ("pairwise", "top-1", "full")):
         ax.plot([0, 1], [0, 1], "k--", lw=0.8)
@@ -165,9 +182,27 @@ def rlhf_figure(rlhf: pd.DataFrame):
     return fig
 
 
-def report(metrics: pd.DataFrame, bootstrap: dict, demo: pd.DataFrame, rlhf: pd.DataFrame, predictions: dict,
-           raw: dict) -> tuple[dict, dict]:
-    p = parse("rankcal", raw)
+def make_plots(datasets: pd.DataFrame, demo: pd.DataFrame, p: Params, **outputs) -> dict:
+    """Reliability diagrams per dataset (plot seed), the hierarchy demo and the RLHF scatter.
+    ``outputs``: the models' tables by model and the reward models' frames as ``rm_<name>``."""
+    reward_models = {k: v for k, v in outputs.items() if k.startswith("rm_")}
+    predictions = {k: v for k, v in outputs.items() if not k.startswith("rm_")}
+    truth = test_rankings(datasets)
+    figures = {}
+    for ds, seeds in by_dataset(predictions).items():
+        seed = str(p.plot_seed) if str(p.plot_seed) in seeds else next(iter(seeds))
+        y, m = truth[ds][seed]
+        tables = {model: e["Q"].double().numpy() for model, e in seeds[seed].items()}
+        figures[f"reliability_{ds}"] = reliability_figure(ds, tables, y, m, p.ece.n_bins)
+    figures["hierarchy_demo"] = demo_figure(demo)
+    rlhf = gather_reward_models(reward_models)
+    if not rlhf.empty:
+        figures["rlhf_accuracy_vs_ece"] = rlhf_figure(rlhf)
+    return figures
+
+
+def report(metrics: pd.DataFrame, bootstrap: dict, demo: pd.DataFrame, plots: dict, p: Params,
+           **reward_models: pd.DataFrame) -> dict:
     rows = []
     for frame in (metrics, demo):
         for rec in frame.to_dict("records"):
@@ -179,14 +214,6 @@ def report(metrics: pd.DataFrame, bootstrap: dict, demo: pd.DataFrame, rlhf: pd.
         derived[f"rank_disagreement.{ds}"] = v
     finite = [v for v in dis.values() if not math.isnan(v)]
     derived["rank_disagreement.min"] = min(finite) if finite else math.nan
-    derived.update(rlhf_summary(rlhf))
-    figures = {}
-    for ds, seeds in predictions.items():
-        entry = seeds.get(str(p.plot_seed)) or next(iter(seeds.values()))
-        figures[f"reliability_{ds}"] = reliability_figure(ds, entry, p.ece.n_bins)
-    figures["hierarchy_demo"] = demo_figure(demo)
-    if not rlhf.empty:
-        figures["rlhf_accuracy_vs_ece"] = rlhf_figure(rlhf)
-    rep = build_report("rankcal", raw, rows, derived, artifacts=[f"{k}.png" for k in figures],
-                       extra={"bootstrap_ci": bootstrap})
-    return rep, figures
+    derived.update(rlhf_summary(gather_reward_models(reward_models)))
+    return build_report("rankcal", p, rows, derived, artifacts=[f"{k}.png" for k in plots],
+                        extra={"bootstrap_ci": bootstrap})

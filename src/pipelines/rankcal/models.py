@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelines.core.training import check_finite
+from pipelines.core.training import fit
 from pipelines.rankcal import ranking as R
 
 
@@ -29,24 +29,37 @@ def _pl_nll_torch(scores: torch.Tensor, orderings: torch.Tensor) -> torch.Tensor
 
 
 # --------------------------------------------------------------------------- PL-lin
+class LinearScores(torch.nn.Module):
+    """log v_j(x) = w_jᵀx + b_j, in float64, started at zero (the convex problem's usual start)."""
+
+    def __init__(self, d: int, m: int) -> None:
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.zeros(d, m, dtype=torch.float64))
+        self.b = torch.nn.Parameter(torch.zeros(m, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.W + self.b
+
+
+def _lbfgs(max_iter: int, tolerance_grad: float):
+    """One L-BFGS solve of a convex problem (core.training.fit with one full-batch step)."""
+    return lambda params: torch.optim.LBFGS(params, lr=1, max_iter=max_iter, tolerance_grad=tolerance_grad,
+                                            tolerance_change=1e-12, history_size=20, line_search_fn="strong_wolfe")
+
+
+def _full_batch(*tensors: torch.Tensor):
+    return lambda step, gen: tensors  # the whole data every step (no shuffling: float-identical sums)
+
+
 def fit_pl_lin(x: np.ndarray, o: np.ndarray, m: int, l2: float) -> tuple[np.ndarray, np.ndarray]:
     """(W (d, m), b (m,)) maximising the PL likelihood − l2‖W‖² by L-BFGS in float64."""
+    model = LinearScores(x.shape[1], m)
     X = torch.as_tensor(x, dtype=torch.float64)
     O = torch.as_tensor(o)
-    W = torch.zeros(x.shape[1], m, dtype=torch.float64, requires_grad=True)
-    b = torch.zeros(m, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([W, b], lr=1, max_iter=300, tolerance_grad=1e-8, tolerance_change=1e-12,
-                            history_size=20, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = _pl_nll_torch(X @ W + b, O) + l2 * (W**2).sum()
-        check_finite(loss, "pl_lin", 0, 0)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return W.detach().numpy(), b.detach().numpy()
+    fit(model, None, lambda net, xb, ob: _pl_nll_torch(net(xb), ob) + l2 * (net.W**2).sum(),
+        sample_batch=_full_batch(X, O), steps=1, optimizer=_lbfgs(300, 1e-8), grad_clip=None,
+        desc="rankcal.pl_lin", progress=False)
+    return model.W.detach().numpy(), model.b.detach().numpy()
 
 
 # --------------------------------------------------------------------------- instance-based
@@ -127,20 +140,16 @@ def bt_from_pairwise(p: np.ndarray, m: int, l2: float = 1e-4) -> np.ndarray:
     I = torch.tensor([a for a, _ in pairs])
     J = torch.tensor([b for _, b in pairs])
     P = torch.as_tensor(np.clip(p, 1e-6, 1 - 1e-6), dtype=torch.float64)
-    s = torch.zeros(p.shape[0], m, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([s], lr=1, max_iter=100, tolerance_grad=1e-7, tolerance_change=1e-12,
-                            history_size=20, line_search_fn="strong_wolfe")
+    holder = torch.nn.ParameterDict({"s": torch.nn.Parameter(torch.zeros(p.shape[0], m, dtype=torch.float64))})
     logsig = torch.nn.functional.logsigmoid
 
-    def closure():
-        opt.zero_grad()
-        d = s[:, I] - s[:, J]
-        loss = -(P * logsig(d) + (1 - P) * logsig(-d)).sum() + l2 * (s**2).sum()
-        loss.backward()
-        return loss
+    def loss_fn(h, pb):
+        d = h["s"][:, I] - h["s"][:, J]
+        return -(pb * logsig(d) + (1 - pb) * logsig(-d)).sum() + l2 * (h["s"]**2).sum()
 
-    opt.step(closure)
-    return s.detach().numpy()
+    fit(holder, None, loss_fn, sample_batch=_full_batch(P), steps=1, optimizer=_lbfgs(100, 1e-7),
+        grad_clip=None, desc="rankcal.rpc_bt", progress=False)
+    return holder["s"].detach().numpy()
 
 
 # --------------------------------------------------------------------------- rankings as classes
@@ -165,8 +174,8 @@ def rankings_as_classes(x_train: np.ndarray, y_train: np.ndarray, x_query: np.nd
 @dataclass
 class NeuralPL:
     scores_query: np.ndarray   # (n_query, m) log-weights at T = 1
-    temperature: float         # fitted on the held-out part (1.0 when it was too small)
-    heldout: int               # rankings in the held-out part (0: no hold-out)
+    scores_hold: np.ndarray    # (n_hold, m) log-weights of the held-out part (empty: no hold-out)
+    orderings_hold: np.ndarray  # (n_hold, m) its observed orderings
 
 
 def fit_temperature(scores: np.ndarray, orderings: np.ndarray, t_min: float, t_max: float) -> float:
@@ -183,10 +192,10 @@ def fit_temperature(scores: np.ndarray, orderings: np.ndarray, t_min: float, t_m
 
 
 def fit_neural_pl(x: np.ndarray, o: np.ndarray, x_query: np.ndarray, m: int, hidden: list[int], steps: int,
-                  lr: float, holdout_fraction: float, min_holdout: int, t_min: float, t_max: float,
-                  seed: int) -> NeuralPL:
-    """MLP scores trained with full-batch Adam on the PL likelihood; T is fitted on a held-out part
-    only when that part has at least ``min_holdout`` rankings (else trained on everything, T = 1)."""
+                  lr: float, holdout_fraction: float, min_holdout: int, seed: int) -> NeuralPL:
+    """MLP scores trained with full-batch Adam on the PL likelihood (core.training.fit). A held-out part
+    (for the temperature of ``neural_pl_ts``) is kept out of training only when it has at least
+    ``min_holdout`` rankings (else the net trains on everything and the hold-out is empty)."""
     rng = np.random.default_rng(seed)
     n_hold = int(round(holdout_fraction * len(x)))
     if n_hold >= min_holdout:
@@ -203,17 +212,9 @@ def fit_neural_pl(x: np.ndarray, o: np.ndarray, x_query: np.ndarray, m: int, hid
     net = torch.nn.Sequential(*layers, torch.nn.Linear(width, m))
     X = torch.as_tensor(x[fit_idx], dtype=torch.float32)
     O = torch.as_tensor(o[fit_idx])
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    for step in range(steps):
-        loss = _pl_nll_torch(net(X), O)
-        check_finite(loss, "neural_pl", 0, step)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    fit(net, None, lambda mdl, xb, ob: _pl_nll_torch(mdl(xb), ob), sample_batch=_full_batch(X, O), steps=steps,
+        lr=lr, optimizer="adam", weight_decay=0.0, grad_clip=None, seed=seed, desc="rankcal.neural_pl")
     with torch.no_grad():
         sq = net(torch.as_tensor(x_query, dtype=torch.float32)).double().numpy()
-        T = 1.0
-        if len(hold):
-            sh = net(torch.as_tensor(x[hold], dtype=torch.float32)).double().numpy()
-            T = fit_temperature(sh, o[hold], t_min, t_max)
-    return NeuralPL(sq, T, len(hold))
+        sh = net(torch.as_tensor(x[hold], dtype=torch.float32)).double().numpy() if len(hold) else np.zeros((0, m))
+    return NeuralPL(sq, sh, o[hold] if len(hold) else np.zeros((0, m), dtype=np.int64))

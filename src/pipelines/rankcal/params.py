@@ -1,4 +1,6 @@
-"""Typed parameters of `rankcal` (validated before any node runs; errors name the key)."""
+"""Typed parameters of `rankcal`: node functions take `Params` as a type hint; Kedro validates it before
+any node runs, and a bad value, or a claim naming a dataset, model or study the run does not plan, stops
+the command with one line naming the key or the claim."""
 from __future__ import annotations
 
 from typing import Literal
@@ -8,6 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from pipelines.core.params import MethodParams, Strict
 
 BUILTIN_DATASETS = ("iris", "wine", "digits5", "diabetes", "linnerud", "pl_truth", "mallows_truth")
+# labels m of the bundled datasets (the synthetic ones take data.synthetic.m)
+BUILTIN_M = {"iris": 3, "wine": 3, "digits5": 5, "diabetes": 4, "linnerud": 3}
+DEMO_VARIANTS = ("truth", "q_sub", "q_top")
 MODELS = ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl", "neural_pl_ts",
           "uniform")
 
@@ -34,6 +39,10 @@ class Data(Strict):
         for name in v:
             if not (name in BUILTIN_DATASETS or (name.startswith("file:") and len(name) > 5)):
                 raise ValueError(f"unknown dataset {name!r}: use one of {BUILTIN_DATASETS} or 'file:<name>'")
+            if "." in name:  # variants are named <dataset>.<model>
+                raise ValueError(f"dataset {name!r}: a name may not contain '.'")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a dataset is listed twice in {v}")
         return v
 
     @model_validator(mode="after")
@@ -78,6 +87,8 @@ class Models(Strict):
             raise ValueError(f"unknown model(s) {bad}: use {MODELS}")
         if "neural_pl_ts" in v and "neural_pl" not in v:
             raise ValueError("neural_pl_ts is the temperature-scaled copy of neural_pl: list both")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a model is listed twice in {v}")
         return v
 
 
@@ -131,6 +142,14 @@ class Rlhf(Strict):
             raise ValueError("every training size must be >= 10 pairs")
         return v
 
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, v: list[RewardModel]) -> list[RewardModel]:
+        names = [r.name for r in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward model names must be unique (one train.rm_<name> node each): {names}")
+        return v
+
 
 class Params(MethodParams):
     data: Data
@@ -142,10 +161,51 @@ class Params(MethodParams):
     plot_seed: int = 0
 
     @model_validator(mode="after")
+    def _claims_planned(self):
+        """Every claim's metric must come from what this run plans (its datasets, models and studies),
+        so that a run on other datasets stops here, before any node runs, instead of in the report."""
+        for c in self.claims:
+            problem = self.unplanned(c.metric)
+            if problem:
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run on other datasets "
+                                 "declares its own claims in an env (conf/<env>/parameters_rankcal.yml, "
+                                 "see src/pipelines/rankcal/README.md)")
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self):
         missing = [d for d in self.rank_disagreement_datasets if d not in self.data.datasets]
         if missing:
-            raise ValueError(f"rank_disagreement_datasets: {missing} not in data.datasets")
+            raise ValueError(f"rank_disagreement_datasets: {missing} not in data.datasets {self.data.datasets} "
+                             "(give rankcal.rank_disagreement_datasets=[...] with the datasets)")
         if self.plot_seed not in self.seeds:
             raise ValueError(f"plot_seed: {self.plot_seed} is not one of seeds {self.seeds}")
         return self
+
+    def unplanned(self, metric: str) -> str | None:
+        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
+        parts = metric.split(".")
+        if parts[0] == "variants":
+            if len(parts) < 4:
+                return "should read variants.<dataset>.<model>.<metric> or variants.demo.<predictor>.<metric>"
+            ds, model = parts[1], parts[2]
+            if ds == "demo":
+                return None if model in DEMO_VARIANTS else f"names demo predictor '{model}' (one of {DEMO_VARIANTS})"
+            if ds not in self.data.datasets:
+                return f"names dataset '{ds}', which is not in data.datasets {self.data.datasets}"
+            if model not in self.models.variants:
+                return f"names model '{model}', which is not in models.variants {self.models.variants}"
+            m = self.data.synthetic.m if ds in ("pl_truth", "mallows_truth") else BUILTIN_M.get(ds)
+            if model == "rankings_as_classes" and m is not None and m > self.models.rac_max_m:
+                return (f"names rankings_as_classes on '{ds}' (m = {m}), which runs only for "
+                        f"m <= models.rac_max_m = {self.models.rac_max_m}")
+            return None
+        if parts[0] == "rlhf" and not self.rlhf.enabled:
+            return "comes from the RLHF study, which is disabled (rlhf.enabled: false)"
+        if parts[0] == "rank_disagreement" and len(parts) == 2:
+            if parts[1] == "min" and not self.rank_disagreement_datasets:
+                return "needs at least one dataset in rank_disagreement_datasets"
+            if parts[1] != "min" and parts[1] not in self.rank_disagreement_datasets:
+                return (f"names dataset '{parts[1]}', which is not in rank_disagreement_datasets "
+                        f"{self.rank_disagreement_datasets}")
+        return None

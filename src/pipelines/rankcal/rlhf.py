@@ -5,16 +5,17 @@ style) accuracy, and temperature scaling as recalibration at identical accuracy.
 from __future__ import annotations
 
 import logging
+import zlib
 
 import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.params import parse
-from pipelines.core.runtime import set_threads
-from pipelines.core.training import check_finite
+from pipelines.core.runtime import node_setup
+from pipelines.core.training import fit
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import ranking as R
+from pipelines.rankcal.params import Params
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +64,18 @@ def make_rm(arch: str, d: int, hidden: list[int]) -> torch.nn.Module:
 
 def train_rm(win: np.ndarray, lose: np.ndarray, arch: str, hidden: list[int], lr: float, weight_decay: float,
              steps: int, seed: int) -> torch.nn.Module:
-    """Bradley–Terry loss −log σ(r(winner) − r(loser)), full-batch AdamW."""
+    """Bradley–Terry loss −log σ(r(winner) − r(loser)), full-batch AdamW (core.training.fit)."""
     torch.manual_seed(seed)
     net = make_rm(arch, win.shape[1], hidden)  # float32: ~4x faster than float64 on these tiny nets
     n = len(win)
     both = torch.as_tensor(np.concatenate([win, lose]), dtype=torch.float32)  # one forward per step
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
-    for step in range(steps):
-        r = net(both).squeeze(-1)
-        loss = torch.nn.functional.softplus(-(r[:n] - r[n:])).mean()
-        check_finite(loss, f"reward model {arch}", 0, step)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+
+    def bt_loss(model, batch):
+        r = model(batch).squeeze(-1)
+        return torch.nn.functional.softplus(-(r[:n] - r[n:])).mean()
+
+    fit(net, None, bt_loss, sample_batch=lambda step, gen: (both,), steps=steps, lr=lr, optimizer="adamw",
+        weight_decay=weight_decay, grad_clip=None, seed=seed, desc=f"rankcal.rm_{arch}")
     return net
 
 
@@ -101,18 +101,19 @@ def pairwise_accuracy(rewards: np.ndarray, orderings: np.ndarray) -> float:
     return float(np.mean(acc))
 
 
-def reward_model_study(raw: dict) -> pd.DataFrame:
-    """One row per seed × reward model × {raw, temperature-scaled}: accuracy and calibration metrics."""
-    p = parse("rankcal", raw)
+def train_reward_model(p: Params, variant: str) -> pd.DataFrame:
+    """One reward-model configuration (``variant`` = ``rm_<name>``) at every training size and seed: one
+    row per seed × size × {raw, temperature-scaled} with accuracy and calibration metrics. Every
+    configuration sees the same prompts, preferences and test rankings (a stream per seed)."""
     r = p.rlhf
-    if not r.enabled:
-        return pd.DataFrame(columns=["variant", "seed", "ts"])
-    set_threads(p.threads)
+    name = variant.removeprefix("rm_")
+    c, cfg = next((i, m) for i, m in enumerate(r.models) if m.name == name)
     world = World(r.n_features, r.beta, r.world_seed)
     K = r.k_responses
     rows = []
     for seed in p.seeds:
-        rng = np.random.default_rng([seed, 17])
+        node_setup(p, seed)
+        rng = np.random.default_rng([seed, 17])   # the data: shared by every reward model
         phi_tr, _, o_tr = world.sample(max(r.n_pairs), K, rng)
         win, lose = one_pair_each(phi_tr, o_tr, rng)
         phi_va, _, o_va = world.sample(r.n_val, K, rng)
@@ -120,24 +121,25 @@ def reward_model_study(raw: dict) -> pd.DataFrame:
         phi_te, u_te, o_te = world.sample(r.n_test, K, rng)
         y_te = R.perm_index(o_te)
         oracle = pairwise_accuracy(u_te, o_te)
-        for c, cfg in enumerate(r.models):
-            for n in r.n_pairs:
-                net = train_rm(win[:n], lose[:n], cfg.arch, r.hidden, r.lr, cfg.weight_decay, cfg.steps,
-                               seed * 1000 + c * 10 + r.n_pairs.index(n))
-                with torch.no_grad():
-                    f32 = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
-                    rew = net(f32(phi_te)).squeeze(-1).double().numpy()
-                    margins = (net(f32(vwin)) - net(f32(vlose))).squeeze(-1).double().numpy()
-                T = fit_bt_temperature(margins, r.t_min, r.t_max)
-                for ts, temp in ((False, 1.0), (True, T)):
-                    scaled = rew / temp
-                    Q = R.pl_table(scaled)
-                    ece, _ = C.calibration_metrics(Q, y_te, K, n_bins=p.ece.n_bins, n_debias=p.ece.n_debias,
-                                                   full_cw_max_m=p.ece.full_cw_max_m, rng=rng,
-                                                   notions=("pair", "top1_conf", "full_conf"))
-                    rows.append({"variant": f"{cfg.name}_n{n}" + ("_ts" if ts else ""), "rm": f"{cfg.name}_n{n}",
-                                 "seed": seed, "ts": ts, "n_pairs": n, "temperature": temp,
-                                 "pair_accuracy": pairwise_accuracy(scaled, o_te), "oracle_accuracy": oracle,
-                                 "nll": float(-np.log(Q[np.arange(len(y_te)), y_te]).mean()), **ece})
-        log.info("rankcal rlhf: seed %s, %d reward models", seed, len(r.models) * len(r.n_pairs))
+        for k, n in enumerate(r.n_pairs):
+            net = train_rm(win[:n], lose[:n], cfg.arch, r.hidden, r.lr, cfg.weight_decay, cfg.steps,
+                           seed * 1000 + c * 10 + k)
+            with torch.no_grad():
+                f32 = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
+                rew = net(f32(phi_te)).squeeze(-1).double().numpy()
+                margins = (net(f32(vwin)) - net(f32(vlose))).squeeze(-1).double().numpy()
+            T = fit_bt_temperature(margins, r.t_min, r.t_max)
+            for ts, temp in ((False, 1.0), (True, T)):
+                scaled = rew / temp
+                Q = R.pl_table(scaled)
+                # the debiasing redraws: one stream per (seed, reward model, size, scaling)
+                ece_rng = np.random.default_rng([seed, 18, zlib.crc32(name.encode()), n, int(ts)])
+                ece, _ = C.calibration_metrics(Q, y_te, K, n_bins=p.ece.n_bins, n_debias=p.ece.n_debias,
+                                               full_cw_max_m=p.ece.full_cw_max_m, rng=ece_rng,
+                                               notions=("pair", "top1_conf", "full_conf"))
+                rows.append({"variant": f"{name}_n{n}" + ("_ts" if ts else ""), "rm": f"{name}_n{n}",
+                             "seed": seed, "ts": ts, "n_pairs": n, "temperature": temp,
+                             "pair_accuracy": pairwise_accuracy(scaled, o_te), "oracle_accuracy": oracle,
+                             "nll": float(-np.log(Q[np.arange(len(y_te)), y_te]).mean()), **ece})
+        log.info("rankcal rlhf: seed %s, reward model %s at %d sizes", seed, name, len(r.n_pairs))
     return pd.DataFrame(rows)

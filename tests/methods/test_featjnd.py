@@ -1,13 +1,16 @@
-"""Tests of `featjnd`: the measurement mechanics against independent references (numpy / scipy / closed
-form), the model split, the data, bad parameters, and the end-to-end --env=test run."""
+"""Tests of `featjnd`: the measurement mechanics against independent references (numpy / scipy / mpmath /
+closed form), the model split, the data, bad parameters and bad input files, and the pipeline's variant
+nodes (the end-to-end --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from pipelines.core.params import ParameterError, parse
+from pipelines.core.params import ParameterError, validate
+from pipelines.core.schemas import InputDataError
 from pipelines.featjnd import ops
+from pipelines.featjnd.params import Params
 
 
 def _feat(seed=0, shape=(6, 5, 4, 4)):
@@ -38,6 +41,81 @@ def test_matched_strength_has_equal_energy_and_snr(dtype):
             a, b = delta.double().flatten(1), d.double().flatten(1)
             cos = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
             np.testing.assert_allclose(cos.numpy(), 1.0, atol=1e-6)
+
+
+def _mp_norm(x: torch.Tensor) -> list:
+    """Exact-input ℓ2 norm of each sample in mpmath (every float32/float64 value is exact as an mpf)."""
+    import mpmath
+
+    return [mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(v)) ** 2 for v in row)) for row in x.double().flatten(1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("f_mag, d_mag", [(1e-30, 1e-30), (1e30, 1e30), (1e30, 1e-30), (1e-30, 1e30), (1.0, 1e-30)])
+def test_match_energy_any_dynamic_range_against_mpmath(dtype, f_mag, d_mag):
+    """Energies of 1e-60 / 1e60 underflow / overflow float32 squares: the SNR must still be exact, checked
+    against an mpmath reference computed from the very same input values."""
+    import mpmath
+
+    mpmath.mp.dps = 40
+    g = torch.Generator().manual_seed(11)
+    f = (f_mag * (torch.rand((3, 4, 3, 3), generator=g, dtype=torch.float64) + 0.05)).to(dtype)
+    j = torch.exp(2 * torch.randn(f.shape, generator=g, dtype=torch.float64))
+    d = (d_mag * j * torch.randn(f.shape, generator=g, dtype=torch.float64)).to(dtype)
+    assert torch.isfinite(f).all() and torch.isfinite(d).all() and (f != 0).any() and (d != 0).all()
+    fn, dn = _mp_norm(f), _mp_norm(d)
+    rtol = 1e-6 if dtype == torch.float32 else 1e-12
+    for snr in (20.0, 0.0, -5.0):
+        delta = ops.match_energy(d, f, snr)
+        assert delta.dtype == dtype and torch.isfinite(delta).all()
+        for i in range(len(f)):
+            scale = fn[i] / dn[i] * mpmath.power(10, mpmath.mpf(-snr) / 20)
+            ref = np.array([float(mpmath.mpf(float(v)) * scale) for v in d[i].double().flatten()])
+            np.testing.assert_allclose(delta[i].double().flatten().numpy(), ref, rtol=rtol,
+                                       atol=rtol * np.abs(ref).max())  # float32 subnormals round coarser
+            got = 20 * mpmath.log10(fn[i] / _mp_norm(delta[i:i + 1])[0])
+            assert abs(float(got) - snr) < 1e-6, (i, float(got))
+        # the float64 helper agrees with mpmath, and snr_db too
+        np.testing.assert_allclose(ops.norms64(f).numpy(), [float(x) for x in fn], rtol=1e-13)
+        np.testing.assert_allclose(ops.snr_db(f, delta).numpy(), snr, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_match_energy_refuses_a_zero_direction_naming_the_sample(dtype):
+    g = torch.Generator().manual_seed(12)
+    f = torch.rand((4, 3, 2, 2), generator=g, dtype=torch.float64).to(dtype)
+    j = torch.rand(f.shape, generator=g, dtype=torch.float64).to(dtype) + 0.1
+    j[2] = 0.0                      # e.g. a J map that underflowed to 0 on one image
+    z = torch.randn(f.shape, generator=g, dtype=torch.float64).to(dtype)
+    with pytest.raises(ValueError, match=r"direction of sample 2 is all zeros"):
+        ops.match_energy(j * z, f, 0.0)
+    d = (j + 0.1) * z
+    d[1, 0, 0, 1] = float("inf")    # 1/J of a zero J: inf (and inf·0 = NaN elsewhere)
+    with pytest.raises(ValueError, match=r"direction of sample 1 has non-finite"):
+        ops.match_energy(d, f, 0.0)
+    d[1, 0, 0, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"sample 1 has non-finite"):
+        ops.match_energy(d, f, 0.0)
+
+
+def test_match_energy_refuses_a_delta_the_dtype_cannot_hold():
+    f = torch.full((2, 1, 2, 2), 1.0, dtype=torch.float32)
+    f[1] = 1e38                     # δ at −20 dB has entries of 1e39 > float32's max 3.4e38
+    d = torch.ones_like(f)
+    with pytest.raises(ValueError, match=r"sample 1 .*not representable in torch.float32"):
+        ops.match_energy(d, f, -20.0)
+    assert torch.isfinite(ops.match_energy(d.double(), f.double(), -20.0)).all()
+    tiny = torch.full((1, 1, 2, 2), 1e-44)   # a float32 subnormal: δ at +20 dB (1e-45) flushes to zero
+    with pytest.raises(ValueError, match=r"sample 0 .*not representable"):
+        ops.match_energy(torch.ones_like(tiny), tiny, 20.0)
+
+
+def test_match_energy_of_a_zero_feature_is_a_zero_distortion():
+    f = torch.zeros((2, 1, 2, 2))
+    f[0] = 1.0
+    delta = ops.match_energy(torch.ones_like(f), f, 0.0)
+    assert torch.equal(delta[1], torch.zeros_like(delta[1]))
+    assert ops.snr_db(f[:1], delta[:1]).item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_shuffles_keep_the_right_multisets():
@@ -201,9 +279,68 @@ def test_digits_canvas_is_seeded_and_masks_the_digit():
     assert (a["x_test"][:, 0][m] > 0).all()
 
 
+# ------------------------------------------------------------------ estimator training (core's fit)
+
+def test_estimator_dual_ascent_runs_once_per_step_and_is_deterministic():
+    """μ is updated after every primal step by log μ += η(flip − ρ)/ρ: with no clipping, μ at the end of an
+    epoch is μ_init·exp(η·Σ(flip − ρ)/ρ) over that epoch's steps. Rerunning the node gives the same fit."""
+    from pipelines.featjnd.data import make_images
+    from pipelines.featjnd.train import train_backbone, train_estimator
+
+    p = Params.model_validate({**BASE, "data": {"n_train": 60, "n_val": 20, "n_test": 20, "test_renders": 1},
+                               "backbone": {"widths": [4, 8, 8, 8], "epochs": 1},
+                               "estimator": {"hidden": 4, "epochs": 2, "batch_size": 16, "calib_steps": 3,
+                                             "calib_draws": 1, "eta": 0.01, "mu_init": 2.0}})
+    images = make_images(p)
+    backbones = train_backbone(images, p)
+    a = train_estimator(images, backbones, p, variant="estimator_s2")["seed0"]
+    b = train_estimator(images, backbones, p, variant="estimator_s2")["seed0"]
+    assert all(torch.equal(a["state"][k], b["state"][k]) for k in a["state"]) and a["scale"] == b["scale"]
+    h = a["history"].double()
+    steps = math.ceil(60 / 16)
+    log_mu = math.log(2.0)
+    for epoch in range(2):
+        log_mu += 0.01 * steps * (h[epoch, 2].item() - p.estimator.rho) / p.estimator.rho
+        assert h[epoch, 3].item() == pytest.approx(math.exp(log_mu), rel=1e-5)
+    assert 0 <= a["flip_rate_val"] <= 1 and a["state"]["scale"].item() == pytest.approx(a["scale"])
+
+
+# ------------------------------------------------------------------ pipeline: one node per variant
+
+def test_one_train_node_per_variant_and_node_selection(monkeypatch):
+    from kedro.validation.type_extractor import TypeExtractor
+
+    from pipelines.core.registry import method_config
+    from pipelines.featjnd import pipeline as P
+
+    pipe = P.create_pipeline()
+    variants = method_config("featjnd")["variants"]
+    assert variants == ["estimator_s1", "estimator_s2"]
+    train = {n.name for n in pipe.only_nodes_with_tags("train").nodes}
+    assert train == {"featjnd.train.backbone", *(f"featjnd.train.{v}" for v in variants)}
+    assert {f"featjnd.evaluate.{v}" for v in variants} | {"featjnd.evaluate.report", "featjnd.evaluate.plots"} \
+        <= {n.name for n in pipe.nodes}
+    # `kedro run --nodes=featjnd.train.estimator_s1` retrains that variant alone, from the saved inputs
+    one = pipe.only_nodes("featjnd.train.estimator_s1")
+    assert [n.name for n in one.nodes] == ["featjnd.train.estimator_s1"]
+    assert one.inputs() == {"featjnd.images_tensors", "featjnd.backbone_model", "params:featjnd"}
+    assert one.outputs() == {"featjnd.estimator_s1_model"}
+    # Kedro validates params:featjnd through the node functions' `p: Params` hints
+    assert TypeExtractor({"featjnd": pipe}).extract_types_from_pipelines() == {"featjnd": Params}
+    # the variants come from the run's parameters
+    monkeypatch.setattr(P, "method_config", lambda m: {"variants": ["estimator_s2"]})
+    small = P.create_pipeline()
+    assert {n.name for n in small.only_nodes_with_tags("train").nodes} == {"featjnd.train.backbone",
+                                                                           "featjnd.train.estimator_s2"}
+    [report] = [n for n in small.nodes if n.name == "featjnd.evaluate.report"]
+    assert set(report.inputs) == {"params:featjnd", "featjnd.plots", "featjnd.results_estimator_s2"}
+
+
 # ------------------------------------------------------------------ parameters
 
-BASE = {"seeds": [0], "data": {}, "backbone": {}, "estimator": {}, "evaluation": {}}
+BASE = {"seeds": [0], "data": {}, "backbone": {}, "variants": ["estimator_s1", "estimator_s2"], "estimator": {},
+        "evaluation": {}}
+CLAIM_S2 = {"id": "c", "text": "t", "metric": "gap_pts.s2_acc_snr0.featjnd_vs_gauss", "op": ">=", "threshold": 5}
 
 
 @pytest.mark.parametrize("patch, key", [
@@ -214,22 +351,31 @@ BASE = {"seeds": [0], "data": {}, "backbone": {}, "estimator": {}, "evaluation":
     ({"data": {"n_train": 1700}}, r"featjnd\.data.*n_train"),
     ({"data": {"source": "tensor_file"}}, r"featjnd\.data.*path"),
     ({"backbone": {"widths": [8, 8]}}, r"featjnd\.backbone\.widths"),
+    ({"backbone": {"epochs": True}}, r"featjnd\.backbone\.epochs: .*integer"),
     ({"estimator": {"hiden": 8}}, r"featjnd\.estimator\.hiden: unknown key"),
+    ({"threads": True}, r"featjnd\.threads"),
+    ({"variants": []}, r"featjnd\.variants"),
+    ({"variants": ["estimator_s3"]}, r"featjnd\.variants"),
+    ({"variants": ["estimator_s1", "estimator_s1"]}, r"featjnd\.variants: .*duplicates"),
+    ({"variants": ["estimator_s1"], "claims": [CLAIM_S2]}, r"featjnd\.variants: .*claim 'c' reads split s2"),
 ])
 def test_bad_parameter_names_the_key(patch, key):
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BASE.items()}
     for k, v in patch.items():
-        raw[k] = {**raw[k], **v}
+        raw[k] = {**raw[k], **v} if isinstance(v, dict) else v
     with pytest.raises(ParameterError, match=key):
-        parse("featjnd", raw)
+        validate(Params, raw, "featjnd")
 
 
-def test_missing_tensor_file_is_reported_with_its_key(tmp_path):
-    from pipelines.featjnd.data import make_images
+def test_default_parameters_parse():
+    p = validate(Params, {**BASE, "claims": [CLAIM_S2]}, "featjnd")
+    assert p.threads == "auto" and p.variants == ["estimator_s1", "estimator_s2"]
 
-    raw = {**BASE, "data": {"source": "tensor_file", "path": str(tmp_path / "nope.pt")}}
-    with pytest.raises(ParameterError, match=r"featjnd\.data\.path"):
-        make_images(raw)
+
+# ------------------------------------------------------------------ the user's tensor file (--env=full)
+
+def _tensor_params(path) -> Params:
+    return Params.model_validate({**BASE, "seeds": [0, 1], "data": {"source": "tensor_file", "path": str(path)}})
 
 
 def test_tensor_file_input_round_trips(tmp_path):
@@ -237,26 +383,95 @@ def test_tensor_file_input_round_trips(tmp_path):
 
     data = digits_canvas(0, 20, 10, 10, test_renders=1)
     user = {k: v for k, v in data.items() if k != "mask_test"}
+    user["x_val"] = user["x_val"].double()          # any float dtype and integer labels are accepted
+    user["y_val"] = user["y_val"].int()
     torch.save(user, tmp_path / "images.pt")
-    out = make_images({**BASE, "seeds": [0, 1], "data": {"source": "tensor_file", "path": str(tmp_path / "images.pt")}})
+    out = make_images(_tensor_params(tmp_path / "images.pt"))
     assert set(out) == {"seed0", "seed1"}
     assert torch.equal(out["seed1"]["x_test"], data["x_test"])
+    assert out["seed0"]["x_val"].dtype == torch.float32 and out["seed0"]["y_val"].dtype == torch.long
     assert out["seed0"]["mask_test"].shape == (10, 32, 32) and not out["seed0"]["mask_test"].any()
 
 
-# ------------------------------------------------------------------ end to end
+def _bad(mutate):
+    def make(tmp_path):
+        from pipelines.featjnd.data import digits_canvas
+
+        data = digits_canvas(0, 20, 10, 10, test_renders=1)
+        data = mutate(data)
+        if isinstance(data, bytes):
+            (tmp_path / "images.pt").write_bytes(data)
+        else:
+            torch.save(data, tmp_path / "images.pt")
+    return make
+
+
+def _set(key, value):
+    def f(d):
+        d[key] = value(d) if callable(value) else value
+        return d
+    return f
+
+
+def _drop(key):
+    def f(d):
+        del d[key]
+        return d
+    return f
+
+
+def _nan(d):
+    d["x_test"][3, 0, 5, 5] = float("nan")
+    return d
+
+
+@pytest.mark.parametrize("make, msg", [
+    (_bad(lambda d: torch.zeros(3)), r"expected a dict of tensors, got Tensor"),
+    (_bad(lambda d: b"not a torch file"), r"not a torch.save file"),
+    (_bad(_drop("y_val")), r"key 'y_val' is missing"),
+    (_bad(_set("x_train", lambda d: d["x_train"][:, 0])), r"key 'x_train' should be a non-empty float tensor N×C×H×W"),
+    (_bad(_set("x_train", lambda d: d["x_train"][:0])), r"key 'x_train' should be a non-empty float"),
+    (_bad(_set("x_val", lambda d: (255 * d["x_val"]).to(torch.uint8))), r"key 'x_val' should be a non-empty float"),
+    (_bad(_set("x_val", lambda d: d["x_val"].repeat(1, 3, 1, 1))), r"key 'x_val' has images of C×H×W \(3, 32, 32\)"),
+    (_bad(_set("x_test", lambda d: d["x_test"][:, :, :3, :3])), r"key 'x_test' has images of 3×3"),
+    (_bad(_nan), r"key 'x_test' has 1 non-finite"),
+    (_bad(_set("y_test", lambda d: d["y_test"].float())), r"key 'y_test' should be an integer tensor"),
+    (_bad(_set("y_test", lambda d: d["y_test"] > 4)), r"key 'y_test' should be an integer tensor"),
+    (_bad(_set("y_train", lambda d: d["y_train"][:-1])), r"key 'y_train' has 19 labels for 20 images"),
+    (_bad(_set("y_train", lambda d: d["y_train"] - 5)), r"key 'y_train' has negative class ids"),
+    (_bad(_set("mask_test", lambda d: d["mask_test"][:, :16])), r"key 'mask_test' should be a bool tensor"),
+    (_bad(_set("mask_test", lambda d: d["mask_test"].float())), r"key 'mask_test' should be a bool tensor"),
+])
+def test_bad_tensor_file_stops_at_the_door_naming_the_key(tmp_path, make, msg):
+    from kedro.io import DatasetError
+
+    from pipelines.featjnd.data import make_images
+
+    make(tmp_path)
+    with pytest.raises(InputDataError, match=r"dataset 'featjnd\.data\.path \(.*images\.pt\)': " + msg) as exc:
+        make_images(_tensor_params(tmp_path / "images.pt"))
+    assert isinstance(exc.value, DatasetError) and "\n" not in str(exc.value)   # one line in the CLI
+
+
+def test_missing_tensor_file_is_reported_with_its_key(tmp_path):
+    from pipelines.featjnd.data import make_images
+
+    with pytest.raises(InputDataError, match=r"featjnd\.data\.path .*nope\.pt.*file not found"):
+        make_images(_tensor_params(tmp_path / "nope.pt"))
+
+
+# ------------------------------------------------------------------ the report of the --env=test run
 
 @pytest.mark.e2e
-def test_end_to_end(run_pipeline):
-    result = run_pipeline("featjnd")
-    report = result.report
-    assert report["env"] == "test"
+def test_report_content(test_env_run):
+    report = test_env_run("featjnd").report
     assert set(report["variants"]) == {"featjnd", "gauss", "shuffled", "shuffled_all", "inverse", "sal_inv",
                                        "perm_step", "uniform_step"}
     assert len(report["claims"]) == 24
-    for name in ("jnd_maps_s1", "jnd_maps_s2", "acc_vs_snr_s1", "qacc_vs_budget_s2"):
-        assert f"{name}.png" in report["artifacts"]
-    plots = list((result.project / "data" / "08_reporting" / "featjnd" / "plots").rglob("jnd_maps_s1.png"))
-    assert plots and plots[-1].stat().st_size > 1000
+    assert set(report["artifacts"]) == {f"{k}_{sp}.png" for k in ("jnd_maps", "acc_vs_snr", "qacc_vs_budget")
+                                        for sp in ("s1", "s2")} | {"estimator_training.png"}
     row = report["variants"]["featjnd"]
     assert {"s1_acc_snr0", "s2_qacc_D2_dither", "s1_jnd_bgfg_ratio", "s2_flip_rate_at_J_test"} <= set(row)
+    # the controls are energy-matched to the method: same clean accuracy, every SNR measured
+    for v in ("gauss", "shuffled", "inverse", "sal_inv"):
+        assert report["variants"][v]["s1_acc_clean"] == row["s1_acc_clean"]

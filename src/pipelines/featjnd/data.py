@@ -8,7 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipelines.core.params import ParameterError, parse
+from pipelines.core.schemas import InputDataError
+from pipelines.featjnd.params import Params
+
+SPLIT_NAMES = ("train", "val", "test")
 
 
 def _stroke(canvas: np.ndarray, rng: np.random.Generator) -> None:
@@ -60,32 +63,78 @@ def digits_canvas(seed: int, n_train: int, n_val: int, n_test: int, test_renders
     return out
 
 
+def check_tensor_file(data: object, where: str) -> dict[str, torch.Tensor]:
+    """The user's tensor file checked at the door (before any training): a dict with x_{train,val,test}
+    (N×C×H×W float, finite, the same C×H×W in every split), y_* (N integer class ids ≥ 0, as many as the
+    images) and optionally mask_test (N_test×H×W bool). A bad key raises InputDataError (one line in the
+    CLI) naming the dataset and the key; extra keys are ignored."""
+    def fail(msg: str) -> None:
+        raise InputDataError(f"dataset '{where}': {msg} (input format: src/pipelines/featjnd/README.md)")
+
+    def desc(t: object) -> str:
+        return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+    if not isinstance(data, dict):
+        fail(f"expected a dict of tensors, got {type(data).__name__}")
+    chw = None
+    for split in SPLIT_NAMES:
+        xk, yk = f"x_{split}", f"y_{split}"
+        for k in (xk, yk):
+            if k not in data:
+                fail(f"key '{k}' is missing (keys: {', '.join(map(str, list(data)[:12]))})")
+        x, y = data[xk], data[yk]
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 4 and len(x) > 0):
+            fail(f"key '{xk}' should be a non-empty float tensor N×C×H×W, got {desc(x)}")
+        if min(x.shape[2:]) < 4:
+            fail(f"key '{xk}' has images of {x.shape[2]}×{x.shape[3]}; at least 4×4 is needed (two stride-2 convs)")
+        if chw is None:
+            chw = tuple(x.shape[1:])
+        elif tuple(x.shape[1:]) != chw:
+            fail(f"key '{xk}' has images of C×H×W {tuple(x.shape[1:])}, x_train has {chw}")
+        if not torch.isfinite(x).all():
+            fail(f"key '{xk}' has {int((~torch.isfinite(x)).sum())} non-finite value(s)")
+        if not (isinstance(y, torch.Tensor) and y.dim() == 1 and not y.is_floating_point()
+                and not y.is_complex() and y.dtype != torch.bool):
+            fail(f"key '{yk}' should be an integer tensor of class ids (N,), got {desc(y)}")
+        if len(y) != len(x):
+            fail(f"key '{yk}' has {len(y)} labels for {len(x)} images in '{xk}'")
+        if (y < 0).any():
+            fail(f"key '{yk}' has negative class ids (min {int(y.min())})")
+    if "mask_test" in data:
+        m, n = data["mask_test"], len(data["x_test"])
+        if not (isinstance(m, torch.Tensor) and m.dtype == torch.bool and tuple(m.shape) == (n, *chw[1:])):
+            fail(f"key 'mask_test' should be a bool tensor {(n, *chw[1:])}, got {desc(m)}")
+    return data
+
+
 def load_tensor_file(path: str) -> dict[str, torch.Tensor]:
     """A user's data: ``torch.save`` of a dict with x_{train,val,test} (N×C×H×W float), y_* (N long) and
-    optionally mask_test (N×H×W bool, the object mask for E2)."""
+    optionally mask_test (N×H×W bool, the object mask for E2), checked by :func:`check_tensor_file`."""
+    where = f"featjnd.data.path ({path})"
     p = Path(path)
-    if not p.exists():
-        raise ParameterError(f"parameter featjnd.data.path: file '{path}' not found (input format: README)")
-    data = torch.load(p, map_location="cpu", weights_only=True)
-    for key in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
-        if key not in data:
-            raise ParameterError(f"parameter featjnd.data.path: '{path}' lacks '{key}' (input format: README)")
+    if not p.is_file():
+        raise InputDataError(f"dataset '{where}': file not found (input format: src/pipelines/featjnd/README.md)")
+    try:
+        data = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a pickle of anything else, a truncated file
+        raise InputDataError(f"dataset '{where}': not a torch.save file of tensors "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from None
+    data = check_tensor_file(data, where)
     out = {k: v for k, v in data.items() if k.startswith(("x_", "y_", "mask_"))}
+    for split in SPLIT_NAMES:  # the models are float32 and the losses take long class ids
+        out[f"x_{split}"], out[f"y_{split}"] = out[f"x_{split}"].float(), out[f"y_{split}"].long()
     if "mask_test" not in out:  # no object mask: E2's bg/fg ratio is then undefined (NaN)
         x = out["x_test"]
         out["mask_test"] = torch.zeros(x.shape[0], *x.shape[2:], dtype=torch.bool)
     return out
 
 
-def make_images(raw: dict) -> dict[str, dict[str, torch.Tensor]]:
-    """Node: one dataset per seed (the split and the renders change with the seed)."""
-    p = parse("featjnd", raw)
+def make_images(p: Params) -> dict[str, dict[str, torch.Tensor]]:
+    """Node: one dataset per seed (the split and the renders change with the seed); a user's tensor
+    file is loaded and checked once, then shared by every seed."""
     d = p.data
-    out = {}
-    for seed in p.seeds:
-        if d.source == "tensor_file":
-            out[f"seed{seed}"] = load_tensor_file(d.path)
-        else:
-            out[f"seed{seed}"] = digits_canvas(seed, d.n_train, d.n_val, d.n_test, d.test_renders, d.canvas,
-                                               d.upsample, d.clutter, d.n_strokes)
-    return out
+    if d.source == "tensor_file":
+        data = load_tensor_file(d.path)
+        return {f"seed{seed}": data for seed in p.seeds}
+    return {f"seed{seed}": digits_canvas(seed, d.n_train, d.n_val, d.n_test, d.test_renders, d.canvas,
+                                         d.upsample, d.clutter, d.n_strokes) for seed in p.seeds}

@@ -1,7 +1,12 @@
 """Evaluation of `featjnd` (card, Experiments): E1 matched-distortion test against Gaussian, shuffled,
 inverse and saliency-inverse maps; E2 attribution (bg/fg tolerance ratio, rank agreement with
 gradient×input and occlusion); E3 token-wise dynamic quantization with FeatJND / permuted / uniform /
-saliency-inverse step allocations at the same noise budget. Then the report and the plots."""
+saliency-inverse step allocations at the same noise budget. One node per estimator variant
+(`evaluate.estimator_<split>`), then the plots and the report gather them.
+
+The E1/E3 controls (gauss, shuffled, shuffled_all, inverse, sal_inv, perm_step, uniform_step) have nothing to
+fit: they are built from the variant's J (or the frozen head's gradient) and share its noise draw z and
+dither u (common random numbers), so they are measured in the variant's evaluate node, not in train nodes."""
 from __future__ import annotations
 
 import math
@@ -10,11 +15,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.params import parse
 from pipelines.core.report import build_report
-from pipelines.core.runtime import get_device, set_threads
+from pipelines.core.runtime import node_setup
 from pipelines.featjnd import ops
 from pipelines.featjnd.model import SPLITS, JNDEstimator, flip_rate, sample_noise
+from pipelines.featjnd.params import Params, split_of
 from pipelines.featjnd.train import encode, load_backbone
 
 E1_MAPS = ("featjnd", "gauss", "shuffled", "shuffled_all", "inverse", "sal_inv")
@@ -69,13 +74,13 @@ def occlusion_drop(head, fn: torch.Tensor, patch: int) -> torch.Tensor:
     return drops
 
 
-def evaluate_split(images: dict, backbones: dict, estimators: dict, raw: dict, split: str
-                   ) -> tuple[pd.DataFrame, dict]:
-    """E1–E3 at one split point for every seed: long table (seed, split, variant, metric, value) + maps."""
-    p = parse("featjnd", raw)
+def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params, variant: str
+                     ) -> tuple[pd.DataFrame, dict]:
+    """Node `evaluate.estimator_<split>`: E1–E3 at the variant's split point for every seed: long table
+    (seed, split, variant, metric, value; `variant` there is the map / allocation) and the saved maps."""
+    split = split_of(variant)
     ev, e = p.evaluation, p.estimator
-    set_threads(p.threads)
-    device = get_device(p.device)
+    device = node_setup(p)
     rows: list[dict] = []
     maps: dict[str, dict] = {}
     for seed in p.seeds:
@@ -95,8 +100,8 @@ def evaluate_split(images: dict, backbones: dict, estimators: dict, raw: dict, s
             j = torch.cat([est(fn[i:i + 512]) for i in range(0, len(fn), 512)])
         gen = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET[split])
 
-        def rec(variant: str, metric: str, value: float) -> None:
-            rows.append({"seed": seed, "split": split, "variant": variant, "metric": metric, "value": float(value)})
+        def rec(name: str, metric: str, value: float) -> None:
+            rows.append({"seed": seed, "split": split, "variant": name, "metric": metric, "value": float(value)})
 
         acc_clean = accuracy(head, fn, y)
         for v in set(E1_MAPS) | set(E3_ALLOCS):
@@ -169,16 +174,6 @@ def evaluate_split(images: dict, backbones: dict, estimators: dict, raw: dict, s
         maps[f"seed{seed}"] = {"J": j[:n].half().cpu(), "x": data["x_test"][:n], "mask": data["mask_test"][:n],
                                "saliency": sal_pos[:n].cpu(), "y": data["y_test"][:n]}
     return pd.DataFrame(rows), maps
-
-
-def evaluate_s1(images: dict, backbones: dict, estimators: dict, raw: dict) -> tuple[pd.DataFrame, dict]:
-    """Node: E1–E3 at split S1."""
-    return evaluate_split(images, backbones, estimators, raw, "s1")
-
-
-def evaluate_s2(images: dict, backbones: dict, estimators: dict, raw: dict) -> tuple[pd.DataFrame, dict]:
-    """Node: E1–E3 at split S2."""
-    return evaluate_split(images, backbones, estimators, raw, "s2")
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -293,26 +288,36 @@ def _training_plot(estimators: dict[str, dict]):
     return fig
 
 
-def make_report(results_s1: pd.DataFrame, results_s2: pd.DataFrame, maps_s1: dict, maps_s2: dict,
-                est_s1: dict, est_s2: dict, raw: dict) -> tuple[dict, dict]:
-    """Node: variants (method + every baseline), derived gaps, claims, and the figures."""
+def _gather(prefix: str, inputs: dict) -> dict[str, object]:
+    """``{"results_estimator_s1": x, ...}`` → ``{"s1": x, ...}`` for one kind of gathered input."""
+    return {split_of(k.removeprefix(prefix)): v for k, v in inputs.items() if k.startswith(prefix)}
+
+
+def make_plots(p: Params, **inputs) -> dict:
+    """Node `evaluate.plots`: per split the J-map grid, accuracy vs SNR and accuracy vs quantization budget;
+    the estimators' training curves. Gathers ``results_<variant>``, ``maps_<variant>``, ``model_<variant>``."""
     from pipelines.core.plots import line_plot
 
-    p = parse("featjnd", raw)
     ev = p.evaluation
-    results = pd.concat([results_s1, results_s2], ignore_index=True)
-    metrics = derived_metrics(results, ev.snr_db)
-    figures = {"jnd_maps_s1": _jnd_grid(maps_s1, "s1", ev.plot_examples),
-               "jnd_maps_s2": _jnd_grid(maps_s2, "s2", ev.plot_examples)}
-    for sp in SPLITS:
-        d = results[results.split == sp]
+    results, maps, models = _gather("results_", inputs), _gather("maps_", inputs), _gather("model_", inputs)
+    figures = {}
+    for sp in sorted(results):
+        d = results[sp]
+        figures[f"jnd_maps_{sp}"] = _jnd_grid(maps[sp], sp, ev.plot_examples)
         series, errors = {}, {}
         for v in E1_MAPS:
             vals = [d[(d.variant == v) & (d.metric == f"acc_snr{snr_tag(s)}")]["value"] for s in ev.snr_db]
             series[v], errors[v] = [x.mean() for x in vals], [x.std(ddof=0) for x in vals]
         figures[f"acc_vs_snr_{sp}"] = line_plot(ev.snr_db, series, "SNR (dB), energy matched per image",
                                                 "test accuracy", f"{sp.upper()}: accuracy vs SNR", errors)
-        figures[f"qacc_vs_budget_{sp}"] = _quant_plot(results, sp, ev.quant_steps)
-    figures["estimator_training"] = _training_plot({"s1": est_s1, "s2": est_s2})
-    report = build_report("featjnd", raw, variant_rows(results), metrics, artifacts=[f"{k}.png" for k in figures])
-    return report, figures
+        figures[f"qacc_vs_budget_{sp}"] = _quant_plot(d, sp, ev.quant_steps)
+    figures["estimator_training"] = _training_plot(dict(sorted(models.items())))
+    return figures
+
+
+def make_report(p: Params, plots: dict, **results: pd.DataFrame) -> dict:
+    """Node `evaluate.report`: the variants table (the method and every control, metrics prefixed by the
+    split), the derived gaps and the claims, from the evaluate nodes' tables by variant."""
+    table = pd.concat([results[v] for v in p.variants], ignore_index=True)
+    metrics = derived_metrics(table, p.evaluation.snr_db)
+    return build_report("featjnd", p, variant_rows(table), metrics, artifacts=[f"{k}.png" for k in plots])

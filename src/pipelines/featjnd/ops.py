@@ -6,21 +6,58 @@ from __future__ import annotations
 import torch
 
 
+def norms64(x: torch.Tensor) -> torch.Tensor:
+    """Per-sample ℓ2 norms (over every axis but the first) in float64, each sample first divided by its
+    largest magnitude, so neither the squares nor their sum can overflow or underflow: exact to float64
+    rounding for any finite input, whatever its dtype and scale (1e-30 and 1e30 in float32 included)."""
+    x = x.detach().double().flatten(1)
+    peak = x.abs().amax(1) if x.shape[1] else torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    safe = torch.where(peak > 0, peak, torch.ones_like(peak))
+    return peak * torch.linalg.vector_norm(x / safe.unsqueeze(1), dim=1)
+
+
+def _first(mask: torch.Tensor) -> int:
+    return int(torch.nonzero(mask)[0, 0])
+
+
 def match_energy(direction: torch.Tensor, f: torch.Tensor, snr_db: float) -> torch.Tensor:
     """δ = direction rescaled per image so that ‖δ‖² = ‖f‖² · 10^(−snr/10) (card E1).
 
-    Matched per image (never per batch, which would flatter a structured map). Energies are accumulated
-    in float64 so the SNRs agree to 1e-6 whatever the map's dynamic range; δ keeps the input dtype."""
-    dims = tuple(range(1, direction.dim()))
-    target = f.pow(2).sum(dims, dtype=torch.float64) * 10.0 ** (-snr_db / 10.0)
-    scale = torch.sqrt(target / direction.pow(2).sum(dims, dtype=torch.float64).clamp_min(1e-300))
-    return direction * scale.to(direction.dtype).view(-1, *([1] * (direction.dim() - 1)))
+    Matched per image (never per batch, which would flatter a structured map). Norms, the scale and δ are
+    computed in float64 with per-image max-scaling (:func:`norms64`), so the SNRs agree to 1e-6 whatever
+    the dynamic range of the map or the feature; δ is returned in the direction's dtype. A direction that
+    is all zeros (nothing to rescale), non-finite entries, or a δ the dtype cannot hold to that accuracy
+    raise a ValueError naming the first offending sample."""
+    if direction.shape != f.shape:
+        raise ValueError(f"match_energy: direction {tuple(direction.shape)} and feature {tuple(f.shape)} differ in shape")
+    d64 = direction.detach().double()
+    for name, t in (("direction", d64), ("feature", f)):
+        bad = ~torch.isfinite(t.detach().flatten(1)).all(1)
+        if bad.any():
+            raise ValueError(f"match_energy: the {name} of sample {_first(bad)} has non-finite entries "
+                             f"({int(bad.sum())} sample(s) affected)")
+    d_norm, f_norm = norms64(d64), norms64(f)
+    zero = d_norm == 0
+    if zero.any():
+        raise ValueError(f"match_energy: the direction of sample {_first(zero)} is all zeros, so it cannot be "
+                         f"rescaled to {snr_db:g} dB ({int(zero.sum())} sample(s) affected)")
+    target = f_norm * 10.0 ** (-snr_db / 20.0)
+    shape = (-1, *([1] * (direction.dim() - 1)))
+    delta = (d64 * (target / d_norm).view(shape)).to(direction.dtype)
+    # the cast to a narrower dtype may overflow (inf) or flush to zero/subnormals: say so, never return it
+    finite = torch.isfinite(delta.flatten(1)).all(1)
+    got = torch.where(finite, norms64(torch.nan_to_num(delta, posinf=0.0, neginf=0.0)), float("inf"))
+    off = (target > 0) & ~((got - target).abs() <= 1e-6 * target)
+    if off.any():
+        i = _first(off)
+        raise ValueError(f"match_energy: δ of sample {i} (norm {float(target[i]):.3g}) is not representable in "
+                         f"{direction.dtype} to 1e-6")
+    return delta
 
 
 def snr_db(f: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """Per-image SNR (dB) of the distortion δ relative to the feature f."""
-    dims = tuple(range(1, f.dim()))
-    return 10.0 * torch.log10(f.double().pow(2).sum(dims) / delta.double().pow(2).sum(dims))
+    """Per-image SNR (dB) of the distortion δ relative to the feature f (float64, any scale)."""
+    return 20.0 * torch.log10(norms64(f) / norms64(delta))
 
 
 def shuffle_spatial(j: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

@@ -1,7 +1,9 @@
-"""Typed parameters of `featjnd` (validated before any node runs; a bad value names its key)."""
+"""Typed parameters of `featjnd`: node functions take `Params` as a type hint, Kedro validates it before
+any node runs, and a bad value stops the command with one line naming the key."""
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipelines.core.params import MethodParams, Strict
 
@@ -78,9 +80,34 @@ class Evaluation(Strict):
         return self
 
 
+# One FeatJND estimator per split point; each is a variant with its own nodes `train.<variant>` and
+# `evaluate.<variant>` (E1–E3 with that split's fit-free controls).
+Variant = Literal["estimator_s1", "estimator_s2"]
+
+
+def split_of(variant: str) -> str:
+    """``estimator_s1`` → ``s1``: the split point a variant's estimator is trained at."""
+    return variant.removeprefix("estimator_")
+
+
 class Params(MethodParams):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data
     backbone: Backbone
+    variants: list[Variant] = Field(min_length=1)
     estimator: Estimator
     evaluation: Evaluation
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("variants has duplicates")
+        # a claim on a split whose estimator is not run would only fail at the report: refuse it here
+        have = {split_of(x) for x in v}
+        for c in info.data.get("claims") or []:
+            m = re.search(r"(?:^|\.)(s\d)_", c.metric)
+            if m and m.group(1) not in have:
+                raise ValueError(f"claim '{c.id}' reads split {m.group(1)}, but estimator_{m.group(1)} "
+                                 f"is not among the variants")
+        return v

@@ -1,6 +1,7 @@
-"""Training stage of `featjnd`: the backbone CNN on the image set, then one FeatJND estimator per split point
-(card, Mechanism: relaxed chance-constrained loss with dual ascent on μ, then the global scale s calibrated
-on val so that the val flip rate is ρ)."""
+"""Training stage of `featjnd`: the backbone CNN on the image set (one shared fit, `train.backbone`), then one
+FeatJND estimator per split point, each a variant node `train.estimator_<split>` (card, Mechanism: relaxed
+chance-constrained loss with dual ascent on μ, then the global scale s calibrated on val so that the val
+flip rate is ρ). Both fits run through core's training loop."""
 from __future__ import annotations
 
 import math
@@ -8,11 +9,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.params import parse
-from pipelines.core.runtime import get_device, seed_everything, set_threads
-from pipelines.core.training import fit
+from pipelines.core.runtime import node_setup
+from pipelines.core.training import StepInfo, fit
 from pipelines.featjnd.model import (JNDEstimator, SmallCNN, calibrate_scale, flip_rate, freeze,
                                      jnd_loss, sample_noise)
+from pipelines.featjnd.params import Params, split_of
 
 SPLIT_SEED_OFFSET = {"s1": 1000, "s2": 2000}  # the estimator of each split gets its own stream
 
@@ -32,15 +33,13 @@ def encode(model: SmallCNN, x: torch.Tensor, split: str, batch: int = 512) -> to
     return torch.cat([model.encode(x[i:i + batch], split) for i in range(0, x.shape[0], batch)])
 
 
-def train_backbone(images: dict, raw: dict) -> dict[str, dict[str, torch.Tensor]]:
-    """Node: the small CNN per seed (Adam, fixed epochs; it overfits the train set, as in the card)."""
-    p = parse("featjnd", raw)
-    set_threads(p.threads)
-    device = get_device(p.device)
+def train_backbone(images: dict, p: Params) -> dict[str, dict[str, torch.Tensor]]:
+    """Node (shared fit): the small CNN per seed (Adam, fixed epochs; it overfits the train set, as in the
+    card). Every estimator variant reads it frozen."""
     out = {}
     for seed in p.seeds:
+        device = node_setup(p, seed)
         data = images[f"seed{seed}"]
-        seed_everything(seed)
         model = build_backbone(data, p.backbone.widths).to(device)
         x, y = data["x_train"].to(device), data["y_train"].to(device)
         # weight_decay=0 and no clipping: plain Adam, as the card trains it
@@ -57,14 +56,15 @@ def load_backbone(data: dict, state: dict, widths: list[int], device: torch.devi
     return freeze(model.to(device))
 
 
-def train_estimator(images: dict, backbones: dict, raw: dict, split: str) -> dict[str, dict]:
-    """FeatJND estimator at ``split`` for every seed: state, channel std, scale s, val flip rate, history."""
-    p = parse("featjnd", raw)
+def train_estimator(images: dict, backbones: dict, p: Params, variant: str) -> dict[str, dict]:
+    """Node `train.estimator_<split>`: the FeatJND estimator at the variant's split point for every seed:
+    state, channel std, scale s, val flip rate, history (epoch, train loss, mean flip rate, μ)."""
+    split = split_of(variant)
     e = p.estimator
-    set_threads(p.threads)
-    device = get_device(p.device)
     out = {}
     for seed in p.seeds:
+        stream = seed + SPLIT_SEED_OFFSET[split]
+        device = node_setup(p)
         data = images[f"seed{seed}"]
         model = load_backbone(data, backbones[f"seed{seed}"], p.backbone.widths, device)
         f_train = encode(model, data["x_train"].to(device), split)
@@ -76,23 +76,27 @@ def train_estimator(images: dict, backbones: dict, raw: dict, split: str) -> dic
         def head(t: torch.Tensor) -> torch.Tensor:
             return model.head(t, split)
 
-        gen = seed_everything(seed + SPLIT_SEED_OFFSET[split])
-        noise_gen = torch.Generator(device=device).manual_seed(seed + SPLIT_SEED_OFFSET[split])
+        node_setup(p, stream)  # seeded after the backbone's throw-away init: the estimator's init is the stream's
+        gen = torch.Generator().manual_seed(stream)
+        noise_gen = torch.Generator(device=device).manual_seed(stream)
         est = JNDEstimator(fn_train.shape[1], e.hidden, e.j_max).to(device)
         dual = {"log_mu": math.log(e.mu_init)}
         log: list[tuple[float, float]] = []
 
-        def loss_fn(m: JNDEstimator, fn: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+        def loss_fn(m: JNDEstimator, fn: torch.Tensor, clean: torch.Tensor):
             loss, flip = jnd_loss(m.raw(fn), fn, std, clean, head, e.k_samples, e.tau, e.lambda_m,
                                   math.exp(dual["log_mu"]), e.noise_dist, e.magnitude_metric, noise_gen)
-            # dual ascent on the mini-batch flip rate: μ grows while flips exceed the allowed rate ρ
+            return loss, {"flip": flip}
+
+        def dual_ascent(info: StepInfo) -> None:
+            # after each primal step, dual ascent on the mini-batch flip rate: μ grows while flips exceed ρ
+            flip = info.extras["flip"]
             dual["log_mu"] = min(max(dual["log_mu"] + e.eta * (flip - e.rho) / e.rho, -20.0), 20.0)
             log.append((flip, math.exp(dual["log_mu"])))
-            return loss
 
         res = fit(est, [fn_train, clean_train], loss_fn, epochs=e.epochs, lr=e.lr, weight_decay=0.0,
                   batch_size=e.batch_size, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=gen)),
-                  desc=f"featjnd estimator {split} seed {seed}")
+                  desc=f"featjnd {variant} seed {seed}", callback=dual_ascent)
         steps = math.ceil(len(fn_train) / e.batch_size)
         history = torch.tensor([[h["epoch"], h["train_loss"],
                                  sum(fl for fl, _ in log[i * steps:(i + 1) * steps]) / steps,
@@ -112,14 +116,3 @@ def train_estimator(images: dict, backbones: dict, raw: dict, split: str) -> dic
                               "scale": float(s), "flip_rate_val": float(flip_val),
                               "train_flip_rate_last_epoch": float(history[-1, 2]), "history": history}
     return out
-
-
-def train_estimator_s1(images: dict, backbones: dict, raw: dict) -> dict[str, dict]:
-    """Node: FeatJND estimator at split S1."""
-    return train_estimator(images, backbones, raw, "s1")
-
-
-def train_estimator_s2(images: dict, backbones: dict, raw: dict) -> dict[str, dict]:
-    """Node: FeatJND estimator at split S2."""
-    return train_estimator(images, backbones, raw, "s2")
-

@@ -46,3 +46,9 @@ def test_claims_on_an_interval(lo, hi, verdict):
     vals = {"speedup": (lo + hi) / 2, "speedup.ci_low": lo, "speedup.ci_high": hi}
     [c] = evaluate_claims([claim("speedup", ">=", 1.0)], vals)
     assert c["verdict"] == verdict and c["holds"] is (verdict == "holds") and c["ci"] == [lo, hi]
+
+
+def test_claim_on_an_unbounded_interval_is_inconclusive():
+    vals = {"speedup": 1.4, "speedup.ci_low": -math.inf, "speedup.ci_high": math.inf}
+    [c] = evaluate_claims([claim("speedup", ">=", 1.0)], vals)
+    assert c["verdict"] == "inconclusive" and c["holds"] is False

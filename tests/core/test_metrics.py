@@ -74,8 +74,8 @@ def test_median_ci_coverage_is_exact_for_the_chosen_order_statistics():
         x = np.arange(n, dtype=float)
         med, lo, hi = median_ci(x, 0.95)
         assert med == np.median(x)
-        if n < 6:   # too few values for 95%: the whole range
-            assert (lo, hi) == (0.0, n - 1.0)
+        if n < 6:   # too few values for 95%: no interval at all (a claim on it is inconclusive)
+            assert (lo, hi) == (-math.inf, math.inf)
             continue
         k = int(lo) + 1                      # interval = (x_(k), x_(n-k+1))
         cover = sum(binom.pmf(j, n, 0.5) for j in range(k, n - k + 1))
@@ -92,6 +92,15 @@ def test_ratio_ci_of_paired_rounds():
     assert set(m) == {"speedup", "speedup.ci_low", "speedup.ci_high"}
     with pytest.raises(ValueError):
         ratio_ci([1.0], [1.0, 2.0])
+
+
+def test_interleaved_timing_inner_counts_per_function():
+    calls = []
+    out = interleaved_timing({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2,
+                             warmup=0, inner={"a": 3})
+    assert calls.count("a") == 6 and calls.count("b") == 2 and len(out["a"]) == 2
+    with pytest.raises(ValueError):
+        interleaved_timing({"a": lambda: None}, rounds=1, inner=0)
 
 
 def test_interleaved_timing_rotates_order_and_counts_rounds():

@@ -51,8 +51,10 @@ def evaluate_claims(claims: Iterable[Mapping[str, Any]], values: Mapping[str, fl
         if lo_key in values and hi_key in values:
             lo, hi = _num(values[lo_key]), _num(values[hi_key])
             entry["ci"] = [None if math.isnan(lo) else lo, None if math.isnan(hi) else hi]
-            if math.isnan(lo) or math.isnan(hi) or math.isnan(value):
+            if math.isnan(value):
                 verdict = "fails"
+            elif math.isnan(lo) or math.isnan(hi):   # no interval could be formed: undecided
+                verdict = "inconclusive"
             elif op(lo, thr) and op(hi, thr):
                 verdict = "holds"
             elif not op(lo, thr) and not op(hi, thr):

@@ -105,7 +105,8 @@ class RatioEstimate:
 def median_ci(x: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """The median of ``x`` and an exact, distribution-free interval from order statistics: the smallest
     symmetric pair (x_(k), x_(n−k+1)) with P(Bin(n, 1/2) in [k, n−k]) ≥ confidence. With too few
-    values for that confidence the interval is (min, max)."""
+    values for that confidence (even (min, max) misses the median with probability 2^(1−n) > 1 − confidence)
+    the interval is (−inf, inf), so a claim on it is inconclusive rather than decided at a lower confidence."""
     from scipy.stats import binom
 
     s = np.sort(np.asarray(x, float))
@@ -116,8 +117,9 @@ def median_ci(x: Sequence[float], confidence: float = 0.95) -> tuple[float, floa
     k = int(binom.ppf((1 - confidence) / 2, n, 0.5))  # number of values allowed below the interval
     while k > 0 and binom.cdf(n - k, n, 0.5) - binom.cdf(k - 1, n, 0.5) < confidence:
         k -= 1
-    lo, hi = (s[k - 1], s[n - k]) if k >= 1 else (s[0], s[-1])
-    return med, float(lo), float(hi)
+    if k < 1:
+        return med, -math.inf, math.inf
+    return med, float(s[k - 1]), float(s[n - k])
 
 
 def ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> RatioEstimate:
@@ -132,16 +134,21 @@ def ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -
 
 def interleaved_timing(fns: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 1,
                        sync: Callable[[], None] | None = None, clock: str = "wall",
-                       inner: int = 1) -> dict[str, np.ndarray]:
+                       inner: int | Mapping[str, int] = 1) -> dict[str, np.ndarray]:
     """Time each function ``rounds`` times, interleaved: every round runs every function once, in an
     order rotated each round, so drift and bursts of load fall on all of them alike. ``inner`` calls per
-    sample (for very short functions); ``clock`` ``wall`` (perf_counter) or ``cpu`` (process time).
+    sample (for very short functions; a mapping name → calls gives each function its own count, for
+    groups that mix microsecond and second-long calls); ``clock`` ``wall`` (perf_counter) or ``cpu``
+    (process time).
     Returns seconds per call, one array of ``rounds`` values per function."""
     if rounds < 1:
         raise ValueError("interleaved_timing needs rounds >= 1")
     tick = time.perf_counter if clock == "wall" else time.process_time
     sync = sync or (lambda: None)
     names = list(fns)
+    reps = {nm: int(inner) if isinstance(inner, int) else int(inner.get(nm, 1)) for nm in names}
+    if min(reps.values(), default=1) < 1:
+        raise ValueError("interleaved_timing needs inner >= 1")
     for _ in range(warmup):
         for nm in names:
             fns[nm]()
@@ -152,10 +159,10 @@ def interleaved_timing(fns: Mapping[str, Callable[[], object]], rounds: int, war
         for nm in order:
             sync()
             t0 = tick()
-            for _ in range(inner):
+            for _ in range(reps[nm]):
                 fns[nm]()
             sync()
-            out[nm].append((tick() - t0) / inner)
+            out[nm].append((tick() - t0) / reps[nm])
     return {nm: np.asarray(v) for nm, v in out.items()}
 
 

@@ -1,6 +1,10 @@
-"""The operator benchmark of the paper's speed study (§4, Fig. 1 and the operator tables): depthwise
-convolution vs WBMM (and, as sweeps, an im2col depthwise conv and Swin windowed attention), all ops of
-one (dtype, B, C, H) config measured in the same process, interleaved round-robin, median of repeats.
+"""The speed measurements: the operator benchmark of the paper's speed study (§4, Fig. 1 and the operator
+tables: depthwise convolution vs WBMM and, as sweeps, an im2col depthwise conv and Swin windowed attention)
+and the tiny nets' training step. Each is ONE node on purpose: the ops (or nets) it compares are timed side
+by side in one process, in interleaved rounds (``core.metrics.interleaved_timing``: every round runs every
+op once, in a rotated order), so a burst of load hits all of them alike and every ratio is a median of
+per-round ratios with an exact interval (``core.metrics.ratio_ci``). Split into one node per op, the
+ratios would compare different minutes of a shared machine.
 
 Only ratios from one run are meant to be compared: absolute times depend on the machine and its load.
 """
@@ -8,9 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import itertools
 import math
-import statistics
 import time
 import zlib
 from collections.abc import Callable
@@ -19,15 +21,20 @@ import pandas as pd
 import torch
 from torch import nn
 
-from pipelines.core.params import parse
-from pipelines.core.runtime import get_device, set_threads
-from pipelines.wbmm.ops import (WBMM, WindowAttention, build_matrix, relative_index, unfold_buffer_mb,
-                                unfold_dwconv, window_partition, window_reverse)
+from pipelines.core.metrics import interleaved_timing
+from pipelines.core.runtime import node_setup
+from pipelines.core.training import fit
+from pipelines.wbmm.model import build_net
+from pipelines.wbmm.ops import WBMM, WindowAttention, build_matrix, relative_index, unfold_dwconv, window_partition, \
+    window_reverse
+from pipelines.wbmm.params import Params
+from pipelines.wbmm.train import cross_entropy, prepare, timing_clock
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 * 2**20  # glibc's maximum on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = 2**30
+KEYS = ["dtype", "batch", "channels", "size", "op", "param", "mode"]
 
 
 def tune_malloc() -> dict[str, object]:
@@ -50,8 +57,7 @@ def backend_info(device: torch.device) -> dict[str, object]:
         "torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()),
     }
-    cfg = torch.__config__.show()
-    for line in cfg.splitlines():
+    for line in torch.__config__.show().splitlines():
         if "MKL-DNN" in line or "oneDNN" in line:
             info["onednn"] = line.strip().lstrip("- ")
     if device.type == "cuda":
@@ -60,15 +66,15 @@ def backend_info(device: torch.device) -> dict[str, object]:
     return info
 
 
-def timing_clock(choice: str, device: torch.device, threads: int) -> str:
-    """'auto': this process's CPU time on a 1-thread CPU run (on a shared machine it is what an idle core
-    would take, while wall time also counts the waits for other jobs' time slices), else wall time
-    (GPU: after a synchronize; several CPU threads: CPU time would add the threads up)."""
-    if choice != "auto":
-        if choice == "cpu" and (device.type != "cpu" or threads != 1):
-            raise ValueError("parameter wbmm.bench.clock: 'cpu' needs device cpu and threads: 1")
-        return choice
-    return "cpu" if device.type == "cpu" and threads == 1 else "wall"
+def _prologue(p: Params, seed: int) -> tuple[torch.device, Callable[[], None], str, dict]:
+    """Node preamble of a timing node: threads / seed / device, the allocator setting, the clock."""
+    device = node_setup(p, seed)
+    env = tune_malloc() if (p.malloc_tuning and device.type == "cpu") else {"malloc_tuned": False}
+    env.update(backend_info(device))
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    clock = timing_clock(p.bench.clock, device, torch.get_num_threads())
+    env["clock"] = clock
+    return device, sync, clock, env
 
 
 def padded(size: int, w: int) -> int:
@@ -82,26 +88,6 @@ def op_flops(op: str, param: int, batch: int, channels: int, size: int) -> float
     if op in ("dw", "unfold"):
         return 2.0 * batch * channels * size * size * param**2
     return float("nan")
-
-
-def make_grid(raw: dict) -> pd.DataFrame:
-    """One row per measurement of the benchmark: (dtype, batch, channels, size, op, param, mode)."""
-    p = parse("wbmm", raw).bench
-    rows = []
-    for dtype, b, c, h in itertools.product(p.dtypes, p.batch, p.channels, p.sizes):
-        ops = [("dw", k) for k in p.dw_kernels] + [("wbmm", w) for w in p.windows]
-        ops += [("unfold", k) for k in p.unfold_kernels if unfold_buffer_mb(b, c, h, k) <= p.unfold_max_mb]
-        ops += [("attn", w) for w in p.attn_windows]
-        for (op, param), mode in itertools.product(ops, p.modes):
-            rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": op, "param": param,
-                         "mode": mode})
-        # the two parts of WBMM's forward the paper's cost discussion separates
-        for w in p.windows:
-            rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": "wbmm_build_m", "param": w,
-                         "mode": "fwd"})
-            rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": "wbmm_reshape", "param": w,
-                         "mode": "fwd"})
-    return pd.DataFrame(rows)
 
 
 def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tensor) -> Callable[[], object]:
@@ -118,18 +104,8 @@ def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tenso
             xw, shape = window_partition(x, param)
             return window_reverse(xw, param, x.shape[0], shape)
         return reshape
-    if op == "dw":
-        mod: nn.Module = nn.Conv2d(c, c, param, padding=param // 2, groups=c, bias=False)
-    elif op == "wbmm":
-        mod = WBMM(c, param)
-    elif op == "attn":
-        mod = WindowAttention(c, param)
-    elif op == "unfold":
-        weight = nn.Parameter(torch.randn(c, 1, param, param, device=dev, dtype=dt) * 0.1)
-        mod = None  # functional
-    else:
-        raise ValueError(f"unknown op {op!r}")
     if op == "unfold":
+        weight = nn.Parameter(torch.randn(c, 1, param, param, device=dev, dtype=dt) * 0.1)
         if mode == "fwd":
             return lambda: unfold_dwconv(x, weight.detach())
         xg = x.detach().clone().requires_grad_(True)
@@ -138,6 +114,14 @@ def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tenso
             weight.grad, xg.grad = None, None
             unfold_dwconv(xg, weight).backward(grad)
         return unfold_step
+    if op == "dw":
+        mod: nn.Module = nn.Conv2d(c, c, param, padding=param // 2, groups=c, bias=False)
+    elif op == "wbmm":
+        mod = WBMM(c, param)
+    elif op == "attn":
+        mod = WindowAttention(c, param)
+    else:
+        raise ValueError(f"unknown op {op!r}")
     mod = mod.to(device=dev, dtype=dt)
     if mode == "fwd":
         mod.eval()
@@ -155,58 +139,35 @@ def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tenso
     return step
 
 
-def _time_interleaved(calls: dict[tuple, Callable[[], object]], sync: Callable[[], None], warmup: int,
-                      min_reps: int, min_total_s: float, max_reps: int, max_call_s: float,
-                      clock: str = "wall") -> dict[tuple, dict]:
-    """Warm every call up, pick its repeat count from its warm-up time, then time all calls round-robin
-    (rotating the start so no op always follows the same one) and keep median and quartiles of the
-    chosen clock ('wall' or 'cpu' = this process's CPU time); the wall-clock median is kept as well."""
-    pick = 1 if clock == "cpu" else 0
-    def once(fn: Callable[[], object]) -> tuple[float, float]:
-        sync()
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        sync()
-        return time.perf_counter() - t0, time.process_time() - c0
-
-    warm: dict[tuple, float] = {}
-    for _ in range(warmup):
-        for key, fn in calls.items():
-            warm[key] = once(fn)[pick]
-    reps = {}
-    for key, t in warm.items():
-        n = min_reps if t > max_call_s else max(min_reps, math.ceil(min_total_s / max(t, 1e-9)))
-        reps[key] = min(n, max(max_reps, min_reps))
-    times: dict[tuple, list[float]] = {k: [] for k in calls}
-    walls: dict[tuple, list[float]] = {k: [] for k in calls}
-    keys = list(calls)
-    for r in range(max(reps.values())):
-        shift = r % len(keys)
-        for key in keys[shift:] + keys[:shift]:
-            if r < reps[key]:
-                wall, cpu = once(calls[key])
-                times[key].append(cpu if pick else wall)
-                walls[key].append(wall)
-    out = {}
-    for key, ts in times.items():
-        q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
-        out[key] = {"ms": 1e3 * statistics.median(ts), "p25_ms": 1e3 * q[0], "p75_ms": 1e3 * q[2],
-                    "reps": len(ts), "warmup_ms": 1e3 * warm[key],
-                    "wall_ms": 1e3 * statistics.median(walls[key])}
-    return out
+def inner_count(fn: Callable[[], object], sync: Callable[[], None], clock: str, min_sample_s: float,
+                max_inner: int) -> int:
+    """Calls per sample: enough that one sample lasts ``min_sample_s`` (from a warm call's time), so
+    sub-millisecond ops are not timed at the clock's and the scheduler's granularity."""
+    tick = time.perf_counter if clock == "wall" else time.process_time
+    fn()
+    sync()
+    t0 = tick()
+    fn()
+    sync()
+    t = tick() - t0
+    return int(min(max_inner, max(1, math.ceil(min_sample_s / max(t, 1e-9)))))
 
 
-def run_benchmark(grid: pd.DataFrame, raw: dict) -> tuple[pd.DataFrame, dict]:
-    """Time every row of ``grid`` on this process's device; returns the rows with ``ms`` (median),
-    quartiles, repeat count and effective GFLOP/s, and the backend/allocator settings used."""
-    p = parse("wbmm", raw)
-    set_threads(p.threads)
-    device = get_device(p.device)
-    env = tune_malloc() if (p.malloc_tuning and device.type == "cpu") else {"malloc_tuned": False}
-    env.update(backend_info(device))
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    clock = timing_clock(p.bench.clock, device, torch.get_num_threads())
-    env["clock"] = clock
+def time_group(calls: dict, sync: Callable[[], None], clock: str, rounds: int, warmup: int,
+               min_sample_s: float, max_inner: int) -> dict:
+    """``{key: (seconds per call, one value per round), inner}`` for calls timed together in interleaved
+    rounds; each sample repeats its call ``inner`` times (per call, from :func:`inner_count`)."""
+    inner = {k: inner_count(fn, sync, clock, min_sample_s, max_inner) for k, fn in calls.items()}
+    times = interleaved_timing(calls, rounds=rounds, warmup=warmup, sync=sync, clock=clock, inner=inner)
+    return {k: (times[k], inner[k]) for k in calls}
+
+
+def run_benchmark(grid: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict]:
+    """Time every row of ``grid`` on this process's device: one row per (measurement, round) with the
+    seconds per call of that round; and the backend/allocator/clock settings used."""
+    b_ = p.bench
+    device, sync, clock, env = _prologue(p, p.seeds[0])
+    env.update(rounds=b_.rounds, warmup=b_.warmup, min_sample_s=b_.min_sample_s, confidence=b_.confidence)
     results = []
     for (dtype, b, c, h), rows in grid.groupby(["dtype", "batch", "channels", "size"], sort=False):
         seed = p.seeds[0] * 1_000_003 + zlib.crc32(f"{dtype}-{b}-{c}-{h}".encode())
@@ -217,19 +178,37 @@ def run_benchmark(grid: pd.DataFrame, raw: dict) -> tuple[pd.DataFrame, dict]:
         torch.manual_seed(seed)  # module initialisations
         calls = {(r.op, int(r.param), r.mode): _callable(r.op, int(r.param), r.mode, x, grad)
                  for r in rows.itertuples()}
-        with torch.no_grad():
-            fwd = {k: v for k, v in calls.items() if k[2] == "fwd"}
-            timed = _time_interleaved(fwd, sync, p.bench.warmup, p.bench.min_reps, p.bench.min_total_s,
-                                      p.bench.max_reps, p.bench.max_call_s, clock) if fwd else {}
-        bwd = {k: v for k, v in calls.items() if k[2] == "fwdbwd"}
-        if bwd:
-            timed.update(_time_interleaved(bwd, sync, p.bench.warmup, p.bench.min_reps, p.bench.min_total_s,
-                                           p.bench.max_reps, p.bench.max_call_s, clock))
-        for (op, param, mode), t in timed.items():
-            flops = op_flops(op, param, b, c, h) if mode == "fwd" else float("nan")
-            results.append({"dtype": dtype, "batch": int(b), "channels": int(c), "size": int(h), "op": op,
-                            "param": param, "mode": mode, **t,
-                            "padded_size": padded(int(h), param) if op.startswith("wbmm") or op == "attn" else int(h),
-                            "gflops_effective": flops / (t["ms"] * 1e-3) / 1e9})
+        timed = {}
+        for mode in dict.fromkeys(k[2] for k in calls):  # fwd under no_grad, fwd+bwd with autograd
+            group = {k: v for k, v in calls.items() if k[2] == mode}
+            with torch.set_grad_enabled(mode != "fwd"):
+                timed.update(time_group(group, sync, clock, b_.rounds, b_.warmup, b_.min_sample_s, b_.max_inner))
+        for (op, param, mode), (secs, inner) in timed.items():
+            for r, s in enumerate(secs):
+                results.append({"dtype": dtype, "batch": int(b), "channels": int(c), "size": int(h), "op": op,
+                                "param": param, "mode": mode, "round": r, "seconds": float(s), "inner": inner})
         del calls, x, grad
     return pd.DataFrame(results), env
+
+
+def train_speed(images: dict, p: Params) -> pd.DataFrame:
+    """Training-step time of every variant's tiny net, interleaved: each timed call is one step of
+    ``core.training.fit`` (forward, cross-entropy, backward, AdamW with its state kept across calls) on
+    the same standardised batch of ``acc.batch_size`` training images. One row per (variant, round)."""
+    a, seed = p.acc, p.seeds[0]
+    device, sync, clock, _ = _prologue(p, seed)
+    xtr, ytr, _, yte, n_classes = prepare(images[str(seed)], device)
+    xb, yb = xtr[:a.batch_size], ytr[:a.batch_size]
+    fns = {}
+    for variant, pattern in a.variants.items():
+        torch.manual_seed(seed)
+        net = build_net(pattern, xb.shape[1], n_classes, a).to(device)
+        opt = torch.optim.AdamW(net.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+
+        def step(net: nn.Module = net, opt: torch.optim.Optimizer = opt, desc: str = f"{variant} step") -> None:
+            fit(net, (xb, yb), cross_entropy, epochs=1, batch_size=None, optimizer=lambda _params: opt,
+                grad_clip=None, seed=seed, progress=False, desc=desc)
+        fns[variant] = step
+    times = interleaved_timing(fns, rounds=a.speed_rounds, warmup=a.speed_warmup, sync=sync, clock=clock)
+    return pd.DataFrame([{"variant": v, "round": r, "seconds": float(s), "batch_size": len(yb), "clock": clock}
+                         for v, ts in times.items() for r, s in enumerate(ts)])

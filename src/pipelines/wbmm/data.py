@@ -1,56 +1,120 @@
 """Inputs of `wbmm`: the benchmark grid (random tensors are drawn, seeded, in the benchmark node) and the
-images of the accuracy check: sklearn's bundled digits (8×8, bilinearly upsampled) or a user .npz."""
+images of the accuracy check: sklearn's bundled digits (8×8, bilinearly upsampled) or a user .npz, which
+is checked (arrays, columns, dtypes, sizes) before any training."""
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.params import ParameterError, parse
+from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.wbmm.ops import unfold_buffer_mb
+from pipelines.wbmm.params import Params
+
+SPLITS = ("train", "test")
 
 
-def _resize(x: np.ndarray, size: int) -> torch.Tensor:
-    t = torch.as_tensor(np.asarray(x, dtype=np.float32))
+def make_grid(p: Params) -> pd.DataFrame:
+    """One row per measurement of the benchmark: (dtype, batch, channels, size, op, param, mode)."""
+    b_ = p.bench
+    rows = []
+    for dtype, b, c, h in itertools.product(b_.dtypes, b_.batch, b_.channels, b_.sizes):
+        ops = [("dw", k) for k in b_.dw_kernels] + [("wbmm", w) for w in b_.windows]
+        ops += [("unfold", k) for k in b_.unfold_kernels if unfold_buffer_mb(b, c, h, k) <= b_.unfold_max_mb]
+        ops += [("attn", w) for w in b_.attn_windows]
+        for (op, param), mode in itertools.product(ops, b_.modes):
+            rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": op, "param": param,
+                         "mode": mode})
+        # the two parts of WBMM's forward the paper's cost discussion separates
+        for w in b_.windows:
+            for op in ("wbmm_build_m", "wbmm_reshape"):
+                rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": op, "param": w,
+                             "mode": "fwd"})
+    return pd.DataFrame(rows)
+
+
+def _resize(t: torch.Tensor, size: int) -> torch.Tensor:
     if t.ndim == 3:  # N×H×W → N×1×H×W
         t = t.unsqueeze(1)
-    if t.ndim != 4:
-        raise ParameterError(f"parameter wbmm.acc.data_path: images must be N×H×W or N×C×H×W, got {tuple(t.shape)}")
     if t.shape[-2:] != (size, size):
         t = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
     return t.contiguous()
 
 
-def make_images(raw: dict) -> dict:
+def check_npz(arrays: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
+    """The user's images, checked as two tables (``x``: one image array per row, ``y``: an integer label)
+    with :class:`TableSchema`, plus what a table schema cannot say (image rank, equal lengths, labels
+    0..K−1, finite pixels). Raises :class:`InputDataError` naming the dataset and the array."""
+    missing = [f"{a}_{s}" for s in SPLITS for a in ("x", "y") if f"{a}_{s}" not in arrays]
+    if missing:
+        have = ", ".join(sorted(arrays)) or "none"
+        raise InputDataError(f"dataset '{name}': array '{missing[0]}' is missing (arrays: {have})")
+    out = {}
+    for s in SPLITS:
+        x, y = np.asarray(arrays[f"x_{s}"]), np.asarray(arrays[f"y_{s}"])
+        if x.ndim not in (3, 4) or x.size == 0:
+            raise InputDataError(f"dataset '{name}': array 'x_{s}' should be N×H×W or N×C×H×W images, "
+                                 f"got shape {x.shape}")
+        if y.ndim != 1:
+            raise InputDataError(f"dataset '{name}': array 'y_{s}' should be a vector of labels, got shape {y.shape}")
+        if len(x) != len(y):
+            raise InputDataError(f"dataset '{name}': 'x_{s}' has {len(x)} images but 'y_{s}' {len(y)} labels")
+        table = pd.DataFrame({f"x_{s}": list(x), f"y_{s}": y})
+        TableSchema(name, {f"x_{s}": "array", f"y_{s}": "int"}, min_rows=2 if s == "train" else 1,
+                    no_missing=(f"y_{s}",)).check(table)
+        if x.dtype.kind not in "iuf":
+            raise InputDataError(f"dataset '{name}': column 'x_{s}' should be numeric images, got {x.dtype}")
+        if not np.isfinite(x).all():
+            raise InputDataError(f"dataset '{name}': column 'x_{s}' has non-finite pixel values")
+        if y.min() < 0:
+            raise InputDataError(f"dataset '{name}': column 'y_{s}' has negative labels (expected 0..K-1)")
+        out[f"x_{s}"], out[f"y_{s}"] = x, y
+    if out["x_train"].shape[1:] != out["x_test"].shape[1:]:
+        raise InputDataError(f"dataset '{name}': 'x_train' images are {out['x_train'].shape[1:]} but 'x_test' "
+                             f"{out['x_test'].shape[1:]}")
+    return out
+
+
+def load_npz(path: str, size: int, train_limit: int | None) -> dict[str, torch.Tensor]:
+    name = f"wbmm.acc.data_path ({path})"
+    if not Path(path).is_file():
+        raise InputDataError(f"dataset '{name}': no file at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as exc:
+        raise InputDataError(f"dataset '{name}': not a readable .npz ({exc})") from None
+    a = check_npz(arrays, name)
+    split = {f"x_{s}": _resize(torch.as_tensor(a[f"x_{s}"].astype(np.float32)), size) for s in SPLITS}
+    split.update({f"y_{s}": torch.as_tensor(a[f"y_{s}"].astype(np.int64)) for s in SPLITS})
+    if train_limit:
+        split["x_train"], split["y_train"] = split["x_train"][:train_limit], split["y_train"][:train_limit]
+    return split
+
+
+def make_images(p: Params) -> dict:
     """Train/test images and labels per seed: ``{"<seed>": {x_train, y_train, x_test, y_test}}``.
 
     Digits: a stratified split drawn per seed (1257/540 at the default test_size). A user .npz holds
     its own fixed split (x_train, y_train, x_test, y_test), shared by every seed."""
-    p = parse("wbmm", raw).acc
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    if p.data_path:
-        path = Path(p.data_path)
-        if not path.is_file():
-            raise ParameterError(f"parameter wbmm.acc.data_path: no file at {path}")
-        with np.load(path) as z:
-            missing = {"x_train", "y_train", "x_test", "y_test"} - set(z.files)
-            if missing:
-                raise ParameterError(f"parameter wbmm.acc.data_path: {path} lacks arrays {sorted(missing)}")
-            split = {"x_train": _resize(z["x_train"], p.size), "x_test": _resize(z["x_test"], p.size),
-                     "y_train": torch.as_tensor(z["y_train"]).long(), "y_test": torch.as_tensor(z["y_test"]).long()}
-        if p.train_limit:
-            split["x_train"], split["y_train"] = split["x_train"][:p.train_limit], split["y_train"][:p.train_limit]
-        return {str(s): split for s in parse("wbmm", raw).seeds}
+    a = p.acc
+    if a.data_path:
+        split = load_npz(a.data_path, a.size, a.train_limit)
+        return {str(s): split for s in p.seeds}
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
-    x = _resize(digits.images / 16.0, p.size)
+    x = _resize(torch.as_tensor(digits.images / 16.0, dtype=torch.float32), a.size)
     y = torch.as_tensor(digits.target).long()
-    for seed in parse("wbmm", raw).seeds:
-        tr, te = train_test_split(np.arange(len(y)), test_size=p.test_size, stratify=digits.target,
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for seed in p.seeds:
+        tr, te = train_test_split(np.arange(len(y)), test_size=a.test_size, stratify=digits.target,
                                   random_state=seed)
-        tr, te = torch.as_tensor(tr[:p.train_limit]), torch.as_tensor(te)
+        tr, te = torch.as_tensor(tr[:a.train_limit]), torch.as_tensor(te)
         out[str(seed)] = {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
     return out

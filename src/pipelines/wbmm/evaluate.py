@@ -1,10 +1,18 @@
-"""Metrics, plots and the report of `wbmm`: the paper's speed claims as ratios t_DW / t_WBMM from one run
-(matched receptive field, matched parameters, the w=14 vs k=5 headline), the scaling slopes of time in
-k² and w², effective GFLOP/s, and the accuracy / training-throughput comparison of the tiny nets."""
+"""Metrics, report and plots of `wbmm`. Every timing number comes from interleaved rounds and carries an
+interval: speedups t_DW / t_WBMM (matched receptive field, matched parameters, the w=14 vs k=5 headline)
+and the training-step ratio are medians of per-round ratios (``core.metrics.ratio_ci``); the scaling slopes
+of time in k² and w² are medians of per-round log-log slopes (``median_ci``); the GFLOP/s ratio is a
+constant times a time ratio. Each metric ``<name>`` comes with ``<name>.ci_low`` / ``<name>.ci_high``, so
+core's claims evaluator reports holds / fails / inconclusive.
+
+Grid summaries (``min`` / ``max`` / ``median`` over the configs, all of them or those with H ≥ 28) apply
+the same monotone function to the per-config values and to the per-config interval ends, with each
+config's interval at confidence 1 − (1 − c)/m for m configs (Bonferroni): if every config's interval holds
+its true value, which happens with probability ≥ c, the summary's interval holds the summary's true value."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import matplotlib
 
@@ -14,12 +22,17 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
-from pipelines.core.params import parse  # noqa: E402
+from pipelines.core.metrics import median_ci, ratio_ci  # noqa: E402
 from pipelines.core.plots import bar_plot  # noqa: E402
 from pipelines.core.report import build_report  # noqa: E402
+from pipelines.wbmm.bench import KEYS, op_flops, padded  # noqa: E402
+from pipelines.wbmm.params import Params  # noqa: E402
 
 OPS = ("dw", "wbmm", "unfold", "attn")
 LARGE = 28  # "large maps" of the card's claims: H ≥ 28
+NAN3 = (math.nan, math.nan, math.nan)
+Est = tuple[float, float, float]  # value, interval low, interval high
+Cfg = tuple[str, int, int, int]  # dtype, batch, channels, size
 
 
 def op_variant(op: str, param: int) -> str:
@@ -39,103 +52,198 @@ def loglog_slope(x: Iterable[float], t: Iterable[float]) -> float:
     return float(np.polyfit(np.log(x[ok]), np.log(t[ok]), 1)[0])
 
 
-def _summaries(prefix: str, per_cfg: dict[tuple, float], out: dict[str, float]) -> None:
-    """Per-config values plus min / max / median over the grid and over the large maps (H ≥ 28)."""
-    vals = {k: v for k, v in per_cfg.items() if math.isfinite(v)}
-    for (dtype, b, c, h), v in per_cfg.items():
-        out[f"{prefix}.{cfg_name(dtype, b, c, h)}"] = v
-    groups = {"": list(vals.values()), f"_h_ge{LARGE}": [v for k, v in vals.items() if k[3] >= LARGE]}
-    for suffix, vs in groups.items():
-        if vs:
-            out[f"{prefix}.min{suffix}"] = float(np.min(vs))
-            out[f"{prefix}.max{suffix}"] = float(np.max(vs))
-            out[f"{prefix}.median{suffix}"] = float(np.median(vs))
+# ------------------------------------------------------------------------------------------ timings
+def series(bench: pd.DataFrame) -> dict[tuple, np.ndarray]:
+    """Seconds per call by round, per measurement ``(dtype, batch, channels, size, op, param, mode)``."""
+    out = {}
+    for key, g in bench.groupby(KEYS, sort=False):
+        key = tuple(int(k) if isinstance(k, np.integer) else k for k in key)
+        out[key] = g.sort_values("round")["seconds"].to_numpy(float)
+    return out
 
 
-def bench_metrics(bench: pd.DataFrame, raw: dict) -> tuple[list[dict], dict[str, float]]:
-    """Variant rows (one per op, same metric names ``<mode>_ms_<config>``) and derived metrics."""
-    p = parse("wbmm", raw)
-    seed = p.seeds[0]
-    t = {(r.dtype, r.batch, r.channels, r.size, r.op, r.param, r.mode): r.ms for r in bench.itertuples()}
-    g = {(r.dtype, r.batch, r.channels, r.size, r.op, r.param): r.gflops_effective
-         for r in bench.itertuples() if r.mode == "fwd"}
-    configs = sorted({k[:4] for k in t})
-    modes = [m for m in p.bench.modes]
+def summary(bench: pd.DataFrame) -> pd.DataFrame:
+    """One row per measurement: median and quartiles (ms) over the rounds, rounds, calls per sample,
+    the padded size WBMM computes on and the effective GFLOP/s of the median forward."""
+    rows = []
+    for key, g in bench.groupby(KEYS, sort=False):
+        rec = dict(zip(KEYS, key, strict=True))
+        s = g["seconds"].to_numpy(float)
+        ms = 1e3 * float(np.median(s))
+        op, param, b, c, h = rec["op"], int(rec["param"]), int(rec["batch"]), int(rec["channels"]), int(rec["size"])
+        flops = op_flops(op, param, b, c, h) if rec["mode"] == "fwd" else math.nan
+        rows.append({**rec, "ms": ms, "p25_ms": 1e3 * float(np.quantile(s, 0.25)),
+                     "p75_ms": 1e3 * float(np.quantile(s, 0.75)), "rounds": len(s), "inner": int(g["inner"].iloc[0]),
+                     "padded_size": padded(h, param) if op.startswith("wbmm") or op == "attn" else h,
+                     "gflops_effective": flops / (ms * 1e-3) / 1e9})
+    return pd.DataFrame(rows)
+
+
+def med_ci(x: np.ndarray, confidence: float) -> Est:
+    """The median with its order-statistic interval (unbounded where the rounds cannot reach the
+    confidence: a claim on it is then inconclusive)."""
+    return median_ci(x, confidence)
+
+
+def rat_ci(a: np.ndarray, b: np.ndarray, confidence: float) -> Est:
+    """The median per-round ratio a/b with its interval, as (ratio, low, high)."""
+    r = ratio_ci(a, b, confidence)
+    return r.ratio, r.ci_low, r.ci_high
+
+
+def _put(out: dict[str, float], name: str, est: Est) -> None:
+    out[name], out[f"{name}.ci_low"], out[f"{name}.ci_high"] = (float(v) for v in est)
+
+
+def summarise_grid(out: dict[str, float], prefix: str, estimate: Callable[[Cfg, float], Est],
+                   configs: list[Cfg], confidence: float) -> None:
+    """``<prefix>.<config>`` for every config, and ``<prefix>.{min,max,median}[_h_ge28]`` over the grid,
+    each with its interval (module docstring: Bonferroni over the configs a summary reads)."""
+    for cfg in configs:
+        _put(out, f"{prefix}.{cfg_name(*cfg)}", estimate(cfg, confidence))
+    for suffix, cfgs in {"": configs, f"_h_ge{LARGE}": [c for c in configs if c[3] >= LARGE]}.items():
+        if not cfgs:
+            continue
+        joint = 1 - (1 - confidence) / len(cfgs)
+        ests = [e for e in (estimate(c, joint) for c in cfgs) if not any(math.isnan(v) for v in e)]
+        if not ests:
+            continue
+        cols = [np.asarray(col, float) for col in zip(*ests, strict=True)]
+        for agg, fn in (("min", np.min), ("max", np.max), ("median", np.median)):
+            _put(out, f"{prefix}.{agg}{suffix}", tuple(float(fn(col)) for col in cols))
+
+
+def bench_metrics(bench: pd.DataFrame, p: Params) -> tuple[list[dict], dict[str, float]]:
+    """Variant rows (one per op, metric names ``<mode>_ms_<config>``: median ms) and derived metrics,
+    every timing ratio / slope with its interval."""
+    conf = p.bench.confidence
+    t = series(bench)
+    summ = summary(bench)
+    configs: list[Cfg] = sorted({k[:4] for k in t})
+    modes = [m for m in p.bench.modes if any(k[6] == m for k in t)]
 
     rows: dict[str, dict] = {}
-    for (dtype, b, c, h, op, param, mode), ms in t.items():
-        if op in OPS:
-            rows.setdefault(op_variant(op, param), {"variant": op_variant(op, param), "seed": seed})[
-                f"{mode}_ms_{cfg_name(dtype, b, c, h)}"] = ms
+    for r in summ.itertuples():
+        if r.op in OPS:
+            name = op_variant(r.op, int(r.param))
+            rows.setdefault(name, {"variant": name, "seed": p.seeds[0]})[
+                f"{r.mode}_ms_{cfg_name(r.dtype, int(r.batch), int(r.channels), int(r.size))}"] = r.ms
 
     m: dict[str, float] = {}
-    for (dtype, b, c, h, op, param), gf in g.items():
-        name = cfg_name(dtype, b, c, h)
-        if op in ("dw", "wbmm"):
-            m[f"gflops_effective.{op_variant(op, param)}.{name}"] = gf
-        if op in ("wbmm_build_m", "wbmm_reshape"):
-            m[f"{op.removeprefix('wbmm_')}_ms.wbmm_w{param}.{name}"] = t[(dtype, b, c, h, op, param, "fwd")]
+    for r in summ[summ["mode"] == "fwd"].itertuples():
+        name = cfg_name(r.dtype, int(r.batch), int(r.channels), int(r.size))
+        if r.op in ("dw", "wbmm"):
+            m[f"gflops_effective.{op_variant(r.op, int(r.param))}.{name}"] = r.gflops_effective
+        if r.op in ("wbmm_build_m", "wbmm_reshape"):
+            m[f"{r.op.removeprefix('wbmm_')}_ms.wbmm_w{int(r.param)}.{name}"] = r.ms
 
-    pairs = {*p.pairs.matched_rf, *p.pairs.matched_params, tuple(p.pairs.headline)}
+    def ratio(num: tuple, den: tuple, scale: float = 1.0) -> Callable[[Cfg, float], Est]:
+        """Per config: scale · t(num) / t(den), paired round by round."""
+        def est(cfg: Cfg, c: float) -> Est:
+            a, b = t.get((*cfg, *num)), t.get((*cfg, *den))
+            if a is None or b is None:
+                return NAN3
+            v, lo, hi = rat_ci(a, b, c)
+            return scale * v, scale * lo, scale * hi
+        return est
+
+    def slope(op: str, params: list[int], mode: str) -> Callable[[Cfg, float], Est]:
+        """Per config: median over rounds of the round's log-log slope of time vs param²."""
+        def est(cfg: Cfg, c: float) -> Est:
+            ts = [t.get((*cfg, op, q, mode)) for q in params]
+            if len(params) < 2 or any(x is None for x in ts):
+                return NAN3
+            per_round = [loglog_slope([q * q for q in params], col) for col in np.vstack(ts).T]
+            return med_ci(np.asarray(per_round), c)
+        return est
+
+    pairs = {*map(tuple, p.pairs.matched_rf), *map(tuple, p.pairs.matched_params), tuple(p.pairs.headline)}
     for w, k in sorted(pairs):
         for mode in modes:
-            per = {cfg: t.get((*cfg, "dw", k, mode), math.nan) / t.get((*cfg, "wbmm", w, mode), math.nan)
-                   for cfg in configs}
-            _summaries(f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}", per, m)
+            summarise_grid(m, f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}", ratio(("dw", k, mode), ("wbmm", w, mode)),
+                           configs, conf)
     w, k = p.pairs.headline
     for mode in modes:
-        for cfg in configs:
-            s = m.get(f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}.{cfg_name(*cfg)}", math.nan)
-            if math.isfinite(s):  # the card's claim_w14_faster_than_dw5_H{H}, as 0/1 per config
-                m[f"w{w}_faster_than_dw{k}.{mode}.{cfg_name(*cfg)}"] = float(s > 1.0)
+        for cfg in configs:  # the card's claim_w14_faster_than_dw5_H{H} per config: 1 yes, 0 no, 0.5 undecided
+            lo = m.get(f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}.{cfg_name(*cfg)}.ci_low", math.nan)
+            hi = m.get(f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}.{cfg_name(*cfg)}.ci_high", math.nan)
+            if math.isfinite(lo) and math.isfinite(hi):
+                m[f"w{w}_faster_than_dw{k}.{mode}.{cfg_name(*cfg)}"] = 1.0 if lo > 1 else 0.0 if hi < 1 else 0.5
 
     kernels = sorted(set(p.bench.dw_kernels) & set(p.bench.slope_dw_kernels))
     small = [k for k in kernels if k <= 13]
     windows = sorted(p.bench.windows)
     for mode in modes:
-        slope_dw, slope_dw_small, slope_w, jump = {}, {}, {}, {}
-        for cfg in configs:
-            slope_dw[cfg] = loglog_slope([k * k for k in kernels], [t.get((*cfg, "dw", k, mode)) or math.nan
-                                                                    for k in kernels])
-            slope_dw_small[cfg] = loglog_slope([k * k for k in small], [t.get((*cfg, "dw", k, mode)) or math.nan
-                                                                       for k in small])
-            slope_w[cfg] = loglog_slope([w * w for w in windows], [t.get((*cfg, "wbmm", w, mode)) or math.nan
-                                                                   for w in windows])
-            if (*cfg, "dw", 13, mode) in t and (*cfg, "dw", 17, mode) in t:
-                jump[cfg] = t[(*cfg, "dw", 17, mode)] / t[(*cfg, "dw", 13, mode)]
-        _summaries(f"slope_dw_time_vs_k2.{mode}", slope_dw, m)
-        _summaries(f"slope_dw_time_vs_k2_k_le13.{mode}", slope_dw_small, m)
-        _summaries(f"slope_wbmm_time_vs_w2.{mode}", slope_w, m)
-        if jump:
-            _summaries(f"jump_dw_k13_to_k17.{mode}", jump, m)
-    if 7 in windows and 14 in windows:
-        ratio = {cfg: g.get((*cfg, "wbmm", 14), math.nan) / g.get((*cfg, "wbmm", 7), math.nan) for cfg in configs}
-        _summaries("gflops_ratio.wbmm_w14_vs_w7", ratio, m)
+        summarise_grid(m, f"slope_dw_time_vs_k2.{mode}", slope("dw", kernels, mode), configs, conf)
+        summarise_grid(m, f"slope_dw_time_vs_k2_k_le13.{mode}", slope("dw", small, mode), configs, conf)
+        summarise_grid(m, f"slope_wbmm_time_vs_w2.{mode}", slope("wbmm", windows, mode), configs, conf)
+        if {13, 17} <= set(p.bench.dw_kernels):
+            summarise_grid(m, f"jump_dw_k13_to_k17.{mode}", ratio(("dw", 17, mode), ("dw", 13, mode)), configs, conf)
+    if {7, 14} <= set(windows) and "fwd" in modes:
+        def gflops_ratio(cfg: Cfg, c: float) -> Est:  # GFLOP/s(w14)/GFLOP/s(w7) = F14/F7 · t(w7)/t(w14)
+            f = op_flops("wbmm", 14, *cfg[1:]) / op_flops("wbmm", 7, *cfg[1:])
+            return ratio(("wbmm", 7, "fwd"), ("wbmm", 14, "fwd"), f)(cfg, c)
+        summarise_grid(m, "gflops_ratio.wbmm_w14_vs_w7", gflops_ratio, configs, conf)
     return list(rows.values()), m
 
 
-def acc_metrics(acc: pd.DataFrame, raw: dict) -> tuple[list[dict], dict[str, float]]:
-    """Per-seed rows of the tiny nets and the method-vs-baseline ratios / differences of seed means."""
-    p = parse("wbmm", raw).acc
+# ----------------------------------------------------------------------------------------- tiny nets
+def acc_metrics(fits: Mapping[str, pd.DataFrame], speed: pd.DataFrame,
+                p: Params) -> tuple[list[dict], dict[str, float]]:
+    """Per-seed rows of the tiny nets (from their train.<variant> nodes), the accuracy differences of
+    seed means, and the training-speed ratios from the interleaved step benchmark, with intervals."""
+    acc = pd.concat([fits[v] for v in fits], ignore_index=True) if fits else pd.DataFrame()
     rows = [{k: (int(v) if k == "seed" else v) for k, v in r.items()} for r in acc.to_dict("records")]
-    means = acc.groupby("variant")[["test_acc", "train_imgs_per_s"]].mean()
     m: dict[str, float] = {}
-    method = next(iter(p.variants))  # the first variant is the method, the rest are its baselines
-    for other in means.index:
+    conf = p.bench.confidence
+    method = next(iter(p.acc.variants))  # the first variant is the method, the rest are its baselines
+    means = acc.groupby("variant")["test_acc"].mean() if len(acc) else pd.Series(dtype=float)
+    step = {v: g.sort_values("round")["seconds"].to_numpy(float) for v, g in speed.groupby("variant")}
+    batch = {v: float(g["batch_size"].iloc[0]) for v, g in speed.groupby("variant")}
+    for v, s in step.items():
+        _put(m, f"train_step.imgs_per_s.{v}", med_ci(batch[v] / s, conf))
+    for other in p.acc.variants:
         if other == method:
             continue
-        m[f"ratio.train_imgs_per_s.{method}_vs_{other}"] = float(
-            means.loc[method, "train_imgs_per_s"] / means.loc[other, "train_imgs_per_s"])
-        m[f"diff.test_acc.{method}_minus_{other}"] = float(means.loc[method, "test_acc"] - means.loc[other, "test_acc"])
+        if method in step and other in step:  # images/s ratio = t_other / t_method, paired by round
+            _put(m, f"ratio.train_imgs_per_s.{method}_vs_{other}", rat_ci(step[other], step[method], conf))
+        if method in means and other in means:
+            m[f"diff.test_acc.{method}_minus_{other}"] = float(means[method] - means[other])
     return rows, m
 
 
-def latency_figure(bench: pd.DataFrame, dtype: str, c: int, h: int):
+# -------------------------------------------------------------------------------------------- report
+def figure_names(bench: pd.DataFrame) -> list[str]:
+    cfgs = sorted({(r.dtype, int(r.channels), int(r.size)) for r in bench[["dtype", "channels", "size"]]
+                   .drop_duplicates().itertuples()})
+    return ([f"latency_{d}_c{c}_h{h}" for d, c, h in cfgs]
+            + ["speedup_heatmap", "wbmm_gflops_vs_window", "accuracy", "train_throughput"])
+
+
+def report(p: Params, bench: pd.DataFrame, bench_env: dict, train_speed: pd.DataFrame,
+           **fits: pd.DataFrame) -> dict:
+    """``evaluate.report``: gathers the operator benchmark, the training-step benchmark and every
+    ``train.<variant>`` node's ``fit_<variant>`` table."""
+    fits = {k.removeprefix("fit_"): v for k, v in fits.items()}
+    op_rows, m_bench = bench_metrics(bench, p)
+    acc_rows, m_acc = acc_metrics(fits, train_speed, p)
+    clock = bench_env.get("clock", "wall")
+    extra = {"bench_env": bench_env,
+             "timing_note": f"speed numbers come from {p.bench.rounds} (operators) and {p.acc.speed_rounds} "
+                            f"(training step) interleaved rounds on the '{clock}' clock; ratios are medians of "
+                            f"per-round ratios with {p.bench.confidence:.0%} intervals (grid summaries: joint, "
+                            "Bonferroni); compare ratios, not absolute times (machine and load dependent)"}
+    return build_report("wbmm", p, op_rows + acc_rows, {**m_bench, **m_acc},
+                        artifacts=[f"{n}.png" for n in figure_names(bench)], extra=extra)
+
+
+# --------------------------------------------------------------------------------------------- plots
+def latency_figure(summ: pd.DataFrame, dtype: str, c: int, h: int):
     """Latency vs kernel side k (DW, unfold) or window side w (WBMM, attention), one panel per mode."""
-    d = bench[(bench.dtype == dtype) & (bench.channels == c) & (bench["size"] == h) & bench.op.isin(OPS)]
+    d = summ[(summ.dtype == dtype) & (summ.channels == c) & (summ["size"] == h) & summ.op.isin(OPS)]
     modes = list(dict.fromkeys(d["mode"]))
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4), squeeze=False)
-    for ax, mode in zip(axes[0], modes, strict=True):
+    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(5.2 * max(1, len(modes)), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=False):
         for i, (op, b) in enumerate(sorted({(r.op, r.batch) for r in d[d["mode"] == mode].itertuples()})):
             s = d[(d.op == op) & (d.batch == b) & (d["mode"] == mode)].sort_values("param")
             style = "-" if op in ("dw", "unfold") else "--"
@@ -150,19 +258,27 @@ def latency_figure(bench: pd.DataFrame, dtype: str, c: int, h: int):
     return fig
 
 
-def speedup_heatmap(m: dict[str, float], raw: dict, configs: list[tuple]):
-    """t_DW / t_WBMM for every reported pair × mode (rows) and config (columns); > 1 means WBMM faster."""
-    p = parse("wbmm", raw)
+def _num(x: object) -> float:
+    """A metric read back from the saved report (JSON: NaN was written as null)."""
+    return math.nan if x is None else float(x)
+
+
+def speedup_heatmap(m: Mapping[str, float], p: Params, configs: list[Cfg]):
+    """t_DW / t_WBMM for every reported pair × mode (rows) and config (columns); > 1 means WBMM faster;
+    '?' marks a cell whose interval straddles 1."""
     labels = ([(w, k, "matched RF") for w, k in p.pairs.matched_rf]
               + [(w, k, "matched params") for w, k in p.pairs.matched_params]
               + [(*p.pairs.headline, "headline")])
-    rows, names = [], []
+    vals, undecided, names = [], [], []
     for w, k, kind in labels:
         for mode in p.bench.modes:
-            rows.append([m.get(f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}.{cfg_name(*cfg)}", math.nan) for cfg in configs])
+            keys = [f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}.{cfg_name(*cfg)}" for cfg in configs]
+            vals.append([_num(m.get(key)) for key in keys])
+            undecided.append([_num(m.get(f"{key}.ci_low")) < 1 < _num(m.get(f"{key}.ci_high")) for key in keys])
             names.append(f"{kind}: w{w} vs k{k} ({mode})")
-    vals = np.asarray(rows, float)
-    logv = np.log2(vals)
+    vals = np.asarray(vals, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logv = np.log2(vals)
     span = max(1.0, float(np.nanmax(np.abs(logv)))) if np.isfinite(logv).any() else 1.0
     fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(configs), 1.2 + 0.42 * len(names)))
     im = ax.imshow(logv, cmap="RdBu", norm=TwoSlopeNorm(0.0, -span, span), aspect="auto")
@@ -171,16 +287,16 @@ def speedup_heatmap(m: dict[str, float], raw: dict, configs: list[tuple]):
     for i in range(vals.shape[0]):
         for j in range(vals.shape[1]):
             if math.isfinite(vals[i, j]):
-                ax.text(j, i, f"{vals[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if abs(logv[i, j]) > 0.6 * span else "black")
-    ax.set_title("speedup t_DW / t_WBMM (blue: WBMM faster), one run")
+                ax.text(j, i, f"{vals[i, j]:.2f}" + ("?" if undecided[i][j] else ""), ha="center", va="center",
+                        fontsize=7, color="white" if abs(logv[i, j]) > 0.6 * span else "black")
+    ax.set_title("speedup t_DW / t_WBMM (blue: WBMM faster; ?: interval straddles 1)")
     fig.colorbar(im, ax=ax, label="log2 speedup")
     fig.tight_layout()
     return fig
 
 
-def gflops_figure(bench: pd.DataFrame):
-    d = bench[(bench.op == "wbmm") & (bench["mode"] == "fwd")]
+def gflops_figure(summ: pd.DataFrame):
+    d = summ[(summ.op == "wbmm") & (summ["mode"] == "fwd")]
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, ((dtype, b, c, h), s) in enumerate(d.groupby(["dtype", "batch", "channels", "size"])):
         s = s.sort_values("param")
@@ -193,26 +309,25 @@ def gflops_figure(bench: pd.DataFrame):
     return fig
 
 
-def evaluate(bench: pd.DataFrame, bench_env: dict, acc: pd.DataFrame, raw: dict) -> tuple[dict, dict]:
-    op_rows, m_bench = bench_metrics(bench, raw)
-    acc_rows, m_acc = acc_metrics(acc, raw)
-    configs = sorted({(r.dtype, r.batch, r.channels, r.size) for r in bench.itertuples()})
+def plots(p: Params, bench: pd.DataFrame, train_speed: pd.DataFrame, report: dict) -> dict:
+    """``evaluate.plots``: the figures named in the report's artifacts."""
+    summ = summary(bench)
+    configs = sorted({(r.dtype, int(r.batch), int(r.channels), int(r.size)) for r in summ.itertuples()})
     figures = {}
     for dtype, c, h in sorted({(d, c, h) for d, _, c, h in configs}):
-        figures[f"latency_{dtype}_c{c}_h{h}"] = latency_figure(bench, dtype, c, h)
-    figures["speedup_heatmap"] = speedup_heatmap(m_bench, raw, configs)
-    figures["wbmm_gflops_vs_window"] = gflops_figure(bench)
-    a = acc.groupby("variant", sort=False)
-    means, stds = a.mean(numeric_only=True), a.std(ddof=0, numeric_only=True).fillna(0)
-    figures["accuracy"] = bar_plot(list(means.index), list(means.test_acc), list(stds.test_acc),
+        figures[f"latency_{dtype}_c{c}_h{h}"] = latency_figure(summ, dtype, c, h)
+    figures["speedup_heatmap"] = speedup_heatmap(report["metrics"], p, configs)
+    figures["wbmm_gflops_vs_window"] = gflops_figure(summ)
+    nets = [v for v in p.acc.variants if v in report["variants"]]
+    figures["accuracy"] = bar_plot(nets, [report["variants"][v]["test_acc"] for v in nets],
+                                   [report["variants_std"][v]["test_acc"] for v in nets],
                                    ylabel="test accuracy (%)", title="tiny nets, mean ± std over seeds")
-    figures["train_throughput"] = bar_plot(list(means.index), list(means.train_imgs_per_s),
-                                           list(stds.train_imgs_per_s), ylabel="train images / s (median step)",
-                                           title="tiny nets: training throughput")
-    extra = {"bench_env": bench_env,
-             "timing_note": f"speed numbers are medians of interleaved repeats from one run on the "
-                            f"'{bench_env.get('clock', 'wall')}' clock; compare ratios, not absolute times "
-                            "(machine and load dependent)"}
-    report = build_report("wbmm", raw, op_rows + acc_rows, {**m_bench, **m_acc},
-                          artifacts=[f"{k}.png" for k in figures], extra=extra)
-    return report, figures
+    mets = report["metrics"]
+    speed = [v for v in p.acc.variants if f"train_step.imgs_per_s.{v}" in mets]
+    val = np.asarray([_num(mets[f"train_step.imgs_per_s.{v}"]) for v in speed], float)
+    err = np.asarray([[val[i] - _num(mets[f"train_step.imgs_per_s.{v}.ci_low"]) for i, v in enumerate(speed)],
+                      [_num(mets[f"train_step.imgs_per_s.{v}.ci_high"]) - val[i] for i, v in enumerate(speed)]], float)
+    figures["train_throughput"] = bar_plot(speed, list(val), err if len(speed) else None,
+                                           ylabel="train images / s (median step, interleaved)",
+                                           title=f"tiny nets: training step, {p.bench.confidence:.0%} interval")
+    return figures

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pipelines.wbmm.ops import WBMM
-from pipelines.wbmm.params import MIXER_RE
+from pipelines.wbmm.params import MIXER_RE, Acc
 
 
 def make_mixer(spec: str, channels: int) -> nn.Module:
@@ -81,3 +81,8 @@ class TinyNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stage2(self.down(self.stage1(self.stem(x))))
         return self.head(x.mean((2, 3)))
+
+
+def build_net(pattern: list[str], in_ch: int, n_classes: int, acc: Acc) -> TinyNet:
+    """The tiny net of one variant with the accuracy check's widths, depth, FFN ratio and layer scale."""
+    return TinyNet(pattern, in_ch, n_classes, tuple(acc.widths), acc.blocks, acc.ffn_ratio, acc.layer_scale_init)

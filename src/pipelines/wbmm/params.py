@@ -1,14 +1,18 @@
-"""Typed parameters of `wbmm` (validated before any node runs; a bad value names its key)."""
+"""Typed parameters of `wbmm` (Kedro validates ``params:wbmm`` into :class:`Params` before any node runs;
+a bad value stops the run with one line naming its key)."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from pipelines.core.params import MethodParams, Strict
 
 MIXER_RE = re.compile(r"^(w|dw)([1-9][0-9]*)$")
+VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # node names train.<v> and dataset names fit_<v>
+
+Pair = Annotated[list[int], Field(min_length=2, max_length=2)]  # (window w, DW kernel k)
 
 
 def _odd(values: list[int]) -> list[int]:
@@ -18,8 +22,16 @@ def _odd(values: list[int]) -> list[int]:
     return values
 
 
+def _check_rounds(n: int, confidence: float, key: str) -> None:
+    """n rounds must be able to give a median interval of this confidence: the widest, (min, max) of n
+    values, misses the median with probability 2·2⁻ⁿ."""
+    if 2.0 * 0.5**n > 1.0 - confidence + 1e-12:
+        need = next(k for k in range(1, 64) if 2.0 * 0.5**k <= 1.0 - confidence + 1e-12)
+        raise ValueError(f"{n} {key} cannot give a {confidence:g} interval (at least {need} needed)")
+
+
 class Bench(Strict):
-    """The operator grid: every (dtype, B, C, H) config times every op below, interleaved."""
+    """The operator grid: every (dtype, B, C, H) config times every op below, interleaved in rounds."""
 
     batch: list[int] = Field(min_length=1)
     channels: list[int] = Field(min_length=1)
@@ -32,11 +44,11 @@ class Bench(Strict):
     dtypes: list[Literal["float32", "float16", "bfloat16"]] = Field(default_factory=lambda: ["float32"])
     modes: list[Literal["fwd", "fwdbwd"]] = Field(default_factory=lambda: ["fwd", "fwdbwd"])
     clock: Literal["auto", "wall", "cpu"] = "auto"  # auto: process CPU time on 1-thread CPU runs, else wall
-    warmup: int = Field(default=2, ge=1)
-    min_reps: int = Field(default=5, ge=1)
-    min_total_s: float = Field(default=0.05, ge=0)  # reps = max(min_reps, ceil(min_total_s / t))
-    max_reps: int = Field(default=200, ge=1)
-    max_call_s: float = Field(default=5.0, gt=0)  # an op slower than this in warm-up is timed min_reps times only
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)  # of every timing interval (grid summaries: joint)
+    rounds: int = Field(default=15, ge=3)  # interleaved rounds = paired samples behind every interval
+    warmup: int = Field(default=1, ge=0)  # untimed interleaved rounds before the timed ones
+    min_sample_s: float = Field(default=0.002, ge=0)  # a sample repeats a short op until it lasts this long
+    max_inner: int = Field(default=100, ge=1)  # at most this many calls per sample
     slope_dw_kernels: list[int] = Field(default_factory=lambda: [7, 9, 13, 17, 27])
 
     @field_validator("batch", "channels", "sizes", "windows", "attn_windows")
@@ -46,6 +58,13 @@ class Bench(Strict):
             raise ValueError(f"values must be >= 1, got {v}")
         return v
 
+    @field_validator("rounds")
+    @classmethod
+    def _rounds_reach_confidence(cls, v: int, info: ValidationInfo) -> int:
+        if "confidence" in info.data:
+            _check_rounds(v, info.data["confidence"], "rounds")
+        return v
+
     @field_validator("dw_kernels", "unfold_kernels", "slope_dw_kernels")
     @classmethod
     def _odd_kernels(cls, v: list[int]) -> list[int]:
@@ -53,21 +72,21 @@ class Bench(Strict):
 
 
 class Pairs(Strict):
-    """The reported (w, k) pairs: speedup = t_DW(k) / t_WBMM(w) from the same run."""
+    """The reported (w, k) pairs: speedup = t_DW(k) / t_WBMM(w), paired round by round."""
 
-    matched_rf: list[tuple[int, int]] = Field(default_factory=lambda: [(7, 7), (14, 13)])
-    matched_params: list[tuple[int, int]] = Field(default_factory=lambda: [(7, 13), (14, 27)])
-    headline: tuple[int, int] = (14, 5)
+    matched_rf: list[Pair] = Field(default_factory=lambda: [[7, 7], [14, 13]])
+    matched_params: list[Pair] = Field(default_factory=lambda: [[7, 13], [14, 27]])
+    headline: Pair = Field(default_factory=lambda: [14, 5])
 
 
 class Acc(Strict):
     """The small accuracy check: a 2-stage net whose stages alternate the mixers of a variant."""
 
     data_path: str | None = None  # .npz with x_train, y_train, x_test, y_test (see README); None = digits
-    size: int = Field(default=14, ge=7)  # digits are bilinearly upsampled to size×size
+    size: int = Field(default=14, ge=7)  # images are bilinearly resized to size×size
     test_size: int = Field(default=540, ge=10)
     train_limit: int | None = Field(default=None, ge=10)  # use only the first n training images (tests)
-    widths: tuple[int, int] = (16, 32)
+    widths: Annotated[list[int], Field(min_length=2, max_length=2)] = Field(default_factory=lambda: [16, 32])
     blocks: int = Field(default=2, ge=1)
     ffn_ratio: int = Field(default=2, ge=1)
     layer_scale_init: float = Field(default=1.0, gt=0)
@@ -76,11 +95,23 @@ class Acc(Strict):
     batch_size: int = Field(default=64, ge=2)
     lr: float = Field(default=2e-3, gt=0)
     weight_decay: float = Field(default=0.05, ge=0)
+    speed_rounds: int = Field(default=31, ge=3)  # interleaved training-step rounds (evaluate.train_speed)
+    speed_warmup: int = Field(default=3, ge=0)
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v: list[int]) -> list[int]:
+        if any(x < 1 for x in v):
+            raise ValueError(f"widths must be >= 1, got {v}")
+        return v
 
     @field_validator("variants")
     @classmethod
     def _mixers(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
         for name, pattern in v.items():
+            if not VARIANT_RE.match(name):
+                raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
+                                 "(it names the node train.<variant>)")
             if not pattern:
                 raise ValueError(f"variant {name!r}: empty mixer pattern")
             for m in pattern:
@@ -99,10 +130,18 @@ class Params(MethodParams):
     pairs: Pairs = Field(default_factory=Pairs)
     acc: Acc
 
+    @field_validator("acc")
+    @classmethod
+    def _speed_rounds_reach_confidence(cls, acc: Acc, info: ValidationInfo) -> Acc:
+        bench = info.data.get("bench")
+        if bench is not None:
+            _check_rounds(acc.speed_rounds, bench.confidence, "speed_rounds")
+        return acc
+
     @field_validator("bench")
     @classmethod
     def _cpu_clock_single_thread(cls, bench: Bench, info: ValidationInfo) -> Bench:
-        if bench.clock == "cpu" and info.data.get("threads", 1) != 1:
+        if bench.clock == "cpu" and info.data.get("threads") != 1:
             raise ValueError("clock 'cpu' (process CPU time) measures latency only with threads: 1")
         return bench
 

@@ -111,11 +111,3 @@ def schema_for(method: str) -> type[BaseModel] | None:
         raise
     return getattr(module, "Params", None)
 
-
-def parse(method: str, raw: Any) -> BaseModel:  # TRANSITIONAL: removed once every method type-hints Params
-    if isinstance(raw, BaseModel):
-        return raw
-    schema = schema_for(method)
-    if schema is None:
-        raise ParameterError(f"{method}: no schema (define Params in pipelines/{method}/params.py)")
-    return validate(schema, raw, method)

@@ -126,8 +126,3 @@ def variants_table(report: Mapping[str, Any], metrics: Iterable[str] | None = No
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
-
-def relative_gain(baseline: float, method: float) -> float:  # TRANSITIONAL: use core.metrics.relative_gain
-    from pipelines.core.metrics import relative_gain as _rg
-
-    return _rg(method=method, baseline=baseline)

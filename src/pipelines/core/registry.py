@@ -43,7 +43,8 @@ def method_config(method: str, env: str | None = None, runtime_params: dict | No
     key = (str(_conf_source(rc["conf_source"])), env, json.dumps(params, sort_keys=True, default=str))
     if key not in _CONFIG_CACHE:
         from kedro.config import MissingConfigException
-        from kedro.framework.project import settings
+
+        from pipelines.core import config as settings   # the project's loader settings, light
 
         loader = settings.CONFIG_LOADER_CLASS(conf_source=key[0], env=env, runtime_params=params,
                                               **settings.CONFIG_LOADER_ARGS)
@@ -58,11 +59,10 @@ _CONFIG_CACHE: dict[tuple, dict] = {}
 
 
 def _conf_source(conf_source: str | None) -> Path:
-    from kedro.framework.project import settings
-
+    from pipelines.core.config import CONF_SOURCE
     from pipelines.core.runctx import project_root
 
-    return Path(conf_source) if conf_source else project_root() / settings.CONF_SOURCE
+    return Path(conf_source) if conf_source else project_root() / CONF_SOURCE
 
 
 class LazyPipelines(Mapping):

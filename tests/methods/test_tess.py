@@ -1,14 +1,17 @@
-"""TESS: the labeller on hand-made series, label ↔ generating parameter, the lexicon extractor
-(determinism, negation, hedges), the gated prefix (shapes; the prefix never enters the flatten head), no
-future leakage, the LLM backend against a stub server, bad parameters, and the end-to-end --env=test run
-(report, MLflow parent + child runs, a corrupt input naming its dataset, same seed → same report)."""
+"""TESS: the labeller on hand-made series, label ↔ generating parameter, the open-vocabulary text generator
+(share 0 is the closed benchmark, train/val texts never hold an unseen paraphrase), the lexicon extractor
+(determinism, negation, hedges), the minilm_head extractor (against scikit-learn's logistic regression;
+cross-fitted; never reads test labels), the gated prefix (shapes; the prefix never enters the flatten
+head), no future leakage, the LLM backend against a stub server, one train node per variant, the relative
+gains, user data with only level-A texts (window length from the files), bad user tables and bad
+parameters. The --env=test run itself is covered by tests/methods/test_all_pipelines.py; its report is
+checked here through the shared ``test_env_run`` fixture."""
 from __future__ import annotations
 
 import copy
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,8 +19,10 @@ import pytest
 import torch
 import yaml
 
-from pipelines.core.params import ParameterError, parse
-from tests.conftest import ROOT, run_kedro
+from pipelines.core.params import ParameterError, validate
+from pipelines.core.schemas import InputDataError
+from pipelines.tess.params import Params
+from tests.conftest import ROOT
 
 BASE = yaml.safe_load((ROOT / "conf/base/parameters_tess.yml").read_text())["tess"]
 TEST = yaml.safe_load((ROOT / "conf/test/parameters_tess.yml").read_text())["tess"]
@@ -33,7 +38,12 @@ def merged(overrides: dict | None = None) -> dict:
     return deep(deep(BASE, TEST), overrides or {})
 
 
-LP = parse("tess", merged()).labeller
+def params(overrides: dict | None = None) -> Params:
+    """conf/test's parameters (over conf/base), with ``overrides``, as the typed model nodes receive."""
+    return validate(Params, merged(overrides), "tess")
+
+
+LP = params().labeller
 
 
 # ------------------------------------------------------------------------------------------ labeller
@@ -87,9 +97,9 @@ def test_labels_depend_on_generating_parameters():
     follows the shift parameter, shape follows the template."""
     from pipelines.tess.data import generate_windows, label_primitives
 
-    raw = merged({"data": {"n_windows": 900}})
-    w = generate_windows(raw)
-    gt, info = label_primitives(w, raw)
+    p = params({"data": {"n_windows": 900}})
+    w = generate_windows(p)
+    gt, info = label_primitives(w, p)
     ev = w.has_event.to_numpy()
     late = (gt.lag == "LATE").to_numpy()
     assert late[ev & (w.gen_onset == 16)].mean() > 0.8 and late[ev & (w.gen_onset == 0)].mean() < 0.1
@@ -103,17 +113,72 @@ def test_labels_depend_on_generating_parameters():
 def test_thresholds_use_train_only():
     from pipelines.tess.data import generate_windows, label_primitives
 
-    raw = merged()
-    w = generate_windows(raw)
-    _, info = label_primitives(w, raw)
+    p = params()
+    w = generate_windows(p)
+    _, info = label_primitives(w, p)
     w2 = w.copy()
     test = (w2.split == "test").to_numpy()
     w2["y"] = [np.asarray(y) * 50 if t else y for y, t in zip(w2["y"], test)]   # wild test futures
-    _, info2 = label_primitives(w2, raw)
+    _, info2 = label_primitives(w2, p)
     assert info["thresholds"] == info2["thresholds"]
 
 
-# ------------------------------------------------------------------------------------------ extractor
+# ------------------------------------------------------------------------------------------ open vocabulary
+def test_unseen_paraphrases_are_new_many_and_free_of_modifiers():
+    from pipelines.tess.lexicon import BANK, HEDGES, NEGATIONS
+    from pipelines.tess.paraphrases import open_bank
+
+    ob = open_bank()
+    assert set(ob) == set(BANK)
+    bank_words = {w for phrases in BANK.values() for ph in phrases for w in ph.split()}
+    for group, phrases in ob.items():
+        assert len(phrases) >= 6 and len(set(phrases)) == len(phrases), group
+        assert not set(phrases) & set(BANK[group]), group
+        assert not any(set(ph.split()) & (HEDGES | NEGATIONS) for ph in phrases), group
+        # most paraphrases hold a word no seen phrase of any group has: n-grams of the train texts miss them
+        novel = np.mean([bool(set(ph.split()) - bank_words) for ph in phrases])
+        assert novel >= 0.5, (group, novel)
+    assert sum(map(len, ob.values())) > 4 * sum(map(len, BANK.values()))      # 535 vs 114
+
+
+@pytest.fixture(scope="module")
+def synth():
+    from pipelines.tess.data import generate_windows, label_primitives
+
+    p = params({"data": {"n_windows": 300}})
+    w = generate_windows(p)
+    gt, info = label_primitives(w, p)
+    return w, gt, info
+
+
+def test_unseen_share_touches_only_test_texts(synth):
+    from pipelines.tess.data import render_texts
+
+    w, gt, _ = synth
+    closed, closed_seen = render_texts(w, gt, params({"data": {"n_windows": 300, "unseen_paraphrase_share": 0.0}}))
+    opened, seen = render_texts(w, gt, params({"data": {"n_windows": 300, "unseen_paraphrase_share": 0.5}}))
+    test = set(w.loc[w.split == "test", "window_id"])
+    key = ["window_id", "level"]
+    # share 0: one rendering, and the closed-vocabulary rendering is the same text
+    pd.testing.assert_frame_equal(closed[closed.window_id.isin(test)].reset_index(drop=True), closed_seen)
+    # train and val texts are the same whatever the share; the seen rendering is the share-0 rendering
+    nt_a, nt_b = closed[~closed.window_id.isin(test)], opened[~opened.window_id.isin(test)]
+    pd.testing.assert_frame_equal(nt_a.reset_index(drop=True), nt_b.reset_index(drop=True))
+    assert not nt_b[[c for c in nt_b if c.startswith("unseen_")]].to_numpy().any()
+    pd.testing.assert_frame_equal(seen, closed_seen)
+    assert set(seen.window_id) == test
+    # the open test rendering: about half its (window, primitive) phrases are unseen, and they differ
+    ta = opened[(opened.level == "A") & opened.window_id.isin(test)]
+    flags = ta[[f"unseen_{k}" for k in ("shift", "vol", "shape", "lag")]].to_numpy()
+    assert 0.4 < flags.mean() < 0.7
+    changed = ta.set_index(key)["text"] != seen[seen.level == "A"].set_index(key)["text"]
+    np.testing.assert_array_equal(changed.to_numpy(), flags.any(1))
+    # the narrative span still covers the narrative after the replacement
+    row = ta.iloc[int(np.flatnonzero(flags.any(1))[0])]
+    assert row["text"][row["narrative_start"]:row["narrative_end"]].startswith("Analysts expect")
+
+
+# ------------------------------------------------------------------------------------------ extractors
 def test_lexicon_is_deterministic_and_handles_negation_and_hedges():
     from pipelines.tess.extract import extract_lexicon, lexicon_scores
     from pipelines.tess.lexicon import LABELS, known_phrases
@@ -134,10 +199,13 @@ def test_lexicon_is_deterministic_and_handles_negation_and_hedges():
     flipped = lexicon_scores(f"{known['EARLY'][0]} and not {known['PERSIST'][0]}", 0.7)["lag"]
     assert lag[int(np.argmax(flipped))] == "EARLY-FADE"
     texts = pd.DataFrame({"window_id": [0, 1], "level": ["A", "A"], "text": [f"prices {up}", "nothing to see"]})
-    a, b = extract_lexicon(texts, merged()), extract_lexicon(texts, merged())
+    seen = texts.iloc[:1].assign(text=[f"prices {down}"])
+    a, b = extract_lexicon(texts, seen, params()), extract_lexicon(texts, seen, params())
     pd.testing.assert_frame_equal(a, b)
     row = a[(a.window_id == 1) & (a.primitive == "shift")].iloc[0]
     assert row["label"] == "STABLE" and row["probs"][:5].sum() == pytest.approx(1.0)
+    assert set(a.rendering) == {"open", "seen"}
+    assert a[(a.rendering == "seen") & (a.primitive == "shift")]["label"].tolist() == ["STRONG-DROP"]
 
 
 def test_extractor_knows_only_part_of_the_generator_lexicon():
@@ -146,6 +214,74 @@ def test_extractor_knows_only_part_of_the_generator_lexicon():
     known = known_phrases(0.7)
     total = sum(len(v) for v in BANK.values())
     assert sum(len(known[g]) for g in BANK) < total and all(set(known[g]) <= set(BANK[g]) for g in BANK)
+
+
+def test_minilm_head_matches_sklearn_logistic_regression():
+    """The head is one multinomial logistic regression per primitive: with no early stopping it reaches
+    scikit-learn's optimum for C = 1 / (2 n l2) (sklearn: Σ CE + ||W||²/(2C); the head: mean CE + l2 ||W||²)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from pipelines.tess.head import fit_head, head_probs
+    from pipelines.tess.lexicon import LABELS, PRIMITIVES
+
+    rng = np.random.default_rng(0)
+    n, d, l2 = 240, 12, 1e-2
+    x = rng.normal(size=(n, d))
+    y = np.stack([rng.integers(len(LABELS[prim]), size=n) for prim in PRIMITIVES], 1)
+    y[:, 0] = np.argmax(x[:, :5] + rng.normal(scale=0.5, size=(n, 5)), 1)      # learnable signal
+    model = fit_head(torch.tensor(x, dtype=torch.float32), torch.tensor(y), None, None, l2, 60, 2, seed=0)
+    got = head_probs(model, torch.tensor(x, dtype=torch.float32))
+    for k, prim in enumerate(PRIMITIVES):
+        ref = LogisticRegression(C=1 / (2 * n * l2), tol=1e-10, max_iter=5000).fit(x, y[:, k])
+        full = np.zeros((n, len(LABELS[prim])))
+        full[:, ref.classes_] = ref.predict_proba(x)
+        np.testing.assert_allclose(got[prim], full, atol=2e-3, err_msg=prim)
+
+
+def _fake_emb(w: pd.DataFrame, gt: pd.DataFrame, dim: int = 16, seed: int = 0) -> dict:
+    """Clause-mean 'embeddings' that carry the shift label plus noise (the head needs no MiniLM to be tested)."""
+    from pipelines.tess.lexicon import LABELS
+
+    rng = np.random.default_rng(seed)
+    ids = w["window_id"].to_numpy()
+    lab = gt.set_index("window_id").loc[ids, "shift"].map({l: i for i, l in enumerate(LABELS["shift"])}).to_numpy()
+    x = rng.normal(size=(len(ids), dim))
+    x[np.arange(len(ids)), lab] += 3.0
+    test = w.loc[w.split == "test", "window_id"].to_numpy()
+    xs = torch.tensor(x[np.isin(ids, test)] + 0.1, dtype=torch.float32)
+    return {"A": {"window_id": torch.tensor(ids), "clauses": torch.tensor(x, dtype=torch.float32)},
+            "seen_A": {"window_id": torch.tensor(test), "clauses": xs}}
+
+
+def test_minilm_head_is_cross_fitted_and_never_reads_test_labels(synth):
+    from pipelines.tess.head import extract_minilm_head
+
+    w, gt, _ = synth
+    emb = _fake_emb(w, gt)
+    p = params({"extractor": {"head": {"folds": 3}}})
+    out = extract_minilm_head(emb, gt, w, p)
+    assert set(out.rendering) == {"open", "seen"} and set(out.backend) == {"minilm_head"}
+    test = set(w.loc[w.split == "test", "window_id"])
+    assert set(out.loc[out.rendering == "seen", "window_id"]) == test
+    shift = out[(out.primitive == "shift") & (out.rendering == "open")].set_index("window_id")
+    truth = gt.set_index("window_id").loc[shift.index, "shift"]
+    assert (shift["label"] == truth).loc[list(test)].mean() > 0.8          # it learns the signal
+    # scrambled test labels: nothing changes
+    gt2 = gt.copy()
+    is_test = gt2.window_id.isin(test)
+    for prim in ("shift", "vol", "shape", "lag"):
+        gt2.loc[is_test, prim] = np.random.default_rng(1).permutation(gt2.loc[is_test, prim].to_numpy())
+    pd.testing.assert_frame_equal(out, extract_minilm_head(emb, gt2, w, p))
+    # cross-fitting: a train window's extraction does not depend on its own label
+    tr_id = int(w.loc[w.split == "train", "window_id"].iloc[0])
+    gt3 = gt.copy()
+    cur = gt3.loc[gt3.window_id == tr_id, "shift"].item()
+    gt3.loc[gt3.window_id == tr_id, "shift"] = "STRONG-RISE" if cur != "STRONG-RISE" else "STRONG-DROP"
+    out3 = extract_minilm_head(emb, gt3, w, p)
+    mine = (out.window_id == tr_id) & (out.primitive == "shift")
+    np.testing.assert_array_equal(np.stack(out.loc[mine, "probs"]), np.stack(out3.loc[mine, "probs"]))
+    assert not np.array_equal(np.stack(out.loc[~mine & (out.primitive == "shift"), "probs"]),
+                              np.stack(out3.loc[~mine & (out3.primitive == "shift"), "probs"]))
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -183,32 +319,72 @@ def test_gate_zero_gives_the_null_token():
 
 
 # ------------------------------------------------------------------------------------------ leakage
-def test_test_ground_truth_never_reaches_non_oracle_variants():
+def test_test_ground_truth_never_reaches_non_oracle_variants(synth):
     """Scrambling the test windows' ground-truth labels changes only the oracle's test predictions."""
-    from pipelines.tess.data import generate_windows, label_primitives, render_texts
+    from pipelines.tess.data import render_texts
     from pipelines.tess.extract import extract_lexicon
-    from pipelines.tess.train import train_tess
+    from pipelines.tess.train import train_variant
 
-    raw = merged({"data": {"n_windows": 90}, "train": {"epochs": 1}})
-    w = generate_windows(raw)
-    gt, _ = label_primitives(w, raw)
-    texts = render_texts(w, gt, raw)
-    lex = extract_lexicon(texts, raw)
+    w, gt, _ = synth
+    p = params({"data": {"n_windows": 300}, "extractor": {"backend": "lexicon"}, "train": {"epochs": 1}})
+    texts, seen = render_texts(w, gt, p)
+    lex = extract_lexicon(texts, seen, p)
     gt2 = gt.copy()
     test = gt2.split == "test"
     rng = np.random.default_rng(0)
     for prim in ("shift", "vol", "shape", "lag"):
         gt2.loc[test, prim] = rng.permutation(gt2.loc[test, prim].to_numpy())
     assert (gt2.loc[test, "shift"] != gt.loc[test, "shift"]).any()
-    p1, _, _ = train_tess(w, gt, lex, lex.assign(backend="prototype"), None, raw)
-    p2, _, _ = train_tess(w, gt2, lex, lex.assign(backend="prototype"), None, raw)
-    for v in p1.variant.unique():
-        a = np.stack(p1[p1.variant == v].pred.to_numpy())
-        b = np.stack(p2[p2.variant == v].pred.to_numpy())
+    for v in ("tess", "tess_nogate", "shuffled", "oracle"):
+        kw = {} if v == "oracle" else {"extractions": lex}
+        a, _ = train_variant(p, w, gt=gt, variant=v, **kw)
+        b, _ = train_variant(p, w, gt=gt2, variant=v, **kw)
+        pa, pb = np.stack(a.pred.to_numpy()), np.stack(b.pred.to_numpy())
         if v == "oracle":
-            assert not np.allclose(a, b)
+            assert not np.allclose(pa, pb)
         else:
-            np.testing.assert_array_equal(a, b, err_msg=v)
+            np.testing.assert_array_equal(pa, pb, err_msg=v)
+    # the seen condition: the same fitted model, the closed-vocabulary test extractions
+    a, _ = train_variant(p, w, gt=gt, variant="tess", extractions=lex)
+    assert set(a.variant) == {"tess", "tess_seen"}
+    assert a.groupby("variant").size().nunique() == 1
+
+
+# ------------------------------------------------------------------------------------------ pipeline
+def test_one_train_node_per_variant_and_single_node_selection():
+    from pipelines.tess.pipeline import create_pipeline
+    from pipelines.tess.train import plan
+
+    pipe = create_pipeline()
+    names = {n.name for n in pipe.nodes}
+    variants = list(plan(params()))
+    assert {f"tess.train.{v}" for v in variants} <= names
+    assert sum(n.startswith("tess.train.") for n in names) == len(variants) + 1     # + the shared head fit
+    expected = {"naive", "seasonal_naive", "dlinear", "patchtst", "tfidf_ridge", "minilm_ridge", "fusion_A",
+                "xattn_A", "tess", "tess_nogate", "oracle", "shuffled", "tess_lexicon", "tess_prototype",
+                "fusion_D", "xattn_D", "tess_D"}
+    assert set(variants) == expected
+    one = pipe.only_nodes("tess.train.tess_lexicon")
+    assert [n.name for n in one.nodes] == ["tess.train.tess_lexicon"]
+    assert set(one.inputs()) == {"params:tess", "tess.windows", "tess.primitives_gt", "tess.extractions_lexicon"}
+    assert set(one.outputs()) == {"tess.predictions_tess_lexicon", "tess.fit_log_tess_lexicon"}
+    assert "tess.predictions_patchtst" in pipe.only_nodes("tess.train.tfidf_ridge").inputs()
+    # the backend list follows the parameters: lexicon as the main backend makes minilm_head a variant
+    from pipelines.tess.train import backend_variants
+    assert backend_variants(params({"extractor": {"backend": "lexicon"}})) == {
+        "tess": "lexicon", "tess_minilm_head": "minilm_head", "tess_prototype": "prototype"}
+
+
+def test_gain_is_core_relative_gain_on_shared_seeds():
+    from pipelines.core.metrics import relative_gain
+    from pipelines.tess.evaluate import gain
+
+    t = pd.DataFrame({"variant": ["a", "a", "b", "b", "c"], "seed": [0, 1, 0, 1, 0],
+                      "test_mse": [0.5, 0.7, 1.0, 1.0, 2.0]})
+    assert gain(t, "a", "b") == pytest.approx(relative_gain(method=0.6, baseline=1.0)) == pytest.approx(0.4)
+    assert gain(t, "a", "c") == pytest.approx(0.75)               # single-seed c: compared on seed 0
+    assert np.isnan(gain(t, "a", "missing"))
+
 
 
 # ------------------------------------------------------------------------------------------ LLM backend
@@ -258,10 +434,11 @@ def test_llm_backend_against_stub_server(stub_server, tmp_path, with_logprobs):
     from pipelines.tess.llm import extract_llm
 
     _Stub.with_logprobs = with_logprobs
-    raw = merged({"extractor": {"backend": "llm", "llm": {"base_url": stub_server, "cache_dir": str(tmp_path)}}})
+    p = params({"extractor": {"backend": "llm", "llm": {"base_url": stub_server, "cache_dir": str(tmp_path)}}})
     texts = pd.DataFrame({"window_id": [0, 1], "level": ["A", "A"], "text": ["prices surge", "calm day"]})
+    seen = texts.iloc[:0]
     windows = pd.DataFrame({"window_id": [0, 1], "x": [np.arange(96.0), np.zeros(96)]})
-    out = extract_llm(texts, windows, raw)
+    out = extract_llm(texts, seen, windows, p)
     shift = out[out.primitive == "shift"].set_index("window_id")
     assert shift.loc[0, "label"] == "STRONG-RISE" and shift.loc[1, "label"] == "STABLE"
     if with_logprobs:
@@ -269,120 +446,147 @@ def test_llm_backend_against_stub_server(stub_server, tmp_path, with_logprobs):
     else:                                                   # 4 votes for "3"/"5", <think> stripped, ε-smoothed
         assert shift.loc[1, "probs"][2] == pytest.approx(4.01 / 4.05, abs=1e-6)
     n_calls = len(_Stub.calls)
-    again = extract_llm(texts, windows, raw)                 # second run: served from the cache
+    again = extract_llm(texts, seen, windows, p)            # second run: served from the cache
     assert len(_Stub.calls) == n_calls
     pd.testing.assert_frame_equal(out, again)
     # no endpoint: the cache still answers; an uncached prompt fails closed with a clear error
-    raw_off = merged({"extractor": {"backend": "llm", "llm": {"base_url": None, "cache_dir": str(tmp_path)}}})
-    pd.testing.assert_frame_equal(extract_llm(texts, windows, raw_off), out)
+    p_off = params({"extractor": {"backend": "llm", "llm": {"base_url": None, "cache_dir": str(tmp_path)}}})
+    pd.testing.assert_frame_equal(extract_llm(texts, seen, windows, p_off), out)
     with pytest.raises(ValueError, match="base_url is not set"):
-        extract_llm(texts.assign(text=["new text", "other"]), windows, raw_off)
+        extract_llm(texts.assign(text=["new text", "other"]), seen, windows, p_off)
+    # the llm backend adds its extraction node; the other backends never call it
+    assert len(extract_llm(texts, seen, windows, params())) == 0
+
+
+# ------------------------------------------------------------------------------------------ user data
+def _user_files(tmp_path, n: int = 48, L: int = 64, H: int = 16, levels=("A",)):
+    rng = np.random.default_rng(3)
+    t = np.arange(L + H)
+    series = np.sin(2 * np.pi * t / 24)[None] + rng.normal(0, 0.3, (n, L + H)) + rng.normal(0, 1, (n, 1))
+    split = np.array(["train"] * (n // 2) + ["val"] * (n // 4) + ["test"] * (n - n // 2 - n // 4))
+    windows = pd.DataFrame({"window_id": np.arange(n) + 100, "split": split,
+                            "x": list(series[:, :L]), "y": list(series[:, L:])})
+    words = ["prices surge on strong demand", "a calm and flat week ahead", "the index may slip a little"]
+    texts = pd.DataFrame([{"window_id": int(w), "level": lv, "text": f"{words[i % 3]} ({lv})"}
+                          for i, w in enumerate(windows.window_id) for lv in levels])
+    wp, tp = tmp_path / "windows.parquet", tmp_path / "texts.parquet"
+    windows.to_parquet(wp)
+    texts.to_parquet(tp)
+    return windows, texts, wp, tp
+
+
+def _files_params(wp, tp, **data):
+    return params({"data": {"source": "files", "windows_path": str(wp), "texts_path": str(tp), **data},
+                   "model": {"patch_len": 16, "stride": 8}, "train": {"epochs": 1}})
+
+
+def test_user_data_with_level_a_only_runs_every_variant(tmp_path):
+    """The README's own-data path with level-A texts only (L = 64, H = 16 from the files, not 96 / 24)."""
+    from pipelines.tess.data import generate_windows, label_primitives, render_texts
+    from pipelines.tess.embed import embed_texts
+    from pipelines.tess.evaluate import report
+    from pipelines.tess.extract import extract_lexicon
+    from pipelines.tess.head import extract_minilm_head
+    from pipelines.tess.train import plan, train_variant, variant_inputs
+
+    *_, wp, tp = _user_files(tmp_path)
+    p = _files_params(wp, tp)
+    assert (p.data.history, p.data.horizon) == (96, 24)
+    w = generate_windows(p)
+    gt, info = label_primitives(w, p)
+    assert (info["history_used"], info["horizon_used"]) == (64, 16)
+    texts, seen = render_texts(w, gt, p)
+    assert set(texts.level) == {"A"} and len(seen) == 0
+    data = {"windows": w, "primitives_gt": gt, "texts": texts, "texts_seen": seen,
+            "extractions_lexicon": extract_lexicon(texts, seen, p)}
+    emb, data["extractions_prototype"] = embed_texts(texts, seen, w, p)
+    assert set(emb) == {"A"}
+    data["text_emb_tensors"] = emb
+    data["extractions_minilm_head"] = extract_minilm_head(emb, gt, w, p)
+    outputs = {}
+    for v in plan(p):
+        kw = {arg: (data[ds] if ds in data else outputs[ds]) for arg, ds in variant_inputs(v, p).items()
+              if arg not in ("p", "windows")}
+        outputs[f"predictions_{v}"], outputs[f"fit_log_{v}"] = train_variant(p, w, variant=v, **kw)
+    for v in ("tess_D", "fusion_D", "xattn_D"):                     # no level-D texts: skipped, not failed
+        assert len(outputs[f"predictions_{v}"]) == 0
+    assert len(outputs["predictions_tess"]) and "tess_seen" not in set(outputs["predictions_tess"].variant)
+    rep = report(p, w, gt, texts, info, **outputs, **{k: v for k, v in data.items() if k.startswith("extractions_")})
+    assert (rep["history_used"], rep["horizon_used"]) == (64, 16)
+    assert (rep["metrics"]["history_used"], rep["metrics"]["horizon_used"]) == (64, 16)
+    assert "tess_D" not in rep["variants"] and "tess" in rep["variants"]
+    claims = {c["id"]: c for c in rep["claims"]}
+    assert claims["tess_beats_tfidf_seen_paraphrases"]["verdict"] == "fails"       # no seen rendering: NaN
+    assert claims["tess_beats_tfidf_seen_paraphrases"]["value"] is None
+
+
+@pytest.mark.parametrize("table,breaks,match", [
+    ("windows", lambda d: d.drop(columns="x"), r"dataset 'tess\.user_windows': column 'x' is missing"),
+    ("windows", lambda d: d.assign(window_id=d.window_id.astype(str)), r"'tess\.user_windows': column 'window_id' should be int"),
+    ("windows", lambda d: d.iloc[:0], r"'tess\.user_windows': 0 rows"),
+    ("windows", lambda d: d.assign(split="training"), r"'tess\.user_windows': column 'split' has values"),
+    ("windows", lambda d: d.assign(y=[v[:-1] if i == 0 else v for i, v in enumerate(d.y)]),
+     r"'tess\.user_windows': column 'y' holds lists of different lengths"),
+    ("texts", lambda d: d.drop(columns="text"), r"dataset 'tess\.user_texts': column 'text' is missing"),
+    ("texts", lambda d: d.assign(text=1.0), r"'tess\.user_texts': column 'text' should be str"),
+    ("texts", lambda d: d.iloc[1:], r"'tess\.user_texts': column 'window_id' lacks a level-A text"),
+    ("texts", lambda d: d.assign(level="Z"), r"'tess\.user_texts': column 'level' has values"),
+])
+def test_bad_user_tables_name_the_dataset_and_column(tmp_path, table, breaks, match):
+    from pipelines.tess.data import generate_windows, label_primitives, render_texts
+
+    windows, texts, wp, tp = _user_files(tmp_path)
+    if table == "windows":
+        breaks(windows).to_parquet(wp)
+    else:
+        breaks(texts).to_parquet(tp)
+    p = _files_params(wp, tp)
+    with pytest.raises(InputDataError, match=match) as err:
+        w = generate_windows(p)
+        render_texts(w, label_primitives(w, p)[0], p)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_user_file_names_the_dataset(tmp_path):
+    from pipelines.tess.data import generate_windows
+
+    with pytest.raises(InputDataError, match=r"dataset 'tess\.user_windows': cannot read"):
+        generate_windows(_files_params(tmp_path / "nope.parquet", tmp_path / "texts.parquet"))
 
 
 # ------------------------------------------------------------------------------------------ parameters
 @pytest.mark.parametrize("override,key", [
     ({"model": {"d_model": "big"}}, "tess.model.d_model"),
     ({"train": {"lr": -0.1}}, "tess.train.lr"),
+    ({"train": {"epochs": True}}, "tess.train.epochs"),
     ({"data": {"reliability": 1.5}}, "tess.data.reliability"),
+    ({"data": {"unseen_paraphrase_share": 1.5}}, "tess.data.unseen_paraphrase_share"),
     ({"extractor": {"backend": "gpt"}}, "tess.extractor.backend"),
+    ({"extractor": {"head": {"folds": 1}}}, "tess.extractor.head.folds"),
     ({"model": {"dmodel": 3}}, "tess.model.dmodel"),
 ])
 def test_bad_parameters_name_the_key(override, key):
     with pytest.raises(ParameterError, match=rf"^parameter {key.replace('.', '[.]')}:"):
-        parse("tess", merged(override))
+        params(override)
 
 
 def test_missing_key_names_the_key():
     raw = merged()
     del raw["train"]["epochs"]
     with pytest.raises(ParameterError, match=r"parameter tess\.train\.epochs: missing key"):
-        parse("tess", raw)
+        validate(Params, raw, "tess")
 
 
-# ------------------------------------------------------------------------------------------ end to end
-def _strip_run_context(report: dict) -> dict:
-    drop = {"wall_seconds", "save_version", "train_seconds"}
-
-    def clean(x):
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items() if k not in drop}
-        if isinstance(x, list):
-            return [clean(v) for v in x]
-        return x
-
-    return clean(report)
-
-
-@pytest.fixture(scope="module")
-def tess_run(tmp_path_factory):
-    from tests.conftest import make_project
-
-    project = make_project(tmp_path_factory.mktemp("tess"))
-    res = run_kedro(project, "tess")
-    assert res.exit_code == 0, res.output
-    return res
-
-
+# ------------------------------------------------------------------------------------------ the test-env report
 @pytest.mark.e2e
-def test_end_to_end_report(tess_run):
-    r = tess_run.report
-    assert r["pipeline"] == "tess" and r["env"] == "test" and r["seeds"] == [0]
-    expected = {"naive", "seasonal_naive", "dlinear", "patchtst", "tfidf_ridge", "fusion_A", "xattn_A", "tess",
-                "tess_nogate", "oracle", "shuffled", "tess_prototype", "fusion_D", "xattn_D", "tess_D"}
-    assert set(r["variants"]) == expected
-    assert all("test_mse" in row and "test_mae" in row for row in r["variants"].values())
-    ids = [c["id"] for c in r["claims"]]
-    assert ids == [c["id"] for c in BASE["claims"]]
-    assert all(isinstance(c["holds"], bool) for c in r["claims"])
-    for k in ("extract_acc_shift", "gate_auroc", "gap_a_minus_gap_d", "mse_by_text_level.tess.D"):
-        assert k in r["metrics"]
-    assert {"forecasts.png", "gate_reliability.png", "mse_vs_text_level.png", "confusion_lag.png"} <= set(r["artifacts"])
-    assert r["git_commit"] and r["params_hash"] and r["wall_seconds"] > 0
-
-
-@pytest.mark.e2e
-def test_end_to_end_mlflow_parent_and_child_runs(tess_run):
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=tess_run.tracking_uri)
-    exp = client.get_experiment_by_name("tess")
-    assert exp is not None
-    runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.data.tags.get("role") == "parent"]
-    children = [r for r in runs if r.data.tags.get("role") == "variant"]
-    assert len(parents) == 1
-    parent = parents[0]
-    for tag in ("pipeline", "env", "git_commit", "params_hash", "save_version"):
-        assert parent.data.tags.get(tag), tag
-    assert parent.data.tags["env"] == "test"
-    assert {f"claim.{c['id']}" for c in tess_run.report["claims"]} <= set(parent.data.metrics)
-    assert {c.data.tags["variant"] for c in children} == set(tess_run.report["variants"])
-    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-    assert all({"test_mse", "test_mae"} <= set(c.data.metrics) for c in children)
-    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"report.json", "plots"} <= arts
-    plots = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "plots")}
-    assert "gate_reliability.png" in plots
-
-
-@pytest.mark.e2e
-def test_corrupt_input_names_the_dataset(tess_run):
-    windows = sorted((tess_run.project / "data/02_intermediate/tess/windows.parquet").glob("*/windows.parquet"))[-1]
-    good = windows.read_bytes()
-    try:
-        windows.write_bytes(b"garbage")
-        res = run_kedro(tess_run.project, "tess", extra=["--from-nodes", "tess.data.label_primitives",
-                                                         "--to-nodes", "tess.data.label_primitives"])
-        assert res.exit_code != 0
-        assert "dataset 'tess.windows'" in res.output
-    finally:
-        windows.write_bytes(good)
-
-
-@pytest.mark.e2e
-def test_same_seed_gives_identical_reports(tess_run):
-    again = run_kedro(tess_run.project, "tess")
-    assert again.exit_code == 0, again.output
-    assert again.report_path != tess_run.report_path            # a new version, the old one kept
-    first = json.loads(tess_run.report_path.read_text())
-    assert _strip_run_context(again.report) == _strip_run_context(first)
+def test_report_has_both_vocabulary_conditions(test_env_run):
+    r = test_env_run("tess").report
+    for v in ("tess", "tfidf_ridge", "minilm_ridge", "tess_lexicon"):
+        assert v in r["variants"] and f"{v}_seen" in r["variants"], v
+    m = r["metrics"]
+    for k in ("relative_gain.test_mse.tess_vs_tfidf_ridge.seen_paraphrases",
+              "relative_gain.test_mse.tess_vs_tfidf_ridge.unseen_paraphrases",
+              "extract_acc.minilm_head.mean.unseen_slots", "unseen_paraphrase_share_measured", "gate_auroc"):
+        assert k in m, k
+    assert (r["history_used"], r["horizon_used"]) == (96, 24) == (m["history_used"], m["horizon_used"])
+    assert "paraphrase_conditions.png" in r["artifacts"]

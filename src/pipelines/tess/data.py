@@ -7,8 +7,10 @@ import logging
 import numpy as np
 import pandas as pd
 
-from pipelines.core.params import parse
+from pipelines.core.schemas import InputDataError, TableSchema
 from pipelines.tess.lexicon import BANK, DEFAULT, DIRECTION, DISTRACTORS, LABELS, LAG_GROUPS, PRIMITIVES
+from pipelines.tess.paraphrases import open_bank
+from pipelines.tess.params import Params
 
 log = logging.getLogger(__name__)
 TEMPLATES = ("ramp_up", "ramp_down", "bump", "dip", "oscillation")
@@ -22,12 +24,12 @@ def _template(name: str, tau: np.ndarray, span: int) -> np.ndarray:
             "oscillation": np.sin(2 * np.pi * tau / 6.0)}[name]
 
 
-def generate_windows(raw: dict) -> pd.DataFrame:
+def generate_windows(p: Params) -> pd.DataFrame:
     """One window per series: history x (L), future y (H), the no-event future and the event path.
 
     The event happens inside the forecast window, so the history cannot reveal it; the no-event
-    continuation shares the noise draws, so ``event_path = y - y_no_event`` is the realised event."""
-    p = parse("tess", raw)
+    continuation shares the noise draws, so ``event_path = y - y_no_event`` is the realised event.
+    With ``data.source: files`` the user's windows are loaded and checked instead (L, H from the file)."""
     d = p.data
     if d.source == "files":
         return load_user_windows(d.windows_path)
@@ -80,15 +82,70 @@ def generate_windows(raw: dict) -> pd.DataFrame:
     })
 
 
+USER_WINDOWS = "tess.user_windows"
+USER_TEXTS = "tess.user_texts"
+WINDOWS_SCHEMA = {"window_id": "int", "split": "str", "x": "array", "y": "array"}
+TEXTS_SCHEMA = {"window_id": "int", "level": "str", "text": "str"}
+
+
+def _read_user_table(path: str, dataset: str) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - one line naming the dataset and the file
+        raise InputDataError(f"dataset '{dataset}': cannot read {path}: {type(exc).__name__}: {exc}") from None
+
+
+def check_user_windows(df: pd.DataFrame, dataset: str = USER_WINDOWS) -> pd.DataFrame:
+    """Columns and kinds (core.schemas), then what the method needs: unique ids, known splits, one history
+    length and one horizon for every window, a train and a test split."""
+    TableSchema(dataset, WINDOWS_SCHEMA, min_rows=3, no_missing=tuple(WINDOWS_SCHEMA)).check(df)
+    if df["window_id"].duplicated().any():
+        raise InputDataError(f"dataset '{dataset}': column 'window_id' has duplicate ids")
+    bad = sorted(set(df["split"]) - {"train", "val", "test"})
+    if bad:
+        raise InputDataError(f"dataset '{dataset}': column 'split' has values {bad[:3]} (train, val or test)")
+    for part in ("train", "test"):
+        if not (df["split"] == part).any():
+            raise InputDataError(f"dataset '{dataset}': column 'split' has no '{part}' window")
+    cols = ["x", "y"] + (["y_no_event"] if "y_no_event" in df else [])
+    for col in cols:
+        lengths = df[col].map(len)
+        if lengths.nunique() != 1:
+            raise InputDataError(f"dataset '{dataset}': column '{col}' holds lists of different lengths "
+                                 f"({sorted(lengths.unique())[:4]})")
+    if "y_no_event" in df and len(df["y_no_event"].iloc[0]) != len(df["y"].iloc[0]):
+        raise InputDataError(f"dataset '{dataset}': column 'y_no_event' must have the length of column 'y'")
+    return df
+
+
 def load_user_windows(path: str) -> pd.DataFrame:
     """User windows (README: 'Bring your own data'): parquet with window_id, split, x, y (lists)."""
-    df = pd.read_parquet(path)
-    missing = {"window_id", "split", "x", "y"} - set(df.columns)
-    if missing:
-        raise ValueError(f"tess windows file {path}: missing columns {sorted(missing)}")
+    df = check_user_windows(_read_user_table(path, USER_WINDOWS)).copy()
+    df["x"] = [np.asarray(v, "float32") for v in df["x"]]
+    df["y"] = [np.asarray(v, "float32") for v in df["y"]]
     if "y_no_event" not in df:  # without a counterfactual the event path is the deviation from the history mean
         df["y_no_event"] = [np.full(len(y), np.mean(x), dtype="float32") for x, y in zip(df.x, df.y)]
-    return df
+    else:
+        df["y_no_event"] = [np.asarray(v, "float32") for v in df["y_no_event"]]
+    log.info("tess: user windows from %s: %d windows, history L = %d, horizon H = %d (data.history / "
+             "data.horizon are not used)", path, len(df), len(df["x"].iloc[0]), len(df["y"].iloc[0]))
+    return df.sort_values("window_id").reset_index(drop=True)
+
+
+def check_user_texts(texts: pd.DataFrame, windows: pd.DataFrame, dataset: str = USER_TEXTS) -> pd.DataFrame:
+    """Columns and kinds, then: one level-A text for every window (the levels B–E are optional)."""
+    TableSchema(dataset, TEXTS_SCHEMA, no_missing=tuple(TEXTS_SCHEMA)).check(texts)
+    bad = sorted(set(texts["level"]) - set(LEVELS))
+    if bad:
+        raise InputDataError(f"dataset '{dataset}': column 'level' has values {bad[:3]} (A, B, C, D or E)")
+    if texts.duplicated(["window_id", "level"]).any():
+        raise InputDataError(f"dataset '{dataset}': column 'level' has more than one text per (window_id, level)")
+    have_a = set(texts.loc[texts["level"] == "A", "window_id"])
+    missing = [int(w) for w in windows["window_id"] if w not in have_a]
+    if missing:
+        raise InputDataError(f"dataset '{dataset}': column 'window_id' lacks a level-A text for {len(missing)} "
+                             f"window(s), e.g. {missing[:3]}")
+    return texts
 
 
 # ----------------------------------------------------------------------------------------------- labeller
@@ -179,9 +236,9 @@ def apply_labeller(stats: dict[str, np.ndarray], th: dict[str, float], lp) -> pd
     return pd.DataFrame({"shift": shift, "vol": vol, "shape": shape, "lag": lag.astype(str)})
 
 
-def label_primitives(windows: pd.DataFrame, raw: dict) -> tuple[pd.DataFrame, dict]:
+def label_primitives(windows: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict]:
     """Ground-truth primitives recomputed from the realised y (never from the sampling parameters)."""
-    lp = parse("tess", raw).labeller
+    lp = p.labeller
     x, y, y_no = (np.stack(windows[c].to_numpy()).astype(float) for c in ("x", "y", "y_no_event"))
     stats = primitive_stats(x, y, y_no)
     train = (windows["split"] == "train").to_numpy()
@@ -200,21 +257,33 @@ def label_primitives(windows: pd.DataFrame, raw: dict) -> tuple[pd.DataFrame, di
     out = pd.concat([windows[["window_id", "split"]].reset_index(drop=True), labels], axis=1)
     for k in ("s", "r", "c", "tail", "q"):
         out[f"stat_{k}"] = stats[k]
-    return out, {"thresholds": th, "train_histogram": hist, "merged_labels": merged}
+    info = {"thresholds": th, "train_histogram": hist, "merged_labels": merged,
+            "history_used": int(x.shape[1]), "horizon_used": int(y.shape[1])}
+    return out, info
 
 
 # ----------------------------------------------------------------------------------------------- texts
-def _phrase(rng: np.random.Generator, group: str) -> str:
-    bank = BANK[group]
-    return bank[rng.integers(len(bank))]
+class PhrasePicker:
+    """Draws the phrase of one cue slot. The bank phrase is always drawn from the main generator (so the
+    main stream, and with it every train/val text, is the same whatever the unseen share); for a test
+    window, with probability ``share`` (from a second generator) it is replaced by an unseen paraphrase."""
+
+    def __init__(self, rng_open: np.random.Generator | None = None, share: float = 0.0):
+        self.rng_open, self.share = rng_open, share
+        self.unseen: set[str] = set()           # primitives whose phrase was replaced in the current text
+
+    def __call__(self, rng: np.random.Generator, group: str, prim: str) -> str:
+        bank = BANK[group]
+        phrase = bank[rng.integers(len(bank))]
+        if self.rng_open is not None and self.share > 0 and self.rng_open.random() < self.share:
+            alt = open_bank()[group]
+            phrase = alt[self.rng_open.integers(len(alt))]
+            self.unseen.add(prim)
+        return phrase
 
 
 def _hedge(rng, phrase: str, rate: float) -> str:
     return f"{rng.choice(['may', 'could', 'might'])} {phrase}" if rng.random() < rate else phrase
-
-
-def _lag_phrase(rng, label: str) -> str:
-    return " ".join(_phrase(rng, g) for g in LAG_GROUPS[label])
 
 
 def _direction(shift: str) -> str:
@@ -222,14 +291,15 @@ def _direction(shift: str) -> str:
 
 
 def render_text(rng: np.random.Generator, labels: dict[str, str], level: str, hedge_rate: float,
-                distractor_rate: float) -> tuple[str, int, int]:
+                distractor_rate: float, pick: PhrasePicker | None = None) -> tuple[str, int, int]:
     """Text for one window at one compression level; returns (text, narrative start, narrative end)."""
-    shift = _hedge(rng, _phrase(rng, labels["shift"]), hedge_rate)
+    pick = pick or PhrasePicker()
+    shift = _hedge(rng, pick(rng, labels["shift"], "shift"), hedge_rate)
     if labels["shift"] == "STABLE" and rng.random() < 0.3:  # negated cues: "no surge" means STABLE
-        shift = f"not {_phrase(rng, 'STRONG-RISE' if rng.random() < 0.5 else 'STRONG-DROP')}"
-    vol = _phrase(rng, labels["vol"])
-    shape = _phrase(rng, labels["shape"])
-    lag = _lag_phrase(rng, labels["lag"])
+        shift = f"not {pick(rng, 'STRONG-RISE' if rng.random() < 0.5 else 'STRONG-DROP', 'shift')}"
+    vol = pick(rng, labels["vol"], "vol")
+    shape = pick(rng, labels["shape"], "shape")
+    lag = " ".join(pick(rng, g, "lag") for g in LAG_GROUPS[labels["lag"]])
     if level == "A":
         narrative = f"Analysts expect the series to {shift}, and it should {vol}; the path should {shape}, {lag}."
     elif level == "B":
@@ -251,30 +321,48 @@ def render_text(rng: np.random.Generator, labels: dict[str, str], level: str, he
     return text, start, start + len(narrative)
 
 
-def render_texts(windows: pd.DataFrame, gt: pd.DataFrame, raw: dict) -> pd.DataFrame:
-    """Texts at every level; with probability rho from the true primitives, else from random ones."""
-    p = parse("tess", raw)
+def render_texts(windows: pd.DataFrame, gt: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Texts at every level; with probability rho from the true primitives, else from random ones.
+
+    Two renderings of the same windows: ``texts`` (every window; a share ``data.unseen_paraphrase_share`` of
+    the test windows' cue phrases are paraphrases the train split never uses) and ``texts_seen`` (the test
+    windows only, every cue phrase from the bank the train split uses: the closed-vocabulary condition).
+    Both consume the main generator identically, so train and val texts are the same in both and the two
+    test renderings differ only in the replaced phrases. ``texts_seen`` is empty for user data."""
     d = p.data
     if d.source == "files":
-        texts = pd.read_parquet(d.texts_path)
-        missing = {"window_id", "level", "text"} - set(texts.columns)
-        if missing:
-            raise ValueError(f"tess texts file {d.texts_path}: missing columns {sorted(missing)}")
-        texts = texts.copy()
-        texts["narrative_start"] = texts.get("narrative_start", 0)
-        texts["narrative_end"] = texts.get("narrative_end", texts["text"].str.len())
-        texts["from_truth"] = texts.get("from_truth", True)
-        return texts
+        texts = check_user_texts(_read_user_table(d.texts_path, USER_TEXTS), windows).copy()
+        texts = texts[texts["window_id"].isin(set(windows["window_id"]))]
+        if "narrative_start" not in texts:
+            texts["narrative_start"] = 0
+        if "narrative_end" not in texts:
+            texts["narrative_end"] = texts["text"].str.len()
+        if "from_truth" not in texts:
+            texts["from_truth"] = True
+        return texts.reset_index(drop=True), texts.iloc[:0].copy()
     rng = np.random.default_rng(d.data_seed + 1)
-    rows = []
+    rng_open = np.random.default_rng(d.data_seed + 2)     # only test windows draw from it
+    rows, seen_rows = [], []
     gt_rows = gt.set_index("window_id")
+    split = dict(zip(windows["window_id"], windows["split"]))
     for wid in windows["window_id"]:
         truth = rng.random() < d.reliability
         g = gt_rows.loc[wid]
         labels = {prim: (g[prim] if truth else LABELS[prim][rng.integers(len(LABELS[prim]))]) for prim in PRIMITIVES}
+        test = split[wid] == "test"
         for level in LEVELS:
-            text, a, b = render_text(rng, labels, level, d.hedge_rate, d.distractor_rate)
-            rows.append({"window_id": int(wid), "level": level, "text": text, "narrative_start": a,
-                         "narrative_end": b, "from_truth": bool(truth),
-                         **{f"text_{prim}": labels[prim] for prim in PRIMITIVES}})
-    return pd.DataFrame(rows)
+            meta = {"window_id": int(wid), "level": level, "from_truth": bool(truth),
+                    **{f"text_{prim}": labels[prim] for prim in PRIMITIVES}}
+            if test:                                      # the closed-vocabulary rendering, same main draws
+                state = rng.bit_generator.state
+                text, a, b = render_text(rng, labels, level, d.hedge_rate, d.distractor_rate)
+                seen_rows.append({**meta, "text": text, "narrative_start": a, "narrative_end": b,
+                                  **{f"unseen_{prim}": False for prim in PRIMITIVES}})
+                rng.bit_generator.state = state
+            pick = PhrasePicker(rng_open if test else None, d.unseen_paraphrase_share)
+            text, a, b = render_text(rng, labels, level, d.hedge_rate, d.distractor_rate, pick)
+            rows.append({**meta, "text": text, "narrative_start": a, "narrative_end": b,
+                         **{f"unseen_{prim}": prim in pick.unseen for prim in PRIMITIVES}})
+    cols = ["window_id", "level", "text", "narrative_start", "narrative_end", "from_truth",
+            *(f"text_{prim}" for prim in PRIMITIVES), *(f"unseen_{prim}" for prim in PRIMITIVES)]
+    return pd.DataFrame(rows)[cols], pd.DataFrame(seen_rows, columns=cols)

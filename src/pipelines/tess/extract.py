@@ -1,9 +1,10 @@
 """Extraction of the four primitives from text (paper §4: structured extraction + confidence).
 
 Backends return, per text and primitive, a distribution p(label); confidence is the margin
-log p(top1) − log p(top2). ``lexicon`` (default) is a pure cue-lexicon scorer with intensifiers, hedges and
-negation; ``prototype`` compares MiniLM sentence embeddings with label descriptions; ``llm`` asks an
-OpenAI-compatible endpoint (see ``llm.py``)."""
+log p(top1) − log p(top2). ``minilm_head`` (default, ``head.py``) is a classifier head on frozen MiniLM sentence
+embeddings fitted on the train windows' labels; ``lexicon`` is a pure cue-lexicon scorer with intensifiers,
+hedges and negation; ``prototype`` compares MiniLM sentence embeddings with label descriptions; ``llm`` asks
+an OpenAI-compatible endpoint (see ``llm.py``)."""
 from __future__ import annotations
 
 import re
@@ -14,6 +15,7 @@ import pandas as pd
 
 from pipelines.tess.lexicon import (DEFAULT, HEDGES, INTENSIFIERS, LABELS, LAG_GROUPS, MAX_LABELS, NEGATIONS,
                                     PRIMITIVES, known_phrases)
+from pipelines.tess.params import Params
 
 TOKEN = re.compile(r"[a-z]+")
 BASE_WEIGHT = 3.0
@@ -105,8 +107,18 @@ def summarise(probs: np.ndarray) -> tuple[int, float, float]:
     return int(order[0]), margin, ent
 
 
-def extraction_rows(window_ids, levels, probs_by_prim: dict[str, np.ndarray], backend: str) -> pd.DataFrame:
-    """Long table: one row per (window, level, primitive) with probs padded to MAX_LABELS."""
+EXTRACTION_COLUMNS = ["window_id", "level", "rendering", "primitive", "backend", "probs", "label", "margin",
+                      "entropy"]
+
+
+def empty_extractions() -> pd.DataFrame:
+    return pd.DataFrame(columns=EXTRACTION_COLUMNS)
+
+
+def extraction_rows(window_ids, levels, probs_by_prim: dict[str, np.ndarray], backend: str,
+                    rendering: str = "open") -> pd.DataFrame:
+    """Long table: one row per (window, level, primitive) with probs padded to MAX_LABELS; ``rendering`` is
+    ``open`` for ``texts`` and ``seen`` for the closed-vocabulary test rendering ``texts_seen``."""
     rows = []
     for prim in PRIMITIVES:
         P = probs_by_prim[prim]
@@ -114,21 +126,29 @@ def extraction_rows(window_ids, levels, probs_by_prim: dict[str, np.ndarray], ba
             top, margin, ent = summarise(pr)
             padded = np.zeros(MAX_LABELS, "float32")
             padded[:len(pr)] = pr
-            rows.append({"window_id": int(wid), "level": lvl, "primitive": prim, "backend": backend,
+            rows.append({"window_id": int(wid), "level": lvl, "rendering": rendering, "primitive": prim,
+                         "backend": backend,
                          "probs": padded, "label": LABELS[prim][top], "margin": margin, "entropy": ent})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=EXTRACTION_COLUMNS)
 
 
-def extract_lexicon(texts: pd.DataFrame, raw: dict) -> pd.DataFrame:
-    from pipelines.core.params import parse
-
-    p = parse("tess", raw)
+def lexicon_table(texts: pd.DataFrame, overlap: float, temperature: float, rendering: str) -> pd.DataFrame:
+    if len(texts) == 0:
+        return empty_extractions()
     probs = {prim: [] for prim in PRIMITIVES}
     for text in texts["text"]:
-        sc = lexicon_scores(text, p.data.lexicon_overlap)
+        sc = lexicon_scores(text, overlap)
         for prim in PRIMITIVES:
-            probs[prim].append(_softmax(sc[prim], p.extractor.temperature))
-    return extraction_rows(texts["window_id"], texts["level"], {k: np.array(v) for k, v in probs.items()}, "lexicon")
+            probs[prim].append(_softmax(sc[prim], temperature))
+    return extraction_rows(texts["window_id"], texts["level"], {k: np.array(v) for k, v in probs.items()},
+                           "lexicon", rendering)
+
+
+def extract_lexicon(texts: pd.DataFrame, texts_seen: pd.DataFrame, p: Params) -> pd.DataFrame:
+    """The cue-lexicon extractor on both renderings (a pure function of each text)."""
+    args = (p.data.lexicon_overlap, p.extractor.temperature)
+    parts = [lexicon_table(texts, *args, "open"), lexicon_table(texts_seen, *args, "seen")]
+    return pd.concat([t for t in parts if len(t)], ignore_index=True)
 
 
 # ------------------------------------------------------------------------------------------- prototype

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.tess.extract import extraction_rows
+from pipelines.tess.extract import empty_extractions, extraction_rows
 from pipelines.tess.lexicon import LABELS, PRIMITIVES
+from pipelines.tess.params import Params
 
 EPS = 0.01
 DEFINITIONS = {
@@ -119,19 +120,23 @@ def history_summary(x: np.ndarray) -> str:
     return f"last value {x[-1]:.2f}, mean {x.mean():.2f}, std {x.std():.2f}, min {x.min():.2f}, max {x.max():.2f}"
 
 
-def extract_llm(texts: pd.DataFrame, windows: pd.DataFrame, raw: dict) -> pd.DataFrame:
-    """LLM extractions for every text (empty table unless ``extractor.backend`` is 'llm')."""
-    from pipelines.core.params import parse
-
-    p = parse("tess", raw)
+def extract_llm(texts: pd.DataFrame, texts_seen: pd.DataFrame, windows: pd.DataFrame, p: Params) -> pd.DataFrame:
+    """LLM extractions for every text of both renderings (the node exists only when ``extractor.backend`` is
+    'llm'; called with another backend it returns an empty table)."""
     if p.extractor.backend != "llm":
-        return pd.DataFrame(columns=["window_id", "level", "primitive", "backend", "probs", "label", "margin", "entropy"])
+        return empty_extractions()
     c = p.extractor.llm
     client = LLMClient(c.base_url, c.model, os.environ.get(c.api_key_env), c.timeout_s, c.samples, c.temperature,
                        c.cache_dir)
     hist = {int(w): history_summary(np.asarray(x)) for w, x in zip(windows["window_id"], windows["x"])}
-    probs = {prim: [] for prim in PRIMITIVES}
-    for wid, text in zip(texts["window_id"], texts["text"]):
-        for prim in PRIMITIVES:
-            probs[prim].append(client.probs(build_prompt(prim, text, hist[int(wid)]), len(LABELS[prim])))
-    return extraction_rows(texts["window_id"], texts["level"], {k: np.array(v) for k, v in probs.items()}, "llm")
+    parts = []
+    for table, rendering in ((texts, "open"), (texts_seen, "seen")):
+        if len(table) == 0:
+            continue
+        probs = {prim: [] for prim in PRIMITIVES}
+        for wid, text in zip(table["window_id"], table["text"]):
+            for prim in PRIMITIVES:
+                probs[prim].append(client.probs(build_prompt(prim, text, hist[int(wid)]), len(LABELS[prim])))
+        parts.append(extraction_rows(table["window_id"], table["level"], {k: np.array(v) for k, v in probs.items()},
+                                     "llm", rendering))
+    return pd.concat(parts, ignore_index=True)

@@ -19,6 +19,9 @@ class Data(Strict):
     lexicon_overlap: float = Field(gt=0, le=1)    # share of generator synonyms the extractor lexicon knows
     distractor_rate: float = Field(ge=0)          # Poisson mean of distractor sentences at level A
     hedge_rate: float = Field(ge=0, le=1)
+    # share of the TEST windows' cue phrases drawn from paraphrases that never occur in training
+    # (0: every test phrase is one the train split also uses, i.e. the closed-vocabulary benchmark)
+    unseen_paraphrase_share: float = Field(default=0.5, ge=0, le=1)
     data_seed: int = 0
     source: Literal["synthetic", "files"] = "synthetic"
     windows_path: str | None = None               # --env=full: user data (see README)
@@ -53,10 +56,20 @@ class LLM(Strict):
     cache_dir: str = "data/03_primary/tess/llm_cache"
 
 
+class Head(Strict):
+    """The `minilm_head` extractor: per-primitive multinomial logistic regression on frozen MiniLM sentence
+    embeddings, fitted on the train windows' primitive labels (L-BFGS, early stopping on val loss)."""
+    l2: float = Field(default=1e-2, ge=0)          # penalty on the weights, added to the mean cross-entropy
+    steps: int = Field(default=15, ge=1)           # L-BFGS steps (20 iterations each)
+    patience: int = Field(default=2, ge=1)
+    folds: int = Field(default=5, ge=2)            # cross-fitting: train-window extractions are out-of-fold
+
+
 class Extractor(Strict):
-    backend: Literal["lexicon", "prototype", "llm"] = "lexicon"
+    backend: Literal["minilm_head", "lexicon", "prototype", "llm"] = "minilm_head"
     temperature: float = Field(default=1.0, gt=0)
     prototype_temperature: float = Field(default=0.05, gt=0)
+    head: Head = Head()
     llm: LLM = LLM()
 
 

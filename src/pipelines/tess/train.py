@@ -1,5 +1,11 @@
-"""Train stage of TESS: the method, its ablations and every baseline, on every seed, with the same
-backbone, budget, optimiser and early stopping (card: Model, Baselines). Returns test predictions."""
+"""Train stage of TESS: one function, ``train_variant``, trains any variant (the method, its ablations, every
+baseline) on the seeds ``plan`` gives it, with the same backbone, budget, optimiser and early stopping
+(card: Model, Baselines). The pipeline builds one ``train.<variant>`` node per variant from it.
+
+Every variant returns its predictions (test windows; PatchTST also the train and val windows, which
+TF-IDF + ridge and MiniLM + ridge fit their residual on) and a fit log. The variants that read text also
+predict the closed-vocabulary test rendering with the same fitted model (``<variant>_seen`` rows): the train
+and val texts of the two renderings are identical, so a second fit would be the same fit."""
 from __future__ import annotations
 
 import logging
@@ -10,14 +16,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.params import parse
-from pipelines.core.runtime import get_device, seed_everything, set_threads
+from pipelines.core.runtime import node_setup
 from pipelines.core.training import fit
 from pipelines.tess.lexicon import LABELS, MAX_LABELS, PRIMITIVES
 from pipelines.tess.model import DLinear, PatchTST
+from pipelines.tess.params import Params
 
 log = logging.getLogger(__name__)
 UNIMODAL = ("naive", "seasonal_naive", "dlinear", "patchtst")
+RAW_TEXT = ("tfidf_ridge", "minilm_ridge", "fusion_A", "xattn_A")
+OFFLINE_BACKENDS = ("minilm_head", "lexicon", "prototype")
+SEEN = "_seen"                 # suffix of the closed-vocabulary condition's report rows
+RIDGE_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
+PRED_COLUMNS = ["variant", "seed", "window_id", "pred"]
+LOG_COLUMNS = ["variant", "seed"]
 
 
 @dataclass
@@ -43,9 +55,19 @@ def gt_index(gt: pd.DataFrame, ids: np.ndarray) -> np.ndarray:
     return np.stack([g[prim].map({lab: i for i, lab in enumerate(LABELS[prim])}).to_numpy() for prim in PRIMITIVES], 1)
 
 
-def primitive_features(extr: pd.DataFrame, level: str, ids: np.ndarray, train_idx: torch.Tensor) -> dict[str, torch.Tensor]:
-    """probs (n, K, M), margin standardised with train statistics per primitive, entropy, top label."""
+def primitive_features(extr: pd.DataFrame, level: str, ids: np.ndarray, train_idx: torch.Tensor,
+                       rendering: str = "open") -> dict[str, torch.Tensor]:
+    """probs (n, K, M), margin standardised with train statistics per primitive, entropy, top label.
+
+    ``rendering="seen"``: the windows of the closed-vocabulary test rendering take its extractions, every
+    other window keeps the open rendering's (the train and val texts of the two renderings are identical)."""
     e = extr[extr["level"] == level]
+    if "rendering" in e:
+        e_open = e[e["rendering"] == "open"]
+        if rendering == "seen":
+            e_seen = e[e["rendering"] == "seen"]
+            e_open = pd.concat([e_open[~e_open["window_id"].isin(set(e_seen["window_id"]))], e_seen])
+        e = e_open
     probs, margin, ent, top = [], [], [], []
     for prim in PRIMITIVES:
         ep = e[e["primitive"] == prim].set_index("window_id").loc[ids]
@@ -53,13 +75,13 @@ def primitive_features(extr: pd.DataFrame, level: str, ids: np.ndarray, train_id
         margin.append(ep["margin"].to_numpy())
         ent.append(ep["entropy"].to_numpy())
         top.append(ep["label"].map({lab: i for i, lab in enumerate(LABELS[prim])}).to_numpy())
-    m = np.stack(margin, 1)
+    m = np.stack(margin, 1).astype(float)
     tr = train_idx.numpy()
     mz = (m - m[tr].mean(0)) / (m[tr].std(0) + 1e-6)   # margin scales differ by backend: standardise
     return {"probs": torch.tensor(np.stack(probs, 1), dtype=torch.float32),
             "margin_z": torch.tensor(mz, dtype=torch.float32),
-            "entropy": torch.tensor(np.stack(ent, 1), dtype=torch.float32),
-            "top": torch.tensor(np.stack(top, 1))}
+            "entropy": torch.tensor(np.stack(ent, 1).astype(float), dtype=torch.float32),
+            "top": torch.tensor(np.stack(top, 1).astype(np.int64))}
 
 
 def oracle_features(gt_idx: np.ndarray) -> dict[str, torch.Tensor]:
@@ -105,10 +127,9 @@ def _predict(model, a: Arrays, part: torch.Tensor, inputs: dict[str, torch.Tenso
     return torch.cat(outs), (torch.cat(gates) if gates else None)
 
 
-def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p, seed: int, desc: str,
+def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p: Params, seed: int, desc: str, device,
               gate_mode: str | None = None, gate_target: torch.Tensor | None = None) -> dict:
     """Fit with the shared loop (AdamW, early stopping on val MSE, NaN guard); MSE + λ·BCE(gate) for TESS."""
-    device = get_device()
     model.to(device)
     keys = list(inputs)
     tr = a.idx["train"]
@@ -141,76 +162,172 @@ def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p, seed: int, d
     return {"model": model.cpu(), "epochs": res.epochs_run, "best_val_mse": res.best_val, "train_seconds": seconds}
 
 
-def _backbone(p, L: int, H: int, text: str = "none", text_dim: int = 0) -> PatchTST:
+def _backbone(p: Params, L: int, H: int, text: str = "none", text_dim: int = 0) -> PatchTST:
     m = p.model
     return PatchTST(L, H, m.d_model, m.n_heads, m.n_layers, m.d_ff, m.patch_len, m.stride, m.dropout,
                     text=text, text_dim=text_dim, gate_hidden=m.gate_hidden)
 
 
-def _rows(variant: str, seed: int, ids: np.ndarray, pred: torch.Tensor) -> list[dict]:
-    return [{"variant": variant, "seed": seed, "window_id": int(w), "pred": pr.numpy().astype("float32")}
-            for w, pr in zip(ids, pred)]
+def _rows(variant: str, seed: int, ids: np.ndarray, pred: torch.Tensor, **arrays: torch.Tensor) -> list[dict]:
+    return [{"variant": variant, "seed": seed, "window_id": int(w), "pred": pr.numpy().astype("float32"),
+             **{k: v[i].numpy().astype("float32") for k, v in arrays.items()}}
+            for i, (w, pr) in enumerate(zip(ids, pred))]
 
 
-def plan(p) -> dict[str, list[int]]:
+# ------------------------------------------------------------------------------------------------ the plan
+def backend_variants(p: Params) -> dict[str, str]:
+    """TESS with each extractor: ``tess`` reads the configured backend, ``tess_<b>`` each other offline one."""
+    main = p.extractor.backend
+    return {"tess": main, **{f"tess_{b}": b for b in OFFLINE_BACKENDS if b != main}}
+
+
+def backend_of(variant: str, p: Params) -> str | None:
+    """The extractions a TESS variant reads (None: the oracle reads the ground truth)."""
+    if variant == "oracle":
+        return None
+    return backend_variants(p).get(variant, p.extractor.backend)
+
+
+def plan(p: Params) -> dict[str, list[int]]:
     """Which variants run on which seeds (ablations and compressed levels on the first seed by default)."""
     all_s, first = list(p.seeds), ([p.seeds[0]] if p.eval.single_seed_variants else list(p.seeds))
-    levels = ["B", "C", "D", "E"]
-    plan = {v: all_s for v in ("naive", "seasonal_naive", "dlinear", "patchtst", "tfidf_ridge", "fusion_A",
-                               "xattn_A", "tess", "tess_nogate")}
-    plan.update({v: first for v in ("oracle", "shuffled", "tess_prototype", "fusion_D", "xattn_D")})
-    plan["tess_D"] = first
+    out = {v: all_s for v in (*UNIMODAL, *RAW_TEXT, "tess", "tess_nogate")}
+    out.update({v: first for v in ("oracle", "shuffled", *(v for v in backend_variants(p) if v != "tess"),
+                                   "tess_D", "fusion_D", "xattn_D")})
     if p.eval.sweeps:                                   # the full A–E ladder and hard labels
-        plan.update({f"tess_{lv}": first for lv in levels})
-        plan.update({f"{b}_{lv}": first for b in ("fusion", "xattn") for lv in ("B", "C", "E")})
-        plan["tess_hard"] = first
-    return plan
+        out.update({f"tess_{lv}": first for lv in ("B", "C", "E")})
+        out.update({f"{b}_{lv}": first for b in ("fusion", "xattn") for lv in ("B", "C", "E")})
+        out["tess_hard"] = first
+    return out
 
 
-def train_baselines(windows: pd.DataFrame, texts: pd.DataFrame, emb: dict, raw: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Unimodal (naive, seasonal naive, DLinear, PatchTST) and raw-text baselines (sentence fusion,
-    token cross-attention, TF-IDF + ridge on PatchTST's residual)."""
-    p = parse("tess", raw)
-    set_threads(p.threads)
+def family(variant: str) -> str:
+    if variant in UNIMODAL or variant in ("tfidf_ridge", "minilm_ridge"):
+        return variant
+    if variant.startswith(("fusion_", "xattn_")):
+        return "neural_text"
+    return "tess"
+
+
+def has_seen_condition(variant: str, p: Params) -> bool:
+    """The variants also scored on the closed-vocabulary test rendering (prediction only, no refit)."""
+    return variant in backend_variants(p) or variant in ("tfidf_ridge", "minilm_ridge", "fusion_A")
+
+
+def variant_inputs(variant: str, p: Params | None = None) -> dict[str, str]:
+    """The datasets the ``train.<variant>`` node reads (``p`` first, so Kedro types it as Params)."""
+    base = {"p": "params:tess", "windows": "windows"}
+    fam = family(variant)
+    if fam in UNIMODAL:
+        return base
+    if fam == "tfidf_ridge":
+        return {**base, "texts": "texts", "texts_seen": "texts_seen", "base": "predictions_patchtst"}
+    if fam == "minilm_ridge":
+        return {**base, "emb": "text_emb_tensors", "base": "predictions_patchtst"}
+    if fam == "neural_text":
+        return {**base, "emb": "text_emb_tensors"}
+    backend = backend_of(variant, p)
+    out = {**base, "gt": "primitives_gt"}
+    return out if backend is None else {**out, "extractions": f"extractions_{backend}"}
+
+
+# ------------------------------------------------------------------------------------------------ variants
+def train_variant(p: Params, windows: pd.DataFrame, variant: str, gt: pd.DataFrame | None = None,
+                  texts: pd.DataFrame | None = None, texts_seen: pd.DataFrame | None = None, emb: dict | None = None,
+                  base: pd.DataFrame | None = None,
+                  extractions: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train one variant on its seeds; returns (predictions, fit log). Each seed starts from
+    ``node_setup(p, seed)``, so a variant node gives the same result alone, resumed or in a full run."""
+    seeds = plan(p)[variant]
     a = normalise(windows)
+    fam = family(variant)
+    preds, logs = [], []
+    for seed in seeds:
+        device = node_setup(p, seed)
+        if fam in ("naive", "seasonal_naive"):
+            preds += _naive(variant, a, p, seed)
+            logs.append({"variant": variant, "seed": seed})
+        elif fam in ("dlinear", "patchtst"):
+            r, rows = _unimodal(variant, a, p, seed, device)
+            preds += rows
+            logs.append(r)
+        elif fam in ("tfidf_ridge", "minilm_ridge"):
+            rows, r = _text_ridge(variant, a, seed, base, texts, texts_seen, emb, p)
+            preds += rows
+            logs.append(r)
+        elif fam == "neural_text":
+            if variant.split("_")[1] not in emb:
+                log.warning("tess: %s skipped (no level-%s texts)", variant, variant.split("_")[1])
+                break
+            rows, r = _neural_text(variant, a, emb, p, seed, device)
+            preds += rows
+            logs.append(r)
+        else:
+            out = _tess(variant, a, gt, extractions, p, seed, device)
+            if out is None:
+                break
+            rows, r = out
+            preds += rows
+            logs.append(r)
+    pred_df = pd.DataFrame(preds) if preds else pd.DataFrame(columns=PRED_COLUMNS)
+    log_df = pd.DataFrame(logs) if logs else pd.DataFrame(columns=LOG_COLUMNS)
+    return pred_df, log_df
+
+
+def _naive(variant: str, a: Arrays, p: Params, seed: int) -> list[dict]:
     L, H = a.x.shape[1], a.y.shape[1]
     te = a.idx["test"]
-    todo = {v: s for v, s in plan(p).items() if not v.startswith("tess") and v not in ("oracle", "shuffled")}
-    preds, log_rows = [], []
+    if variant == "naive":
+        return _rows(variant, seed, a.ids[te], a.x[te, -1:].expand(-1, H))
     period = p.data.period
     season = a.x[:, L - period:][:, torch.arange(H) % period]
-    for seed in p.seeds:
-        preds += _rows("naive", seed, a.ids[te], a.x[te, -1:].expand(-1, H))
-        preds += _rows("seasonal_naive", seed, a.ids[te], season[te])
-        seed_everything(seed)
-        r = train_one(DLinear(L, H), a, {}, p, seed, f"dlinear s{seed}")
-        preds += _rows("dlinear", seed, a.ids[te], _predict(r["model"], a, te, {}, None, "cpu")[0])
-        log_rows.append({"variant": "dlinear", "seed": seed, **{k: r[k] for k in ("epochs", "best_val_mse", "train_seconds")}})
-        seed_everything(seed)
-        r = train_one(_backbone(p, L, H), a, {}, p, seed, f"patchtst s{seed}")
-        all_idx = torch.arange(len(a.ids))
-        pt_all = _predict(r["model"], a, all_idx, {}, None, "cpu")[0]
-        preds += _rows("patchtst", seed, a.ids[te], pt_all[te])
-        log_rows.append({"variant": "patchtst", "seed": seed, **{k: r[k] for k in ("epochs", "best_val_mse", "train_seconds")}})
-        preds += _rows("tfidf_ridge", seed, a.ids[te], _tfidf_ridge(texts, a, pt_all))
-        for variant, seeds in todo.items():
-            if seed not in seeds or not variant.startswith(("fusion_", "xattn_")):
-                continue
-            kind, level = variant.split("_")
-            e = emb[level]
-            assert np.array_equal(e["window_id"].numpy(), a.ids), "text embeddings misaligned with windows"
-            inputs = ({"sent": e["sent"]} if kind == "fusion" else
-                      {"tokens": e["tokens"].float(), "token_mask": e["mask"]})
-            dim = e["sent"].shape[1] if kind == "fusion" else e["tokens"].shape[2]
-            seed_everything(seed)
-            r = train_one(_backbone(p, L, H, kind, dim), a, inputs, p, seed, f"{variant} s{seed}")
-            pred, _ = _predict(r["model"], a, te, inputs, None, "cpu")
-            preds += _rows(variant, seed, a.ids[te], pred)
-            row = {"variant": variant, "seed": seed, **{k: r[k] for k in ("epochs", "best_val_mse", "train_seconds")}}
-            if kind == "xattn":
-                row["attn_cue_ratio"] = attention_cue_ratio(r["model"], a, te, inputs, e["cue"])
-            log_rows.append(row)
-    return pd.DataFrame(preds), pd.DataFrame(log_rows)
+    return _rows(variant, seed, a.ids[te], season[te])
+
+
+def _fit_log(variant: str, seed: int, r: dict, **extra) -> dict:
+    return {"variant": variant, "seed": seed, **{k: r[k] for k in ("epochs", "best_val_mse", "train_seconds")},
+            **extra}
+
+
+def _unimodal(variant: str, a: Arrays, p: Params, seed: int, device) -> tuple[dict, list[dict]]:
+    """DLinear: test windows. PatchTST: every window (its train/val predictions are the ridge baselines' base)."""
+    L, H = a.x.shape[1], a.y.shape[1]
+    model = DLinear(L, H) if variant == "dlinear" else _backbone(p, L, H)
+    r = train_one(model, a, {}, p, seed, f"{variant} s{seed}", device)
+    part = a.idx["test"] if variant == "dlinear" else torch.arange(len(a.ids))
+    pred = _predict(r["model"], a, part, {}, None, "cpu")[0]
+    return _fit_log(variant, seed, r), _rows(variant, seed, a.ids[part.numpy()], pred)
+
+
+def _neural_text(variant: str, a: Arrays, emb: dict, p: Params, seed: int, device) -> tuple[list[dict], dict]:
+    """Sentence fusion (MiniLM sentence embedding added to the patch tokens) or token cross-attention."""
+    L, H = a.x.shape[1], a.y.shape[1]
+    te = a.idx["test"]
+    kind, level = variant.split("_")
+    e = emb[level]
+    assert np.array_equal(e["window_id"].numpy(), a.ids), "text embeddings misaligned with windows"
+    inputs = ({"sent": e["sent"]} if kind == "fusion" else {"tokens": e["tokens"].float(), "token_mask": e["mask"]})
+    dim = e["sent"].shape[1] if kind == "fusion" else e["tokens"].shape[2]
+    r = train_one(_backbone(p, L, H, kind, dim), a, inputs, p, seed, f"{variant} s{seed}", device)
+    pred, _ = _predict(r["model"], a, te, inputs, None, "cpu")
+    rows = _rows(variant, seed, a.ids[te], pred)
+    extra = {}
+    if kind == "xattn":
+        extra["attn_cue_ratio"] = attention_cue_ratio(r["model"], a, te, inputs, e["cue"])
+    if has_seen_condition(variant, p) and f"seen_{level}" in emb:
+        seen = _seen_inputs(emb, level, a, inputs)
+        rows += _rows(variant + SEEN, seed, a.ids[te], _predict(r["model"], a, te, seen, None, "cpu")[0])
+    return rows, _fit_log(variant, seed, r, **extra)
+
+
+def _seen_inputs(emb: dict, level: str, a: Arrays, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``inputs`` with the sentence embeddings of the closed-vocabulary test rendering on its windows."""
+    s = emb[f"seen_{level}"]
+    pos = {int(w): i for i, w in enumerate(a.ids)}
+    rows = torch.tensor([pos[int(w)] for w in s["window_id"]])
+    sent = inputs["sent"].clone()
+    sent[rows] = s["sent"]
+    return {**inputs, "sent": sent}
 
 
 def attention_cue_ratio(model, a: Arrays, part: torch.Tensor, inputs: dict, cue: torch.Tensor) -> float:
@@ -231,76 +348,98 @@ def attention_cue_ratio(model, a: Arrays, part: torch.Tensor, inputs: dict, cue:
     return float((mass[ok] / share[ok]).mean())
 
 
-def _tfidf_ridge(texts: pd.DataFrame, a: Arrays, base_all: torch.Tensor) -> torch.Tensor:
-    """TF-IDF of the level-A text → ridge on PatchTST's residual (alpha chosen on val)."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
+def _ridge_on_residual(X: np.ndarray, resid: np.ndarray, base: np.ndarray, y: np.ndarray, tr, va):
+    """Ridge from text features to the residual y − base; alpha chosen on the val windows' MSE."""
     from sklearn.linear_model import Ridge
 
-    t = texts[texts["level"] == "A"].set_index("window_id").loc[a.ids, "text"].to_numpy()
-    tr, va, te = (a.idx[s].numpy() for s in ("train", "val", "test"))
-    vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-    Xtr = vec.fit_transform(t[tr])
-    resid = (a.y - base_all).numpy()
     best = None
-    for alpha in (0.1, 1.0, 10.0, 100.0):
-        model = Ridge(alpha=alpha).fit(Xtr, resid[tr])
-        val = float((((base_all[va].numpy() + model.predict(vec.transform(t[va]))) - a.y[va].numpy()) ** 2).mean())
+    for alpha in RIDGE_ALPHAS:
+        model = Ridge(alpha=alpha).fit(X[tr], resid[tr])
+        val = float((((base[va] + model.predict(X[va])) - y[va]) ** 2).mean())
         if best is None or val < best[0]:
-            best = (val, model)
-    return base_all[te] + torch.from_numpy(best[1].predict(vec.transform(t[te])).astype("float32"))
+            best = (val, alpha, model)
+    return best
 
 
-def train_tess(windows: pd.DataFrame, gt: pd.DataFrame, extr_lexicon: pd.DataFrame, extr_proto: pd.DataFrame,
-               extr_llm: pd.DataFrame | None, raw: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """TESS and its ablations: no gate, oracle primitives, shuffled primitives, prototype backend,
+def _text_ridge(variant: str, a: Arrays, seed: int, base: pd.DataFrame, texts: pd.DataFrame | None,
+                texts_seen: pd.DataFrame | None, emb: dict | None, p: Params) -> tuple[list[dict], dict]:
+    """TF-IDF of the level-A text, or the minilm_head extractor's input for it (the mean of its clauses'
+    MiniLM embeddings, as MiniLM gives them: a first run standardised them, as the head does, and the
+    unbounded ridge read-out then blew up on unseen paraphrases) → ridge on PatchTST's residual (same
+    seed), alpha chosen on val."""
+    b = base[base["seed"] == seed].set_index("window_id").loc[a.ids, "pred"]
+    base_all = np.stack(b.to_numpy()).astype("float32")
+    y = a.y.numpy()
+    tr, va, te = (a.idx[s].numpy() for s in ("train", "val", "test"))
+    seen_X = None
+    if variant == "tfidf_ridge":
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        t = texts[texts["level"] == "A"].set_index("window_id").loc[a.ids, "text"].to_numpy()
+        vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+        vec.fit(t[tr])
+        X = vec.transform(t)
+        ts = texts_seen[texts_seen["level"] == "A"] if texts_seen is not None and len(texts_seen) else None
+        if ts is not None and len(ts):
+            seen_text = pd.Series(t, index=a.ids)
+            seen_text.loc[ts["window_id"].to_numpy()] = ts["text"].to_numpy()
+            seen_X = vec.transform(seen_text.to_numpy())
+    else:                               # the minilm_head extractor's input: the clause-mean embeddings
+        assert np.array_equal(emb["A"]["window_id"].numpy(), a.ids), "text embeddings misaligned with windows"
+        X = emb["A"]["clauses"].numpy().astype("float64")
+        if "seen_A" in emb:
+            seen_X = X.copy()
+            pos = {int(w): i for i, w in enumerate(a.ids)}
+            seen_X[[pos[int(w)] for w in emb["seen_A"]["window_id"]]] = emb["seen_A"]["clauses"].numpy()
+    val, alpha, model = _ridge_on_residual(X, y - base_all, base_all, y, tr, va)
+    pred = torch.from_numpy((base_all[te] + model.predict(X[te])).astype("float32"))
+    rows = _rows(variant, seed, a.ids[te], pred)
+    if seen_X is not None:
+        pred_s = torch.from_numpy((base_all[te] + model.predict(seen_X[te])).astype("float32"))
+        rows += _rows(variant + SEEN, seed, a.ids[te], pred_s)
+    return rows, {"variant": variant, "seed": seed, "alpha": alpha, "best_val_mse": val}
+
+
+def _tess(variant: str, a: Arrays, gt: pd.DataFrame, extr: pd.DataFrame | None, p: Params, seed: int,
+          device) -> tuple[list[dict], dict] | None:
+    """TESS and its ablations: no gate, oracle primitives, shuffled primitives, each extractor backend,
     compressed text levels (and hard labels under eval.sweeps)."""
-    p = parse("tess", raw)
-    set_threads(p.threads)
-    a = normalise(windows)
     L, H = a.x.shape[1], a.y.shape[1]
     te, tr = a.idx["test"], a.idx["train"]
     g_idx = gt_index(gt, a.ids)
-    main = {"lexicon": extr_lexicon, "prototype": extr_proto, "llm": extr_llm}[p.extractor.backend]
-    if main is None or len(main) == 0:
-        raise ValueError("tess.extractor.backend is 'llm' but no LLM extractions were produced")
-
-    def feats(source: pd.DataFrame, level: str = "A"):
-        return primitive_features(source, level, a.ids, tr)
-
-    todo = {v: s for v, s in plan(p).items() if v.startswith("tess") or v in ("oracle", "shuffled")}
-    preds, log_rows, gate_rows = [], [], []
-    for seed in p.seeds:
-        for variant, seeds in todo.items():
-            if seed not in seeds:
-                continue
-            gate_mode = "learned"
-            if variant == "tess":
-                f = feats(main)
-            elif variant == "tess_nogate":
-                f, gate_mode = feats(main), "one"
-            elif variant == "oracle":
-                f, gate_mode = oracle_features(g_idx), "one"
-            elif variant == "shuffled":
-                f = shuffled(feats(main), a.idx, seed)
-            elif variant == "tess_prototype":
-                f = feats(extr_proto)
-            elif variant == "tess_hard":
-                f = hard(feats(main))
-            else:                                           # tess_B ... tess_E
-                f = feats(main, variant.split("_")[1])
-            correct = (f["top"] == torch.from_numpy(g_idx)).float()   # gate target; used on train only
-            inputs = {k: v for k, v in f.items() if k != "top"}
-            seed_everything(seed)
-            r = train_one(_backbone(p, L, H, "tess"), a, inputs, p, seed, f"{variant} s{seed}",
-                          gate_mode=gate_mode, gate_target=correct)
-            pred, gate = _predict(r["model"], a, te, inputs, gate_mode, "cpu")
-            preds += _rows(variant, seed, a.ids[te], pred)
-            log_rows.append({"variant": variant, "seed": seed, **{k: r[k] for k in ("epochs", "best_val_mse", "train_seconds")}})
-            if gate_mode == "learned":
-                for k, prim in enumerate(PRIMITIVES):
-                    gate_rows.append(pd.DataFrame({"variant": variant, "seed": seed, "window_id": a.ids[te],
-                                                   "primitive": prim, "gate": gate[:, k].numpy(),
-                                                   "correct": correct[te, k].numpy()}))
-    gates = pd.concat(gate_rows, ignore_index=True) if gate_rows else pd.DataFrame(
-        columns=["variant", "seed", "window_id", "primitive", "gate", "correct"])
-    return pd.DataFrame(preds), pd.DataFrame(log_rows), gates
+    level = variant.split("_")[1] if variant in {f"tess_{lv}" for lv in "BCDE"} else "A"
+    if variant != "oracle":
+        if extr is None or len(extr) == 0:
+            raise ValueError(f"tess: variant {variant} has no extractions from backend '{backend_of(variant, p)}'")
+        if level not in set(extr["level"]):
+            log.warning("tess: %s skipped (no level-%s texts)", variant, level)
+            return None
+    gate_mode = "learned"
+    seen_f = None
+    if variant == "oracle":
+        f, gate_mode = oracle_features(g_idx), "one"
+    else:
+        f = primitive_features(extr, level, a.ids, tr)
+        if variant == "tess_nogate":
+            gate_mode = "one"
+        elif variant == "shuffled":
+            f = shuffled(f, a.idx, seed)
+        elif variant == "tess_hard":
+            f = hard(f)
+        if has_seen_condition(variant, p) and "rendering" in extr and (extr["rendering"] == "seen").any():
+            seen_f = primitive_features(extr, level, a.ids, tr, rendering="seen")
+    gt_t = torch.from_numpy(g_idx)
+    correct = (f["top"] == gt_t).float()          # gate target; used on train only
+    inputs = {k: v for k, v in f.items() if k != "top"}
+    r = train_one(_backbone(p, L, H, "tess"), a, inputs, p, seed, f"{variant} s{seed}", device,
+                  gate_mode=gate_mode, gate_target=correct)
+    pred, gate = _predict(r["model"], a, te, inputs, gate_mode, "cpu")
+    gates = {"gate": gate, "correct": correct[te]} if gate_mode == "learned" else {}
+    rows = _rows(variant, seed, a.ids[te.numpy()], pred, **gates)
+    if seen_f is not None:
+        s_inputs = {k: v for k, v in seen_f.items() if k != "top"}
+        pred_s, gate_s = _predict(r["model"], a, te, s_inputs, gate_mode, "cpu")
+        gates_s = ({"gate": gate_s, "correct": (seen_f["top"] == gt_t).float()[te]}
+                   if gate_mode == "learned" else {})
+        rows += _rows(variant + SEEN, seed, a.ids[te.numpy()], pred_s, **gates_s)
+    return rows, _fit_log(variant, seed, r)

@@ -4,6 +4,7 @@ the regression check against an earlier scoreboard that the nightly workflow fai
     python -m pipelines.core.scoreboard                              # reports under data/08_reporting
     python -m pipelines.core.scoreboard --tracking-uri sqlite:///mlflow.db
     python -m pipelines.core.scoreboard --reports nightly/ --out scoreboard/ --compare-to prev/scoreboard.json
+    python -m pipelines.core.scoreboard --sweep <sweep_id>          # claims' hold rates over a kedro sweep
 
 Sources: a folder searched recursively for ``report.json`` files (Kedro's versioned layout
 ``<m>/report.json/<version>/report.json`` or CI artifacts), or an MLflow store (the ``report.json``
@@ -440,7 +441,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="only reports of this Kedro env (default base: the default-scale runs); 'any' for all")
     ap.add_argument("--allow-missing", action="store_true",
                     help="a pipeline without a report now is a note, not a regression")
+    ap.add_argument("--sweep", default=None, metavar="SWEEP_ID",
+                    help="print each claim's hold rate over a `kedro sweep` (its sweep.json) and exit")
     args = ap.parse_args(argv)
+    if args.sweep:
+        from pipelines.core.sweep import sweep_hold_rate_markdown
+
+        sys.stdout.write(sweep_hold_rate_markdown(args.sweep, args.project))
+        return 0
 
     pipelines = ([p.strip() for p in args.pipelines.split(",") if p.strip()] if args.pipelines
                  else registered_pipelines())

@@ -1,5 +1,7 @@
 """Kedro project settings: hooks, config loader, the MLflow resolvers."""
 from pipelines.core import config as _config
+from kedro.framework.session import KedroSession
+
 from pipelines.core.hooks import PlatformHooks
 from pipelines.core.runner import RunnerConfigHooks
 
@@ -12,3 +14,8 @@ HOOKS = (PlatformHooks(), RunnerConfigHooks())
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-viz",)
 
 CONFIG_LOADER_CLASS, CONFIG_LOADER_ARGS = _config.CONFIG_LOADER_CLASS, _config.CONFIG_LOADER_ARGS
+
+# no two processes of this project get the same session id (= save version): core.versions
+from pipelines.core.versions import unique_session_class  # noqa: E402
+
+SESSION_CLASS = unique_session_class(KedroSession)

@@ -62,6 +62,12 @@ def log_typed_params(inputs: dict[str, Any], logged: set[str]) -> None:
 class PlatformHooks:
     def __init__(self) -> None:
         self._ctx: dict[str, Any] = {}
+        self._catalog = None
+        self._load_versions: dict[str, str] = {}
+
+    @hook_impl
+    def after_catalog_created(self, catalog, load_versions) -> None:
+        self._catalog, self._load_versions = catalog, dict(load_versions or {})
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline, catalog) -> None:
@@ -97,6 +103,10 @@ class PlatformHooks:
 
     @hook_impl
     def before_dataset_saved(self, dataset_name: str, data: Any) -> None:
+        # runs sharing data/ read back their own version, never a newer one another run saved
+        from pipelines.core.versions import pin_own_version
+
+        pin_own_version(self._catalog, dataset_name, self._load_versions)
         if dataset_name.endswith(".report") and isinstance(data, dict) and self._ctx:
             data.update({k: v for k, v in self._ctx.items() if not k.startswith("_")})
             data["wall_seconds"] = round(time.perf_counter() - self._ctx["_t0"], 3)

@@ -31,6 +31,14 @@ def test_scaffolded_method_runs_end_to_end(scaffolded, e2e_project):
     assert report["env"] == "test" and report["seeds"] == [0]
     assert set(report["variants"]) == {"ridge", "mean_baseline"}
     assert report["claims"][0]["id"] == "beats_mean_baseline" and isinstance(report["claims"][0]["holds"], bool)
+    assert report["claims"][0]["holds"] is True     # ridge vs the train mean on its own synthetic data
+    # the generated test file passes as written
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          f"tests/methods/test_{NAME}.py"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:]
 
 
 def test_scaffold_refuses_existing_and_bad_names(scaffolded):

@@ -35,6 +35,7 @@ def method_config(method: str, env: str | None = None, runtime_params: dict | No
     ``kedro run`` (kedro viz, registry describe) it is conf/base's, or ``env``'s when given."""
     import json
 
+    from pipelines.core.runctx import config_cache as _CONFIG_CACHE
     from pipelines.core.runctx import run_config
 
     rc = run_config()
@@ -53,9 +54,6 @@ def method_config(method: str, env: str | None = None, runtime_params: dict | No
         except MissingConfigException:
             _CONFIG_CACHE[key] = {}
     return _CONFIG_CACHE[key].get(method) or {}
-
-
-_CONFIG_CACHE: dict[tuple, dict] = {}
 
 
 def _conf_source(conf_source: str | None) -> Path:

@@ -11,6 +11,7 @@ DEFAULT_PIPELINE = "tess"
 _requested: list[str] = []
 _runner: list[str] = []
 _run_config: dict = {}      # env, conf_source and --params of the `kedro run` being set up
+config_cache: dict = {}     # parameters read for that run (core.registry.method_config); cleared per run
 current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_node", default=None)
 
 
@@ -23,6 +24,7 @@ def set_run_config(env: str | None, conf_source: str | None, runtime_params: dic
     """Called by the project's ``kedro run`` (and ``kedro sweep`` points): what a pipeline built from
     its parameters (one train node per variant) must read."""
     _run_config.clear()
+    config_cache.clear()    # the conf files may have changed since the last run in this process
     _run_config.update(env=env, conf_source=conf_source, runtime_params=dict(runtime_params or {}))
 
 

@@ -137,9 +137,12 @@ def _parents(project: Path):
 def _spawn(project: Path, *args: str, flag: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
            "KEDRO_DISABLE_TELEMETRY": "true", "COLUMNS": "250", "PROBE_FLAG": str(flag or project / "flag")}
+    # a shell that started us in the background may have set SIGINT to "ignore", which Python would
+    # inherit (and then never raise KeyboardInterrupt): give the run the default, as a terminal would
     return subprocess.Popen([sys.executable, "-m", "pipelines", "run", "--pipeline", PROBE, *args], cwd=project,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:

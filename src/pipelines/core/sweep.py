@@ -313,44 +313,20 @@ def run_point(job: Mapping[str, Any], on_start=None) -> dict[str, Any]:
 
 # ============================================================================================ the point process
 # Every point runs `python -m pipelines.core.sweep run ...`: exactly `python -m pipelines run ...` (the same
-# CLI, settings and hooks) plus two guards that concurrent `kedro run`s sharing one data/ folder need, both
-# found by running 4 points at once on this project:
+# CLI, settings and hooks). Two guards that concurrent `kedro run`s sharing one data/ folder need were found
+# by running 4 points at once on this project, and now hold for every `kedro run` (core.versions):
 #   1. Kedro loads an unpinned versioned dataset at the *latest* version on disk, also right after this run
-#      saved it. A concurrent point that saved the same dataset a moment later (a newer timestamp) is then
-#      what this point reads back ("Save version A did not match load version B"): its evaluation silently
-#      used another point's predictions. SweepPointHooks pins each dataset this run saves to the run's own
-#      save version before the save, so later loads read what this run wrote.
-#   2. The save version is the session's start time in milliseconds: two points that start in the same
-#      millisecond share it and the second fails ("Save path ... must not exist"). Session creation takes a
-#      file lock per project and outlasts a millisecond, so no two points get the same one.
-def _point_hooks():
-    from kedro.framework.hooks import hook_impl
-
-    class SweepPointHooks:
-        """Loads of a dataset this run saves read this run's version (guard 1 above)."""
-
-        def __init__(self) -> None:
-            self._catalog = None
-            self._load_versions: dict[str, str] = {}
-
-        @hook_impl
-        def after_catalog_created(self, catalog, load_versions) -> None:
-            self._catalog, self._load_versions = catalog, dict(load_versions or {})
-
-        @hook_impl
-        def before_dataset_saved(self, dataset_name: str) -> None:
-            pin_own_version(self._catalog, dataset_name, self._load_versions)
-
-    return SweepPointHooks()
-
-
+#      saved it; a concurrent run's newer save was read back instead ("Save version A did not match load
+#      version B"). PlatformHooks pins each dataset a run saves to that run's own save version.
+#   2. The save version is the session's start time in milliseconds: two runs that start in the same
+#      millisecond share it. settings.SESSION_CLASS creates sessions under a per-project file lock.
+# point_main re-applies guard 2 in case a project's settings replaced the session class.
 def point_main() -> int:
-    """``python -m pipelines.core.sweep run ...``: the project's CLI with the two sweep-point guards."""
+    """``python -m pipelines.core.sweep run ...``: the project's CLI, its session class guarded."""
     from kedro.framework.session import KedroSession
 
     import pipelines.settings as project_settings
 
-    project_settings.HOOKS = (*getattr(project_settings, "HOOKS", ()), _point_hooks())
     base = getattr(project_settings, "SESSION_CLASS", None) or KedroSession
     project_settings.SESSION_CLASS = unique_session_class(base)
     from pipelines.__main__ import main
@@ -598,11 +574,9 @@ class Store:
 
 # ============================================================================================ results
 def _num(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+    from pipelines.core.scoreboard import _num as num   # one finite-float reader
+
+    return num(x)
 
 
 def point_results(report: Mapping[str, Any], root: Path | None) -> dict[str, Any]:

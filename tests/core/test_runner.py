@@ -4,6 +4,7 @@ errors naming the node, and CUDA outputs converted or rejected. CPU only; Ray te
 2-CPU instance started and stopped by a module fixture."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -371,15 +372,14 @@ def tess_train_nodes() -> tuple[set[str], set[str]]:
 @pytest.mark.ray
 @pytest.mark.e2e
 @pytest.mark.skipif("tess" not in discover_methods(), reason="the tess pipeline has not landed yet")
-def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_project, monkeypatch, caplog):
-    """The flagship: a SequentialRunner run, then its train + evaluate stages again from the same
-    (versioned) data with the inline backend and with the gpu nodes on local Ray: the same report,
+def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_project, test_env_run, monkeypatch,
+                                                            caplog):
+    """The flagship: the session's SequentialRunner run of tess, then its train + evaluate stages again from
+    the same (versioned) data with the inline backend and with the gpu nodes on local Ray: the same report,
     and the Ray run logged to MLflow as a run of its own with the same claims."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    shutil.copytree(ROOT / "conf", e2e_project / "conf", dirs_exist_ok=True)
-    sequential = run_kedro(e2e_project, "tess")
-    assert sequential.exit_code == 0, sequential.output
-    reference = sequential.report  # read now: .report is the latest version in the folder
+    sequential = test_env_run("tess")      # shared with the registry smoke test: one run per session
+    reference = json.loads(sequential.report_path.read_text())
     reports = {}
     train, gpu = tess_train_nodes()
     assert len(train) >= 5 and gpu

@@ -28,15 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipelines.core.cpus import usable_cpus
+
 ROOT = Path(__file__).resolve().parents[1]
 CONDITIONS = ("idle", "loaded", "idle_off", "loaded_off")
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
 
 
 def make_project(dest: Path) -> Path:

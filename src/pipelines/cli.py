@@ -40,24 +40,14 @@ def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> dict
     list, or, for claims, an env whose parameters declare them before the run."""
     from omegaconf import OmegaConf
 
+    from pipelines.core.sweep import GridError, split_top_level
+
     if isinstance(value, dict):
         return value
-    items, depth, quote, cur = [], 0, None, ""
-    for ch in value or "":
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth = max(0, depth - 1)
-        elif ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    items.append(cur)
+    try:
+        items = split_top_level(value or "")
+    except GridError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     dot_list = []
     for item in (i.strip() for i in items):
         if not item:
@@ -122,17 +112,6 @@ def validate_params(names: list[str]) -> None:
         validate(schema, raw[m], m)
 
 
-def end_mlflow_runs(status: str) -> None:
-    """End every MLflow run still active in this process with ``status`` (FAILED / KILLED)."""
-    import sys
-
-    mlflow = sys.modules.get("mlflow")
-    if mlflow is None:
-        return
-    while mlflow.active_run() is not None:
-        mlflow.end_run(status)
-
-
 def unfinished_version(context, names: list[str]) -> tuple[str | None, list[str]]:
     """The newest save version of these pipelines' versioned datasets when it has no report (a run
     that was killed or failed), and the versioned datasets; (None, datasets) when the newest run finished.
@@ -175,6 +154,7 @@ def _run(**kw: Any) -> dict[str, Any]:
 
     from pipelines.core.claims import ClaimError
     from pipelines.core.errors import NonFiniteLossError
+    from pipelines.core.hooks import end_mlflow_runs
     from pipelines.core.params import ParameterError
     from pipelines.core.runner import GPUUnavailableError, RunnerConfigError, forget_session
 

@@ -33,7 +33,9 @@ def test_usable_cpus_respects_affinity_and_quota(tmp_path, monkeypatch):
     assert runtime._cgroup_quota_cpus(tmp_path) == 1.5
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert runtime._cgroup_quota_cpus(tmp_path) is None
-    monkeypatch.setattr(runtime, "_cgroup_quota_cpus", lambda: 1.5)
+    from pipelines.core import cpus
+
+    monkeypatch.setattr(cpus, "_cgroup_quota_cpus", lambda: 1.5)
     assert runtime.usable_cpus() == 1
 
 

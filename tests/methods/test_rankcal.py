@@ -18,6 +18,7 @@ from pipelines.rankcal import calibration as C
 from pipelines.rankcal import models as M
 from pipelines.rankcal import ranking as R
 from pipelines.rankcal.params import Params
+from tests.core.test_metrics import bf_ece  # loop-written, tie-aware reference of core's ECE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,22 +51,6 @@ def bf_pl_prob(v, ordering):
         p *= v[label] / sum(v[j] for j in left)
         left.remove(label)
     return p
-
-
-def bf_ece(scores, hits, n_bins):
-    """Equal-mass binning written out with loops: edges at score quantiles, a bin is the set of scores
-    in [edge_k, edge_{k+1}) (the last bin closed), so equal scores can never be split."""
-    scores, hits = list(map(float, scores)), list(map(float, hits))
-    inner = sorted(set(np.quantile(scores, np.linspace(0, 1, n_bins + 1)[1:-1]).tolist()))
-    bounds = [-np.inf, *inner, np.inf]
-    total = 0.0
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        members = [i for i, s in enumerate(scores) if lo <= s < hi]
-        if members:
-            conf = sum(scores[i] for i in members) / len(members)
-            acc = sum(hits[i] for i in members) / len(members)
-            total += len(members) / len(scores) * abs(acc - conf)
-    return total
 
 
 def bf_marginals(Q_row, m):

@@ -15,13 +15,10 @@ from pipelines.core.runctx import current_node, git_commit, runner_name
 log = logging.getLogger(__name__)
 
 
-def method_namespaces(pipeline) -> list[str]:
-    return sorted({n.namespace.split(".")[0] for n in pipeline.nodes if n.namespace})
-
-
-def _end_mlflow_runs(status: str = "FINISHED") -> None:
-    """kedro-mlflow re-opens its run in every node; make sure nothing stays active after the run, so a
-    second run in the same process (notebooks, tests) never logs into this one's parent."""
+def end_mlflow_runs(status: str = "FINISHED") -> None:
+    """End every MLflow run still active in this process with ``status``. kedro-mlflow re-opens its run
+    in every node: nothing may stay active after a run, so a second run in the same process (notebooks,
+    tests) never logs into this one's parent; the CLI ends a failed or interrupted run FAILED / KILLED."""
     import sys
 
     mlflow = sys.modules.get("mlflow")
@@ -82,11 +79,11 @@ class PlatformHooks:
 
     @hook_impl
     def after_pipeline_run(self) -> None:
-        _end_mlflow_runs()
+        end_mlflow_runs()
 
     @hook_impl
     def on_pipeline_error(self) -> None:
-        _end_mlflow_runs("FAILED")
+        end_mlflow_runs("FAILED")
 
     @hook_impl
     def before_node_run(self, node, inputs: dict[str, Any]) -> None:

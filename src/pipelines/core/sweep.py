@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.cpus import usable_cpus
 from pipelines.core.versions import (SESSION_LOCK_ENV, _session_lock_path, pin_own_version,  # noqa: F401
                                      unique_session_class)
 
@@ -219,22 +220,6 @@ def error_line(stderr: str, returncode: int) -> str:
         pick = next((ln for ln in reversed(lines) if not ln[0] in "\u2502\u2570\u256d"), None)
     pick = pick or f"exit code {returncode}"
     return pick if len(pick) <= 400 else pick[:397] + "..."
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: affinity mask capped by a cgroup v2 quota (at least 1). (The same
-    rule as pipelines.core.runtime.usable_cpus, which imports torch.)"""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.floor(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, n)
 
 
 # ============================================================================================ a point

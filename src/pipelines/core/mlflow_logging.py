@@ -17,6 +17,22 @@ def _finite(d: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _log_histories(run_id: str, series: Mapping[str, Mapping[str, list]]) -> None:
+    """Metric histories with their steps (non-finite points skipped: MLflow stores floats only)."""
+    import time
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    batch = [Metric(f"history.{name}", float(v), now, int(s))
+             for name, h in series.items() for s, v in zip(h["step"], h["value"])
+             if v is not None and math.isfinite(v)]
+    client = MlflowClient()
+    for i in range(0, len(batch), 1000):  # MLflow's per-batch limit
+        client.log_batch(run_id, metrics=batch[i:i + 1000])
+
+
 def log_report(report: Mapping[str, Any]) -> str | None:
     """Log into the active run (the parent kedro-mlflow started); returns its id, or None if none."""
     import mlflow
@@ -36,6 +52,10 @@ def log_report(report: Mapping[str, Any]) -> str | None:
     metrics.update(_finite({"claims_held": report.get("claims_held"), "wall_seconds": report.get("wall_seconds")}))
     mlflow.log_metrics(metrics)
     mlflow.log_dict(dict(report), "report.json")
+    histories = report.get("histories") or {}
+    for key, series in histories.items():
+        if key not in report["variants"]:
+            _log_histories(parent.info.run_id, series)
     stds = report.get("variants_std", {})
     for variant, row in report["variants"].items():
         with mlflow.start_run(run_name=variant, nested=True,
@@ -45,4 +65,6 @@ def log_report(report: Mapping[str, Any]) -> str | None:
             values = _finite(row)
             values.update({f"{k}_std": v for k, v in _finite(stds.get(variant, {})).items()})
             mlflow.log_metrics(values)
+            if variant in histories:
+                _log_histories(mlflow.active_run().info.run_id, histories[variant])
     return parent.info.run_id

@@ -67,13 +67,43 @@ def thread_record() -> dict[str, Any]:
     return {"threads": 1, "threads_setting": "auto", "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
 
 
+MAX_HISTORY_POINTS = 1000
+
+
+def history_series(values: Any, max_points: int = MAX_HISTORY_POINTS) -> dict[str, list]:
+    """One metric history as ``{"step": [...], "value": [...]}``.
+
+    ``values`` is a sequence of numbers (step = index), a sequence of ``(step, value)`` pairs, or a mapping
+    with ``step`` and ``value``. Longer series are thinned evenly to ``max_points`` (first and last kept);
+    non-finite values stay (as None in JSON) so a divergence is visible, not dropped."""
+    if isinstance(values, Mapping):
+        steps, vals = list(values["step"]), list(values["value"])
+    else:
+        values = list(values.tolist() if hasattr(values, "tolist") else values)
+        if values and isinstance(values[0], list | tuple):
+            steps, vals = [int(s) for s, _ in values], [v for _, v in values]
+        else:
+            steps, vals = list(range(len(values))), values
+    if len(steps) != len(vals):
+        raise ValueError(f"history has {len(steps)} steps but {len(vals)} values")
+    if len(steps) > max_points:
+        idx = sorted({round(i * (len(steps) - 1) / (max_points - 1)) for i in range(max_points)})
+        steps, vals = [steps[i] for i in idx], [vals[i] for i in idx]
+    return {"step": [int(s) for s in steps], "value": [float(v) for v in vals]}
+
+
 def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
                  metrics: Mapping[str, float] | None = None, artifacts: Iterable[str] = (),
-                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 extra: Mapping[str, Any] | None = None,
+                 histories: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Assemble ``<m>.report`` and evaluate the claims declared in ``params['claims']``.
 
     ``params`` is the method's ``Params`` (or its dict). A derived metric may come with an interval as
-    ``<name>.ci_low`` / ``<name>.ci_high``; claims on it then use the interval (core.claims)."""
+    ``<name>.ci_low`` / ``<name>.ci_high``; claims on it then use the interval (core.claims).
+
+    ``histories`` maps a variant to ``{metric: series}`` (see :func:`history_series`): quantities that
+    evolve over training. They are logged with steps to that variant's MLflow child run (the UI draws the
+    curves); a key that is not a variant (e.g. ``"run"``) goes to the parent run."""
     params = params_dict(params)
     mean, std, per_seed = aggregate_seeds(rows)
     metrics = dict(metrics or {})
@@ -94,6 +124,8 @@ def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
         "artifacts": sorted(a if "." in a else f"{a}.png" for a in artifacts),
         "paper": params.get("paper"),
         "headline": params.get("headline"),
+        **({"histories": {v: {k: history_series(s) for k, s in h.items()} for v, h in histories.items()}}
+           if histories else {}),
         **(extra or {}),
     })
 

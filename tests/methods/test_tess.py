@@ -9,9 +9,6 @@ checked here through the shared ``test_env_run`` fixture."""
 from __future__ import annotations
 
 import copy
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import numpy as np
 import pandas as pd
@@ -388,53 +385,32 @@ def test_gain_is_core_relative_gain_on_shared_seeds():
 
 
 # ------------------------------------------------------------------------------------------ LLM backend
-class _Stub(BaseHTTPRequestHandler):
-    calls: list = []
-    with_logprobs = True
+def _stub_answer(body: dict, with_logprobs: bool) -> dict:
+    from pipelines.core.llm import completion
 
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).calls.append(body)
-        prompt = body["messages"][0]["content"]
-        answer = "3" if "surge" not in prompt else "5"
-        if body.get("logprobs") and type(self).with_logprobs:
-            choice = {"message": {"content": f"Label: {answer}"}, "logprobs": {"content": [
-                {"token": "Label", "top_logprobs": []}, {"token": ":", "top_logprobs": []},
-                {"token": f" {answer}", "top_logprobs": [{"token": f" {answer}", "logprob": np.log(0.9)},
-                                                          {"token": " 1", "logprob": np.log(0.1)}]}]}}
-            out = {"choices": [choice]}
-        elif body.get("logprobs"):
-            out = {"choices": [{"message": {"content": f"Label: {answer}"}}]}
-        else:
-            out = {"choices": [{"message": {"content": f"<think>maybe 1</think>Label: {answer}"}}
-                               for _ in range(body.get("n", 1))]}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
-
-
-@pytest.fixture
-def stub_server():
-    _Stub.calls = []
-    srv = HTTPServer(("127.0.0.1", 0), _Stub)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
+    answer = "3" if "surge" not in body["messages"][0]["content"] else "5"
+    if body.get("logprobs") and with_logprobs:
+        return completion([f"Label: {answer}"], logprobs=[[
+            {"token": "Label", "top_logprobs": []}, {"token": ":", "top_logprobs": []},
+            {"token": f" {answer}", "top_logprobs": [{"token": f" {answer}", "logprob": np.log(0.9)},
+                                                      {"token": " 1", "logprob": np.log(0.1)}]}]])
+    if body.get("logprobs"):
+        return completion([f"Label: {answer}"])
+    return completion([f"<think>maybe 1</think>Label: {answer}"] * body.get("n", 1))
 
 
 @pytest.mark.parametrize("with_logprobs", [True, False])
-def test_llm_backend_against_stub_server(stub_server, tmp_path, with_logprobs):
+def test_llm_backend_against_stub_server(tmp_path, with_logprobs):
+    from pipelines.core.llm import LLMError, stub_server
+
+    with stub_server(lambda body: _stub_answer(body, with_logprobs)) as stub:
+        _llm_backend_checks(stub, tmp_path, with_logprobs, LLMError)
+
+
+def _llm_backend_checks(stub, tmp_path, with_logprobs, LLMError):
     from pipelines.tess.llm import extract_llm
 
-    _Stub.with_logprobs = with_logprobs
-    p = params({"extractor": {"backend": "llm", "llm": {"base_url": stub_server, "cache_dir": str(tmp_path)}}})
+    p = params({"extractor": {"backend": "llm", "llm": {"base_url": stub.url, "cache_dir": str(tmp_path)}}})
     texts = pd.DataFrame({"window_id": [0, 1], "level": ["A", "A"], "text": ["prices surge", "calm day"]})
     seen = texts.iloc[:0]
     windows = pd.DataFrame({"window_id": [0, 1], "x": [np.arange(96.0), np.zeros(96)]})
@@ -445,14 +421,14 @@ def test_llm_backend_against_stub_server(stub_server, tmp_path, with_logprobs):
         assert shift.loc[0, "probs"][4] == pytest.approx(0.9 / 1.0 * 1 / (1 + 0.01), abs=0.02)
     else:                                                   # 4 votes for "3"/"5", <think> stripped, ε-smoothed
         assert shift.loc[1, "probs"][2] == pytest.approx(4.01 / 4.05, abs=1e-6)
-    n_calls = len(_Stub.calls)
+    n_calls = len(stub.requests)
     again = extract_llm(texts, seen, windows, p)            # second run: served from the cache
-    assert len(_Stub.calls) == n_calls
+    assert len(stub.requests) == n_calls
     pd.testing.assert_frame_equal(out, again)
     # no endpoint: the cache still answers; an uncached prompt fails closed with a clear error
     p_off = params({"extractor": {"backend": "llm", "llm": {"base_url": None, "cache_dir": str(tmp_path)}}})
     pd.testing.assert_frame_equal(extract_llm(texts, seen, windows, p_off), out)
-    with pytest.raises(ValueError, match="base_url is not set"):
+    with pytest.raises(LLMError, match=r"tess\.extractor\.llm\.base_url is not set"):
         extract_llm(texts.assign(text=["new text", "other"]), seen, windows, p_off)
     # the llm backend adds its extraction node; the other backends never call it
     assert len(extract_llm(texts, seen, windows, params())) == 0

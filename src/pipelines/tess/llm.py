@@ -4,22 +4,19 @@
 Primary: temperature 0 with ``logprobs`` / ``top_logprobs`` on a one-token answer (the label's number, so
 the label distribution is read exactly). Fallback when the server gives no logprobs: ``samples`` answers at
 ``temperature``, vote frequencies + ε (the paper repo's scheme), ``<think>…</think>`` stripped.
-Responses are cached in an append-only JSONL file keyed by sha256(model + prompt); with no endpoint
-configured the backend runs from the cache or fails closed with a clear error."""
+Responses are cached by ``core.llm.ChatClient`` in ``<cache_dir>/responses.jsonl`` (append-only); with no
+endpoint configured the backend runs from the cache or fails closed with a clear error."""
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from pipelines.core.llm import ChatClient
 from pipelines.tess.extract import empty_extractions, extraction_rows
 from pipelines.tess.lexicon import LABELS, PRIMITIVES
 from pipelines.tess.params import Params
@@ -67,52 +64,21 @@ def parse_logprobs(choice: dict, n_labels: int) -> np.ndarray | None:
 
 
 class LLMClient:
+    """Label distributions for prompts, over core's OpenAI-compatible client (which caches responses)."""
+
     def __init__(self, base_url: str | None, model: str, api_key: str | None, timeout_s: float, samples: int,
                  temperature: float, cache_dir: str | Path):
-        self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
-        self.timeout_s, self.samples, self.temperature = timeout_s, samples, temperature
-        self.cache_path = Path(cache_dir) / "cache.jsonl"
-        self.cache: dict[str, list[float]] = {}
-        if self.cache_path.is_file():
-            for line in self.cache_path.read_text().splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    self.cache[row["key"]] = row["probs"]
-        self.calls = 0
-
-    def key(self, prompt: str) -> str:
-        return hashlib.sha256((self.model + "\n" + prompt).encode()).hexdigest()
-
-    def _post(self, body: dict) -> dict:
-        req = urllib.request.Request(f"{self.base_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                self.calls += 1
-                return json.loads(resp.read())
-        except (urllib.error.URLError, TimeoutError) as exc:
-            raise ConnectionError(f"tess LLM extractor: request to {self.base_url} failed: {exc}") from exc
+        self.samples, self.temperature = samples, temperature
+        self.chat = ChatClient(base_url, model, api_key, timeout_s, Path(cache_dir) / "responses.jsonl",
+                               param_prefix="tess.extractor.llm")
 
     def probs(self, prompt: str, n_labels: int) -> np.ndarray:
-        k = self.key(prompt)
-        if k in self.cache:
-            return np.asarray(self.cache[k])
-        if not self.base_url:
-            raise ValueError("tess.extractor.llm.base_url is not set and this prompt is not in the cache "
-                             f"({self.cache_path}); configure an OpenAI-compatible endpoint or use backend 'lexicon'")
         msgs = [{"role": "user", "content": prompt}]
-        out = self._post({"model": self.model, "messages": msgs, "temperature": 0, "max_tokens": 8,
-                          "logprobs": True, "top_logprobs": 10})
+        out = self.chat.chat(msgs, temperature=0, max_tokens=8, logprobs=True, top_logprobs=10)
         p = parse_logprobs(out["choices"][0], n_labels)
         if p is None:
-            out = self._post({"model": self.model, "messages": msgs, "temperature": self.temperature,
-                              "n": self.samples, "max_tokens": 512})
-            p = parse_votes([c["message"]["content"] for c in out["choices"]], n_labels)
-        self.cache[k] = [float(v) for v in p]
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.cache_path.open("a") as f:  # append-only: earlier answers are never rewritten
-            f.write(json.dumps({"key": k, "model": self.model, "probs": self.cache[k]}) + "\n")
+            p = parse_votes(self.chat.texts(msgs, temperature=self.temperature, n=self.samples, max_tokens=512),
+                            n_labels)
         return p
 
 

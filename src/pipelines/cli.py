@@ -209,6 +209,9 @@ def _run(**kw: Any) -> dict[str, Any]:
         raise
     finally:
         forget_session()   # a failed before_pipeline_run skips the runner hooks' own clean-up
+        # this run's env and --params must not shape pipelines built later in the same process
+        # (a notebook, a test session): the next create_pipeline() reads the project's defaults again
+        runctx.set_run_config(None, None, {})
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

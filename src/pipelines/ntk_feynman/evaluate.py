@@ -1,0 +1,388 @@
+"""Theory vs Monte Carlo: the pooled MC estimates with batch-mean standard errors next to every theory
+variant, the derived agreement / scaling / ReLU-theorem metrics, the metric histories and the plots."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from pipelines.core.report import build_report
+from pipelines.ntk_feynman import mc
+from pipelines.ntk_feynman.params import TENSORS, THEORY_VARIANTS, Params
+from pipelines.ntk_feynman.theory import VERTEX_KEYS
+
+QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
+THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Theta1": "Theta1", "K1": "K1"}
+
+
+def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+    th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
+    sims = {v[3:]: d for v, d in outputs.items() if v.startswith("mc_")}
+    return th, sims
+
+
+def n_prev(layer: int, width: int, n0: int) -> int:
+    """The width that multiplies a layer's covariances: the previous layer's (n0 for layer 1)."""
+    return n0 if layer == 1 else width
+
+
+def pooled_rows(blocks: pd.DataFrame, n0: int, by: tuple[str, ...] = ("input", "width", "layer")) -> pd.DataFrame:
+    rows = []
+    for key, d in blocks.groupby(list(by), sort=True):
+        key = dict(zip(by, key))
+        rows.append({**key, **mc.pooled_blocks(d, n_prev(int(key["layer"]), int(key["width"]), n0))})
+    return pd.DataFrame(rows)
+
+
+def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (activation, input, width, layer, quantity): ``mc``, ``mc_se`` (pooled over seeds) and one
+    column per theory variant run (T for the tensors, Theta for mean_ntk, K for mean_z2), plus ``n_prev``."""
+    theories, sims = _split(outputs)
+    n0 = int(inputs["n0"])
+    rows = []
+    for act, blocks in sims.items():
+        pooled = pooled_rows(blocks, n0)
+        ref = theories.get("recursion")
+        for r in pooled.to_dict("records"):
+            npv = n_prev(int(r["layer"]), int(r["width"]), n0)
+            inf = ref[(ref.activation == act) & (ref.input == r["input"]) & (ref.layer == r["layer"])].iloc[0]
+            # the mean corrections as n_prev * (MC mean - infinite-width value)
+            r["Theta1"], r["Theta1_se"] = npv * (r["mean_ntk"] - inf["Theta"]), npv * r["mean_ntk_se"]
+            r["K1"], r["K1_se"] = npv * (r["mean_z2"] - inf["K"]), npv * r["mean_z2_se"]
+            pair = [k for k in VERTEX_KEYS if k in r and not pd.isna(r[k])]
+            for q in (*QUANTITIES, *pair):
+                row = {"activation": act, "input": int(r["input"]), "width": int(r["width"]),
+                       "layer": int(r["layer"]), "quantity": q, "mc": r[q], "mc_se": r[f"{q}_se"], "n_prev": npv}
+                for v, t in theories.items():
+                    sel = t[(t.activation == act) & (t.input == row["input"]) & (t.layer == row["layer"])]
+                    row[v] = float(sel[THEORY_OF.get(q, q)].iloc[0])
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------- metrics
+def _final(cmp: pd.DataFrame, p: Params) -> pd.DataFrame:
+    return cmp[cmp.layer == p.net.depth]
+
+
+def rel_errors(cmp: pd.DataFrame, p: Params, variant: str = "recursion") -> pd.DataFrame:
+    """Final-layer tensor rows with ``rel_err`` = (T_mc - T_v) / |T_v| (NaN where T_v = 0) and
+    ``err_vs_mc`` = |T_v - T_mc| / |T_mc| (defined for the zero-correction baseline too)."""
+    d = _final(cmp, p)
+    d = d[d.quantity.isin(TENSORS)].copy()
+    pred = d[variant]
+    d["rel_err"] = np.where(pred != 0, (d.mc - pred) / pred.abs().where(pred != 0, 1.0), np.nan)
+    d["err_vs_mc"] = (pred - d.mc).abs() / d.mc.abs()
+    d["excess"] = np.where(pred != 0, ((d.mc - pred).abs() - 2 * d.mc_se) / pred.abs().where(pred != 0, 1.0), np.nan)
+    return d
+
+
+def loglog_slope(x, y) -> float:
+    x, y = np.log(np.asarray(x, float)), np.log(np.abs(np.asarray(y, float)))
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
+    out: dict[str, float] = {}
+    wide, narrow = max(p.mc.widths), p.mc.narrow_width
+    variants = [v for v in THEORY_VARIANTS if v in cmp.columns]
+    for act in cmp.activation.unique():
+        c = cmp[cmp.activation == act]
+        e = rel_errors(c, p)
+        big = e[e.width.isin(p.mc.claim_widths)]
+        out[f"agreement_excess.{act}"] = float(big.excess.max())
+        out[f"max_abs_rel_err_large_width.{act}"] = float(big.rel_err.abs().max())
+        per_w = e.groupby("width").rel_err.apply(lambda s: s.abs().mean())
+        out[f"err_ratio_wide_vs_narrow.{act}"] = float(per_w[wide] / per_w[narrow])
+        fitw = per_w[per_w.index >= p.mc.slope_min_width]
+        out[f"err_slope_vs_width.{act}"] = loglog_slope(fitw.index, fitw.values)
+        # the raw covariances (T / n_prev) against the width: slope -1 is the 1/n scaling
+        devs = []
+        for t in TENSORS:
+            s = e[(e.quantity == t) & (e.width >= p.mc.slope_min_width)].groupby("width").mc.mean()
+            slope = loglog_slope(s.index, s.values / s.index.to_numpy(float))
+            out[f"cov_slope.{t}.{act}"] = slope
+            devs.append(abs(slope + 1.0))
+        out[f"cov_slope_dev.{act}"] = float(max(devs))
+        # the infinite-width prediction (zero correction) against the widest width's estimates
+        w = e[e.width == wide]
+        out[f"infinite_width_min_z.{act}"] = float((w.mc.abs() / w.mc_se).min())
+        if "no_interlayer" in variants:
+            a = rel_errors(c, p, "no_interlayer")
+            out[f"interlayer_error_ratio.{act}"] = float(w.err_vs_mc.mean() / a[a.width == wide].err_vs_mc.mean())
+        # mean diagonal NTK at the last layer against the infinite-width Theta (the ReLU theorem)
+        m = _final(c, p)
+        m = m[m.quantity == "mean_ntk"]
+        z = (m.mc - m.recursion) / m.mc_se
+        out[f"mean_ntk_max_abs_z.{act}"] = float(z.abs().max())
+        for r in m[m.input == 0].itertuples():
+            out[f"mean_ntk_shift_n{r.width}.{act}"] = float(r.width * (r.mc - r.recursion))
+            out[f"mean_ntk_shift_n{r.width}.{act}.se"] = float(r.width * r.mc_se)
+        # the two-input four-point vertex (not claimed: added after the first default run, see README)
+        d = _final(c, p)
+        d = d[d.quantity.isin(VERTEX_KEYS) & d.width.isin(p.mc.claim_widths)]
+        if len(d):
+            out[f"pair_agreement_excess.{act}"] = float((((d.mc - d.recursion).abs() - 2 * d.mc_se)
+                                                        / d.recursion.abs()).max())
+            dw = d[d.width == wide]
+            out[f"pair_mean_abs_rel_err_n{wide}.{act}"] = float(((dw.mc - dw.recursion) / dw.recursion).abs().mean())
+        # the first-order mean corrections (not claimed: added after the first default run, see README)
+        for q in ("Theta1", "K1"):
+            d = _final(c, p)
+            d = d[(d.quantity == q) & (d.input == 0)]
+            out[f"{q}_recursion.{act}"] = float(d.recursion.iloc[0])
+            w = d[d.width == wide].iloc[0]
+            out[f"{q}_z_n{wide}.{act}"] = float((w.mc - w.recursion) / w.mc_se)
+    return out
+
+
+def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame], n0: int) -> list[dict]:
+    """Report rows: per seed for the MC variants (final-layer estimates per width, the mean-NTK shift), one
+    row for each theory variant (final-layer values per activation and their error against the pooled MC)."""
+    theories, sims = _split(outputs)
+    L, wide = p.net.depth, max(p.mc.widths)
+    rows = []
+    for act, blocks in sims.items():
+        per_seed = pooled_rows(blocks[blocks.layer == L], n0, by=("seed", "input", "width", "layer"))
+        th = theories["recursion"]
+        for seed, d in per_seed.groupby("seed"):
+            row = {"variant": f"mc_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
+            for r in d.itertuples():
+                pre = "" if r.input == 0 else f"x{r.input}."
+                theta = float(th[(th.activation == act) & (th.input == r.input) & (th.layer == L)].Theta.iloc[0])
+                for t in TENSORS:
+                    row[f"{pre}{t}_n{r.width}"] = float(getattr(r, t))
+                row[f"{pre}mean_ntk_shift_n{r.width}"] = float(r.width * (r.mean_ntk - theta))
+            rows.append(row)
+    for v, t in theories.items():
+        row = {"variant": v, "seed": int(p.seeds[0]), "runtime_s": float(t.runtime_s.iloc[0])}
+        for act in t.activation.unique():
+            last = t[(t.activation == act) & (t.layer == L) & (t.input == 0)].iloc[0]
+            for q in ("K", "Theta", *TENSORS, "K1", "Theta1"):
+                row[f"{act}.{q}"] = float(last[q])
+            if act in sims:
+                e = rel_errors(cmp[cmp.activation == act], p, v)
+                for w, s in e.groupby("width").err_vs_mc:
+                    row[f"{act}.mean_abs_rel_err_n{w}"] = float(s.mean())
+                row[f"{act}.mean_abs_rel_err"] = row[f"{act}.mean_abs_rel_err_n{wide}"]
+        rows.append(row)
+    return rows
+
+
+def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) -> dict[str, dict]:
+    """Curves with steps for MLflow: theory layer profiles (step = layer), errors and MC estimates against
+    the width (step = width), MC layer profiles at the widest width (step = layer)."""
+    theories, sims = _split(outputs)
+    L, wide = p.net.depth, max(p.mc.widths)
+    h: dict[str, dict] = {}
+    for v, t in theories.items():
+        hv = h.setdefault(v, {})
+        t0 = t[t.input == 0]
+        for act in t0.activation.unique():
+            a = t0[t0.activation == act].sort_values("layer")
+            for q in ("K", "Theta", *TENSORS, "K1", "Theta1"):
+                hv[f"{act}.{q}_vs_layer"] = list(zip(a.layer.astype(int), a[q].astype(float)))
+            if act in sims:
+                e = rel_errors(cmp[cmp.activation == act], p, v)
+                e = e[e.input == 0].groupby("width").err_vs_mc.mean()
+                hv[f"{act}.mean_abs_rel_err_vs_width"] = list(zip(e.index.astype(int), e.values.astype(float)))
+    for act in sims:
+        hv = h.setdefault(f"mc_{act}", {})
+        c = cmp[(cmp.activation == act) & (cmp.input == 0)]
+        for q in QUANTITIES:
+            s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
+            hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
+            s = c[(c.quantity == q) & (c.width == wide)].sort_values("layer")
+            hv[f"{q}_n{wide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
+        s = c[(c.quantity == "mean_ntk") & (c.layer == L)].sort_values("width")
+        hv["mean_ntk_shift_vs_width"] = list(zip(s.width.astype(int), (s.width * (s.mc - s.recursion)).astype(float)))
+    return h
+
+
+def report(inputs: dict, comparison: pd.DataFrame, plots: dict, p: Params, **outputs: pd.DataFrame) -> dict:
+    n0 = int(inputs["n0"])
+    rows = variant_rows(comparison, p, outputs, n0)
+    metrics = derived_metrics(comparison, p)
+    bad = [k for k, v in metrics.items() if not math.isfinite(v)]
+    if bad:
+        raise FloatingPointError(f"ntk_feynman.evaluate.report: non-finite derived metric(s) {bad[:5]}")
+    return build_report("ntk_feynman", p, rows, metrics, artifacts=plots, histories=histories(comparison, p, outputs),
+                        extra={"inputs": {"n0": n0, "sq_norm": inputs["sq_norm"], "source": inputs["source"]}})
+
+
+# ------------------------------------------------------------------------------------------- plots
+VARIANT_STYLE = {"recursion": ("k", "-", "recursion (1/n, method)"),
+                 "no_interlayer": ("C1", "--", "no inter-layer terms (ablation)"),
+                 "infinite_width": ("C7", ":", "infinite width (0)")}
+
+
+def _tensors_vs_width(cmp: pd.DataFrame, p: Params, act: str):
+    import matplotlib.pyplot as plt
+
+    L = p.net.depth
+    c = cmp[(cmp.activation == act) & (cmp.layer == L) & (cmp.input == 0)]
+    fig, axes = plt.subplots(1, len(TENSORS), figsize=(3.2 * len(TENSORS), 3.4))
+    for ax, t in zip(axes, TENSORS):
+        d = c[c.quantity == t].sort_values("width")
+        an = float(d.recursion.iloc[0])
+        ax.axhspan(an - 0.1 * abs(an), an + 0.1 * abs(an), color="0.9", label="recursion ±10%")
+        for v, (col, ls, lab) in VARIANT_STYLE.items():
+            if v in d:
+                ax.axhline(float(d[v].iloc[0]), color=col, ls=ls, lw=1.2, label=lab)
+        ax.errorbar(d.width, d.mc, yerr=2 * d.mc_se, fmt="o", color="C3", capsize=3, label="Monte Carlo ±2 s.e.")
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"{t}  (layer {L})", xlabel="width n")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("n × covariance")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{act}: first-order tensors vs width (pooled over seeds)")
+    fig.tight_layout()
+    return fig
+
+
+def _rel_err_vs_width(cmp: pd.DataFrame, p: Params):
+    import matplotlib.pyplot as plt
+
+    acts = list(cmp.activation.unique())
+    fig, axes = plt.subplots(1, len(acts), figsize=(4.2 * len(acts), 3.8), squeeze=False)
+    for ax, act in zip(axes[0], acts):
+        c = cmp[cmp.activation == act]
+        e = rel_errors(c, p)
+        e = e[e.input == 0]
+        for i, t in enumerate(TENSORS):
+            s = e[e.quantity == t].sort_values("width")
+            ax.plot(s.width, s.rel_err.abs(), "o-", ms=3, lw=0.8, alpha=0.6, color=f"C{i}", label=f"|rel err| {t}")
+        m = e.groupby("width").rel_err.apply(lambda s: s.abs().mean())
+        ax.plot(m.index, m.values, "ks-", lw=2, label="mean over tensors")
+        if "no_interlayer" in c:
+            a = rel_errors(c, p, "no_interlayer")
+            a = a[a.input == 0].groupby("width").err_vs_mc.mean()
+            ax.plot(a.index, a.values, "^--", color="C1", label="ablation: |T_abl − T_mc| / |T_mc|")
+        w = np.array(sorted(e.width.unique()), float)
+        ax.plot(w, m.iloc[0] * w[0] / w, "k:", lw=1, label="∝ 1/n")
+        ax.set(xscale="log", yscale="log", xlabel="width n", title=act)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("|T_mc − T_recursion| / |T_recursion|")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Relative error of the first-order recursion (layer {p.net.depth}) shrinks like 1/n")
+    fig.tight_layout()
+    return fig
+
+
+def _cov_scaling(cmp: pd.DataFrame, p: Params):
+    import matplotlib.pyplot as plt
+
+    acts = list(cmp.activation.unique())
+    L = p.net.depth
+    fig, axes = plt.subplots(1, len(acts), figsize=(4.2 * len(acts), 3.8), squeeze=False)
+    for ax, act in zip(axes[0], acts):
+        c = cmp[(cmp.activation == act) & (cmp.layer == L) & (cmp.input == 0)]
+        for i, t in enumerate(TENSORS):
+            s = c[c.quantity == t].sort_values("width")
+            ax.errorbar(s.width, (s.mc / s.n_prev).abs(), yerr=2 * s.mc_se / s.n_prev, fmt="o", ms=4, capsize=2,
+                        color=f"C{i}", label=f"|{t}|/n (MC)")
+            ax.plot(s.width, (s.recursion / s.n_prev).abs(), "-", color=f"C{i}", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="width n", title=f"{act} (lines: recursion / n)")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("|covariance| at the last layer")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("The raw finite-width covariances scale as 1/n")
+    fig.tight_layout()
+    return fig
+
+
+def _layer_profiles(cmp: pd.DataFrame, p: Params):
+    import matplotlib.pyplot as plt
+
+    acts = list(cmp.activation.unique())
+    fig, axes = plt.subplots(len(acts), len(TENSORS), figsize=(3.0 * len(TENSORS), 2.8 * len(acts)), squeeze=False)
+    widths = sorted(cmp.width.unique())
+    cmap = plt.get_cmap("viridis")
+    for i, act in enumerate(acts):
+        c = cmp[(cmp.activation == act) & (cmp.input == 0)]
+        for j, t in enumerate(TENSORS):
+            ax = axes[i][j]
+            d = c[c.quantity == t]
+            th = d[d.width == widths[-1]].sort_values("layer")
+            for v, (col, ls, lab) in VARIANT_STYLE.items():
+                if v in th and v != "infinite_width":
+                    ax.plot(th.layer, th[v], color=col, ls=ls, lw=1.5, label=lab)
+            for k, w in enumerate(widths):
+                s = d[d.width == w].sort_values("layer")
+                ax.errorbar(s.layer + 0.04 * (k - len(widths) / 2), s.mc, yerr=2 * s.mc_se, fmt="o", ms=3,
+                            capsize=2, color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={w}")
+            ax.set(title=f"{act}: {t}", xlabel="layer")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("Layer profiles: recursion vs sampled nets (error bars ±2 s.e.)")
+    fig.tight_layout()
+    return fig
+
+
+def _mean_corrections(cmp: pd.DataFrame, p: Params):
+    import matplotlib.pyplot as plt
+
+    acts = list(cmp.activation.unique())
+    fig, axes = plt.subplots(2, len(acts), figsize=(4.2 * len(acts), 6.6), squeeze=False)
+    for row, (q, lab) in enumerate((("Theta1", "n · (E[Θ̂_ii] − Θ_∞)"), ("K1", "n · (E[z_i²] − K_∞)"))):
+        for ax, act in zip(axes[row], acts):
+            c = cmp[(cmp.activation == act) & (cmp.quantity == q) & (cmp.input == 0)]
+            for ell in sorted(c.layer.unique()):
+                if ell == 1:
+                    continue
+                s = c[c.layer == ell].sort_values("width")
+                col = f"C{ell - 2}"
+                ax.errorbar(s.width * (1 + 0.03 * (ell - 2)), s.mc, yerr=2 * s.mc_se, fmt="o", ms=3, capsize=2,
+                            color=col, label=f"MC layer {ell}")
+                if "recursion" in s:
+                    ax.axhline(float(s.recursion.iloc[0]), color=col, lw=1.2, ls="-",
+                               label=f"recursion {q} layer {ell}")
+            ax.axhline(0, color="k", lw=0.6, ls=":")
+            ax.set_xscale("log", base=2)
+            ax.set(xlabel="width n", title=f"{act}: {q}")
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel(f"{lab}  (±2 s.e.)")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("Mean corrections: ReLU's diagonal NTK (and kernel) have none; smooth σ shift at O(1/n)")
+    fig.tight_layout()
+    return fig
+
+
+def _pair_vertex(cmp: pd.DataFrame, p: Params):
+    import matplotlib.pyplot as plt
+
+    acts = list(cmp.activation.unique())
+    L = p.net.depth
+    fig, axes = plt.subplots(1, len(acts), figsize=(4.2 * len(acts), 3.8), squeeze=False)
+    for ax, act in zip(axes[0], acts):
+        c = cmp[(cmp.activation == act) & (cmp.layer == L) & cmp.quantity.isin(VERTEX_KEYS)]
+        for i, q in enumerate(VERTEX_KEYS):
+            s = c[c.quantity == q].sort_values("width")
+            rec = s.recursion.abs()
+            ax.errorbar(s.width * (1 + 0.02 * (i - 2.5)), s.mc / s.recursion, yerr=2 * s.mc_se / rec, fmt="o-",
+                        ms=3, lw=0.8, capsize=2, color=f"C{i}", label=f"{q} = {float(s.recursion.iloc[0]):.3g}")
+        ax.axhspan(0.9, 1.1, color="0.9")
+        ax.axhline(1, color="k", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="width n", title=f"{act}, layer {L}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, title="recursion value", title_fontsize=6)
+    axes[0][0].set_ylabel("V_mc / V_recursion  (±2 s.e.)")
+    fig.suptitle("Two inputs (cosine set by data.pair_cosine): four-point vertex V_(ab)(cd), MC over recursion")
+    fig.tight_layout()
+    return fig
+
+
+def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
+    figs = {f"tensors_vs_width_{act}": _tensors_vs_width(comparison, p, act)
+            for act in comparison.activation.unique()}
+    figs["rel_err_vs_width"] = _rel_err_vs_width(comparison, p)
+    figs["covariance_scaling"] = _cov_scaling(comparison, p)
+    figs["layer_profiles"] = _layer_profiles(comparison, p)
+    figs["mean_corrections"] = _mean_corrections(comparison, p)
+    if comparison.quantity.isin(VERTEX_KEYS).any():
+        figs["two_input_vertex"] = _pair_vertex(comparison, p)
+    return figs

@@ -1,0 +1,114 @@
+"""Typed parameters of `ntk_feynman`: node functions take `Params` as a type hint, Kedro validates it before
+any node runs, and a bad value stops the command with one line naming the key."""
+from __future__ import annotations
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+# the theory variants: first-order recursions, the ablation without inter-layer terms, infinite width
+THEORY_VARIANTS = ("recursion", "no_interlayer", "infinite_width")
+ACTIVATION_KINDS = ("relu", "tanh", "gelu", "linear")
+TENSORS = ("V", "A", "B", "D", "F")
+
+
+class Activation(Strict):
+    """σ and its criticality constants (PDLT conventions: Var b = c_b, Var W = c_w / n_prev)."""
+
+    c_w: float = Field(gt=0, le=10)
+    c_b: float = Field(ge=0, le=10)
+
+
+class Data(Strict):
+    n0: int = Field(ge=1, le=4096)             # input dimension
+    sq_norm: float = Field(gt=0, le=100)        # ||x||^2 / n0 of the seeded input
+    n_inputs: int = Field(default=1, ge=1, le=16)   # seeded inputs (each treated as its own single input)
+    input_seed: int = Field(default=2026, ge=0)
+    inputs_path: str | None = None              # full env: CSV of input vectors, columns x_0..x_{n0-1}
+    # two-input extension: a second input at this cosine to the first (same norm) seen by the same nets;
+    # with inputs_path, the file's first two rows form the pair. null: single inputs only
+    pair_cosine: float | None = Field(default=0.5, ge=-0.99, le=0.99)
+
+
+class Net(Strict):
+    depth: int = Field(ge=2, le=32)             # L: number of layers (the last one's statistics are the headline)
+    lambda_b: float = Field(ge=0, le=100)
+    lambda_w: float = Field(ge=0, le=100)
+
+
+class Quadrature(Strict):
+    nodes_per_half: int = Field(ge=16, le=2000)   # Gauss-Legendre nodes on each half-line (split at z = 0)
+    half_width_sd: float = Field(ge=6, le=40)      # integration range in standard deviations
+
+
+class MonteCarlo(Strict):
+    widths: list[int] = Field(min_length=2)
+    nets_per_seed: list[int] = Field(min_length=2)   # per width: each seed is one stream of this many nets
+    blocks_per_seed: int = Field(ge=2, le=1000)    # blocks of nets kept per seed: the batch means of the s.e.
+    narrow_width: int = Field(ge=2)                 # the error-ratio claim compares the widest width to this
+    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)   # nets per chunk = chunk_elems // width^2
+    claim_widths: list[int] = Field(min_length=1)   # the "large" widths the agreement claims read
+    slope_min_width: int = Field(ge=1)               # log-log fits use widths >= this
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v: list[int]) -> list[int]:
+        if min(v) < 2 or max(v) > 4096:
+            raise ValueError("every width must lie in [2, 4096] (pairs i != k need n >= 2)")
+        if v != sorted(set(v)):
+            raise ValueError(f"widths must be strictly increasing, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if len(self.nets_per_seed) != len(self.widths):
+            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
+                             f"got {len(self.nets_per_seed)}")
+        if min(self.nets_per_seed) < self.blocks_per_seed:
+            raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
+        if self.narrow_width not in self.widths:
+            raise ValueError(f"narrow_width: {self.narrow_width} not in widths {self.widths}")
+        bad = [w for w in self.claim_widths if w not in self.widths]
+        if bad:
+            raise ValueError(f"claim_widths: {bad} not in widths {self.widths}")
+        if sum(w >= self.slope_min_width for w in self.widths) < 2:
+            raise ValueError(f"slope_min_width: fewer than 2 widths >= {self.slope_min_width}")
+        return self
+
+
+class Params(MethodParams):
+    data: Data
+    net: Net
+    activations: dict[str, Activation] = Field(min_length=1)
+    quadrature: Quadrature
+    mc: MonteCarlo
+    variants: list[str] = Field(min_length=1)   # one train.<variant> node each
+
+    @field_validator("activations")
+    @classmethod
+    def _acts(cls, v: dict[str, Activation]) -> dict[str, Activation]:
+        bad = [a for a in v if a not in ACTIVATION_KINDS]
+        if bad:
+            raise ValueError(f"unknown activation(s) {bad}: use {ACTIVATION_KINDS}")
+        return v
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        acts = info.data.get("activations") or {}
+        for name in v:
+            if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
+                continue
+            raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS} or mc_<activation> with an "
+                             f"activation of {sorted(acts)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a variant is listed twice in {v}")
+        if "recursion" not in v:
+            raise ValueError("'recursion' (the method) must be listed")
+        return v
+
+    def mc_activations(self) -> list[str]:
+        return [v[3:] for v in self.variants if v.startswith("mc_")]
+
+    def nets(self, width: int) -> int:
+        return self.mc.nets_per_seed[self.mc.widths.index(width)]

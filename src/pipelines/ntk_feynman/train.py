@@ -1,0 +1,84 @@
+"""One ``train.<variant>`` node per variant (nothing is trained: each computes its statistics).
+
+- ``recursion`` (the method): the first-order layer recursions of V, A, B, D, F (theory.first_order);
+- ``no_interlayer`` (ablation): the same with only the intra-layer term of each recursion;
+- ``infinite_width`` (baseline): zero 1/n correction (the infinite-width kernel and NTK, no fluctuations);
+- ``mc_<activation>``: sampled finite-width nets at every width, one stream of nets per seed, kept as block
+  means of the per-net pair averages (mc.block_table).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pandas as pd
+
+from pipelines.core.runtime import node_setup
+from pipelines.ntk_feynman import mc, theory
+from pipelines.ntk_feynman.params import TENSORS, Params
+
+log = logging.getLogger(__name__)
+
+
+def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
+    quad = theory.Quad(p.quadrature.nodes_per_half, p.quadrature.half_width_sd)
+    rows = []
+    for a, sq in enumerate(inputs["sq_norm"]):
+        for name, spec in p.activations.items():
+            layers = theory.first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq, p.net.depth,
+                                        interlayer=(variant != "no_interlayer"), quad=quad)
+            for r in layers:
+                if variant == "infinite_width":
+                    r = {**r, **dict.fromkeys((*TENSORS, "K1", "Theta1"), 0.0)}
+                rows.append({"input": a, "activation": name, **r})
+    df = pd.DataFrame(rows)
+    if inputs.get("pair") is not None:
+        # the two-input kernel and four-point vertex, on the rows of input 0 (the pair's first input)
+        X = np.asarray(inputs["pair"])
+        for name, spec in p.activations.items():
+            layers = theory.two_input_vertex(name, spec.c_w, spec.c_b, X, p.net.depth,
+                                             interlayer=(variant != "no_interlayer"), quad=quad)
+            for r in layers:
+                if variant == "infinite_width":
+                    r = {**r, **dict.fromkeys(theory.VERTEX_KEYS, 0.0)}
+                sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
+                for k, v in r.items():
+                    if k != "layer":
+                        df.loc[sel, k] = float(v)
+    bad = ~np.isfinite(df[["K", "Theta", *TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
+    if bad.any():
+        r = df[bad].iloc[0]
+        raise FloatingPointError(f"ntk_feynman.train.{variant}: non-finite recursion for {r.activation} at layer "
+                                 f"{int(r.layer)} (off-critical C_W, C_b?)")
+    return df
+
+
+def mc_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
+    spec = p.activations[activation]
+    frames = []
+    for seed in p.seeds:
+        device = node_setup(p, int(seed))      # cuda when a GPU node runs this task, else cpu
+        for wi, width in enumerate(p.mc.widths):
+            for a, x in enumerate(inputs["x"]):
+                # one stream per (seed, width, input); the activations share it (common random numbers)
+                stream = int(np.random.SeedSequence([int(seed), width, a]).generate_state(1)[0])
+                x2 = inputs["pair"][1] if (a == 0 and inputs.get("pair") is not None) else None
+                stats = mc.sample_nets(activation, np.asarray(x), width, p.net.depth, p.nets(width), spec.c_w,
+                                       spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, p.mc.chunk_elems, x2=x2,
+                                       device=device)
+                frames.append(mc.block_table(stats, p.mc.blocks_per_seed, input=a, seed=int(seed), width=width))
+            log.info("ntk_feynman.mc_%s: seed %s width %d done", activation, seed, width)
+    return pd.concat(frames, ignore_index=True)
+
+
+def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
+    """The variant's statistics table (with ``runtime_s`` as a column)."""
+    node_setup(p)
+    t0 = time.perf_counter()
+    if variant.startswith("mc_"):
+        df = mc_table(inputs, p, variant[3:])
+    else:
+        df = theory_table(inputs, p, variant)
+    df["runtime_s"] = time.perf_counter() - t0
+    return df

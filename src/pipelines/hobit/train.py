@@ -1,0 +1,233 @@
+"""One node per variant (``train.<variant>``): the same dual encoder, optimiser and number of gradient
+steps for every variant, trained with InfoNCE through ``core.training.fit`` in its ``steps`` /
+``sample_batch`` mode; each variant only decides how the epoch's batches are built (and the mining
+variants add one mined negative per query). Epoch 0 is the same random epoch for every variant (a batcher
+needs a model to score with); graphs and clusters are refreshed every ``graph.refresh_every`` epochs."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipelines.core.runtime import node_setup
+from pipelines.core.schemas import InputDataError
+from pipelines.core.training import StepInfo, fit
+from pipelines.hobit import batching as B
+from pipelines.hobit.data import seed_arrays
+from pipelines.hobit.model import DualEncoder, infonce
+from pipelines.hobit.params import Params, Variant
+from pipelines.hobit.retrieval import evaluate_encoder, relevant_counts, top_documents
+
+
+class EpochBatcher:
+    """Builds the batches of each epoch for one variant and records what it cost and what it built."""
+
+    def __init__(self, spec: Variant, p: Params, model: DualEncoder, q: torch.Tensor, d: torch.Tensor,
+                 facts: np.ndarray, seed: int, clock) -> None:
+        self.spec, self.p, self.model, self.q, self.d, self.facts, self.seed = spec, p, model, q, d, facts, seed
+        self.clock = clock
+        self.n, self.b = len(q), p.model.batch_size
+        self.graph: B.ScoreGraph | None = None
+        self.hgraph: B.HobitGraph | None = None
+        self.labels: np.ndarray | None = None
+        self.static: list[np.ndarray] | None = None
+        self.batches: list[np.ndarray] = []
+        self.mined: np.ndarray | None = None
+        self.log: dict[str, list[float]] = {"batching_s": [], "fn_per_batch": [], "fn_query_rate": [],
+                                            "batch_f_mean": [], "forced_fills": []}
+        self.last_f: np.ndarray = np.empty(0)
+        self.history: list[list[np.ndarray]] | None = None   # every epoch's batches, when kept
+
+    def _encode(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return self.model.encode_q(self.q), self.model.encode_d(self.d)
+
+    def _refresh_graph(self) -> None:
+        qe, de = self._encode()
+        g = self.p.graph
+        self.graph = B.knn_graph(qe, de, self.p.model.tau, g.knn_m, g.chunk)
+        self.hgraph = None
+
+    def build(self, epoch: int) -> None:
+        s, p = self.spec, self.p
+        rng = np.random.default_rng([self.seed, 1000 + epoch])   # epoch 0: the same batches for every variant
+        t0 = self.clock()
+        forced, fvals = 0, None
+        self.mined = None
+        if epoch == 0:
+            self.batches = B.random_batches(self.n, self.b, rng)
+        else:
+            refresh = (epoch - 1) % p.graph.refresh_every == 0
+            reuse_static = s.batcher == "hobit" and s.static and self.static is not None
+            need_graph = (s.batcher in ("hobit", "batchsampler") and not reuse_static) or s.mining \
+                or (s.batcher == "b3" and self.labels is None)
+            if need_graph and (self.graph is None or refresh):
+                self._refresh_graph()
+            if s.batcher == "random":
+                self.batches = B.random_batches(self.n, self.b, rng)
+            elif s.batcher == "hobit":
+                if reuse_static:
+                    self.batches = [self.static[i] for i in rng.permutation(len(self.static))]
+                else:
+                    if self.hgraph is None:
+                        h = p.hobit
+                        delta = h.delta_cos / p.model.tau if s.filter in ("score", "ids_score") else None
+                        groups = self.facts if s.filter in ("ids", "ids_score") else None
+                        self.hgraph = B.hobit_graph(self.graph, delta, h.exp_clip, groups)
+                    self.batches, fvals, forced = B.hobit_epoch(self.hgraph, self.b, rng, s.phi,
+                                                                s.anchors or p.hobit.anchors, s.objective)
+                    if s.static:
+                        self.static = list(self.batches)
+            elif s.batcher == "kmeans":
+                if self.labels is None or refresh:
+                    from threadpoolctl import threadpool_limits
+
+                    with threadpool_limits(limits=torch.get_num_threads()):
+                        self.labels = B.kmeans_labels(self._encode()[0].cpu().numpy(), max(self.n // self.b, 1),
+                                                      self.seed)
+                self.batches = B.cluster_batches(self.labels, self.b, rng)
+            elif s.batcher == "b3":
+                if self.labels is None:   # built once, from the epoch-1 encoder (B3's teacher)
+                    bl = p.baselines
+                    self.labels = B.louvain_labels(self.graph, bl.b3_k, bl.b3_skip_top, bl.b3_resolution, self.seed)
+                self.batches = B.cluster_batches(self.labels, self.b, rng)
+            elif s.batcher == "batchsampler":
+                self.batches = B.walk_batches(self.graph.idx[:, :p.baselines.walk_k], self.b,
+                                              p.baselines.walk_restart, rng)
+            if s.mining:
+                self.mined = B.mine_negatives(self.graph, p.baselines.mine_rank_lo, p.baselines.mine_rank_hi, rng)
+        self.log["batching_s"].append(self.clock() - t0)
+        if self.history is not None:
+            self.history.append(list(self.batches))
+        fn_pairs, fn_rate = B.false_negatives(self.batches, self.facts, self.mined)
+        self.log["fn_per_batch"].append(fn_pairs)
+        self.log["fn_query_rate"].append(fn_rate)
+        self.log["forced_fills"].append(float(forced))
+        if fvals is not None:
+            self.last_f = fvals
+        self.log["batch_f_mean"].append(float(np.mean(fvals)) if fvals is not None and len(fvals) else float("nan"))
+
+    def batch(self, k: int) -> tuple[torch.Tensor, ...]:
+        idx = torch.as_tensor(self.batches[k], device=self.q.device)
+        if self.mined is None:
+            return self.q[idx], self.d[idx]
+        neg = torch.as_tensor(self.mined[self.batches[k]], device=self.q.device)
+        return self.q[idx], self.d[idx], self.d[neg], neg[None, :] == idx[:, None]
+
+
+def in_batch_negative_scores(model: DualEncoder, q: torch.Tensor, d: torch.Tensor, batches: list[np.ndarray],
+                             n: int, seed: int) -> list[float]:
+    """A sample of ``n`` (query, in-batch negative) cosines over the given batches, under ``model``."""
+    rng = np.random.default_rng([seed, 77])
+    out = []
+    with torch.no_grad():
+        for bt in batches:
+            idx = torch.as_tensor(bt, device=q.device)
+            cos = (model.encode_q(q[idx]) @ model.encode_d(d[idx]).T).cpu().numpy()
+            out.append(cos[~np.eye(len(bt), dtype=bool)])
+    vals = np.concatenate(out)
+    return [round(float(x), 5) for x in rng.choice(vals, size=min(n, len(vals)), replace=False)]
+
+
+def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
+              keep: bool) -> tuple[dict, pd.DataFrame | None, dict]:
+    """One seed of one variant: its metrics row, per-epoch history and (``keep``) diagnostics and batches."""
+    spec = p.variants[variant]
+    device = node_setup(p, seed)
+    arr = seed_arrays(pairs, seed)
+    q = torch.as_tensor(arr["q_train"], device=device)
+    d = torch.as_tensor(arr["d_train"], device=device)
+    n, b, m = len(q), p.model.batch_size, p.model
+    if n < b:
+        raise InputDataError(f"dataset 'hobit.pairs' (seed {seed}): {n} train pairs, fewer than one batch of {b}")
+    spe = n // b
+    model = DualEncoder(q.shape[1], d.shape[1], m.hidden, m.out_dim).to(device)
+    cpu_clock = device.type == "cpu" and torch.get_num_threads() == 1
+    clock = time.process_time if cpu_clock else time.perf_counter
+    batcher = EpochBatcher(spec, p, model, q, d, arr["fact_train"], seed, clock)
+    if keep:
+        batcher.history = []
+    ep = {"train_loss": [], "hardness": [], "train_s": [], "test_recall_at_1": []}
+    acc = {"loss": 0.0, "hard": 0.0, "secs": 0.0, "k": 0}
+    qt, ct = torch.as_tensor(arr["q_test"], device=device), torch.as_tensor(arr["corpus"], device=device)
+    n_rel = relevant_counts(arr["fact_test"], arr["fact_corpus"])
+
+    def sample_batch(step: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+        epoch, k = divmod(step, spe)
+        if k == 0:
+            batcher.build(epoch)
+        return batcher.batch(k)
+
+    def on_step(info: StepInfo) -> None:
+        acc["loss"] += info.loss
+        acc["hard"] += info.extras.get("hardness", float("nan"))
+        acc["secs"] += info.cpu_seconds if cpu_clock else info.seconds
+        acc["k"] += 1
+        if (info.step + 1) % spe == 0:
+            ep["train_loss"].append(acc["loss"] / acc["k"])
+            ep["hardness"].append(acc["hard"] / acc["k"])
+            ep["train_s"].append(acc["secs"])
+            with torch.no_grad():
+                top1 = top_documents(model.encode_q(qt), model.encode_d(ct), 1)[:, 0]
+            hit = arr["fact_corpus"][top1] == arr["fact_test"]
+            ep["test_recall_at_1"].append(float((hit / np.maximum(n_rel, 1))[n_rel > 0].mean()))
+            acc.update(loss=0.0, hard=0.0, secs=0.0, k=0)
+
+    fit(model, None, lambda mdl, *bt: infonce(mdl, m.tau, *bt), steps=m.epochs * spe, sample_batch=sample_batch,
+        optimizer="adam", lr=m.lr, weight_decay=m.weight_decay, grad_clip=m.grad_clip, seed=seed,
+        desc=f"hobit.{variant} seed {seed}", callback=on_step)
+
+    metrics = evaluate_encoder(model, arr, device, tuple(p.eval.ks))
+    lg = batcher.log
+    bs = float(np.mean(lg["batching_s"][1:]))
+    ts = float(np.mean(ep["train_s"]))
+    row = {**metrics,
+           "fn_per_batch": float(np.mean(lg["fn_per_batch"][1:])),
+           "fn_query_rate": float(np.mean(lg["fn_query_rate"][1:])),
+           "hardness": float(np.mean(ep["hardness"][1:])),
+           "train_loss_final": ep["train_loss"][-1],
+           "batching_s_per_epoch": bs, "train_s_per_epoch": ts,
+           "overhead_ratio": bs / ts if ts > 0 else float("nan"),
+           "batching_frac_of_epoch": bs / (bs + ts) if bs + ts > 0 else float("nan"),
+           "docs_per_step": float(2 * b if spec.mining else b), "steps": float(m.epochs * spe),
+           "forced_fills": float(np.sum(lg["forced_fills"]))}
+    if spec.batcher == "hobit":
+        row["batch_f_mean"] = float(np.nanmean(lg["batch_f_mean"][1:]))
+    history = {**ep, **{k: v for k, v in lg.items() if k != "forced_fills"}}
+    extra = {}
+    table = None
+    if keep:
+        extra["neg_scores"] = in_batch_negative_scores(model, q, d, batcher.batches, p.eval.hist_sample, seed)
+        extra["batch_f"] = [round(float(x), 5) for x in batcher.last_f]
+        table = batch_table(batcher, seed)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return {"seed": seed, "row": row, "history": history, **extra}, table, state
+
+
+def batch_table(batcher: EpochBatcher, seed: int) -> pd.DataFrame:
+    """Every epoch's batches (epoch, batch, position, example, fact), for inspection."""
+    frames = []
+    for epoch, bt in enumerate(batcher.history or []):
+        ex = np.concatenate(bt)
+        frames.append(pd.DataFrame({"seed": seed, "epoch": epoch,
+                                    "batch": np.repeat(np.arange(len(bt)), [len(x) for x in bt]),
+                                    "position": np.concatenate([np.arange(len(x)) for x in bt]),
+                                    "example": ex, "fact": batcher.facts[ex]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def train_variant(pairs: pd.DataFrame, p: Params, variant: str) -> tuple[dict, pd.DataFrame, dict]:
+    """The node ``train.<variant>``: every seed of one variant. Returns its per-seed results (metrics,
+    per-epoch histories, diagnostics of the first seed), the first seed's batches of every epoch (for
+    HOBIT the first b/2 of a batch are its anchors) and the encoders' state dicts by seed."""
+    spec = p.variants[variant]
+    seeds = p.seeds[:1] if spec.first_seed_only else p.seeds
+    runs, table, states = [], None, {}
+    for i, seed in enumerate(seeds):
+        res, tab, state = train_one(pairs, p, variant, seed, keep=i == 0)
+        runs.append(res)
+        states[str(seed)] = state
+        table = tab if tab is not None else table
+    return {"variant": variant, "batcher": spec.batcher, "runs": runs}, table, states

@@ -1,0 +1,34 @@
+"""Data of `adamspike`: fn64, 64 equispaced x ∈ [-π, π] with y = sin 2x + 0.5 cos 3x (the card's small
+regression task), or a user table of (x, y) under ``mlp.data_path``, checked before any training."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipelines.adamspike.params import Params
+from pipelines.core.schemas import InputDataError, TableSchema
+
+
+def fn64(n_points: int = 64) -> pd.DataFrame:
+    x = np.linspace(-np.pi, np.pi, n_points)
+    return pd.DataFrame({"x": x, "y": np.sin(2 * x) + 0.5 * np.cos(3 * x)})
+
+
+def load_user_table(path: str) -> pd.DataFrame:
+    """A .parquet or .csv with numeric columns ``x`` and ``y`` (one row per training point)."""
+    f = Path(path)
+    name = f"adamspike.user_data ({path})"
+    if not f.is_file():
+        raise InputDataError(f"dataset '{name}': file not found")
+    df = pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f)
+    TableSchema(name, {"x": "number", "y": "number"}, min_rows=4, no_missing=("x", "y")).check(df)
+    bad = ~np.isfinite(df[["x", "y"]].to_numpy(float)).all(1)
+    if bad.any():
+        raise InputDataError(f"dataset '{name}': column 'x'/'y' has {int(bad.sum())} non-finite value(s)")
+    return pd.DataFrame({"x": df["x"].astype(float), "y": df["y"].astype(float)})
+
+
+def make_data(p: Params) -> pd.DataFrame:
+    return load_user_table(p.mlp.data_path) if p.mlp.data_path else fn64(p.mlp.n_points)

@@ -1,0 +1,114 @@
+"""Typed parameters of `adamspike`: node functions take `Params` as a type hint, Kedro validates it before
+any node runs, and a bad value stops the command with one line naming the key."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")   # names the node train.<v> and the dataset run_<v>
+
+
+class Quad(Strict):
+    """The 1-D quadratic f(θ) = ½ a θ² (the 'geometry alone cannot explain it' counterexample)."""
+
+    a: float = Field(default=1.0, gt=0)
+    theta0: float = 1.0
+    lr: float = Field(default=0.1, gt=0)
+    steps: int = Field(default=2000, ge=10)
+
+    @field_validator("theta0")
+    @classmethod
+    def _nonzero(cls, v: float) -> float:
+        if v == 0:
+            raise ValueError("theta0 must be non-zero (θ = 0 is already the minimum)")
+        return v
+
+
+class Mlp(Strict):
+    """The small MLP 1 → width (tanh) → 1 on fn64 (or a user table), full-batch MSE in float64."""
+
+    width: int = Field(default=64, ge=1)
+    n_points: int = Field(default=64, ge=4)          # equispaced x in [-π, π] (built-in data)
+    steps: int = Field(default=12000, ge=10)
+    lr: float = Field(default=1e-2, gt=0)
+    data_path: str | None = None                     # .parquet / .csv with float columns x, y (README)
+
+
+class Variant(Strict):
+    """One training run configuration (run for every seed)."""
+
+    model: Literal["quad", "mlp"]
+    optimizer: Literal["adam", "gd"] = "adam"
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.999, gt=0, lt=1)
+    eps: float = Field(default=1e-8, ge=0)
+    track: bool = True        # MLP: Hessian-vector products every step (λ_grad, λ_max(Ĥ), λ_max(H)); quad: always
+
+
+class Tracking(Strict):
+    power_iters: int = Field(default=3, ge=1, le=100)   # warm-started power-iteration HVPs per step for λ_max(Ĥ)
+    raw_power_iters: int = Field(default=1, ge=1, le=100)   # the same for the raw λ_max(H) (changes slowly)
+    hvp: Literal["analytic", "autograd"] = "analytic"    # numpy R-operator or torch double-backward
+
+
+class Spikes(Strict):
+    factor: float = Field(default=10.0, gt=1)           # loss_t > factor × min(previous `window` losses)
+    factor_strict: float = Field(default=100.0, gt=1)   # the stricter definition, reported beside
+    window: int = Field(default=100, ge=1)
+    merge: int = Field(default=200, ge=0)               # detections closer than this are one event
+
+
+class Predictor(Strict):
+    k: int = Field(default=10, ge=1)                    # consecutive steps a condition must hold for an alarm
+    horizon: int = Field(default=50, ge=1)              # an alarm is true if a spike is detected ≤ horizon later
+
+
+class Stages(Strict):
+    decoupled_ratio: float = Field(default=0.1, gt=0, lt=1)   # Σg²/Σv̂ below this: v decoupled from g²
+
+
+class Params(MethodParams):
+    device: Literal["auto", "cpu", "cuda"] = "cpu"     # the 193-parameter MLP is fastest on the CPU
+    quad: Quad = Field(default_factory=Quad)
+    mlp: Mlp = Field(default_factory=Mlp)
+    configs: dict[str, Variant] = Field(min_length=1)  # every known run configuration, by variant name
+    variants: list[str] = Field(min_length=1)          # the ones this run trains: one train.<variant> node each
+    headline_variants: list[str] = Field(default_factory=list)   # tracked Adam runs the predictor study pools
+    tracking: Tracking = Field(default_factory=Tracking)
+    spikes: Spikes = Field(default_factory=Spikes)
+    predictor: Predictor = Field(default_factory=Predictor)
+    stages: Stages = Field(default_factory=Stages)
+    history_points: int = Field(default=1000, ge=10, le=1000)   # MLflow curve points per series
+
+    @field_validator("configs")
+    @classmethod
+    def _names(cls, v: dict[str, Variant]) -> dict[str, Variant]:
+        for name in v:
+            if not VARIANT_RE.match(name):
+                raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
+                                 "(it names the node train.<variant>)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        unknown = [v for v in self.variants if v not in self.configs]
+        if unknown:
+            raise ValueError(f"variants: {unknown} not defined under configs (known: {sorted(self.configs)})")
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"variants: a variant is listed twice in {self.variants}")
+        for v in self.headline_variants:
+            if v not in self.variants:
+                raise ValueError(f"headline_variants: {v!r} is not in variants {self.variants}")
+            c = self.configs[v]
+            if c.model != "mlp" or not c.track:
+                raise ValueError(f"headline_variants: {v!r} must be a tracked mlp run (track: true)")
+        for c in self.claims:
+            parts = c.metric.split(".")
+            if parts[0] == "variants" and len(parts) > 2 and parts[1] not in self.variants:
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', which is "
+                                 f"not in variants {self.variants}")
+        return self

@@ -94,3 +94,21 @@ def test_same_seed_same_weights():
             seed=7, progress=False)
         ws.append(model.weight.detach().clone())
     assert torch.equal(ws[0], ws[1])
+
+
+def test_callback_sees_the_optimizer_state_and_clipping_is_optional():
+    x, y = _ls_problem()
+    moments = []
+
+    def grab(info):
+        state = info.optimizer.state[info.model.weight]
+        moments.append(state["exp_avg_sq"].clone())
+
+    for clip in (None, 1e-3):
+        model = torch.nn.Linear(3, 1, bias=False)
+        torch.nn.init.zeros_(model.weight)
+        fit(model, (x, y), lambda m, a, b: torch.nn.functional.mse_loss(m(a), b), epochs=1, batch_size=None,
+            optimizer="adam", lr=0.1, weight_decay=0.0, grad_clip=clip, callback=grab, progress=False)
+    g = 2 * ((x @ torch.zeros(3, 1) - y) * x).mean(0)            # the first full-batch gradient at w = 0
+    assert torch.allclose(moments[0][0], (1 - 0.999) * g ** 2, rtol=1e-4)   # v_1 = (1 - β₂) g²
+    assert moments[1].norm() < moments[0].norm() * 1e-4          # clipped gradient, smaller moment

@@ -40,6 +40,7 @@ class StepInfo:
     cpu_seconds: float         # this process's CPU time for the step
     model: torch.nn.Module
     extras: dict[str, float]   # whatever loss_fn returned besides the loss
+    optimizer: torch.optim.Optimizer | None = None   # its ``state`` holds e.g. Adam's moments
 
 
 def check_finite(loss: torch.Tensor, what: str, epoch: int, step: int) -> None:
@@ -88,7 +89,10 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
     ``scheduler``: ``"onecycle"`` or ``callable(optimizer, total_steps)``, stepped every step.
     ``val_score(model)`` (lower is better) runs after every epoch (or every ``val_every`` steps) and
     drives early stopping with ``patience``; the best weights are restored at the end.
-    ``callback(StepInfo)`` runs after every step. ``progress=None`` shows a bar only on a terminal."""
+    ``callback(StepInfo)`` runs after every step (it sees the model and the optimizer).
+    ``grad_clip`` clips the global gradient norm at 1.0 BY DEFAULT; pass ``grad_clip=None`` when the
+    optimizer's own dynamics are the object of study (clipping changes them).
+    ``progress=None`` shows a bar only on a terminal."""
     from tqdm.auto import tqdm
 
     if sample_batch is None and train is None:
@@ -179,7 +183,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             ep_loss += lv * size
             ep_count += size
             if callback is not None:
-                callback(StepInfo(step, epoch, lv, size, dt, dc, model, extras))
+                callback(StepInfo(step, epoch, lv, size, dt, dc, model, extras, opt))
             step += 1
             bar.update(1)
             if val_every and val_score is not None and step % val_every == 0:

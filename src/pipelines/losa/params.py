@@ -1,0 +1,174 @@
+"""Typed parameters of `losa`: node functions take `Params` as a type hint, Kedro validates it before
+any node runs, and a bad value (or a claim naming a variant or budget this run does not plan) stops the
+command with one line naming the key."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+
+class Data(Strict):
+    source: Literal["synthetic", "file"] = "synthetic"
+    path: str | None = None            # file source: a CSV / parquet table (README: prompt, answer, split)
+    context_len: int = Field(ge=8, le=65536)        # N: filler + records before the question
+    n_records: int = Field(ge=1)
+    key_len: int = Field(ge=1, le=8)
+    value_len: int = Field(ge=1, le=8)
+    n_query_keys: int = Field(ge=1)
+    n_key_symbols: int = Field(ge=2)
+    n_value_symbols: int = Field(ge=2)
+    n_filler_symbols: int = Field(ge=1)             # filler entropy = log2(n_filler_symbols) bits/token
+    block_size: int = Field(ge=2, le=64)            # B: the answer block (one diffusion block)
+    n_train: int = Field(ge=16)                     # training sequences (drawn once, sampled by the loop)
+    n_eval: int = Field(ge=1)                       # evaluation prompts per seed
+    world_seed: int = 2026                          # the training set (eval prompts use the run seeds)
+
+    @model_validator(mode="after")
+    def _fits(self):
+        rec = self.key_len + self.value_len
+        if self.n_records * rec > self.context_len:
+            raise ValueError(f"n_records: {self.n_records} records of {rec} tokens do not fit in "
+                             f"context_len={self.context_len}")
+        if self.n_query_keys > self.n_records:
+            raise ValueError(f"n_query_keys: {self.n_query_keys} exceeds n_records={self.n_records}")
+        if self.n_query_keys * self.value_len > self.block_size:
+            raise ValueError(f"n_query_keys: {self.n_query_keys} answers of {self.value_len} tokens do not fit "
+                             f"in block_size={self.block_size}")
+        if self.n_key_symbols ** self.key_len < self.n_records:
+            raise ValueError(f"n_key_symbols: too few distinct keys for n_records={self.n_records}")
+        if self.source == "file" and not self.path:
+            raise ValueError("path: data.source 'file' needs a table path")
+        return self
+
+
+class Model(Strict):
+    d_model: int = Field(ge=8)
+    n_layers: int = Field(ge=1, le=48)
+    n_heads: int = Field(ge=1)
+    d_ff: int = Field(default=0, ge=0)              # 0 → 4 · d_model
+    rope_base: float = Field(default=10000.0, gt=0)
+
+
+class Train(Strict):
+    seed: int = 0                     # the one base model of a run (eval seeds vary the prompts)
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    gamma_min: float = Field(gt=0, le=1)            # mask rate γ ~ U(gamma_min, 1]
+    grad_clip: float = Field(gt=0)
+
+
+class Decode(Strict):
+    steps: int = Field(ge=1)                        # T denoising steps per block
+    page_size: int = Field(ge=1)                    # P (KV page of the prefix cache)
+    budgets: list[int] = Field(min_length=1)        # per-query token budgets (multiples of P)
+    batch: int = Field(ge=1)                        # prompts decoded together
+
+    @model_validator(mode="after")
+    def _pages(self):
+        bad = [b for b in self.budgets if b < self.page_size or b % self.page_size]
+        if bad:
+            raise ValueError(f"budgets: {bad} are not positive multiples of page_size={self.page_size}")
+        return self
+
+
+class Variant(Strict):
+    """One ``train.<name>`` node: a prefix-attention policy decoded with the shared base model."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    kind: Literal["dense", "quest", "sparsed", "losa"]
+    budgets: list[int] | None = None                # None: decode.budgets (ignored by dense)
+    rho: float = Field(default=0.5, gt=0, le=1)     # losa: active share of the block (topk / random)
+    active_rule: Literal["topk", "threshold", "random"] = "topk"
+    threshold: float = Field(default=0.1, ge=0, lt=1)   # losa threshold rule: δ > threshold · max δ
+    union: bool = True                              # losa: active tokens attend to the union of pages
+    activity_signal: Literal["query", "hidden"] = "query"
+    activity_reference: Literal["previous_step", "last_refresh"] = "previous_step"
+    first_step_mode: Literal["all_active", "dense"] = "all_active"
+    dense_fraction: float = Field(default=0.2, gt=0, le=1)   # sparsed: share of steps with full attention
+
+
+class Timing(Strict):
+    n_prompts: int = Field(ge=1)
+    budgets: list[int] = Field(min_length=1)
+    rounds: int = Field(ge=3)
+    warmup: int = Field(default=1, ge=0)
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+
+class Locality(Strict):
+    top_share: float = Field(default=0.5, gt=0, lt=1)   # share of block tokens whose δ mass is measured
+    hist_bins: int = Field(default=40, ge=5, le=200)
+
+
+class Params(MethodParams):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: Data
+    model: Model
+    train: Train
+    decode: Decode
+    variants: list[Variant] = Field(min_length=1)
+    timing: Timing
+    locality: Locality = Locality()
+    em_gate: float = Field(default=80.0, ge=0, le=100)   # dense EM (%) needed before EM comparisons count
+
+    @field_validator("variants")
+    @classmethod
+    def _unique(cls, v: list[Variant]) -> list[Variant]:
+        names = [x.name for x in v]
+        reserved = {"p", "timing", "plots", "bdlm"} & set(names)
+        if reserved:
+            raise ValueError(f"variant name(s) {sorted(reserved)} are reserved (report inputs)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names must be unique (one train.<name> node each): {names}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        P = self.decode.page_size
+        if self.decode.steps > self.data.block_size:
+            raise ValueError(f"decode.steps: {self.decode.steps} steps exceed block_size={self.data.block_size}")
+        if self.model.d_model % self.model.n_heads or (self.model.d_model // self.model.n_heads) % 2:
+            raise ValueError(f"model.n_heads: d_model={self.model.d_model} must split into heads of even size")
+        for key, budgets in [("timing.budgets", self.timing.budgets),
+                             *[(f"variants.{v.name}.budgets", v.budgets or []) for v in self.variants]]:
+            bad = [b for b in budgets if b < P or b % P]
+            if bad:
+                raise ValueError(f"{key}: budgets {bad} are not positive multiples of decode.page_size={P}")
+        kinds = {v.kind for v in self.variants}
+        if "dense" not in kinds:
+            raise ValueError("variants: a 'dense' variant is needed (the reference of every error)")
+        for c in self.claims:
+            problem = self.unplanned(c.metric)
+            if problem:
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run with other variants or "
+                                 "budgets declares its own claims in an env (see src/pipelines/losa/README.md)")
+        return self
+
+    def budgets_of(self, v: Variant) -> list[int]:
+        return [] if v.kind == "dense" else list(v.budgets or self.decode.budgets)
+
+    def variant(self, name: str) -> Variant | None:
+        return next((v for v in self.variants if v.name == name), None)
+
+    def unplanned(self, metric: str) -> str | None:
+        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
+        names = [v.name for v in self.variants]
+        parts = metric.split(".")
+        if parts[0] == "variants":
+            if len(parts) < 3 or parts[1] not in names:
+                return f"names a variant that is not in variants {names}"
+            m = re.search(r"_b(\d+)$", parts[2])
+            if m and int(m.group(1)) not in self.budgets_of(self.variant(parts[1])):
+                return f"names budget {m.group(1)}, which variant '{parts[1]}' does not decode"
+            return None
+        for b in re.findall(r"\.b(\d+)(?:\.|$)", metric):
+            if int(b) not in set(self.decode.budgets) | set(self.timing.budgets) | \
+                    {x for v in self.variants for x in (v.budgets or [])}:
+                return f"names budget {b}, which no variant decodes"
+        return None

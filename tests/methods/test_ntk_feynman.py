@@ -12,8 +12,8 @@ import torch
 
 from pipelines.core.params import ParameterError, validate
 from pipelines.core.schemas import InputDataError
-from pipelines.ntk_feynman import mc, theory
-from pipelines.ntk_feynman.params import TENSORS, Params
+from pipelines.ntk_feynman import dntk, mc, theory
+from pipelines.ntk_feynman.params import DNTK_TENSORS, TENSORS, Params
 
 RAW = {
     "seeds": [0],
@@ -25,6 +25,10 @@ RAW = {
            "claim_widths": [8], "narrow_width": 4, "slope_min_width": 4},
     "variants": ["recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh"],
 }
+
+
+DNTK_RAW = {"widths": [4, 8], "nets_per_seed": [30, 30], "blocks_per_seed": 3, "chunk_elems": 100_000,
+            "narrow_width": 4, "slope_min_width": 4}
 
 
 # ------------------------------------------------------------------------ theory vs closed forms
@@ -290,7 +294,8 @@ def test_one_train_node_per_variant():
 
     names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
     assert names == {f"ntk_feynman.train.{v}" for v in
-                     ("recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh", "mc_gelu")}
+                     ("recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh", "mc_gelu",
+                      "mc_dntk_relu", "mc_dntk_tanh")}
 
 
 def test_theory_variants_differ_only_where_they_should():
@@ -309,6 +314,10 @@ def test_theory_variants_differ_only_where_they_should():
     l2 = rec.layer == 2                                     # inter-layer terms start at layer 3
     np.testing.assert_allclose(rec.loc[l2, list(TENSORS)], abl.loc[l2, list(TENSORS)])
     assert (rec.loc[rec.layer == 3, "V"].to_numpy() > abl.loc[abl.layer == 3, "V"].to_numpy()).all()
+    assert (inf[list(DNTK_TENSORS)] == 0).all().all()
+    np.testing.assert_allclose(rec.loc[l2, list(DNTK_TENSORS)], abl.loc[l2, list(DNTK_TENSORS)])
+    relu3 = (rec.layer == 3) & (rec.activation == "relu")
+    assert (rec.loc[relu3, "P"].to_numpy() > abl.loc[relu3, "P"].to_numpy()).all()
 
 
 @pytest.mark.parametrize("patch,key", [
@@ -318,10 +327,26 @@ def test_theory_variants_differ_only_where_they_should():
     ({"mc": {**RAW["mc"], "widths": [8, 4]}}, "ntk_feynman.mc.widths"),
     ({"net": {**RAW["net"], "depth": True}}, "ntk_feynman.net.depth"),
     ({"net": {**RAW["net"], "dept": 3}}, "ntk_feynman.net.dept"),
+    ({"variants": ["recursion", "mc_dntk_relu"]}, "ntk_feynman.variants"),          # no dntk block
+    ({"dntk": {**DNTK_RAW, "probes": 0}}, "ntk_feynman.dntk.probes"),
+    ({"dntk": {**DNTK_RAW, "narrow_width": 5}}, "ntk_feynman.dntk"),
 ])
 def test_bad_parameter_names_the_key(patch, key):
     with pytest.raises(ParameterError, match=key.replace(".", r"\.")):
         validate(Params, {**RAW, **patch}, "ntk_feynman")
+
+
+def test_claims_must_name_planned_variants():
+    claim = {"id": "c", "text": "t", "metric": "dntk_agreement_excess.relu", "op": "<=", "threshold": 0.1}
+    with pytest.raises(ParameterError, match=r"claim 'c'.*needs variant\(s\) \['mc_dntk_relu'\]"):
+        validate(Params, {**RAW, "dntk": DNTK_RAW, "claims": [claim]}, "ntk_feynman")
+    ok = validate(Params, {**RAW, "dntk": DNTK_RAW, "claims": [claim],
+                           "variants": [*RAW["variants"], "mc_dntk_relu"]}, "ntk_feynman")
+    assert ok.dntk_activations() == ["relu"] and "relu" in ok.mc_activations()
+    abl = {**claim, "metric": "dntk_interlayer_error_ratio.relu"}
+    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['no_interlayer'\]"):
+        validate(Params, {**RAW, "dntk": DNTK_RAW, "claims": [abl],
+                          "variants": ["recursion", "mc_relu", "mc_dntk_relu"]}, "ntk_feynman")
 
 
 def test_bad_user_inputs_name_dataset_and_column(tmp_path):
@@ -342,9 +367,141 @@ def test_bad_user_inputs_name_dataset_and_column(tmp_path):
     assert make_inputs(p)["sq_norm"] == [pytest.approx(3.0), pytest.approx(1.0)]
 
 
+# ------------------------------------------------------------------------ the dNTK (P, Q)
+def relu_dntk_reference(c_w, c_b, lam_b, lam_w, sq, depth):
+    """The ReLU dNTK recursions by hand: sigma'' = 0 almost everywhere, St[s s'] = <s'^2> = 1/2,
+    <s^2 s'^2> = K/2; so P' = 2 lW CW (Th K/2 + F/4) + CW^2 P/4 and Q' = lW CW (Th K/2 + F/4) + CW^2 Q/4."""
+    K, Th, F, P, Q = c_b + c_w * sq, lam_b + lam_w * sq, 0.0, 0.0, 0.0
+    for _ in range(depth - 1):
+        lin = lam_w * c_w * (Th * K / 2 + F / 4)
+        P, Q = 2 * lin + c_w**2 * P / 4, lin + c_w**2 * Q / 4
+        F = c_w**2 * (K / 2) * Th + (c_w / 2) ** 2 * F
+        K, Th = c_b + c_w * K / 2, lam_b + lam_w * K / 2 + c_w * Th / 2
+    return P, Q
+
+
+@pytest.mark.parametrize("c_w,c_b,lam_b,lam_w,sq,depth", [(2.0, 0.0, 1.0, 1.0, 1.0, 4), (1.7, 0.3, 0.5, 2.0, 2.3, 5)])
+def test_relu_dntk_recursion_matches_hand_closed_form(c_w, c_b, lam_b, lam_w, sq, depth):
+    got = dntk.dntk_first_order("relu", c_w, c_b, lam_b, lam_w, sq, depth)[-1]
+    P, Q = relu_dntk_reference(c_w, c_b, lam_b, lam_w, sq, depth)
+    assert got["P"] == pytest.approx(P, rel=1e-11) and got["Q"] == pytest.approx(Q, rel=1e-11)
+    if (c_w, depth) == (2.0, 4):
+        assert (round(got["P"], 9), round(got["Q"], 9)) == (80, 40)      # critical ReLU, depth 4 (default run)
+
+
+def _brute_dntk(kind, Ws, bs, x, lam_b, lam_w):
+    """The full dNTK tensor dTh_{i0 i1 i2} = sum_mu lambda_mu dz_i0/dtheta_mu dTh_i1i2/dtheta_mu of one net by
+    nested torch.func Jacobians (independent of the sampler's NTK recursion and of its contractions)."""
+    from torch.func import jacrev
+
+    n0, depth, n = x.shape[0], len(Ws), Ws[-1].shape[0]
+    pr = {f"W{i}": W for i, W in enumerate(Ws)} | {f"b{i}": b for i, b in enumerate(bs)}
+    lam = {k: lam_b if k[0] == "b" else lam_w / (n0 if k == "W0" else n) for k in pr}
+
+    def f(q):
+        z = q["W0"] @ x + q["b0"]
+        for i in range(1, depth):
+            z = q[f"W{i}"] @ mc.act(kind, z)[0] + q[f"b{i}"]
+        return z
+
+    def ntk(q):
+        J = jacrev(f)(q)
+        return sum(lam[k] * J[k].reshape(n, -1) @ J[k].reshape(n, -1).T for k in q)
+
+    J, dT = jacrev(f)(pr), jacrev(ntk)(pr)
+    d = sum(lam[k] * torch.einsum("am,bcm->abc", J[k].reshape(n, -1), dT[k].reshape(n, n, -1)) for k in pr)
+    return f(pr), d
+
+
+@pytest.mark.parametrize("kind", ["tanh", "gelu", "relu"])
+def test_dntk_contractions_match_the_full_tensor(kind):
+    """The sampler's S1 (exact) and S2 (one Rademacher probe u) equal the contractions of the full dNTK tensor
+    from nested autodiff: S1 = sum_ik z_i dTh_ikk, S2_u = sum u_i0 u_i1 z_i2 dTh_i0i1i2 (whose mean over u is
+    sum_ik dTh_iik z_k). The nets are re-drawn from the sampler's generator in its order."""
+    import math
+
+    n0, n, depth, c_w, c_b, lam_b, lam_w, seed = 4, 3, 3, 1.5, 0.2, 0.7, 1.3, 5
+    x = np.array([0.9, -1.1, 0.4, 0.7])
+    got = dntk.sample_dntk(kind, x, n, depth, 1, c_w, c_b, lam_b, lam_w, seed)
+    gen = torch.Generator().manual_seed(seed)
+    Ws, bs = [], []
+    for ell in range(depth):
+        fan = n0 if ell == 0 else n
+        Ws.append(torch.randn(1, n, fan, generator=gen, dtype=torch.float64)[0] * math.sqrt(c_w / fan))
+        bs.append(torch.randn(1, n, generator=gen, dtype=torch.float64)[0] * math.sqrt(c_b))
+    us = torch.randint(0, 2, (1, depth, 1, n), generator=gen).to(torch.float64) * 2 - 1
+    xt = torch.as_tensor(x)
+    for ell in (1, 2):
+        z, d = _brute_dntk(kind, Ws[:ell + 1], bs[:ell + 1], xt, lam_b, lam_w)
+        u = us[0, ell, 0]
+        s1 = float(torch.einsum("i,ikk->", z, d))
+        s2 = float(torch.einsum("a,b,c,abc->", u, u, z, d))
+        assert got[0, ell, 0] * n * n == pytest.approx(s1, rel=1e-9, abs=1e-12)
+        assert got[0, ell, 1] * n * n == pytest.approx(s2, rel=1e-9, abs=1e-12)
+    assert (got[:, 0] == 0).all()                       # layer 1: z is linear in the parameters
+
+
+def test_dntk_vanishes_when_only_biases_learn_in_a_linear_net():
+    """A deep linear net's NTK does not depend on its biases, so with lambda_W = 0 the dNTK is identically 0;
+    the recursion agrees (a deep linear net with lambda_W > 0 has a nonzero dNTK, P = 2Q)."""
+    stats = dntk.sample_dntk("linear", np.ones(5), 6, 4, 50, 1.0, 0.3, 1.0, 0.0, seed=3)
+    assert np.abs(stats).max() < 1e-12
+    for r in dntk.dntk_first_order("linear", 1.0, 0.3, 1.0, 0.0, 1.0, 4):
+        assert r["P"] == 0 and r["Q"] == 0
+    lin = dntk.dntk_first_order("linear", 1.0, 0.0, 1.0, 1.0, 1.0, 4)[-1]
+    assert lin["P"] > 0 and lin["P"] == pytest.approx(2 * lin["Q"])
+
+
+@pytest.mark.parametrize("kind,c_w,c_b", [("tanh", 1.3, 0.2), ("relu", 2.0, 0.1)])
+def test_dntk_at_layer_two_by_brute_force_pair_averages(kind, c_w, c_b):
+    """One hidden layer (layer 2): the first-order P, Q are exact at any width. Brute force at width 3 from the
+    full dNTK tensor of each net: P/n = mean_{i != k} dTh_ikk z_i and Q/n = mean_{i != k} dTh_iik z_k, over
+    sampled nets (no S1/S2 contraction, no probe), against the recursion (sigma'' terms included for tanh)."""
+    from torch.func import vmap
+
+    n0, n, N, lam_b, lam_w = 3, 3, 4000, 0.8, 1.2
+    x = torch.tensor([1.0, -0.6, 0.8], dtype=torch.float64)
+    g = torch.Generator().manual_seed(17)
+    W0 = torch.randn(N, n, n0, generator=g, dtype=torch.float64) * (c_w / n0) ** 0.5
+    W1 = torch.randn(N, n, n, generator=g, dtype=torch.float64) * (c_w / n) ** 0.5
+    b0 = torch.randn(N, n, generator=g, dtype=torch.float64) * c_b**0.5
+    b1 = torch.randn(N, n, generator=g, dtype=torch.float64) * c_b**0.5
+    z, d = vmap(lambda a, b, c, e: _brute_dntk(kind, [a, b], [c, e], x, lam_b, lam_w))(W0, W1, b0, b1)
+    off = ~torch.eye(n, dtype=torch.bool)
+    p_pairs = torch.einsum("si,sikk->sik", z, d)[:, off].mean(-1) * n       # i != k
+    q_pairs = torch.einsum("siik,sk->sik", d, z)[:, off].mean(-1) * n
+    ref = dntk.dntk_first_order(kind, c_w, c_b, lam_b, lam_w, float(x @ x) / n0, 2)[-1]
+    for est, t in ((p_pairs, "P"), (q_pairs, "Q")):
+        blocks = est.reshape(20, -1).mean(1)
+        se = float(blocks.std() / 20**0.5)
+        assert abs(float(est.mean()) - ref[t]) <= 4 * se, (t, float(est.mean()), ref[t], se)
+
+
+def test_dntk_estimator_unbiased_at_layer_two_and_converges_deeper():
+    """The pooled S1/S2 estimator hits the exact layer-2 values at width 3, and at layer 4 (tanh) its error
+    shrinks from width 4 to width 16, where it is within 10 % (1/n behaviour)."""
+    x = np.ones(6)
+    ref = dntk.dntk_first_order("tanh", 1.0, 0.0, 1.0, 1.0, 1.0, 4)
+    stats = dntk.sample_dntk("tanh", x, 3, 4, 20_000, 1.0, 0.0, 1.0, 1.0, seed=2)
+    blk = pd.DataFrame({"s1": stats[:, 1, 0], "s2": stats[:, 1, 1]}).groupby(np.arange(20_000) // 1000).mean()
+    est = dntk.pooled_dntk(blk.assign(n_nets=1000), 3, 3)
+    for t in DNTK_TENSORS:
+        assert abs(est[t] - ref[1][t]) <= 4 * est[f"{t}_se"], (t, est[t], ref[1][t])
+    errs = {}
+    for w, N in ((4, 6000), (16, 3000)):
+        st = dntk.sample_dntk("tanh", x, w, 4, N, 1.0, 0.0, 1.0, 1.0, seed=4)
+        m = st[:, 3].mean(0)
+        P, Q = dntk.pq_from_sums(m[0], m[1], w, w)
+        errs[w] = max(abs(P / ref[3]["P"] - 1), abs(Q / ref[3]["Q"] - 1))
+    assert errs[16] < 0.10 and errs[16] < errs[4]
+
+
 def test_report_of_the_test_env_run(test_env_run):
     report = test_env_run("ntk_feynman").report
     assert report["variants"]["recursion"]["relu.V"] == pytest.approx(60.0)      # depth 4, critical ReLU
     assert set(report["histories"]) >= {"recursion", "mc_relu"}
     assert report["histories"]["mc_relu"]["V_L4_vs_width"]["step"] == [4, 8, 16]
-    assert len(report["claims"]) == report["claims_declared"] >= 9
+    assert len(report["claims"]) == report["claims_declared"] >= 17
+    assert report["variants"]["recursion"]["relu.P"] == pytest.approx(80.0)       # dNTK, depth 4
+    assert report["histories"]["mc_dntk_relu"]["P_L4_vs_width"]["step"] == [4, 8]
+    assert "dntk_vs_width.png" in report["artifacts"]

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.report import build_report
-from pipelines.ntk_feynman import mc
-from pipelines.ntk_feynman.params import TENSORS, THEORY_VARIANTS, Params
+from pipelines.ntk_feynman import dntk, mc
+from pipelines.ntk_feynman.params import DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
 from pipelines.ntk_feynman.theory import VERTEX_KEYS
 
 QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
@@ -17,9 +17,23 @@ THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Th
 
 
 def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+    """(theory variants, kernel/NTK samplers by activation); the dNTK samplers are in :func:`_dntk_sims`."""
     th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
-    sims = {v[3:]: d for v, d in outputs.items() if v.startswith("mc_")}
+    sims = {v[3:]: d for v, d in outputs.items() if v.startswith("mc_") and not v.startswith("mc_dntk_")}
     return th, sims
+
+
+def _dntk_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_dntk_")}
+
+
+def _base(cmp: pd.DataFrame) -> pd.DataFrame:
+    """The kernel/NTK rows of the comparison (without the dNTK's P, Q)."""
+    return cmp[~cmp.quantity.isin(DNTK_TENSORS)]
+
+
+def _dntk(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.isin(DNTK_TENSORS)]
 
 
 def n_prev(layer: int, width: int, n0: int) -> int:
@@ -58,6 +72,17 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     sel = t[(t.activation == act) & (t.input == row["input"]) & (t.layer == row["layer"])]
                     row[v] = float(sel[THEORY_OF.get(q, q)].iloc[0])
                 rows.append(row)
+    for act, blocks in _dntk_sims(outputs).items():
+        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
+            npv = n_prev(int(layer), int(width), n0)
+            est = dntk.pooled_dntk(d, int(width), npv)
+            for q in DNTK_TENSORS:
+                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
+                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
+                for v, t in theories.items():
+                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
+                    row[v] = float(sel[q].iloc[0])
+                rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -87,6 +112,8 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     out: dict[str, float] = {}
     wide, narrow = max(p.mc.widths), p.mc.narrow_width
     variants = [v for v in THEORY_VARIANTS if v in cmp.columns]
+    out.update(dntk_metrics(cmp, p))
+    cmp = _base(cmp)
     for act in cmp.activation.unique():
         c = cmp[cmp.activation == act]
         e = rel_errors(c, p)
@@ -137,6 +164,65 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     return out
 
 
+def dntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
+    """The dNTK's P, Q at the last layer against the recursion: agreement at the widest width, the 1/n
+    (Richardson) extrapolation of the two widest widths, the error ratio widest / narrow, the 1/n slope of the
+    raw cross-correlations, the exactness at layer 2 (where the recursion holds at any width) and the
+    ablation without inter-layer terms."""
+    out: dict[str, float] = {}
+    d_all = _dntk(cmp)
+    if not len(d_all) or p.dntk is None:
+        return out
+    L, ws = p.net.depth, sorted(p.dntk.widths)
+    wide, prev = ws[-1], ws[-2]
+    for act in d_all.activation.unique():
+        c = d_all[d_all.activation == act]
+        last = c[c.layer == L]
+        rec = last.recursion
+        if float(rec.abs().max()) < 1e-12:          # e.g. a linear net: the dNTK vanishes identically
+            out[f"dntk_max_abs_mc.{act}"] = float(c.mc.abs().max())
+            continue
+        rel = (last.mc - rec) / rec.abs()
+        w = last[last.width == wide]
+        out[f"dntk_agreement_excess.{act}"] = float((((w.mc - w.recursion).abs() - 2 * w.mc_se)
+                                                     / w.recursion.abs()).max())
+        per_w = rel.abs().groupby(last.width).mean()
+        for wd, v in per_w.items():
+            out[f"dntk_mean_abs_rel_err_n{wd}.{act}"] = float(v)
+        out[f"dntk_err_ratio_wide_vs_narrow.{act}"] = float(per_w[wide] / per_w[p.dntk.narrow_width])
+        fit = per_w[per_w.index >= p.dntk.slope_min_width]
+        out[f"dntk_err_slope_vs_width.{act}"] = loglog_slope(fit.index, fit.values)
+        # 1/n extrapolation from the two widest widths: T_inf = (n2 T2 - n1 T1) / (n2 - n1)
+        ex = []
+        for q in DNTK_TENSORS:
+            a = last[(last.quantity == q) & (last.width == prev)].iloc[0]
+            b = last[(last.quantity == q) & (last.width == wide)].iloc[0]
+            t_ex = (wide * b.mc - prev * a.mc) / (wide - prev)
+            se = math.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
+            out[f"dntk_{q}_extrapolated.{act}"] = float(t_ex)
+            out[f"dntk_{q}_extrapolated.{act}.se"] = float(se)
+            out[f"dntk_{q}_recursion.{act}"] = float(b.recursion)
+            ex.append((abs(t_ex - b.recursion) - 2 * se) / abs(b.recursion))
+        out[f"dntk_extrap_excess.{act}"] = float(max(ex))
+        # the raw cross-correlations E[dTh z] = T / n_prev against the width: slope -1 is the 1/n scaling
+        devs = []
+        for q in DNTK_TENSORS:
+            s = last[(last.quantity == q) & (last.width >= p.dntk.slope_min_width)].sort_values("width")
+            slope = loglog_slope(s.width, s.mc / s.n_prev)
+            out[f"dntk_cov_slope.{q}.{act}"] = slope
+            devs.append(abs(slope + 1.0))
+        out[f"dntk_cov_slope_dev.{act}"] = float(max(devs))
+        # layer 2: the first-order formula is exact at any width (layer 1 is Gaussian, its NTK fixed)
+        l2 = c[c.layer == 2]
+        out[f"dntk_layer2_max_abs_z.{act}"] = float(((l2.mc - l2.recursion) / l2.mc_se).abs().max())
+        out[f"dntk_infinite_width_min_z.{act}"] = float((w.mc.abs() / w.mc_se).min())
+        if "no_interlayer" in c:
+            full = ((w.recursion - w.mc).abs() / w.mc.abs()).mean()
+            abl = ((w.no_interlayer - w.mc).abs() / w.mc.abs()).mean()
+            out[f"dntk_interlayer_error_ratio.{act}"] = float(full / abl)
+    return out
+
+
 def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame], n0: int) -> list[dict]:
     """Report rows: per seed for the MC variants (final-layer estimates per width, the mean-NTK shift), one
     row for each theory variant (final-layer values per activation and their error against the pooled MC)."""
@@ -155,11 +241,19 @@ def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame],
                     row[f"{pre}{t}_n{r.width}"] = float(getattr(r, t))
                 row[f"{pre}mean_ntk_shift_n{r.width}"] = float(r.width * (r.mean_ntk - theta))
             rows.append(row)
+    for act, blocks in _dntk_sims(outputs).items():
+        for seed, bs in blocks[blocks.layer == L].groupby("seed"):
+            row = {"variant": f"mc_dntk_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
+            for width, d in bs.groupby("width"):
+                est = dntk.pooled_dntk(d, int(width), n_prev(L, int(width), n0))
+                for q in DNTK_TENSORS:
+                    row[f"{q}_n{width}"] = est[q]
+            rows.append(row)
     for v, t in theories.items():
         row = {"variant": v, "seed": int(p.seeds[0]), "runtime_s": float(t.runtime_s.iloc[0])}
         for act in t.activation.unique():
             last = t[(t.activation == act) & (t.layer == L) & (t.input == 0)].iloc[0]
-            for q in ("K", "Theta", *TENSORS, "K1", "Theta1"):
+            for q in ("K", "Theta", *TENSORS, *DNTK_TENSORS, "K1", "Theta1"):
                 row[f"{act}.{q}"] = float(last[q])
             if act in sims:
                 e = rel_errors(cmp[cmp.activation == act], p, v)
@@ -181,7 +275,7 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
         t0 = t[t.input == 0]
         for act in t0.activation.unique():
             a = t0[t0.activation == act].sort_values("layer")
-            for q in ("K", "Theta", *TENSORS, "K1", "Theta1"):
+            for q in ("K", "Theta", *TENSORS, *DNTK_TENSORS, "K1", "Theta1"):
                 hv[f"{act}.{q}_vs_layer"] = list(zip(a.layer.astype(int), a[q].astype(float)))
             if act in sims:
                 e = rel_errors(cmp[cmp.activation == act], p, v)
@@ -197,6 +291,19 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
             hv[f"{q}_n{wide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
         s = c[(c.quantity == "mean_ntk") & (c.layer == L)].sort_values("width")
         hv["mean_ntk_shift_vs_width"] = list(zip(s.width.astype(int), (s.width * (s.mc - s.recursion)).astype(float)))
+    d_all = _dntk(cmp)
+    for act in _dntk_sims(outputs):
+        hv = h.setdefault(f"mc_dntk_{act}", {})
+        c = d_all[d_all.activation == act]
+        dwide = int(c.width.max())
+        for q in DNTK_TENSORS:
+            s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
+            hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
+            if (s.recursion.abs() > 0).all():
+                hv[f"{q}_L{L}_rel_err_vs_width"] = list(zip(s.width.astype(int),
+                                                            ((s.mc - s.recursion) / s.recursion.abs()).astype(float)))
+            s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
+            hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
     return h
 
 
@@ -376,13 +483,113 @@ def _pair_vertex(cmp: pd.DataFrame, p: Params):
     return fig
 
 
+def _dntk_vs_width(cmp: pd.DataFrame, p: Params):
+    """P, Q at the last layer against the width (MC ±2 s.e.), the recursion (±10 % band), the ablation, and
+    the 1/n extrapolation of the two widest widths."""
+    import matplotlib.pyplot as plt
+
+    d = _dntk(cmp)
+    acts, L = list(d.activation.unique()), p.net.depth
+    fig, axes = plt.subplots(len(acts), 2, figsize=(8.4, 3.3 * len(acts)), squeeze=False)
+    for i, act in enumerate(acts):
+        for j, q in enumerate(DNTK_TENSORS):
+            ax = axes[i][j]
+            s = d[(d.activation == act) & (d.quantity == q) & (d.layer == L)].sort_values("width")
+            an = float(s.recursion.iloc[0])
+            ax.axhspan(an - 0.1 * abs(an), an + 0.1 * abs(an), color="0.9", label="recursion ±10%")
+            for v, (col, ls, lab) in VARIANT_STYLE.items():
+                if v in s:
+                    ax.axhline(float(s[v].iloc[0]), color=col, ls=ls, lw=1.2, label=lab)
+            ax.errorbar(s.width, s.mc, yerr=2 * s.mc_se, fmt="o", color="C3", capsize=3, label="Monte Carlo ±2 s.e.")
+            if len(s) >= 2:
+                a, b = s.iloc[-2], s.iloc[-1]
+                t_ex = (b.width * b.mc - a.width * a.mc) / (b.width - a.width)
+                se = math.hypot(b.width * b.mc_se, a.width * a.mc_se) / (b.width - a.width)
+                ax.errorbar([b.width * 1.6], [t_ex], yerr=[2 * se], fmt="D", color="C2", capsize=3,
+                            label="1/n extrapolation (two widest)")
+            ax.set_xscale("log", base=2)
+            ax.set(title=f"{act}: dNTK {q} (layer {L})", xlabel="width n")
+            ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel("n × E[dΘ̂ z]")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("dNTK–preactivation cross-correlations P, Q vs width (pooled over seeds)")
+    fig.tight_layout()
+    return fig
+
+
+def _dntk_scaling(cmp: pd.DataFrame, p: Params):
+    """Left: |rel err| of P, Q against the width (log-log, 1/n guide). Right: the raw cross-correlations T/n."""
+    import matplotlib.pyplot as plt
+
+    d = _dntk(cmp)
+    L = p.net.depth
+    d = d[d.layer == L]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.6, 3.8))
+    for k, act in enumerate(d.activation.unique()):
+        for m, q in enumerate(DNTK_TENSORS):
+            s = d[(d.activation == act) & (d.quantity == q)].sort_values("width")
+            col, mk = f"C{k}", "os"[m]
+            if (s.recursion.abs() > 0).all():
+                ax1.plot(s.width, ((s.mc - s.recursion) / s.recursion).abs(), mk + "-", color=col, ms=4,
+                         label=f"{act} {q}")
+            ax2.errorbar(s.width, (s.mc / s.n_prev).abs(), yerr=2 * s.mc_se / s.n_prev, fmt=mk, color=col, ms=4,
+                         capsize=2, label=f"{act} |{q}|/n (MC)")
+            ax2.plot(s.width, (s.recursion / s.n_prev).abs(), "-", color=col, lw=1)
+    w = np.array(sorted(d.width.unique()), float)
+    ax1.plot(w, 0.5 * w[0] / w, "k:", lw=1, label="∝ 1/n")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("width n")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+    ax1.set(ylabel="|T_mc − T_rec| / |T_rec|", title=f"dNTK error of the recursion (layer {L})")
+    ax2.set(ylabel="|E[dΘ̂ z]| (lines: recursion / n)", title="raw cross-correlations scale as 1/n")
+    fig.tight_layout()
+    return fig
+
+
+def _dntk_layers(cmp: pd.DataFrame, p: Params):
+    import matplotlib.pyplot as plt
+
+    d = _dntk(cmp)
+    acts = list(d.activation.unique())
+    widths = sorted(d.width.unique())
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(len(acts), 2, figsize=(8.4, 3.0 * len(acts)), squeeze=False)
+    for i, act in enumerate(acts):
+        for j, q in enumerate(DNTK_TENSORS):
+            ax = axes[i][j]
+            s = d[(d.activation == act) & (d.quantity == q)]
+            th = s[s.width == widths[-1]].sort_values("layer")
+            for v, (col, ls, lab) in VARIANT_STYLE.items():
+                if v in th and v != "infinite_width":
+                    ax.plot(th.layer, th[v], color=col, ls=ls, lw=1.5, label=lab)
+            for k, wd in enumerate(widths):
+                t = s[s.width == wd].sort_values("layer")
+                ax.errorbar(t.layer + 0.05 * (k - len(widths) / 2), t.mc, yerr=2 * t.mc_se, fmt="o", ms=3, capsize=2,
+                            color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={wd}")
+            ax.set(title=f"{act}: dNTK {q}", xlabel="layer")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("dNTK layer profiles: recursion vs sampled nets (layer 2 is exact at any width)")
+    fig.tight_layout()
+    return fig
+
+
 def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
-    figs = {f"tensors_vs_width_{act}": _tensors_vs_width(comparison, p, act)
-            for act in comparison.activation.unique()}
-    figs["rel_err_vs_width"] = _rel_err_vs_width(comparison, p)
-    figs["covariance_scaling"] = _cov_scaling(comparison, p)
-    figs["layer_profiles"] = _layer_profiles(comparison, p)
-    figs["mean_corrections"] = _mean_corrections(comparison, p)
-    if comparison.quantity.isin(VERTEX_KEYS).any():
-        figs["two_input_vertex"] = _pair_vertex(comparison, p)
+    figs = {}
+    base = _base(comparison)
+    if len(base):
+        figs = {f"tensors_vs_width_{act}": _tensors_vs_width(base, p, act) for act in base.activation.unique()}
+        figs["rel_err_vs_width"] = _rel_err_vs_width(base, p)
+        figs["covariance_scaling"] = _cov_scaling(base, p)
+        figs["layer_profiles"] = _layer_profiles(base, p)
+        figs["mean_corrections"] = _mean_corrections(base, p)
+        if base.quantity.isin(VERTEX_KEYS).any():
+            figs["two_input_vertex"] = _pair_vertex(base, p)
+    if len(_dntk(comparison)):
+        figs["dntk_vs_width"] = _dntk_vs_width(comparison, p)
+        figs["dntk_scaling"] = _dntk_scaling(comparison, p)
+        figs["dntk_layer_profiles"] = _dntk_layers(comparison, p)
     return figs

@@ -10,6 +10,7 @@ from pipelines.core.params import MethodParams, Strict
 THEORY_VARIANTS = ("recursion", "no_interlayer", "infinite_width")
 ACTIVATION_KINDS = ("relu", "tanh", "gelu", "linear")
 TENSORS = ("V", "A", "B", "D", "F")
+DNTK_TENSORS = ("P", "Q")          # the dNTK-preactivation cross-correlations (dntk.py)
 
 
 class Activation(Strict):
@@ -76,12 +77,48 @@ class MonteCarlo(Strict):
         return self
 
 
+class DntkMonteCarlo(Strict):
+    """Sampled nets for the dNTK statistics P, Q (variants mc_dntk_<activation>): autograd through the
+    NTK recursion, O(n^3) per layer and net, so smaller widths than the kernel/NTK sampler."""
+
+    widths: list[int] = Field(min_length=2)
+    nets_per_seed: list[int] = Field(min_length=2)
+    blocks_per_seed: int = Field(ge=2, le=1000)
+    probes: int = Field(default=1, ge=1, le=64)      # Rademacher probes per net for S2 = sum_ik dTh_iik z_k
+    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
+    narrow_width: int = Field(ge=2)                   # the error-ratio claim: widest width vs this one
+    slope_min_width: int = Field(ge=1)                # log-log slope fits use widths >= this
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v: list[int]) -> list[int]:
+        if min(v) < 2 or max(v) > 1024:
+            raise ValueError("every width must lie in [2, 1024]")
+        if v != sorted(set(v)):
+            raise ValueError(f"widths must be strictly increasing, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if len(self.nets_per_seed) != len(self.widths):
+            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
+                             f"got {len(self.nets_per_seed)}")
+        if min(self.nets_per_seed) < self.blocks_per_seed:
+            raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
+        if self.narrow_width not in self.widths:
+            raise ValueError(f"narrow_width: {self.narrow_width} not in widths {self.widths}")
+        if sum(w >= self.slope_min_width for w in self.widths) < 2:
+            raise ValueError(f"slope_min_width: fewer than 2 widths >= {self.slope_min_width}")
+        return self
+
+
 class Params(MethodParams):
     data: Data
     net: Net
     activations: dict[str, Activation] = Field(min_length=1)
     quadrature: Quadrature
     mc: MonteCarlo
+    dntk: DntkMonteCarlo | None = None     # needed by mc_dntk_<activation> variants
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
 
     @field_validator("activations")
@@ -97,18 +134,52 @@ class Params(MethodParams):
     def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
         acts = info.data.get("activations") or {}
         for name in v:
+            if name.startswith("mc_dntk_"):
+                if name[8:] in acts and info.data.get("dntk") is not None:
+                    continue
+                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_dntk_' "
+                                 "and a 'dntk' block")
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
-            raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS} or mc_<activation> with an "
-                             f"activation of {sorted(acts)}")
+            raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation> or "
+                             f"mc_dntk_<activation> with an activation of {sorted(acts)}")
         if len(set(v)) != len(v):
             raise ValueError(f"a variant is listed twice in {v}")
         if "recursion" not in v:
             raise ValueError("'recursion' (the method) must be listed")
         return v
 
+    @model_validator(mode="after")
+    def _claims_name_planned_variants(self):
+        """A claim's metric must come from variants this run computes (checked before any node runs, not at
+        the report): ``<name>.<act>`` needs ``mc_<act>``, ``dntk_<name>.<act>`` needs ``mc_dntk_<act>``, and
+        the interlayer ratios also need ``no_interlayer``."""
+        planned = set(self.variants)
+        for c in self.claims:
+            m = c.metric
+            parts = m.split(".")
+            if m.startswith("variants."):
+                need = {parts[1]}
+            elif len(parts) >= 2 and parts[1] in self.activations:
+                need = {("mc_dntk_" if m.startswith("dntk_") else "mc_") + parts[1]}
+                if "interlayer" in parts[0]:
+                    need.add("no_interlayer")
+            else:
+                need = set()
+            missing = sorted(need - planned)
+            if missing:
+                raise ValueError(f"claim '{c.id}': metric '{m}' needs variant(s) {missing}, which are not in "
+                                 f"variants {self.variants} (declare this run's claims in an env)")
+        return self
+
     def mc_activations(self) -> list[str]:
-        return [v[3:] for v in self.variants if v.startswith("mc_")]
+        return [v[3:] for v in self.variants if v.startswith("mc_") and not v.startswith("mc_dntk_")]
+
+    def dntk_activations(self) -> list[str]:
+        return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
+
+    def dntk_nets(self, width: int) -> int:
+        return self.dntk.nets_per_seed[self.dntk.widths.index(width)]
 
     def nets(self, width: int) -> int:
         return self.mc.nets_per_seed[self.mc.widths.index(width)]

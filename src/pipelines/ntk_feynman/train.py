@@ -4,7 +4,10 @@
 - ``no_interlayer`` (ablation): the same with only the intra-layer term of each recursion;
 - ``infinite_width`` (baseline): zero 1/n correction (the infinite-width kernel and NTK, no fluctuations);
 - ``mc_<activation>``: sampled finite-width nets at every width, one stream of nets per seed, kept as block
-  means of the per-net pair averages (mc.block_table).
+  means of the per-net pair averages (mc.block_table);
+- ``mc_dntk_<activation>``: sampled nets for the dNTK statistics P, Q (dntk.sample_dntk), block means of the two
+  per-net contractions S1 / n^2 and S2 / n^2.
+The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order; zero for infinite_width).
 """
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.ntk_feynman import mc, theory
-from pipelines.ntk_feynman.params import TENSORS, Params
+from pipelines.ntk_feynman import dntk, mc, theory
+from pipelines.ntk_feynman.params import DNTK_TENSORS, TENSORS, Params
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +31,12 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
         for name, spec in p.activations.items():
             layers = theory.first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq, p.net.depth,
                                         interlayer=(variant != "no_interlayer"), quad=quad)
-            for r in layers:
+            d_layers = dntk.dntk_first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq,
+                                             p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
+            for r, rd in zip(layers, d_layers):
+                r = {**r, **{t: rd[t] for t in DNTK_TENSORS}}
                 if variant == "infinite_width":
-                    r = {**r, **dict.fromkeys((*TENSORS, "K1", "Theta1"), 0.0)}
+                    r = {**r, **dict.fromkeys((*TENSORS, *DNTK_TENSORS, "K1", "Theta1"), 0.0)}
                 rows.append({"input": a, "activation": name, **r})
     df = pd.DataFrame(rows)
     if inputs.get("pair") is not None:
@@ -46,7 +52,7 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                 for k, v in r.items():
                     if k != "layer":
                         df.loc[sel, k] = float(v)
-    bad = ~np.isfinite(df[["K", "Theta", *TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
+    bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
     if bad.any():
         r = df[bad].iloc[0]
         raise FloatingPointError(f"ntk_feynman.train.{variant}: non-finite recursion for {r.activation} at layer "
@@ -72,11 +78,35 @@ def mc_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def dntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
+    """Block means of the dNTK contractions (columns dntk.DNTK_COLUMNS) per seed, width and layer, input 0."""
+    spec, d = p.activations[activation], p.dntk
+    frames = []
+    for seed in p.seeds:
+        device = node_setup(p, int(seed))
+        for width in d.widths:
+            # its own stream per (seed, width), apart from the kernel/NTK sampler's
+            stream = int(np.random.SeedSequence([int(seed), width, 0, 7]).generate_state(1)[0])
+            stats = dntk.sample_dntk(activation, np.asarray(inputs["x"][0]), width, p.net.depth, p.dntk_nets(width),
+                                     spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems,
+                                     device=device, probes=d.probes)
+            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
+            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+                means = stats[a:b].mean(0)
+                for ell in range(p.net.depth):
+                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
+                                   "n_nets": int(b - a), **dict(zip(dntk.DNTK_COLUMNS, means[ell]))})
+            log.info("ntk_feynman.mc_dntk_%s: seed %s width %d done", activation, seed, width)
+    return pd.DataFrame(frames)
+
+
 def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     """The variant's statistics table (with ``runtime_s`` as a column)."""
     node_setup(p)
     t0 = time.perf_counter()
-    if variant.startswith("mc_"):
+    if variant.startswith("mc_dntk_"):
+        df = dntk_table(inputs, p, variant[8:])
+    elif variant.startswith("mc_"):
         df = mc_table(inputs, p, variant[3:])
     else:
         df = theory_table(inputs, p, variant)

@@ -1,0 +1,168 @@
+"""The differential NTK (dNTK) at first order in 1/n: its layer recursions and its Monte-Carlo estimate.
+
+Definition (PDLT ch. 11, one input): dTh_{i0 i1 i2} = sum_mu lambda_mu (dz_{i0}/dtheta_mu)(dTh_{i1 i2}/dtheta_mu),
+the change of the NTK along the (lambda-weighted) gradient of z_{i0}. Its mean vanishes; its leading statistic is
+the cross-correlation with the preactivations,
+
+    E[dTh_{i0 i1 i2} z_{i3}] = (1/n) [d_{i0 i3} d_{i1 i2} P + d_{i0 i1} d_{i2 i3} Q + d_{i0 i2} d_{i1 i3} Q],
+
+with n the previous layer's width. The recursions below are our derivation (README, "dNTK"): given layer l, the
+layer-(l+1) dNTK is a polynomial in the new weights (Wick contractions over them), and the remaining sums over
+layer-l neurons are evaluated at leading order, where an off-diagonal NTK entry links two neurons through
+E[g(z_a) h(z_b) Th_ab] = St[g] St[h] F/n and E[g(z_a) h(z_b) Th_ab^2] = <g><h> B/n, St[g] = <g z>/K (Stein's
+lemma, which for ReLU keeps the kink's contribution). sigma'' enters only as a factor of the dNTK itself; for
+ReLU it is 0 almost everywhere, which is the dNTK a sampled ReLU net has. Equal widths: r = n_l / n_{l-1}
+multiplies every term that carries a previous-layer tensor (F, B, P, Q), as in theory.first_order.
+
+    P' = 2 lW CW (Th <s^2 s'^2> + r psi^2 F) + 2 CW^2 (Th^2 <s s'^2 s''> + r Th psi St[s' s''] F) + r CW^2 psi <s'^2> P
+    Q' =   lW CW (Th <s^2 s'^2> + r psi^2 F) + CW^2 (2 Th^2 <s s'^2 s''> + r Th psi St[s' s''] F
+                                                 + r <s'^2> <s s''> B)                     + r CW^2 psi <s'^2> Q
+
+with psi = St[s s'] (= d<s^2>/dK, so CW psi = chi_par) and all averages at the layer's K. P = Q = 0 at layer 1.
+
+Monte Carlo (no n x n x n tensor): with <f, g> = sum_mu lambda_mu df/dtheta_mu dg/dtheta_mu,
+    S1 = sum_{i,k} z_i dTh_{ikk} = < |z|^2 / 2, tr Th >                      (exact),
+    S2 = sum_{i,k} dTh_{iik} z_k = E_u < u.z, u^T Th zbar >                  (u Rademacher, zbar = z held fixed),
+and E[S1] = n P + 2 Q, E[S2] = P + (n + 1) Q (n = this layer's width = the previous one's).
+The NTK is built by the forward recursion (mc.layer_step) on leaf parameters, so both inner products are
+first-order autograd through it: O(n^3) per layer and net.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipelines.ntk_feynman import theory
+
+DNTK_TENSORS = ("P", "Q")
+DNTK_COLUMNS = ("s1", "s2")          # per net and layer: the two contractions (divided by n^2)
+
+
+def d2sigma(kind: str, z: np.ndarray) -> np.ndarray:
+    """sigma''; ReLU's (a delta at 0) is 0 almost everywhere, as in a sampled net's autograd."""
+    if kind in ("relu", "linear"):
+        return np.zeros_like(np.asarray(z, dtype=float))
+    if kind == "tanh":
+        t = np.tanh(z)
+        return -2.0 * t * (1.0 - t * t)
+    if kind == "gelu":
+        return theory.INV_SQRT2PI * np.exp(-0.5 * z * z) * (2.0 - z * z)
+    raise ValueError(f"unknown activation {kind!r}")
+
+
+def dntk_moments(kind: str, K: float, quad: theory.Quad) -> dict:
+    u, w = quad.nodes()
+    z = math.sqrt(K) * u
+    s, d, dd = theory.sigma(kind, z), theory.dsigma(kind, z), d2sigma(kind, z)
+    E = lambda g: float(np.sum(w * g))                      # noqa: E731
+    St = lambda g: float(np.sum(w * g * z)) / K             # noqa: E731  Stein: E[g'] incl. kinks
+    return {"s2p2": E(s * s * d * d), "psi": St(s * d), "sp2pp": E(s * d * d * dd), "st_ppp": St(d * dd),
+            "p2": E(d * d), "spp": E(s * dd)}
+
+
+def dntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, sq_norm: float,
+                     depth: int, widths: list[int] | None = None, interlayer: bool = True,
+                     quad: theory.Quad | None = None) -> list[dict]:
+    """Per layer l = 1..depth: the dNTK statistics P, Q (n x the cross-correlations above), next to the
+    K, Theta, B, F of :func:`theory.first_order` that feed them. ``interlayer=False``: the ablation that
+    keeps only the terms without a previous-layer tensor."""
+    quad = quad or theory.Quad()
+    widths = widths or [1] * depth
+    base = theory.first_order(kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths,
+                              interlayer=interlayer, quad=quad)
+    P = Q = 0.0
+    rows = [{"layer": 1, "P": 0.0, "Q": 0.0}]
+    for ell in range(1, depth):
+        prev = base[ell - 1]
+        K, Th, F, B = prev["K"], prev["Theta"], prev["F"], prev["B"]
+        m = dntk_moments(kind, K, quad)
+        r = (widths[ell] / widths[ell - 1]) if interlayer else 0.0
+        lin = lambda_w * c_w * (Th * m["s2p2"] + r * m["psi"] ** 2 * F)
+        P, Q = (2 * lin + 2 * c_w**2 * (Th**2 * m["sp2pp"] + r * Th * m["psi"] * m["st_ppp"] * F)
+                + r * c_w**2 * m["psi"] * m["p2"] * P,
+                lin + c_w**2 * (2 * Th**2 * m["sp2pp"] + r * Th * m["psi"] * m["st_ppp"] * F
+                                + r * m["p2"] * m["spp"] * B)
+                + r * c_w**2 * m["psi"] * m["p2"] * Q)
+        rows.append({"layer": ell + 1, "P": P, "Q": Q})
+    return rows
+
+
+def pq_from_sums(s1: float, s2: float, n: int, n_prev: float) -> tuple[float, float]:
+    """(P, Q) from the expectations of S1 / n^2 and S2 / n^2 (n = this layer's width; the statistics are
+    normalised by the previous layer's width n_prev): solves E S1 = (n^2 P + 2 n Q) / n_prev and
+    E S2 = (n P + n (n + 1) Q) / n_prev."""
+    a = np.array([[n * n, 2.0 * n], [float(n), n * (n + 1.0)]]) / (n_prev * n * n)
+    P, Q = np.linalg.solve(a, np.array([s1, s2]))
+    return float(P), float(Q)
+
+
+def sample_dntk(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
+                lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
+                device: str = "cpu", probes: int = 1) -> np.ndarray:
+    """(n_nets, depth, 2): per net and layer S1 / n^2 and S2 / n^2 (S2 averaged over ``probes`` Rademacher
+    vectors), for ``n_nets`` independent MLPs of equal hidden widths, float64, one seeded generator."""
+    import torch
+
+    from pipelines.ntk_feynman.mc import layer_step
+
+    dev = torch.device(device)
+    f64 = {"dtype": torch.float64, "device": dev}
+    xt = torch.as_tensor(np.asarray(x, dtype=float), **f64)
+    n0 = xt.shape[0]
+    gen = torch.Generator(device=dev).manual_seed(int(seed))
+    per_chunk = max(1, chunk_elems // (width * width * 4))
+    out = np.zeros((n_nets, depth, len(DNTK_COLUMNS)))
+    th1 = lambda_b + lambda_w * float(xt @ xt) / n0
+    for start in range(0, n_nets, per_chunk):
+        Bn = min(per_chunk, n_nets - start)
+        Ws, bs = [], []
+        for ell in range(depth):
+            fan = n0 if ell == 0 else width
+            Ws.append((torch.randn(Bn, width, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
+            bs.append((torch.randn(Bn, width, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        us = torch.randint(0, 2, (probes, depth, Bn, width), generator=gen, device=dev).to(torch.float64) * 2 - 1
+        lam = [lambda_w / (n0 if ell == 0 else width) for ell in range(depth)]
+        z = torch.einsum("bij,j->bi", Ws[0], xt) + bs[0]
+        th = torch.diag_embed(torch.full((Bn, width), th1, **f64))
+        for ell in range(1, depth):
+            z, th = layer_step(kind, z, th, Ws[ell], bs[ell], lambda_b, lambda_w)
+            params = [*Ws[:ell + 1], *bs[:ell + 1]]
+            lams = [*lam[:ell + 1], *([lambda_b] * (ell + 1))]
+
+            def grads(f):
+                return torch.autograd.grad(f, params, retain_graph=True, allow_unused=True)
+
+            def inner(ga, gb):
+                tot = torch.zeros(Bn, **f64)
+                for l_, a, b in zip(lams, ga, gb):
+                    if a is not None and b is not None:
+                        tot = tot + l_ * (a * b).reshape(Bn, -1).sum(-1)
+                return tot
+
+            zbar = z.detach()
+            tr = torch.diagonal(th, dim1=-2, dim2=-1).sum(-1)
+            s1 = inner(grads(0.5 * (z * z).sum()), grads(tr.sum()))
+            s2 = torch.zeros(Bn, **f64)
+            for k in range(probes):
+                u = us[k, ell]
+                s2 = s2 + inner(grads((u * z).sum()),
+                                grads(torch.einsum("bi,bik,bk->b", u, th, zbar).sum()))
+            out[start:start + Bn, ell, 0] = (s1 / width**2).detach().cpu().numpy()
+            out[start:start + Bn, ell, 1] = (s2 / (probes * width**2)).detach().cpu().numpy()
+        del Ws, bs, z, th
+    if not np.isfinite(out).all():
+        raise FloatingPointError(f"ntk_feynman dNTK MC ({kind}, width {width}, seed {seed}): non-finite statistics")
+    return out
+
+
+def pooled_dntk(blocks, width: int, n_prev: float) -> dict[str, float]:
+    """Pooled P, Q (nets weighted equally) and batch-mean standard errors ``P_se``, ``Q_se`` over the block rows
+    (columns DNTK_COLUMNS and ``n_nets``) of one width and layer."""
+    w = blocks["n_nets"].to_numpy(float)
+    s = [float(np.average(blocks[c], weights=w)) for c in DNTK_COLUMNS]
+    P, Q = pq_from_sums(s[0], s[1], width, n_prev)
+    per = np.array([pq_from_sums(r[0], r[1], width, n_prev) for r in blocks[list(DNTK_COLUMNS)].to_numpy()])
+    nb = len(blocks)
+    se = per.std(0, ddof=1) / math.sqrt(nb) if nb > 1 else np.full(2, np.nan)
+    return {"P": P, "Q": Q, "P_se": float(se[0]), "Q_se": float(se[1])}

@@ -153,3 +153,85 @@ def test_generation_stops_at_eos_and_sequence_logprobs_match_a_manual_sum():
         probs = m(ids[:, :-1]).softmax(-1)
     manual = math.log(probs[0, 1, 2].item()) + math.log(probs[0, 2, 7].item())
     assert lp.sum().item() == pytest.approx(manual, abs=1e-5) and lp[0, 0].item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------ chunked SSD
+def _mamba2(seed=0, scan="chunked", chunk=5):
+    torch.manual_seed(seed)
+    return SelectiveSSMLM(SSMConfig(vocab_size=9, d_model=8, n_layers=2, d_state=4, n_heads=4, n_groups=2, expand=2,
+                                    d_conv=3, scan=scan, chunk_size=chunk)).eval()
+
+
+def test_segsum_is_the_sum_between_positions():
+    from pipelines.core.seqmodels import segsum
+    a = torch.randn(2, 6, generator=torch.Generator().manual_seed(5))
+    out = segsum(a)
+    for i in range(6):
+        for j in range(6):
+            ref = a[:, j + 1:i + 1].sum(-1) if i >= j else torch.full((2,), -math.inf)
+            assert torch.allclose(out[:, i, j], ref, atol=1e-6) or (i < j and torch.isinf(out[:, i, j]).all())
+
+
+@pytest.mark.parametrize("T", [1, 5, 12, 23])
+def test_chunked_ssd_equals_the_sequential_scan_with_groups_and_conv(T):
+    m = _mamba2()
+    ids = torch.randint(0, 9, (3, T), generator=torch.Generator().manual_seed(T))
+    with torch.no_grad():
+        fast, slow = m(ids), m(ids, scan="sequential")
+        layer = m.layers[0]
+        u = torch.randn(3, T, 8, generator=torch.Generator().manual_seed(1))
+        h0 = torch.randn(3, 4, 4, 4, generator=torch.Generator().manual_seed(2))
+        y1, s1 = layer(u, state=(h0, None), return_state=True, scan="chunked")
+        y2, s2 = layer(u, state=(h0, None), return_state=True, scan="sequential")
+    assert torch.allclose(fast, slow, atol=1e-5)
+    assert torch.allclose(y1, y2, atol=1e-5) and torch.allclose(s1[0], s2[0], atol=1e-5)
+
+
+def test_grouped_conv_model_step_decode_equals_forward_and_group_mask_prunes():
+    m = _mamba2()
+    ids = torch.randint(0, 9, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        full = m(ids)
+        states, steps = None, []
+        for t in range(9):
+            lg, states = m.step(ids[:, t], states)
+            steps.append(lg)
+    assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5)
+    layer = m.layers[0]
+    assert layer.in_proj.out_features == 2 * 16 + 2 * 2 * 4 + 4 and layer.conv1d.weight.shape == (16 + 16, 1, 3)
+    with torch.no_grad():                      # causality of the conv: the future never leaks back
+        other = m(torch.cat([ids[:, :5], (ids[:, 5:] + 1) % 9], 1))
+    assert torch.allclose(other[:, :5], full[:, :5], atol=1e-6)
+
+
+def test_bad_scan_and_groups_are_rejected():
+    with pytest.raises(ValueError, match="n_groups"):
+        SelectiveSSMLM(SSMConfig(vocab_size=5, d_model=8, n_heads=4, n_groups=3))
+    with pytest.raises(ValueError, match="scan must be"):
+        SelectiveSSMLM(SSMConfig(vocab_size=5, d_model=8, n_heads=4, scan="fast"))
+
+
+def test_block_subclass_hook_and_cache_fork():
+    from pipelines.core.seqmodels import Block
+
+    seen = []
+
+    class Recording(Block):
+        def attend(self, q, k, v, mask):
+            seen.append((self.layer_idx, k.shape[2]))
+            return super().attend(q, k, v, mask)
+
+    torch.manual_seed(0)
+    c = TinyConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, max_len=32)
+    plain, rec = TinyTransformer(c), None
+    torch.manual_seed(0)
+    rec = TinyTransformer(c, block_cls=Recording)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.allclose(plain(ids), rec(ids))                # same init, same function
+        assert seen == [(0, 4), (1, 4)]
+        prefix = KVCache()
+        plain(ids, cache=prefix)
+        a = plain(torch.tensor([[5]]), cache=prefix.fork())[:, -1]
+        b = plain(torch.tensor([[5]]), cache=prefix.fork())[:, -1]  # the prefix is untouched by the first fork
+    assert torch.allclose(a, b) and len(prefix) == 4 and prefix.next_position == 4

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Tokenizer", "TinyConfig", "TinyTransformer", "KVCache", "SSMConfig", "SelectiveSSMLM",
-           "rope", "generate", "sequence_logprobs"]
+__all__ = ["Tokenizer", "TinyConfig", "TinyTransformer", "KVCache", "SSMConfig", "SelectiveSSM", "SelectiveSSMLM",
+           "ssd_chunked", "segsum", "Block", "rope", "generate", "sequence_logprobs"]
 
 
 # ------------------------------------------------------------------------------------------ tokenizer
@@ -122,6 +122,11 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.positions is None else int(self.positions.numel())
 
+    def fork(self) -> "KVCache":
+        """An independent copy to decode from (e.g. denoise a block several times over a frozen prefix):
+        appending to the fork leaves this cache as it is. Tensors are shared, never written in place."""
+        return KVCache(list(self.keys), list(self.values), self.positions, self.next_position)
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
 
@@ -133,8 +138,12 @@ class KVCache:
 
 
 class _Block(nn.Module):
-    def __init__(self, c: TinyConfig):
+    """One pre-norm block. Subclass it to change attention (override ``attend``; ``self.layer_idx`` says
+    which layer it is) and pass the subclass as ``TinyTransformer(config, block_cls=...)``."""
+
+    def __init__(self, c: TinyConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         if c.d_model % c.n_heads or (c.d_model // c.n_heads) % 2:
             raise ValueError(f"d_model ({c.d_model}) must split into n_heads ({c.n_heads}) heads of even size")
         self.c, self.h, self.dh = c, c.n_heads, c.d_model // c.n_heads
@@ -169,11 +178,12 @@ class TinyTransformer(nn.Module):
     ``attn_mask`` (bool [T_q, T_k] or [B, 1, T_q, T_k], True = may attend) replaces the default mask.
     ``return_hidden=True`` also returns the final hidden states [B, T, d]."""
 
-    def __init__(self, c: TinyConfig):
+    def __init__(self, c: TinyConfig, block_cls: type[nn.Module] | None = None):
         super().__init__()
         self.config = c
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.blocks = nn.ModuleList(_Block(c) for _ in range(c.n_layers))
+        block_cls = block_cls or _Block
+        self.blocks = nn.ModuleList(block_cls(c, i) for i in range(c.n_layers))
         self.norm = nn.RMSNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
@@ -214,6 +224,9 @@ class TinyTransformer(nn.Module):
         return (logits, h) if return_hidden else logits
 
 
+Block = _Block   # the public name for subclassing
+
+
 # ------------------------------------------------------------------------------------------ selective SSM
 @dataclass
 class SSMConfig:
@@ -221,9 +234,63 @@ class SSMConfig:
     d_model: int = 64
     n_layers: int = 2
     d_state: int = 16            # N: the state size per head (what structured state pruning removes)
-    n_heads: int = 4             # heads share B, C per group of one; each head has its own scalar decay A
+    n_heads: int = 4             # each head has its own scalar decay A
     expand: int = 2              # inner width = expand · d_model
     max_len: int = 1024
+    n_groups: int = 0            # heads share B, C within a group (Mamba2); 0 → one group per head
+    d_conv: int = 0              # > 0: causal depthwise conv1d + SiLU over x, B, C (Mamba2); 0 → none
+    scan: str = "sequential"     # default forward: "sequential" (the reference scan) or "chunked" (SSD)
+    chunk_size: int = 64         # chunk length of the chunked (SSD) forward
+
+
+def segsum(a: torch.Tensor) -> torch.Tensor:
+    """[..., L] → [..., L, L]: out[i, j] = Σ_{k=j+1..i} a_k for i ≥ j, −inf above the diagonal.
+
+    Sums are taken over a masked copy (not as differences of one long cumsum), so exp(out) is the exact
+    product of decays between positions j and i without cancellation."""
+    L = a.shape[-1]
+    x = a[..., None].expand(*a.shape, L)                                       # x[..., i, j] = a_i
+    strict = torch.ones(L, L, dtype=torch.bool, device=a.device).tril(-1)       # i > j
+    x = x.masked_fill(~strict, 0.0).cumsum(-2)                                  # Σ_{j<k≤i} a_k
+    return x.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=a.device).tril(), -math.inf)
+
+
+def ssd_chunked(x: torch.Tensor, log_decay: torch.Tensor, b: torch.Tensor, c: torch.Tensor, chunk: int,
+                state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSD (state-space dual) form of h_t = exp(l_t) h_{t−1} + x_t ⊗ B_t, y_t = h_t C_t: quadratic
+    (masked attention-like) inside chunks of ``chunk`` steps, the recurrence only across chunk boundaries.
+
+    x [B, T, H, P] (already scaled by Δ), log_decay [B, T, H], b, c [B, T, H, N], state [B, H, P, N] or
+    None → (y [B, T, H, P], final state [B, H, P, N]). Equal to the sequential scan up to rounding."""
+    Bsz, T, H, P = x.shape
+    N = b.shape[-1]
+    pad = (-T) % chunk
+    if pad:   # zero input and zero log-decay (decay 1): padded steps change neither y nor the state
+        x, b, c = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, b, c))
+        log_decay = F.pad(log_decay, (0, 0, 0, pad))
+    nc = (T + pad) // chunk
+    X = x.reshape(Bsz, nc, chunk, H, P)
+    Bc = b.reshape(Bsz, nc, chunk, H, N)
+    Cc = c.reshape(Bsz, nc, chunk, H, N)
+    A = log_decay.reshape(Bsz, nc, chunk, H).permute(0, 3, 1, 2)                 # [B, H, c, L]
+    A_cum = A.cumsum(-1)
+    # 1. within chunks: y_t = Σ_{s≤t in chunk} exp(Σ_{s<k≤t} l_k) (C_t·B_s) x_s
+    Lmat = torch.exp(segsum(A))                                                  # [B, H, c, L, L]
+    scores = torch.einsum("bclhn,bcshn->bhcls", Cc, Bc) * Lmat
+    y = torch.einsum("bhcls,bcshp->bclhp", scores, X)
+    # 2. the state each chunk leaves behind (from its own inputs)
+    decay_to_end = torch.exp(A_cum[..., -1:] - A_cum)                           # [B, H, c, L]
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_to_end, X)
+    # 3. pass states across chunk boundaries
+    init = state[:, None] if state is not None else torch.zeros_like(states[:, :1])
+    states = torch.cat([init, states], 1)                                        # [B, c+1, H, P, N]
+    chunk_decay = torch.exp(segsum(F.pad(A_cum[..., -1], (1, 0))))               # [B, H, c+1, c+1]
+    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
+    prev, final = states[:, :-1], states[:, -1]
+    # 4. the incoming state's contribution inside each chunk
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Cc, prev, torch.exp(A_cum))
+    y = y.reshape(Bsz, nc * chunk, H, P)[:, :T]
+    return y, final
 
 
 class SelectiveSSM(nn.Module):
@@ -231,59 +298,94 @@ class SelectiveSSM(nn.Module):
 
         h_t = exp(Δ_t · A) · h_{t-1} + Δ_t · B_t ⊗ x_t,      y_t = C_t · h_t + D ⊙ x_t,
 
-    per head, with h ∈ R^{d_head × N}, then a SiLU gate and an output projection. ``state_mask`` (a
+    per head, with h ∈ R^{d_head × N}, then a SiLU gate and an output projection. in_proj's outputs are
+    [x, z, B (groups · N), C (groups · N), Δ (heads)]; heads share B and C within a group; with
+    ``d_conv > 0`` a causal depthwise conv1d + SiLU runs over [x, B, C] first (Mamba2). ``state_mask`` (a
     buffer of ones, [n_heads, N]) zeroes pruned state channels in B and C, so a pruned model is the same
-    module with some channels off. ``forward`` scans the sequence; ``step`` advances one token from a
-    state [B, H, d_head, N] (decode)."""
+    module with some channels off. ``forward`` scans the sequence (``scan="sequential"``, the reference)
+    or runs the chunked SSD form (``scan="chunked"``); ``step`` advances one token from a state
+    (decode): the SSM state [B, H, d_head, N], or with a conv the pair (SSM state, last d_conv − 1 conv
+    inputs [B, d_conv − 1, channels])."""
 
     def __init__(self, c: SSMConfig):
         super().__init__()
         d_in = c.expand * c.d_model
         if d_in % c.n_heads:
             raise ValueError(f"expand·d_model ({d_in}) must split into n_heads ({c.n_heads})")
+        self.g = c.n_groups or c.n_heads
+        if c.n_heads % self.g:
+            raise ValueError(f"n_heads ({c.n_heads}) must split into n_groups ({self.g})")
+        if c.scan not in ("sequential", "chunked"):
+            raise ValueError(f"scan must be 'sequential' or 'chunked', got {c.scan!r}")
         self.c, self.d_in, self.h, self.dh, self.n = c, d_in, c.n_heads, d_in // c.n_heads, c.d_state
-        self.in_proj = nn.Linear(c.d_model, 2 * d_in + 2 * c.n_heads * c.d_state + c.n_heads)
+        self.in_proj = nn.Linear(c.d_model, 2 * d_in + 2 * self.g * c.d_state + c.n_heads)
+        self.conv_dim = d_in + 2 * self.g * c.d_state
+        self.conv1d = (nn.Conv1d(self.conv_dim, self.conv_dim, c.d_conv, groups=self.conv_dim, padding=c.d_conv - 1)
+                       if c.d_conv > 0 else None)
         self.log_neg_a = nn.Parameter(torch.log(torch.linspace(1.0, 16.0, c.n_heads)))   # A = −exp(·) < 0
         self.dt_bias = nn.Parameter(torch.full((c.n_heads,), math.log(math.expm1(0.05))))
         self.d_skip = nn.Parameter(torch.ones(c.n_heads))
         self.out_proj = nn.Linear(d_in, c.d_model)
         self.register_buffer("state_mask", torch.ones(c.n_heads, c.d_state))
 
-    def _split(self, u):
+    def _split(self, u, conv_state=None):
         Bsz, T, _ = u.shape
         x, z, b, cc, dt = self.in_proj(u).split(
-            [self.d_in, self.d_in, self.h * self.n, self.h * self.n, self.h], dim=-1)
-        x = x.view(Bsz, T, self.h, self.dh)
-        b = b.view(Bsz, T, self.h, self.n) * self.state_mask
-        cc = cc.view(Bsz, T, self.h, self.n) * self.state_mask
+            [self.d_in, self.d_in, self.g * self.n, self.g * self.n, self.h], dim=-1)
+        new_conv = None
+        if self.conv1d is not None:
+            xbc = torch.cat([x, b, cc], -1)                                      # [B, T, conv_dim]
+            k = self.c.d_conv
+            prev = conv_state if conv_state is not None else xbc.new_zeros(Bsz, k - 1, self.conv_dim)
+            full = torch.cat([prev, xbc], 1)                                     # [B, k−1+T, conv_dim]
+            new_conv = full[:, -(k - 1):] if k > 1 else full[:, :0]
+            xbc = F.silu(F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
+                                  groups=self.conv_dim).transpose(1, 2))          # causal: T outputs
+            x, b, cc = xbc.split([self.d_in, self.g * self.n, self.g * self.n], dim=-1)
+        x = x.reshape(Bsz, T, self.h, self.dh)
+        rep = self.h // self.g
+        b = b.reshape(Bsz, T, self.g, self.n).repeat_interleave(rep, 2) * self.state_mask
+        cc = cc.reshape(Bsz, T, self.g, self.n).repeat_interleave(rep, 2) * self.state_mask
         dt = F.softplus(dt + self.dt_bias)                                    # [B, T, H] > 0
         decay = torch.exp(dt * -torch.exp(self.log_neg_a))                    # in (0, 1)
+        self._conv_out = new_conv
         return x, z, b, cc, dt, decay
 
     def _finish(self, y, x, z):
         y = y + self.d_skip[:, None] * x
         return self.out_proj(y.flatten(-2) * F.silu(z))
 
-    def forward(self, u: torch.Tensor, state: torch.Tensor | None = None, return_state: bool = False):
-        x, z, b, cc, dt, decay = self._split(u)
+    def forward(self, u: torch.Tensor, state=None, return_state: bool = False, scan: str | None = None):
+        ssm_state, conv_state = (state if isinstance(state, tuple) else (state, None))
+        x, z, b, cc, dt, decay = self._split(u, conv_state)
         Bsz, T = u.shape[:2]
-        h = state if state is not None else u.new_zeros(Bsz, self.h, self.dh, self.n)
-        ys = []
-        for t in range(T):
-            h = decay[:, t, :, None, None] * h + (dt[:, t, :, None] * x[:, t])[..., None] * b[:, t, :, None, :]
-            ys.append(torch.einsum("bhdn,bhn->bhd", h, cc[:, t]))
-        y = self._finish(torch.stack(ys, 1), x, z)
-        return (y, h) if return_state else y
+        scan = scan or self.c.scan
+        if scan == "chunked":
+            log_decay = dt * -torch.exp(self.log_neg_a)
+            y, h = ssd_chunked(x * dt[..., None], log_decay, b, cc, self.c.chunk_size, ssm_state)
+        elif scan == "sequential":
+            h = ssm_state if ssm_state is not None else u.new_zeros(Bsz, self.h, self.dh, self.n)
+            ys = []
+            for t in range(T):
+                h = decay[:, t, :, None, None] * h + (dt[:, t, :, None] * x[:, t])[..., None] * b[:, t, :, None, :]
+                ys.append(torch.einsum("bhdn,bhn->bhd", h, cc[:, t]))
+            y = torch.stack(ys, 1)
+        else:
+            raise ValueError(f"scan must be 'sequential' or 'chunked', got {scan!r}")
+        y = self._finish(y, x, z)
+        if not return_state:
+            return y
+        return y, ((h, self._conv_out) if self.conv1d is not None else h)
 
-    def step(self, u_t: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, u_t: torch.Tensor, state=None):
         """One token u_t [B, d_model] → (y_t [B, d_model], new state)."""
-        y, h = self.forward(u_t[:, None], state, return_state=True)
+        y, h = self.forward(u_t[:, None], state, return_state=True, scan="sequential")
         return y[:, 0], h
 
 
 class SelectiveSSMLM(nn.Module):
     """Embedding → residual [RMSNorm → SelectiveSSM] blocks → RMSNorm → tied head; ``step`` decodes one
-    token with per-layer states."""
+    token with per-layer states. ``forward(ids, scan=...)`` overrides the config's scan."""
 
     def __init__(self, c: SSMConfig):
         super().__init__()
@@ -296,15 +398,15 @@ class SelectiveSSMLM(nn.Module):
         self.head.weight = self.embed.weight
         nn.init.normal_(self.embed.weight, std=0.02)
 
-    def forward(self, ids: torch.Tensor, return_hidden: bool = False):
+    def forward(self, ids: torch.Tensor, return_hidden: bool = False, scan: str | None = None):
         x = self.embed(ids)
         for norm, layer in zip(self.norms, self.layers):
-            x = x + layer(norm(x))
+            x = x + layer(norm(x), scan=scan)
         h = self.norm(x)
         logits = self.head(h)
         return (logits, h) if return_hidden else logits
 
-    def step(self, ids_t: torch.Tensor, states: list[torch.Tensor | None] | None = None):
+    def step(self, ids_t: torch.Tensor, states: list | None = None):
         """ids_t [B] → (logits [B, V], states)."""
         states = list(states) if states is not None else [None] * len(self.layers)
         x = self.embed(ids_t)

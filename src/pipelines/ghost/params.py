@@ -1,0 +1,198 @@
+"""Typed parameters of `ghost`: node functions take `Params` as a type hint, Kedro validates it before
+any node runs, and a bad value stops the command with one line naming the key."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+# scorers: GHOST, its ablations and the baselines (one train.<variant> node each)
+SCORERS = ("dense", "ghost", "ghost_separate", "ghost_no_recal", "balanced_truncation", "controllability",
+           "observability",
+           "activation_magnitude", "weight_magnitude", "random", "taylor", "fisher")
+# data-dependent forward-statistic scorers (recalibrated layer by layer unless the variant says otherwise)
+FORWARD = ("ghost", "ghost_separate", "ghost_no_recal", "balanced_truncation", "controllability", "observability",
+           "activation_magnitude")
+GRADIENT = ("taylor", "fisher")
+
+
+class Data(Strict):
+    source: Literal["synthetic", "file"] = "synthetic"
+    kind: Literal["topic", "markov_mqar"] = "topic"   # markov_mqar: order-2 Markov + MQAR (sweeps only)
+    user_file: str | None = None     # source: file → parquet with columns split (str), tokens (int array)
+    vocab_size: int = Field(ge=8, le=65536)
+    seq_len: int = Field(ge=16)
+    n_train: int = Field(ge=8)
+    n_val: int = Field(ge=4)
+    n_calib: int = Field(ge=4)       # calibration pool (disjoint subsets per calibration seed)
+    n_test: int = Field(ge=4)
+    n_topics: int = Field(ge=1)
+    topic_prob: float = Field(ge=0, le=1)   # P(token drawn from the sequence's topic unigram)
+    zipf_alpha: float = Field(gt=0)
+    n_successors: int = Field(ge=1)
+    dirichlet: float = Field(gt=0)
+    world_seed: int = 2026
+    mqar_fraction: float = Field(default=0.3, ge=0, le=1)   # markov_mqar: share of MQAR sequences
+    mqar_pairs: int = Field(default=16, ge=1)                # key-value pairs stated at the start
+    mqar_values: int = Field(default=64, ge=2)               # value alphabet (chance = 1 / mqar_values)
+
+    @model_validator(mode="after")
+    def _file(self):
+        if self.source == "file" and not self.user_file:
+            raise ValueError("user_file: source 'file' needs a parquet file of token sequences")
+        if self.kind == "markov_mqar" and (self.mqar_pairs + self.mqar_values > self.vocab_size
+                                           or 4 * self.mqar_pairs > self.seq_len):
+            raise ValueError("mqar_pairs: keys + values must fit in vocab_size and the pairs + as many queries "
+                             "in seq_len / 2")
+        if self.n_successors > self.vocab_size:
+            raise ValueError(f"n_successors: at most vocab_size ({self.vocab_size})")
+        return self
+
+
+class Model(Strict):
+    d_model: int = Field(ge=4)
+    n_layers: int = Field(ge=1)
+    d_state: int = Field(ge=2)
+    n_heads: int = Field(ge=1)
+    n_groups: int = Field(ge=1)
+    expand: int = Field(ge=1)
+    d_conv: int = Field(ge=0, le=16)
+    chunk_size: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        if (self.expand * self.d_model) % self.n_heads:
+            raise ValueError(f"n_heads: expand·d_model ({self.expand * self.d_model}) must split into heads")
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"n_groups: must divide n_heads ({self.n_heads})")
+        return self
+
+
+class Train(Strict):
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    seed: int = 0                     # ONE model per run, cached; calibration seeds vary around it
+
+
+class Prune(Strict):
+    rhos: list[float] = Field(min_length=1)          # pruning ratios of every variant and seed
+    extra_rhos: list[float] = Field(default_factory=list)   # first seed only (e.g. 0.25)
+    mode: Literal["per_layer", "global"] = "per_layer"
+    recalibrate: bool = True          # sequential layer-by-layer statistics from the pruned network
+    n_calib_seqs: int = Field(ge=1)   # calibration sequences per seed (disjoint subsets of the pool)
+    calib_max_topic: int | None = Field(default=None, ge=0)   # OOD calibration: topics < this only
+
+    @field_validator("rhos", "extra_rhos")
+    @classmethod
+    def _range(cls, v: list[float]) -> list[float]:
+        if any(not (0.0 <= r < 1.0) for r in v):
+            raise ValueError(f"pruning ratios must lie in [0, 1): {v}")
+        return v
+
+
+class Eval(Strict):
+    main_variants: list[str] = Field(min_length=1)     # every seed
+    ablation_variants: list[str] = Field(default_factory=list)   # first seed only
+    loo_seqs: int = Field(ge=0)          # leave-one-channel-out oracle on layer 0 (0: off)
+    eval_batch: int = Field(ge=1)
+    decode_batch: int = Field(ge=1)
+    decode_tokens: int = Field(ge=1)
+    decode_rounds: int = Field(ge=1)
+    decode_rhos: list[float] = Field(default_factory=list)
+
+    @field_validator("main_variants", "ablation_variants")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if x not in SCORERS]
+        if bad:
+            raise ValueError(f"unknown variant(s) {bad}: use {SCORERS}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a variant is listed twice in {v}")
+        return v
+
+    @field_validator("decode_rhos")
+    @classmethod
+    def _rho(cls, v: list[float]) -> list[float]:
+        if any(not (0.0 < r < 1.0) for r in v):
+            raise ValueError(f"decode ratios must lie in (0, 1): {v}")
+        return v
+
+
+class Params(MethodParams):
+    data: Data
+    model: Model
+    train: Train
+    prune: Prune
+    eval: Eval
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        both = set(self.eval.main_variants) & set(self.eval.ablation_variants)
+        if both:
+            raise ValueError(f"eval.ablation_variants: {sorted(both)} already in main_variants")
+        if "dense" not in self.eval.main_variants:
+            raise ValueError("eval.main_variants: 'dense' (the unpruned reference) must be listed")
+        if "ghost" not in self.eval.main_variants:
+            raise ValueError("eval.main_variants: 'ghost' (the method; the decode benchmark truncates its masks) "
+                             "must be listed")
+        missing = [r for r in self.eval.decode_rhos if r not in self.prune.rhos]
+        if missing:
+            raise ValueError(f"eval.decode_rhos: {missing} not in prune.rhos {self.prune.rhos}")
+        if self.data.source == "synthetic" and self.prune.n_calib_seqs * len(self.seeds) > self.data.n_calib:
+            raise ValueError(f"prune.n_calib_seqs: {len(self.seeds)} seeds × {self.prune.n_calib_seqs} disjoint "
+                             f"calibration sequences exceed data.n_calib ({self.data.n_calib})")
+        return self
+
+    @model_validator(mode="after")
+    def _claims_planned(self):
+        """Every claim must name a metric this run produces (its variants, ratios, oracle and benchmark), so a
+        run that drops a variant stops here, before any node runs, instead of in the report."""
+        for c in self.claims:
+            problem = self.unplanned(c.metric)
+            if problem:
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run without it declares its "
+                                 "own claims in an env (conf/<env>/parameters_ghost.yml)")
+        return self
+
+    def unplanned(self, metric: str) -> str | None:
+        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
+        import re
+
+        parts = metric.split(".")
+        rhos = {f"rho{int(round(r * 100)):03d}" for r in [*self.prune.rhos, *self.prune.extra_rhos]}
+        need: list[str] = []
+        if parts[0] == "variants" and len(parts) == 3:
+            need = [parts[1]]
+            m = re.search(r"_(rho\d{3})$", parts[2])
+            if m and m.group(1) not in rhos:
+                return f"names ratio {m.group(1)}, which prune.rhos / extra_rhos do not run"
+        elif parts[0] == "margin" and len(parts) == 3:
+            m = re.search(r"_(rho\d{3})$", parts[1])
+            if m and m.group(1) not in rhos:
+                return f"names ratio {m.group(1)}, which prune.rhos / extra_rhos do not run"
+            if parts[2].endswith("best_gradient"):
+                if not {"taylor", "fisher"} & set(self.variants):
+                    return "needs taylor or fisher among the variants"
+            else:
+                need = [parts[2].split("_minus_half_")[-1]]
+        elif parts[0] == "spearman_vs_loo":
+            if self.eval.loo_seqs == 0:
+                return "needs the leave-one-out oracle (eval.loo_seqs > 0)"
+            need = parts[1:2]
+        elif parts[0] == "decode_speedup":
+            if parts[1] not in {f"rho{int(round(r * 100)):03d}" for r in self.eval.decode_rhos}:
+                return f"names {parts[1]}, which eval.decode_rhos does not time"
+        elif parts[0] == "calib_speedup" and not {"taylor", "fisher"} & set(self.variants):
+            return "needs taylor or fisher among the variants"
+        missing = [v for v in need if v not in self.variants]
+        if missing:
+            return f"needs variant(s) {missing}, which eval.main_variants / ablation_variants do not list"
+        return None
+
+    @property
+    def variants(self) -> list[str]:
+        return [*self.eval.main_variants, *self.eval.ablation_variants]

@@ -112,3 +112,22 @@ def test_callback_sees_the_optimizer_state_and_clipping_is_optional():
     g = 2 * ((x @ torch.zeros(3, 1) - y) * x).mean(0)            # the first full-batch gradient at w = 0
     assert torch.allclose(moments[0][0], (1 - 0.999) * g ** 2, rtol=1e-4)   # v_1 = (1 - β₂) g²
     assert moments[1].norm() < moments[0].norm() * 1e-4          # clipped gradient, smaller moment
+
+
+def test_pre_step_runs_before_each_step_on_the_same_batch():
+    x, y = _ls_problem()
+    model = torch.nn.Linear(3, 1, bias=False)
+    order = []
+
+    def sample(step, gen):
+        return x[step:step + 4], y[step:step + 4]
+
+    def pre(m, batch, opt):
+        order.append(("pre", float(batch[0][0, 0]), len(opt.state)))
+
+    fit(model, None, lambda m, a, b: (order.append(("loss", float(a[0, 0]), 0)),
+                                      torch.nn.functional.mse_loss(m(a), b))[1],
+        sample_batch=sample, steps=3, pre_step=pre, progress=False)
+    assert [o[0] for o in order] == ["pre", "loss"] * 3
+    assert [o[1] for o in order[0::2]] == [o[1] for o in order[1::2]]        # the same batch
+    assert order[0][2] == 0 and order[2][2] == 1                                 # before, then after a step

@@ -77,6 +77,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
         scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = None, patience: int | None = None,
         val_every: int | None = None, seed: int = 0, desc: str = "model", progress: bool | None = None,
         grad_clip: float | None = 1.0, callback: Callable[[StepInfo], None] | None = None,
+        pre_step: Callable[[torch.nn.Module, tuple, torch.optim.Optimizer], None] | None = None,
         params: Sequence[torch.Tensor] | None = None, drop_last_timing: bool = True) -> FitResult:
     """Train ``model`` in place.
 
@@ -89,7 +90,9 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
     ``scheduler``: ``"onecycle"`` or ``callable(optimizer, total_steps)``, stepped every step.
     ``val_score(model)`` (lower is better) runs after every epoch (or every ``val_every`` steps) and
     drives early stopping with ``patience``; the best weights are restored at the end.
-    ``callback(StepInfo)`` runs after every step (it sees the model and the optimizer).
+    ``pre_step(model, batch, optimizer)`` runs before each step's loss (inside its timing), e.g. the
+    meta update of a bi-level method; ``callback(StepInfo)`` runs after every step (it sees the model and
+    the optimizer).
     ``grad_clip`` clips the global gradient norm at 1.0 BY DEFAULT; pass ``grad_clip=None`` when the
     optimizer's own dynamics are the object of study (clipping changes them).
     ``progress=None`` shows a bar only on a terminal."""
@@ -155,6 +158,8 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             batch = tuple(batch)
             sync()
             t0, c0 = time.perf_counter(), time.process_time()
+            if pre_step is not None:   # e.g. a bi-level method's meta step on this batch, before the real one
+                pre_step(model, batch, opt)
             if is_lbfgs:
                 def closure():
                     opt.zero_grad(set_to_none=True)

@@ -295,7 +295,7 @@ def test_one_train_node_per_variant():
     names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
     assert names == {f"ntk_feynman.train.{v}" for v in
                      ("recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh", "mc_gelu",
-                      "mc_dntk_relu", "mc_dntk_tanh")}
+                      "mc_dntk_relu", "mc_dntk_tanh", "mc_ddntk_relu", "mc_ddntk_tanh")}
 
 
 def test_theory_variants_differ_only_where_they_should():
@@ -505,3 +505,134 @@ def test_report_of_the_test_env_run(test_env_run):
     assert report["variants"]["recursion"]["relu.P"] == pytest.approx(80.0)       # dNTK, depth 4
     assert report["histories"]["mc_dntk_relu"]["P_L4_vs_width"]["step"] == [4, 8]
     assert "dntk_vs_width.png" in report["artifacts"]
+
+
+# ------------------------------------------------------------------------ ddNTK (R, S, T, U)
+from pipelines.ntk_feynman import ddntk  # noqa: E402
+from pipelines.ntk_feynman.params import DDNTK_TENSORS  # noqa: E402
+
+
+def _brute_ddntk(kind, Ws, bs, x, lam_b, lam_w):
+    """(z, ddI, ddII) of one net from nested torch.func derivatives of z(theta) on a flat parameter vector:
+    ddI_abcd = H[Th_ab](l z_c, l z_d), ddII_abcd = H[z_c](l Th_ab, l z_d) with Th = J diag(lambda) J^T."""
+    from torch.func import jacfwd, jacrev
+
+    n0, depth, n = x.shape[0], len(Ws), Ws[-1].shape[0]
+    shapes = [W.shape for W in Ws] + [b.shape for b in bs]
+    sizes = [math.prod(s) for s in shapes]
+    theta = torch.cat([t.reshape(-1) for t in (*Ws, *bs)])
+    lam = torch.cat([torch.full((sz,), lam_w / (n0 if i == 0 else n) if i < depth else lam_b, dtype=torch.float64)
+                     for i, sz in enumerate(sizes)])
+
+    def f(t):
+        parts = list(torch.split(t, sizes))
+        W = [p.reshape(s) for p, s in zip(parts[:depth], shapes[:depth])]
+        z = W[0] @ x + parts[depth]
+        for i in range(1, depth):
+            z = W[i] @ mc.act(kind, z)[0] + parts[depth + i]
+        return z
+
+    def ntk(t):
+        J = jacrev(f)(t)
+        return (J * lam) @ J.T
+
+    lJ = jacrev(f)(theta) * lam
+    hT, gT, hz = jacfwd(jacrev(ntk))(theta), jacrev(ntk)(theta) * lam, jacfwd(jacrev(f))(theta)
+    ddI = torch.einsum("abmv,cm,dv->abcd", hT, lJ, lJ)
+    ddII = torch.einsum("abm,cmv,dv->abcd", gT, hz, lJ)
+    return f(theta), ddI, ddII
+
+
+@pytest.mark.parametrize("kind", ["tanh", "gelu", "relu"])
+def test_ddntk_probe_contractions_match_nested_torch_func(kind):
+    """The sampler's four Hessian forms (double backward through the forward NTK recursion) equal the probe
+    contractions of the full ddI / ddII tensors from nested torch.func derivatives of z(theta), at layers 2 and 3:
+    C1 = sum u_c u_d ddI_aacd, C2 = sum u_a u'_b u_c u'_d ddI_abcd, C3, C4 the same for ddII."""
+    n0, n, depth, c_w, c_b, lam_b, lam_w, seed = 4, 3, 3, 1.5, 0.2, 0.7, 1.3, 9
+    x = np.array([0.9, -1.1, 0.4, 0.7])
+    got = ddntk.sample_ddntk(kind, x, n, depth, 1, c_w, c_b, lam_b, lam_w, seed)
+    gen = torch.Generator().manual_seed(seed)
+    Ws, bs = [], []
+    for ell in range(depth):
+        fan = n0 if ell == 0 else n
+        Ws.append(torch.randn(1, n, fan, generator=gen, dtype=torch.float64)[0] * math.sqrt(c_w / fan))
+        bs.append(torch.randn(1, n, generator=gen, dtype=torch.float64)[0] * math.sqrt(c_b))
+    us = torch.randint(0, 2, (2, depth, 1, n), generator=gen).to(torch.float64) * 2 - 1
+    for ell in (1, 2):
+        _, dI, dII = _brute_ddntk(kind, Ws[:ell + 1], bs[:ell + 1], torch.as_tensor(x), lam_b, lam_w)
+        u, v = us[0, ell, 0], us[1, ell, 0]
+        ref = [torch.einsum("aacd,c,d->", dI, u, u), torch.einsum("abcd,a,b,c,d->", dI, u, v, u, v),
+               torch.einsum("aacd,c,d->", dII, u, u), torch.einsum("abcd,a,b,c,d->", dII, u, v, u, v)]
+        for j in range(4):
+            assert got[0, ell, j] * n * n == pytest.approx(float(ref[j]), rel=1e-8, abs=1e-10), (ell, j)
+    assert (got[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("kind,c_w,c_b", [("tanh", 1.3, 0.2), ("relu", 2.0, 0.1)])
+def test_ddntk_at_layer_two_by_brute_force_full_tensor(kind, c_w, c_b):
+    """Layer 2: the first-order R, S, T, U are exact at any width. Brute force at width 3 from the full ddI, ddII
+    tensors of each sampled net (no probes, no contraction): R/n = mean_{i != k} ddI_iikk, S/n = mean ddI_ikik,
+    T/n = mean ddII_iikk, U/n = mean ddII_ikik, against ddntk.layer2_values (sigma'', sigma''' terms for tanh)."""
+    from torch.func import vmap
+
+    n0, n, N, lam_b, lam_w = 3, 3, 1000, 0.8, 1.2
+    x = torch.tensor([1.0, -0.6, 0.8], dtype=torch.float64)
+    g = torch.Generator().manual_seed(23)
+    W0 = torch.randn(N, n, n0, generator=g, dtype=torch.float64) * (c_w / n0) ** 0.5
+    W1 = torch.randn(N, n, n, generator=g, dtype=torch.float64) * (c_w / n) ** 0.5
+    b0 = torch.randn(N, n, generator=g, dtype=torch.float64) * c_b**0.5
+    b1 = torch.randn(N, n, generator=g, dtype=torch.float64) * c_b**0.5
+    _, dI, dII = vmap(lambda a, b, c, e: _brute_ddntk(kind, [a, b], [c, e], x, lam_b, lam_w))(W0, W1, b0, b1)
+    off = ~torch.eye(n, dtype=torch.bool)
+    est = {"R": torch.einsum("siikk->sik", dI), "S": torch.einsum("sikik->sik", dI),
+           "T": torch.einsum("siikk->sik", dII), "U": torch.einsum("sikik->sik", dII)}
+    sq = float(x @ x) / n0
+    ref = ddntk.layer2_values(kind, c_w, lam_w, c_b + c_w * sq, lam_b + lam_w * sq, theory.Quad())
+    for t in DDNTK_TENSORS:
+        per = est[t][:, off].mean(-1) * n
+        blocks = per.reshape(20, -1).mean(1)
+        se = float(blocks.std() / 20**0.5)
+        assert abs(float(per.mean()) - ref[t]) <= 4 * se, (t, float(per.mean()), ref[t], se)
+
+
+def test_ddntk_probe_estimator_unbiased_at_layer_two():
+    """The pooled C1..C4 estimator (Rademacher probes) hits the exact layer-2 values at width 8 (GELU, with
+    sigma'' and sigma''' terms), and a linear net whose biases alone learn has a ddNTK of exactly 0."""
+    x = np.array([1.0, -0.6, 0.8, 0.3])
+    c_w, c_b, lam_b, lam_w = 1.98305826, 0.17292239, 0.8, 1.2
+    stats = ddntk.sample_ddntk("gelu", x, 8, 2, 4000, c_w, c_b, lam_b, lam_w, seed=4)
+    blk = pd.DataFrame(stats[:, 1], columns=list(ddntk.DDNTK_COLUMNS)).groupby(np.arange(4000) // 200).mean()
+    est = ddntk.pooled_ddntk(blk.assign(n_nets=200), 8, 8)
+    sq = float(x @ x) / 4
+    ref = ddntk.layer2_values("gelu", c_w, lam_w, c_b + c_w * sq, lam_b + lam_w * sq, theory.Quad())
+    for t in DDNTK_TENSORS:
+        assert abs(est[t] - ref[t]) <= 4 * est[f"{t}_se"], (t, est[t], ref[t])
+    lin = ddntk.sample_ddntk("linear", np.ones(5), 6, 4, 20, 1.0, 0.3, 1.0, 0.0, seed=3)
+    assert np.abs(lin).max() < 1e-12
+    assert all(v == 0 for v in ddntk.layer2_values("linear", 1.0, 0.0, 1.3, 1.0, theory.Quad()).values())
+
+
+def test_ddntk_relu_layer2_closed_form():
+    """ReLU (sigma'' = 0 a.e.): R = 2 lW CW Th^2 <s'^4> = lW CW Th^2, S = lW^2 Th <s^2 s'^2> = lW^2 Th K / 2,
+    T = 2 S, U = R / 2, by the half-Gaussian moments."""
+    K, Th, c_w, lw = 1.7, 2.3, 2.0, 0.9
+    v = ddntk.layer2_values("relu", c_w, lw, K, Th, theory.Quad())
+    assert v["R"] == pytest.approx(lw * c_w * Th**2, rel=1e-10)
+    assert v["S"] == pytest.approx(lw**2 * Th * K / 2, rel=1e-10)
+    assert v["T"] == pytest.approx(lw**2 * Th * K, rel=1e-10)
+    assert v["U"] == pytest.approx(lw * c_w * Th**2 / 2, rel=1e-10)
+
+
+def test_ddntk_variant_needs_its_block_and_claims_name_it():
+    with pytest.raises(ParameterError, match=r"ntk_feynman\.variants"):
+        validate(Params, {**RAW, "variants": ["recursion", "mc_ddntk_relu"]}, "ntk_feynman")
+    dd = {"widths": [4, 8], "nets_per_seed": [30, 30], "blocks_per_seed": 3, "chunk_elems": 100_000,
+          "slope_min_width": 4}
+    with pytest.raises(ParameterError, match=r"ntk_feynman\.ddntk\.widths"):
+        validate(Params, {**RAW, "ddntk": {**dd, "widths": [8, 4]}}, "ntk_feynman")
+    claim = {"id": "c", "text": "t", "metric": "ddntk_layer2_max_abs_z.relu", "op": "<=", "threshold": 3.5}
+    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['mc_ddntk_relu'\]"):
+        validate(Params, {**RAW, "ddntk": dd, "claims": [claim]}, "ntk_feynman")
+    ok = validate(Params, {**RAW, "ddntk": dd, "claims": [claim], "variants": [*RAW["variants"], "mc_ddntk_relu"]},
+                  "ntk_feynman")
+    assert ok.ddntk_activations() == ["relu"] and "ddntk_relu" not in ok.mc_activations()

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.report import build_report
-from pipelines.ntk_feynman import dntk, mc
-from pipelines.ntk_feynman.params import DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
-from pipelines.ntk_feynman.theory import VERTEX_KEYS
+from pipelines.ntk_feynman import ddntk, dntk, mc
+from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
+from pipelines.ntk_feynman.theory import VERTEX_KEYS, Quad
 
 QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
 THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Theta1": "Theta1", "K1": "K1"}
@@ -19,7 +19,8 @@ THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Th
 def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """(theory variants, kernel/NTK samplers by activation); the dNTK samplers are in :func:`_dntk_sims`."""
     th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
-    sims = {v[3:]: d for v, d in outputs.items() if v.startswith("mc_") and not v.startswith("mc_dntk_")}
+    sims = {v[3:]: d for v, d in outputs.items()
+            if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_"))}
     return th, sims
 
 
@@ -27,9 +28,17 @@ def _dntk_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_dntk_")}
 
 
+def _ddntk_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_ddntk_")}
+
+
 def _base(cmp: pd.DataFrame) -> pd.DataFrame:
-    """The kernel/NTK rows of the comparison (without the dNTK's P, Q)."""
-    return cmp[~cmp.quantity.isin(DNTK_TENSORS)]
+    """The kernel/NTK rows of the comparison (without the dNTK's P, Q and the ddNTK's R, S, T, U)."""
+    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS))]
+
+
+def _ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.isin(DDNTK_TENSORS)]
 
 
 def _dntk(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -83,6 +92,22 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
                     row[v] = float(sel[q].iloc[0])
                 rows.append(row)
+    for act, blocks in _ddntk_sims(outputs).items():
+        spec = p.activations[act]
+        quad = Quad(p.quadrature.nodes_per_half, p.quadrature.half_width_sd)
+        first = theories["recursion"]
+        first = first[(first.activation == act) & (first.input == 0) & (first.layer == 1)].iloc[0]
+        # layer 2 (exact at any width); deeper layers have no derived recursion yet (README, "ddNTK"): NaN
+        l2 = ddntk.layer2_values(act, spec.c_w, p.net.lambda_w, float(first.K), float(first.Theta), quad)
+        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
+            npv = n_prev(int(layer), int(width), n0)
+            est = ddntk.pooled_ddntk(d, int(width), npv)
+            for q in DDNTK_TENSORS:
+                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
+                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
+                for v in theories:
+                    row[v] = 0.0 if v == "infinite_width" else (l2[q] if layer == 2 else np.nan)
+                rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -113,6 +138,7 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     wide, narrow = max(p.mc.widths), p.mc.narrow_width
     variants = [v for v in THEORY_VARIANTS if v in cmp.columns]
     out.update(dntk_metrics(cmp, p))
+    out.update(ddntk_metrics(cmp, p))
     cmp = _base(cmp)
     for act in cmp.activation.unique():
         c = cmp[cmp.activation == act]
@@ -223,6 +249,37 @@ def dntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     return out
 
 
+def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
+    """The ddNTK means: layer 2 against its exact values (z-scores, relative errors), the zero baseline's
+    rejection there, and the O(1/n) scaling of the raw means E[ddNTK] = T/n at the last layer."""
+    out: dict[str, float] = {}
+    d_all = _ddntk(cmp)
+    if not len(d_all) or p.ddntk is None:
+        return out
+    L, wide = p.net.depth, max(p.ddntk.widths)
+    for act in d_all.activation.unique():
+        c = d_all[d_all.activation == act]
+        l2 = c[c.layer == 2]
+        z = (l2.mc - l2.recursion) / l2.mc_se
+        out[f"ddntk_layer2_max_abs_z.{act}"] = float(z.abs().max())
+        w2 = l2[l2.width == wide]
+        out[f"ddntk_layer2_max_abs_rel_err_n{wide}.{act}"] = float(((w2.mc - w2.recursion) / w2.recursion.abs())
+                                                                   .abs().max())
+        out[f"ddntk_infinite_width_min_z.{act}"] = float((w2.mc.abs() / w2.mc_se).min())
+        last = c[c.layer == L]
+        devs = []
+        for q in DDNTK_TENSORS:
+            for r in last[last.quantity == q].itertuples():
+                out[f"ddntk_{q}_L{L}_n{r.width}.{act}"] = float(r.mc)
+                out[f"ddntk_{q}_L{L}_n{r.width}.{act}.se"] = float(r.mc_se)
+            s = last[(last.quantity == q) & (last.width >= p.ddntk.slope_min_width)].sort_values("width")
+            slope = loglog_slope(s.width, s.mc / s.n_prev)
+            out[f"ddntk_mean_slope.{q}.{act}"] = slope
+            devs.append(abs(slope + 1.0))
+        out[f"ddntk_mean_slope_dev.{act}"] = float(max(devs))
+    return out
+
+
 def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame], n0: int) -> list[dict]:
     """Report rows: per seed for the MC variants (final-layer estimates per width, the mean-NTK shift), one
     row for each theory variant (final-layer values per activation and their error against the pooled MC)."""
@@ -248,6 +305,14 @@ def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame],
                 est = dntk.pooled_dntk(d, int(width), n_prev(L, int(width), n0))
                 for q in DNTK_TENSORS:
                     row[f"{q}_n{width}"] = est[q]
+            rows.append(row)
+    for act, blocks in _ddntk_sims(outputs).items():
+        for seed, bs in blocks[blocks.layer == L].groupby("seed"):
+            row = {"variant": f"mc_ddntk_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
+            for width, d in bs.groupby("width"):
+                est = ddntk.pooled_ddntk(d, int(width), n_prev(L, int(width), n0))
+                for q in DDNTK_TENSORS:
+                    row[f"{q}_L{L}_n{width}"] = est[q]
             rows.append(row)
     for v, t in theories.items():
         row = {"variant": v, "seed": int(p.seeds[0]), "runtime_s": float(t.runtime_s.iloc[0])}
@@ -302,6 +367,18 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
             if (s.recursion.abs() > 0).all():
                 hv[f"{q}_L{L}_rel_err_vs_width"] = list(zip(s.width.astype(int),
                                                             ((s.mc - s.recursion) / s.recursion.abs()).astype(float)))
+            s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
+            hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
+    dd = _ddntk(cmp)
+    for act in _ddntk_sims(outputs):
+        hv = h.setdefault(f"mc_ddntk_{act}", {})
+        c = dd[dd.activation == act]
+        dwide = int(c.width.max())
+        for q in DDNTK_TENSORS:
+            s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
+            hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
+            s = c[(c.quantity == q) & (c.layer == 2)].sort_values("width")
+            hv[f"{q}_L2_z_vs_width"] = list(zip(s.width.astype(int), ((s.mc - s.recursion) / s.mc_se).astype(float)))
             s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
             hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
     return h
@@ -577,6 +654,38 @@ def _dntk_layers(cmp: pd.DataFrame, p: Params):
     return fig
 
 
+def _ddntk_vs_width(cmp: pd.DataFrame, p: Params):
+    """Rows = activations; left: layer 2, n E[ddNTK] vs width against the exact value; right: every layer's
+    n E[ddNTK] vs width (their flattening is the O(1/n) scaling)."""
+    import matplotlib.pyplot as plt
+
+    d = _ddntk(cmp)
+    acts = list(d.activation.unique())
+    fig, axes = plt.subplots(len(acts), 2, figsize=(11, 3.6 * len(acts)), squeeze=False)
+    for i, act in enumerate(acts):
+        c = d[d.activation == act]
+        ax = axes[i, 0]
+        for j, q in enumerate(DDNTK_TENSORS):
+            s = c[(c.quantity == q) & (c.layer == 2)].sort_values("width")
+            ax.errorbar(s.width * (1 + 0.03 * (j - 1.5)), s.mc, yerr=2 * s.mc_se, fmt="o", color=f"C{j}", capsize=3,
+                        label=f"{q} MC ±2 s.e.")
+            ax.axhline(float(s.recursion.iloc[0]), color=f"C{j}", ls="-", lw=1)
+        ax.set(xscale="log", title=f"{act}: ddNTK at layer 2 (lines: exact first order)", xlabel="width n",
+               ylabel="n · E[ddNTK]")
+        ax.legend(fontsize=7)
+        ax = axes[i, 1]
+        for j, q in enumerate(DDNTK_TENSORS):
+            for ell in sorted(c.layer.unique()):
+                s = c[(c.quantity == q) & (c.layer == ell)].sort_values("width")
+                ax.errorbar(s.width, s.mc, yerr=2 * s.mc_se, fmt="o-", color=f"C{j}", ms=3, capsize=2,
+                            alpha=0.4 + 0.6 * ell / p.net.depth, label=f"{q}, layer {ell}" if ell in (2, p.net.depth)
+                            else None)
+        ax.set(xscale="log", title=f"{act}: ddNTK R, S, T, U by layer (flat in n = O(1/n) mean)", xlabel="width n")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
 def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
     figs = {}
     base = _base(comparison)
@@ -592,4 +701,6 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs["dntk_vs_width"] = _dntk_vs_width(comparison, p)
         figs["dntk_scaling"] = _dntk_scaling(comparison, p)
         figs["dntk_layer_profiles"] = _dntk_layers(comparison, p)
+    if len(_ddntk(comparison)):
+        figs["ddntk_vs_width"] = _ddntk_vs_width(comparison, p)
     return figs

@@ -11,6 +11,7 @@ THEORY_VARIANTS = ("recursion", "no_interlayer", "infinite_width")
 ACTIVATION_KINDS = ("relu", "tanh", "gelu", "linear")
 TENSORS = ("V", "A", "B", "D", "F")
 DNTK_TENSORS = ("P", "Q")          # the dNTK-preactivation cross-correlations (dntk.py)
+DDNTK_TENSORS = ("R", "S", "T", "U")   # the ddNTK means (ddntk.py)
 
 
 class Activation(Strict):
@@ -112,6 +113,37 @@ class DntkMonteCarlo(Strict):
         return self
 
 
+class DdntkMonteCarlo(Strict):
+    """Sampled nets for the ddNTK means R, S, T, U (variants mc_ddntk_<activation>): four double-backward
+    Hessian forms per layer and net with Rademacher probes, every layer 2..depth."""
+
+    widths: list[int] = Field(min_length=2)
+    nets_per_seed: list[int] = Field(min_length=2)
+    blocks_per_seed: int = Field(ge=2, le=1000)
+    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
+    slope_min_width: int = Field(ge=1)                # log-log slope fits of the raw means use widths >= this
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v: list[int]) -> list[int]:
+        if min(v) < 2 or max(v) > 512:
+            raise ValueError("every width must lie in [2, 512]")
+        if v != sorted(set(v)):
+            raise ValueError(f"widths must be strictly increasing, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if len(self.nets_per_seed) != len(self.widths):
+            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
+                             f"got {len(self.nets_per_seed)}")
+        if min(self.nets_per_seed) < self.blocks_per_seed:
+            raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
+        if sum(w >= self.slope_min_width for w in self.widths) < 2:
+            raise ValueError(f"slope_min_width: fewer than 2 widths >= {self.slope_min_width}")
+        return self
+
+
 class Params(MethodParams):
     data: Data
     net: Net
@@ -119,6 +151,7 @@ class Params(MethodParams):
     quadrature: Quadrature
     mc: MonteCarlo
     dntk: DntkMonteCarlo | None = None     # needed by mc_dntk_<activation> variants
+    ddntk: DdntkMonteCarlo | None = None   # needed by mc_ddntk_<activation> variants
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
 
     @field_validator("activations")
@@ -134,6 +167,11 @@ class Params(MethodParams):
     def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
         acts = info.data.get("activations") or {}
         for name in v:
+            if name.startswith("mc_ddntk_"):
+                if name[9:] in acts and info.data.get("ddntk") is not None:
+                    continue
+                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_ddntk_' "
+                                 "and a 'ddntk' block")
             if name.startswith("mc_dntk_"):
                 if name[8:] in acts and info.data.get("dntk") is not None:
                     continue
@@ -141,8 +179,8 @@ class Params(MethodParams):
                                  "and a 'dntk' block")
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
-            raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation> or "
-                             f"mc_dntk_<activation> with an activation of {sorted(acts)}")
+            raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
+                             f"mc_dntk_<activation> or mc_ddntk_<activation> with an activation of {sorted(acts)}")
         if len(set(v)) != len(v):
             raise ValueError(f"a variant is listed twice in {v}")
         if "recursion" not in v:
@@ -161,7 +199,8 @@ class Params(MethodParams):
             if m.startswith("variants."):
                 need = {parts[1]}
             elif len(parts) >= 2 and parts[1] in self.activations:
-                need = {("mc_dntk_" if m.startswith("dntk_") else "mc_") + parts[1]}
+                pre = "mc_ddntk_" if m.startswith("ddntk_") else "mc_dntk_" if m.startswith("dntk_") else "mc_"
+                need = {pre + parts[1]}
                 if "interlayer" in parts[0]:
                     need.add("no_interlayer")
             else:
@@ -173,10 +212,17 @@ class Params(MethodParams):
         return self
 
     def mc_activations(self) -> list[str]:
-        return [v[3:] for v in self.variants if v.startswith("mc_") and not v.startswith("mc_dntk_")]
+        return [v[3:] for v in self.variants
+                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_"))]
 
     def dntk_activations(self) -> list[str]:
         return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
+
+    def ddntk_activations(self) -> list[str]:
+        return [v[9:] for v in self.variants if v.startswith("mc_ddntk_")]
+
+    def ddntk_nets(self, width: int) -> int:
+        return self.ddntk.nets_per_seed[self.ddntk.widths.index(width)]
 
     def dntk_nets(self, width: int) -> int:
         return self.dntk.nets_per_seed[self.dntk.widths.index(width)]

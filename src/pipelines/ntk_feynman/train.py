@@ -6,7 +6,9 @@
 - ``mc_<activation>``: sampled finite-width nets at every width, one stream of nets per seed, kept as block
   means of the per-net pair averages (mc.block_table);
 - ``mc_dntk_<activation>``: sampled nets for the dNTK statistics P, Q (dntk.sample_dntk), block means of the two
-  per-net contractions S1 / n^2 and S2 / n^2.
+  per-net contractions S1 / n^2 and S2 / n^2;
+- ``mc_ddntk_<activation>``: sampled nets for the ddNTK means R, S, T, U (ddntk.sample_ddntk), block means of the
+  four per-net probe contractions C1..C4 / n^2.
 The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order; zero for infinite_width).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.ntk_feynman import dntk, mc, theory
+from pipelines.ntk_feynman import ddntk, dntk, mc, theory
 from pipelines.ntk_feynman.params import DNTK_TENSORS, TENSORS, Params
 
 log = logging.getLogger(__name__)
@@ -100,11 +102,34 @@ def dntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     return pd.DataFrame(frames)
 
 
+def ddntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
+    """Block means of the ddNTK contractions (columns ddntk.DDNTK_COLUMNS) per seed, width and layer, input 0."""
+    spec, d = p.activations[activation], p.ddntk
+    frames = []
+    for seed in p.seeds:
+        device = node_setup(p, int(seed))
+        for width in d.widths:
+            stream = int(np.random.SeedSequence([int(seed), width, 0, 11]).generate_state(1)[0])
+            stats = ddntk.sample_ddntk(activation, np.asarray(inputs["x"][0]), width, p.net.depth,
+                                       p.ddntk_nets(width), spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w,
+                                       stream, d.chunk_elems, device=device)
+            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
+            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+                means = stats[a:b].mean(0)
+                for ell in range(p.net.depth):
+                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
+                                   "n_nets": int(b - a), **dict(zip(ddntk.DDNTK_COLUMNS, means[ell]))})
+            log.info("ntk_feynman.mc_ddntk_%s: seed %s width %d done", activation, seed, width)
+    return pd.DataFrame(frames)
+
+
 def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     """The variant's statistics table (with ``runtime_s`` as a column)."""
     node_setup(p)
     t0 = time.perf_counter()
-    if variant.startswith("mc_dntk_"):
+    if variant.startswith("mc_ddntk_"):
+        df = ddntk_table(inputs, p, variant[9:])
+    elif variant.startswith("mc_dntk_"):
         df = dntk_table(inputs, p, variant[8:])
     elif variant.startswith("mc_"):
         df = mc_table(inputs, p, variant[3:])

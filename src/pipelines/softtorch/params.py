@@ -1,0 +1,105 @@
+"""Typed parameters of `softtorch`: node functions take `Params` as a type hint, Kedro validates it before
+any node runs, and a bad value stops the command with one line naming the key."""
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipelines.core.params import MethodParams, Strict
+
+VARIANTS = ("hard", "neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")
+Mode = Literal["hard", "smooth", "c0", "c1", "c2"]
+
+
+class Accuracy(Strict):
+    n: int = Field(ge=2, le=4096)               # input length of the approx_err table
+    softness: list[float] = Field(min_length=2)  # decreasing list of softness values
+    n_inputs: int = Field(ge=1)                 # seeded standard-normal rows per softness
+
+    @field_validator("softness")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if min(v) <= 0:
+            raise ValueError("every softness must be > 0")
+        return v
+
+
+class Toys(Strict):
+    softness: float = Field(gt=0)   # softness of the elementwise toys (threshold, rule; raw scale)
+    sort_softness: float = Field(gt=0)   # softness of the axiswise toys (median, top-k; squashed scale)
+    steps: int = Field(ge=1)
+    lr: float = Field(gt=0)
+
+
+class Digits(Strict):
+    enabled: bool = True
+    seq_len: int = Field(ge=2, le=20)
+    n_train: int = Field(ge=10)
+    n_test: int = Field(ge=10)
+    epochs: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    softness: float = Field(gt=0)    # on raw scores (no standardisation)
+    ot_iters: int = Field(ge=1)
+    n_seeds: int = Field(ge=1)     # the sorter trains on the first n_seeds of `seeds` (sweep-friendly)
+    user_csv: str | None = None    # full env: single-digit images, columns label, p0..p{h·w−1} (README)
+    image_shape: list[int] = Field(default_factory=lambda: [8, 8], min_length=2, max_length=2)
+
+    @field_validator("image_shape")
+    @classmethod
+    def _shape(cls, v: list[int]) -> list[int]:
+        if min(v) < 4:
+            raise ValueError("image height and width must be >= 4 (two 2x2 poolings)")
+        return v
+
+
+class Speed(Strict):
+    ns: list[int] = Field(min_length=1)       # the runtime-vs-n curve
+    max_n_ot: int = Field(ge=2)               # OT (Sinkhorn) is timed up to this n
+    max_n_network: int = Field(ge=2)          # the permutation-tracking bitonic network up to this n
+    rounds: int = Field(ge=1)
+    ot_iters: int = Field(ge=1)
+    softness: float = Field(gt=0)
+    ratio_n_ot: int = Field(ge=2)             # n of the fast_soft_sort vs OT ratio
+    ratio_n_quadratic: int = Field(ge=2)      # n of the fast_soft_sort vs neuralsort/softsort ratios
+
+
+class Params(MethodParams):
+    variants: list[str] = Field(min_length=1)       # one train.<variant> node each
+    modes: dict[str, Mode]                          # the soft mode each variant runs in
+    ot_iters: int = Field(ge=1)
+    accuracy: Accuracy
+    toys: Toys
+    digits: Digits
+    speed: Speed
+
+    @field_validator("variants")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if x not in VARIANTS]
+        if bad:
+            raise ValueError(f"unknown variant(s) {bad}: use {VARIANTS}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a variant is listed twice in {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _claims_planned(self):
+        """A claim on the digit study or on a variant must name something this run plans (checked before
+        any node runs); a run without them declares its own claims in an env."""
+        for c in self.claims:
+            parts = c.metric.split(".")
+            if parts[0] == "sort" and not self.digits.enabled:
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' needs digits.enabled: true")
+            if parts[0] in ("variants", "toy_min_success") and len(parts) > 1 and parts[1] not in self.variants:
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', "
+                                 f"which is not in variants {self.variants}")
+        return self
+
+    def digit_seeds(self) -> list[int]:
+        return list(self.seeds[: self.digits.n_seeds]) if self.digits.enabled else []
+
+    def mode(self, variant: str) -> str:
+        return "hard" if variant == "hard" else self.modes.get(variant, "smooth")
+
+    def method(self, variant: str) -> str:
+        return "neuralsort" if variant == "hard" else variant

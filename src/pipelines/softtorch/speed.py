@@ -1,0 +1,60 @@
+"""`evaluate.speed`: forward+backward time of soft sort vs n for every method, measured side by side in
+one process with core's interleaved timer (each round runs every method once, in a rotated order, so
+load bursts hit all alike); the speed ratios come from paired per-round ratios (core.metrics.ratio_ci).
+This stays one node because the ratios are only meaningful when measured interleaved."""
+import numpy as np
+import pandas as pd
+import torch
+
+from pipelines.core.metrics import interleaved_timing, ratio_ci
+from pipelines.core.runtime import node_setup
+from pipelines.softtorch import softops as so
+from pipelines.softtorch.params import Params
+
+
+
+def _fwdbwd(method: str, n: int, p: Params, seed: int):
+    g = torch.Generator().manual_seed(seed + n)
+    x = torch.randn(n, generator=g, dtype=torch.float32)
+    w = torch.randn(n, generator=g, dtype=torch.float32)
+    mode = "c0" if method == "fast_soft_sort" else "smooth"
+
+    def call():
+        xx = x.clone().requires_grad_(True)
+        # OT runs exactly speed.ot_iters Sinkhorn iterations (ot_tol = 0: no early stop)
+        out = so.sort(xx, softness=p.speed.softness, mode=mode, method=method, ot_iters=p.speed.ot_iters,
+                      ot_tol=0.0)
+        (out * w).sum().backward()
+        return xx.grad
+    return call
+
+
+def speed_benchmark(p: Params) -> pd.DataFrame:
+    node_setup(p, 0)
+    methods = list(so.SORT_METHODS)
+    cap = {"ot": p.speed.max_n_ot, "sorting_network": p.speed.max_n_network}
+    rows = []
+    for n in sorted(set(p.speed.ns) | {p.speed.ratio_n_ot, p.speed.ratio_n_quadratic}):
+        fns = {m: _fwdbwd(m, n, p, 0) for m in methods if n <= cap.get(m, n)}
+        times = interleaved_timing(fns, rounds=p.speed.rounds, warmup=1)
+        for m, t in times.items():
+            rows += [{"n": n, "method": m, "round": i, "seconds": float(v)} for i, v in enumerate(t)]
+    return pd.DataFrame(rows)
+
+
+def speed_metrics(df: pd.DataFrame, p: Params) -> dict:
+    out = {}
+    for (n, m), d in df.groupby(["n", "method"]):
+        out[f"fwdbwd_ms.{m}.n{n}"] = float(np.median(d["seconds"]) * 1e3)
+
+    def ratio(slow, n):
+        a = df[(df.n == n) & (df.method == slow)].sort_values("round")["seconds"].to_numpy()
+        b = df[(df.n == n) & (df.method == "fast_soft_sort")].sort_values("round")["seconds"].to_numpy()
+        if len(a) == 0 or len(b) == 0:
+            raise ValueError(f"softtorch.evaluate.speed: no timings of {slow} / fast_soft_sort at n = {n}")
+        return ratio_ci(a, b).as_metrics(f"speedup.fast_soft_sort_vs_{slow}")
+
+    out.update(ratio("ot", p.speed.ratio_n_ot))
+    out.update(ratio("neuralsort", p.speed.ratio_n_quadratic))
+    out.update(ratio("softsort", p.speed.ratio_n_quadratic))
+    return out

@@ -105,3 +105,27 @@ def test_env_run(e2e_project):
         return _E2E_CACHE[pipeline]
 
     return _get
+
+
+@pytest.fixture(autouse=True)
+def _torch_defaults_unchanged(request):
+    """A test (or a module-level statement) that changes torch's default dtype leaks into every later
+    test; fail the offender by name instead."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = torch.get_default_dtype() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_default_dtype() != before:
+        torch.set_default_dtype(before)
+        pytest.fail(f"{request.node.nodeid} changed torch's default dtype and did not restore it")
+
+
+def pytest_collection_finish(session):
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_default_dtype() != torch.float32:
+        raise pytest.UsageError("a test module set torch's default dtype at import time; use a fixture that "
+                                "restores it (see tests/methods/test_prism.py)")

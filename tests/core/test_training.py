@@ -70,10 +70,12 @@ def test_steps_mode_with_sampled_batches_callback_and_schedule():
 
 def test_full_batch_lbfgs_reaches_the_closed_form():
     x, y = _ls_problem()
+    torch.manual_seed(0)           # the start must not depend on which tests ran before
     model = torch.nn.Linear(3, 1, bias=False)
     fit(model, [x, y], lambda m, a, b: torch.nn.functional.mse_loss(m(a), b), epochs=5, batch_size=None,
         optimizer="lbfgs", lr=1.0, grad_clip=None, progress=False)
-    assert torch.allclose(model.weight.data.T, torch.linalg.lstsq(x, y).solution, atol=1e-5)
+    # float32 L-BFGS stops at ~1e-5 from the optimum (its gradient tolerance), whatever the start
+    assert torch.allclose(model.weight.data.T, torch.linalg.lstsq(x, y).solution, atol=1e-4)
 
 
 def test_steps_cap_epochs_and_validation_every_k_steps():

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, known_names
 
 # permuted-task stream
 CONTINUAL = ("bimu", "bayesbinn", "bayesbinn_official", "online", "mesu", "ste_adam", "metaplastic")
@@ -111,12 +111,7 @@ class Params(MethodParams):
     @field_validator("variants")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        bad = [x for x in v if x not in VARIANTS]
-        if bad:
-            raise ValueError(f"unknown variant(s) {bad}: use {VARIANTS}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a variant is listed twice in {v}")
-        return v
+        return known_names(v, VARIANTS)
 
     @model_validator(mode="after")
     def _consistent(self):

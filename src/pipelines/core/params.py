@@ -67,6 +67,17 @@ class MethodParams(Strict):
 _TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "tuple", "none", "set", "bytes"}
 
 
+def known_names(v: list[str], known, what: str = "variant") -> list[str]:
+    """A list-of-names parameter (variants, scorers, ...): every name known, none twice. For a
+    ``field_validator``; the message names the offending entries."""
+    bad = [x for x in v if x not in known]
+    if bad:
+        raise ValueError(f"unknown {what}(s) {bad}: use {known}")
+    if len(set(v)) != len(v):
+        raise ValueError(f"a {what} is listed twice in {v}")
+    return v
+
+
 def _clean_loc(loc: tuple) -> tuple:
     """The key path of an error, without the tags pydantic adds for the members of a union."""
     return tuple(p for p in loc if isinstance(p, int)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, known_names
 
 # scorers: GHOST, its ablations and the baselines (one train.<variant> node each)
 SCORERS = ("dense", "ghost", "ghost_separate", "ghost_no_recal", "balanced_truncation", "controllability",
@@ -107,12 +107,7 @@ class Eval(Strict):
     @field_validator("main_variants", "ablation_variants")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        bad = [x for x in v if x not in SCORERS]
-        if bad:
-            raise ValueError(f"unknown variant(s) {bad}: use {SCORERS}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a variant is listed twice in {v}")
-        return v
+        return known_names(v, SCORERS)
 
     @field_validator("decode_rhos")
     @classmethod

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, known_names
 
 VARIANTS = ("hard", "neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")
 Mode = Literal["hard", "smooth", "c0", "c1", "c2"]
@@ -75,12 +75,7 @@ class Params(MethodParams):
     @field_validator("variants")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        bad = [x for x in v if x not in VARIANTS]
-        if bad:
-            raise ValueError(f"unknown variant(s) {bad}: use {VARIANTS}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a variant is listed twice in {v}")
-        return v
+        return known_names(v, VARIANTS)
 
     @model_validator(mode="after")
     def _claims_planned(self):

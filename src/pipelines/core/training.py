@@ -41,6 +41,7 @@ class StepInfo:
     model: torch.nn.Module
     extras: dict[str, float]   # whatever loss_fn returned besides the loss
     optimizer: torch.optim.Optimizer | None = None   # its ``state`` holds e.g. Adam's moments
+    grad_norm: float | None = None   # global gradient norm before clipping (None when grad_clip is off)
 
 
 def check_finite(loss: torch.Tensor, what: str, epoch: int, step: int) -> None:
@@ -158,6 +159,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             batch = tuple(batch)
             sync()
             t0, c0 = time.perf_counter(), time.process_time()
+            gnorm = None
             if pre_step is not None:   # e.g. a bi-level method's meta step on this batch, before the real one
                 pre_step(model, batch, opt)
             if is_lbfgs:
@@ -175,7 +177,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if grad_clip:
-                    torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
+                    gnorm = float(torch.nn.utils.clip_grad_norm_(trainable, grad_clip))
                 opt.step()
             if sched is not None:
                 sched.step()
@@ -188,7 +190,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             ep_loss += lv * size
             ep_count += size
             if callback is not None:
-                callback(StepInfo(step, epoch, lv, size, dt, dc, model, extras, opt))
+                callback(StepInfo(step, epoch, lv, size, dt, dc, model, extras, opt, gnorm))
             step += 1
             bar.update(1)
             if val_every and val_score is not None and step % val_every == 0:

@@ -51,3 +51,23 @@ def test_non_mapping_rejected():
 def test_int_is_a_valid_float_and_threads_take_an_integer():
     p = validate(Schema, {**GOOD, "threads": 3, "model": {"lr": 1, "layers": 2}}, "m")
     assert p.threads == 3 and p.model.lr == 1.0 and isinstance(p.model.lr, float)
+
+
+def test_method_params_refuses_a_claim_on_an_unplanned_variant():
+    from pipelines.core.params import MethodParams, ParameterError, validate
+
+    class P(MethodParams):
+        variants: list[str]
+
+    claim = {"id": "c", "text": "t", "metric": "variants.b.acc", "op": ">=", "threshold": 0.5}
+    ok = validate(P, {"seeds": [0], "variants": ["a", "b"], "claims": [claim]}, "m")
+    assert ok.planned_variants() == ["a", "b"]
+    with pytest.raises(ParameterError, match=r"parameter m: .*claim 'c'.*names variant 'b'"):
+        validate(P, {"seeds": [0], "variants": ["a"], "claims": [claim]}, "m")
+    derived = {**claim, "metric": "gain.b_vs_a"}          # derived metrics are the method's to check
+    validate(P, {"seeds": [0], "variants": ["a"], "claims": [derived]}, "m")
+
+    class NoList(MethodParams):                            # no variants list: nothing to check
+        pass
+
+    assert validate(NoList, {"seeds": [0], "claims": [claim]}, "m").planned_variants() is None

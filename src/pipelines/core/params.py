@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -58,6 +58,27 @@ class MethodParams(Strict):
     claims: list[ClaimSpec] = Field(default_factory=list)
     paper: str | None = None                # short citation / title, shown by the scoreboard
     headline: Headline | None = None
+
+    def planned_variants(self) -> list[str] | None:
+        """The variants this run trains: the ``variants`` list when the method has one (override when its
+        variants live elsewhere); None: not checked."""
+        v = getattr(self, "variants", None)
+        return list(v) if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v) else None
+
+    @model_validator(mode="after")
+    def _claims_name_planned_variants(self):
+        """A claim on ``variants.<v>.<metric>`` names a variant this run plans: a run that drops the variant
+        stops here, before any node runs, not in the report after all the training."""
+        planned = self.planned_variants()
+        if planned is None:
+            return self
+        for c in self.claims:
+            parts = c.metric.split(".")
+            if parts[0] == "variants" and len(parts) >= 3 and parts[1] not in planned:
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', which this run "
+                                 f"does not plan (variants: {planned}); a run without it declares its own claims "
+                                 "in an env (conf/<env>/parameters_<method>.yml)")
+        return self
 
     def __str__(self) -> str:
         # kedro-mlflow logs a node's params input as str(value); the platform logs the flattened keys

@@ -111,3 +111,7 @@ class Params(MethodParams):
                 raise ValueError(f"claim '{c.id}' reads split {m.group(1)}, but estimator_{m.group(1)} "
                                  f"is not among the variants")
         return v
+
+    def planned_variants(self) -> None:
+        """The report's row is ``featjnd`` with one metric set per split; claims are checked per split above."""
+        return None

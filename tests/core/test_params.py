@@ -71,3 +71,17 @@ def test_method_params_refuses_a_claim_on_an_unplanned_variant():
         pass
 
     assert validate(NoList, {"seeds": [0], "claims": [claim]}, "m").planned_variants() is None
+
+
+def test_variant_names_become_node_names_so_they_are_checked_once_in_core():
+    from pipelines.core.params import MethodParams, ParameterError, Strict, VariantName, validate
+
+    class Spec(Strict):
+        lr: float
+
+    class P(MethodParams):
+        variants: dict[VariantName, Spec]
+
+    assert list(validate(P, {"seeds": [0], "variants": {"adam_2": {"lr": 1.0}}}, "m").variants) == ["adam_2"]
+    with pytest.raises(ParameterError, match=r"parameter m\.variants: .*'Adam-2'.*train\.<variant>"):
+        validate(P, {"seeds": [0], "variants": {"Adam-2": {"lr": 1.0}}}, "m")

@@ -2,14 +2,12 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, VariantName
 
-VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")   # names the node train.<v> and the dataset run_<v>
 
 
 class Quad(Strict):
@@ -75,7 +73,7 @@ class Params(MethodParams):
     device: Literal["auto", "cpu", "cuda"] = "cpu"     # the 193-parameter MLP is fastest on the CPU
     quad: Quad = Field(default_factory=Quad)
     mlp: Mlp = Field(default_factory=Mlp)
-    configs: dict[str, Variant] = Field(min_length=1)  # every known run configuration, by variant name
+    configs: dict[VariantName, Variant] = Field(min_length=1)  # every known run configuration, by variant name
     variants: list[str] = Field(min_length=1)          # the ones this run trains: one train.<variant> node each
     headline_variants: list[str] = Field(default_factory=list)   # tracked Adam runs the predictor study pools
     tracking: Tracking = Field(default_factory=Tracking)
@@ -83,15 +81,6 @@ class Params(MethodParams):
     predictor: Predictor = Field(default_factory=Predictor)
     stages: Stages = Field(default_factory=Stages)
     history_points: int = Field(default=1000, ge=10, le=1000)   # MLflow curve points per series
-
-    @field_validator("configs")
-    @classmethod
-    def _names(cls, v: dict[str, Variant]) -> dict[str, Variant]:
-        for name in v:
-            if not VARIANT_RE.match(name):
-                raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
-                                 "(it names the node train.<variant>)")
-        return v
 
     @model_validator(mode="after")
     def _consistent(self):

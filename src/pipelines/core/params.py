@@ -9,9 +9,10 @@ line naming the key, before any MLflow run is opened.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -26,6 +27,19 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
+
+VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _variant_name(name: str) -> str:
+    if not VARIANT_RE.match(name):
+        raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
+                         "(it names the node train.<variant> and its datasets)")
+    return name
+
+
+# A user-chosen variant name (a key of a ``variants: {name: spec}`` mapping): it becomes a node name.
+VariantName = Annotated[str, AfterValidator(_variant_name)]
 
 # `auto`: the platform picks (core.runtime.resolve_threads); an integer wins.
 Threads = Literal["auto"] | Annotated[int, Field(ge=1, le=256)]

@@ -2,14 +2,12 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, VariantName
 
-VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # node names train.<variant> and dataset names metrics_<v>
 TASKS = ("newsvendor", "regression", "classification")
 
 Share = Annotated[float, Field(gt=0, lt=1)]          # a probability strictly inside (0, 1)
@@ -142,15 +140,11 @@ class Params(MethodParams):
     regression: Regression
     classification: Classification
     solver: Solver = Field(default_factory=Solver)
-    variants: dict[str, Variant] = Field(min_length=2)   # the first is the method; one node each
+    variants: dict[VariantName, Variant] = Field(min_length=2)   # the first is the method; one node each
 
     @field_validator("variants")
     @classmethod
     def _names(cls, v: dict[str, Variant]) -> dict[str, Variant]:
-        for name in v:
-            if not VARIANT_RE.match(name):
-                raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
-                                 "(it names the node train.<variant>)")
         if "erm" not in v or v["erm"].kind != "erm":
             raise ValueError("a variant 'erm' of kind 'erm' is the reference every gain is measured against")
         return v

@@ -3,14 +3,12 @@ any node runs, and a bad value (or a claim naming a variant the run does not pla
 one line naming the key."""
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, VariantName
 
-VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")      # names the node train.<variant> and its datasets
 BATCHERS = ("random", "kmeans", "b3", "batchsampler", "hobit")
 HEURISTICS = ("kmeans", "b3", "batchsampler")      # the "state-of-the-art batching" baselines
 DIFF_METRICS = ("recall_at_1", "mrr_at_10", "fn_per_batch")
@@ -121,18 +119,9 @@ class Params(MethodParams):
     graph: Graph = Field(default_factory=Graph)
     hobit: Hobit = Field(default_factory=Hobit)
     baselines: Baselines = Field(default_factory=Baselines)
-    variants: dict[str, Variant] = Field(min_length=1)    # one train.<variant> node each
+    variants: dict[VariantName, Variant] = Field(min_length=1)    # one train.<variant> node each
     checks: Checks = Field(default_factory=Checks)
     eval: Eval = Field(default_factory=Eval)
-
-    @field_validator("variants")
-    @classmethod
-    def _names(cls, v: dict[str, Variant]) -> dict[str, Variant]:
-        for name in v:
-            if not VARIANT_RE.match(name):
-                raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
-                                 "(it names the node train.<variant>)")
-        return v
 
     @model_validator(mode="after")
     def _claims_planned(self):

@@ -2,14 +2,12 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, VariantName
 
-VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # names the node train.<variant>
 
 
 class Data(Strict):
@@ -100,14 +98,5 @@ class Params(MethodParams):
     model: Model = Field(default_factory=Model)
     train: Train = Field(default_factory=Train)
     recm: Recm = Field(default_factory=Recm)
-    variants: dict[str, Variant] = Field(min_length=1)   # one train.<variant> node each
+    variants: dict[VariantName, Variant] = Field(min_length=1)   # one train.<variant> node each
     plot_seed: int = 0
-
-    @field_validator("variants")
-    @classmethod
-    def _names(cls, v: dict[str, Variant]) -> dict[str, Variant]:
-        for name in v:
-            if not VARIANT_RE.match(name):
-                raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
-                                 "(it names the node train.<variant>)")
-        return v

@@ -7,10 +7,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, VariantName
 
 MIXER_RE = re.compile(r"^(w|dw)([1-9][0-9]*)$")
-VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # node names train.<v> and dataset names fit_<v>
 
 Pair = Annotated[list[int], Field(min_length=2, max_length=2)]  # (window w, DW kernel k)
 
@@ -90,7 +89,7 @@ class Acc(Strict):
     blocks: int = Field(default=2, ge=1)
     ffn_ratio: int = Field(default=2, ge=1)
     layer_scale_init: float = Field(default=1.0, gt=0)
-    variants: dict[str, list[str]] = Field(min_length=1)  # name → mixer pattern cycled over a stage's blocks
+    variants: dict[VariantName, list[str]] = Field(min_length=1)  # name → mixer pattern cycled over a stage's blocks
     epochs: int = Field(default=6, ge=1)
     batch_size: int = Field(default=64, ge=2)
     lr: float = Field(default=2e-3, gt=0)
@@ -109,9 +108,6 @@ class Acc(Strict):
     @classmethod
     def _mixers(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
         for name, pattern in v.items():
-            if not VARIANT_RE.match(name):
-                raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
-                                 "(it names the node train.<variant>)")
             if not pattern:
                 raise ValueError(f"variant {name!r}: empty mixer pattern")
             for m in pattern:

@@ -48,7 +48,7 @@ def test_k3_is_an_unbiased_kl_estimate_and_entropy_matches_closed_form():
 # ---- the GRPO loop -------------------------------------------------------------------------------------------
 import torch.nn as nn  # noqa: E402
 
-from pipelines.core.rl import Rollouts, grpo_train, sample_rollouts  # noqa: E402
+from pipelines.core.rl import Rollouts, grpo_train, ppo_objective, sample_rollouts  # noqa: E402
 
 
 class _Bandit(nn.Module):
@@ -62,17 +62,16 @@ class _Bandit(nn.Module):
         return self.theta.expand(ids.shape[0], ids.shape[1], -1)
 
 
-def _one_token_rollouts(actions, rewards):
+def _one_token_rollouts(actions, rewards, **kw):
     ids = torch.stack([torch.zeros_like(actions), actions], 1)
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[:, 1] = True
-    return Rollouts(ids, mask, rewards)
+    return Rollouts(ids, mask, rewards, **kw)
 
 
 def test_grpo_single_update_matches_the_policy_gradient_closed_form():
     # ratio = 1 at the first update, so the PPO-clip gradient is the REINFORCE one:
     # dθ = (lr/N) Σ_i A_i (e_{a_i} − softmax(θ)); with SGD and no clipping θ moves exactly that far.
-    torch.manual_seed(0)
     pol = _Bandit()
     with torch.no_grad():
         pol.theta.copy_(torch.tensor([0.3, -0.2, 0.1, 0.0]))
@@ -94,29 +93,45 @@ def test_grpo_learns_a_bandit_and_reports_its_iterations():
     prompts = torch.zeros(4, 1, dtype=torch.long)
     res = grpo_train(pol, lambda p, it, g: sample_rollouts(p, prompts, 8, lambda pr, r: (r[:, 0] == 2).float(),
                                                            max_new_tokens=1, generator=g),
-                     iterations=40, group_size=8, lr=0.1, updates_per_iteration=2, minibatch_size=16, seed=1)
+                     iterations=40, group_size=8, lr=0.1, updates_per_iteration=2, minibatches=2, seed=1)
     assert torch.softmax(pol.theta.detach(), 0)[2] > 0.9
-    assert len(res.history) == 40
+    assert [r["iteration"] for r in res.history] == list(range(40))
     first, last = res.history[0], res.history[-1]
     assert last["reward_mean"] > first["reward_mean"]
-    assert {"pg_loss", "clip_frac", "grad_norm_max", "zero_variance_groups"} <= set(first)
+    assert {"pg_loss", "clip_frac", "grad_norm", "grad_norm_max", "zero_variance_groups", "loss"} <= set(first)
 
 
-def test_grpo_extra_loss_and_kl_hooks_see_aligned_tensors():
+def test_grpo_objective_sees_aligned_minibatches_extras_and_reference():
     pol, ref = _Bandit(), _Bandit()
     seen = []
 
-    def extra(b):
-        seen.append((b.logp.shape, b.mask.shape, b.advantages.shape, b.index.shape))
-        return 0.0 * b.logp.sum(), {"probe": 1.0}
+    def objective(b):
+        seen.append((b.logp.shape, b.mask.shape, b.advantages.shape, b.extras["tag"].tolist(), b.index.tolist()))
+        loss, logs = ppo_objective(b, kl_coef=0.1)
+        return loss, {**logs, "probe": float(b.stats["s"])}
 
     actions, rewards = torch.tensor([0, 1, 2, 3]), torch.tensor([0.0, 1.0, 0.0, 1.0])
-    res = grpo_train(pol, lambda p, it, g: _one_token_rollouts(actions, rewards), iterations=2, group_size=2,
-                     kl_coef=0.1, ref_policy=ref, minibatch_size=2, extra_loss=extra, lr=0.5)
-    assert seen and all(s == (torch.Size([2, 1]), torch.Size([2, 1]), torch.Size([2]), torch.Size([2]))
-                        for s in seen)
-    assert res.history[0]["probe"] == 1.0 and res.history[0]["kl"] < res.history[1]["kl"]
-    assert res.history[1]["kl"] > 0      # the policy moved away from the reference
+    res = grpo_train(pol, lambda p, it, g: _one_token_rollouts(actions, rewards, extras={"tag": actions * 10},
+                                                              stats={"s": 7.0}),
+                     iterations=2, group_size=2, ref_policy=ref, minibatches=2, objective=objective, lr=0.5)
+    assert len(seen) == 4
+    for lp, m, a, tags, idx in seen:
+        assert lp == m == torch.Size([2, 1]) and a == torch.Size([2])
+        assert tags == [10 * i for i in idx]          # extras sliced with the same rows
+    assert res.history[0]["probe"] == 1.0 * 7.0 and res.history[0]["s"] == 7.0
+    assert res.history[0]["kl_ref"] < res.history[1]["kl_ref"]   # the policy moved away from the reference
+
+
+def test_grpo_single_minibatch_draws_nothing_from_the_generator_and_is_seeded():
+    draws = []
+
+    def roll(p, it, g):
+        draws.append(torch.rand(1, generator=g).item())
+        return _one_token_rollouts(torch.tensor([0, 1]), torch.tensor([0.0, 1.0]))
+
+    grpo_train(_Bandit(), roll, iterations=3, group_size=2, seed=5)
+    g = torch.Generator().manual_seed(5)
+    assert draws == [torch.rand(1, generator=g).item() for _ in range(3)]
 
 
 def test_sample_rollouts_scores_the_response_through_its_first_eos_only():
@@ -137,6 +152,8 @@ def test_grpo_rejects_bad_settings_and_rollouts():
         grpo_train(_Bandit(), lambda p, it, g: None, iterations=1, group_size=2, kl_coef=0.1)
     with pytest.raises(ValueError, match="rewards"):
         _one_token_rollouts(torch.tensor([0, 1]), torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="extras"):
+        _one_token_rollouts(torch.tensor([0, 1]), torch.ones(2), extras={"x": torch.ones(3)})
     with pytest.raises(ValueError, match="multiple of group_size"):
         grpo_train(_Bandit(), lambda p, it, g: _one_token_rollouts(torch.tensor([0, 1, 2]), torch.ones(3)),
                    iterations=1, group_size=2)

@@ -2,13 +2,17 @@
 advantages, the PPO-clip surrogate over masked tokens, the k3 ("low-variance") KL estimate, the entropy
 of a categorical policy, and the GRPO loop itself.
 
-The loop (``grpo_train``) owns what every GRPO method repeats — old/reference log-probs, advantages,
-PPO-clip + KL, minibatch updates through ``core.training.fit`` with one persistent optimizer, per-iteration
-statistics — and leaves the environment to the method: a ``rollout_fn(policy, iteration, generator)``
-returns ``Rollouts`` (sequences, which tokens are the policy's actions, rewards), so single-turn sampling
-(``sample_rollouts``) and multi-turn tool use (tool output masked out) plug in the same way. An
-``extra_loss(batch)`` hook adds a method's regulariser (it sees the minibatch's current and old
-log-probs, mask, advantages and rewards)."""
+The loop (``grpo_train``) owns what every GRPO-style method repeats — one rollout per iteration, the
+sampling policy's and the reference's log-probs, group advantages, shuffled minibatch passes, all inside ONE
+``core.training.fit`` run (one optimizer, schedule, clipping, NaN guard, progress), and one statistics row
+per iteration — and leaves the rest to the method:
+  - the environment: ``rollout_fn(policy, iteration, generator)`` returns ``Rollouts`` (sequences, which
+    tokens are the policy's actions, rewards, per-row extras, per-iteration stats), so single-turn sampling
+    (``sample_rollouts``) and multi-turn tool use (tool output masked out) plug in the same way;
+  - the objective: ``objective(batch: GRPOBatch)`` (default ``ppo_objective``: PPO-clip + k3 KL to the
+    reference); a regulariser wraps it, a different RL objective replaces it;
+  - the log-probs: ``logprob_fn(model, ids)`` (default ``sequence_logprobs``), e.g. a tempered or
+    vocabulary-restricted sampling distribution."""
 from __future__ import annotations
 
 import math
@@ -19,7 +23,7 @@ from typing import Any
 import torch
 
 __all__ = ["GRPOBatch", "GRPOResult", "Rollouts", "group_advantages", "grpo_train", "k3_kl", "masked_mean",
-           "ppo_clip_loss", "sample_rollouts", "token_entropy"]
+           "ppo_clip_loss", "ppo_objective", "sample_rollouts", "token_entropy"]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim=None) -> torch.Tensor:
@@ -82,33 +86,49 @@ class Rollouts:
 
     ``ids`` [N, T] whole sequences (prompt, response, tool output, padding); ``action_mask`` [N, T] True
     where the token was produced by the policy (scored by the loss; prompt, tool output and padding are
-    False); ``rewards`` [N]; ``info`` anything per-sample the method wants back (correctness, lengths...)."""
+    False); ``rewards`` [N]. Optional: ``advantages`` [N] (default: ``group_advantages(rewards)``),
+    ``logp_old`` [N, T-1] (the sampler's own log-probs, e.g. from a cached decode; default: recomputed
+    with ``logprob_fn`` before the updates), ``extras`` per-row tensors [N, ...] sliced into each minibatch
+    (the objective's own inputs), ``stats`` per-iteration numbers copied into the history row."""
     ids: torch.Tensor
     action_mask: torch.Tensor
     rewards: torch.Tensor
-    info: dict[str, Any] = field(default_factory=dict)
+    advantages: torch.Tensor | None = None
+    logp_old: torch.Tensor | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         n = self.ids.shape[0]
         if self.action_mask.shape != self.ids.shape:
             raise ValueError(f"Rollouts: action_mask shape {tuple(self.action_mask.shape)} != ids shape "
                              f"{tuple(self.ids.shape)}")
-        if self.rewards.shape != (n,):
-            raise ValueError(f"Rollouts: rewards must have shape ({n},), got {tuple(self.rewards.shape)}")
-        if not torch.isfinite(self.rewards.float()).all():
-            raise ValueError("Rollouts: non-finite reward")
+        for name in ("rewards", "advantages"):
+            t = getattr(self, name)
+            if t is not None and t.shape != (n,):
+                raise ValueError(f"Rollouts: {name} must have shape ({n},), got {tuple(t.shape)}")
+            if t is not None and not torch.isfinite(t.float()).all():
+                raise ValueError(f"Rollouts: non-finite {name[:-1]}")
+        bad = [k for k, t in self.extras.items() if t.shape[0] != n]
+        if bad:
+            raise ValueError(f"Rollouts: extras {bad} do not have {n} rows")
 
 
 @dataclass
 class GRPOBatch:
-    """What ``extra_loss`` sees for one minibatch (token tensors are [b, T-1], aligned with
-    ``sequence_logprobs``: position t scores ids[:, t+1])."""
-    logp: torch.Tensor          # current policy, differentiable
-    logp_old: torch.Tensor      # policy that sampled the rollouts (no grad)
-    mask: torch.Tensor          # float, 1 on action tokens
-    advantages: torch.Tensor    # [b]
-    rewards: torch.Tensor       # [b]
-    index: torch.Tensor         # rows of this minibatch in the iteration's Rollouts
+    """What the objective sees for one minibatch. Token tensors are [b, T-1], aligned with
+    ``sequence_logprobs`` (position t scores ids[:, t+1]); ``mask`` is 1.0 on action tokens."""
+    model: torch.nn.Module
+    ids: torch.Tensor
+    mask: torch.Tensor
+    logp: torch.Tensor                 # current policy via logprob_fn, differentiable
+    logp_old: torch.Tensor | None      # the sampling policy's (no grad); None with old_logprobs=False
+    logp_ref: torch.Tensor | None      # the reference policy's (no grad); None without ref_policy
+    advantages: torch.Tensor           # [b]
+    rewards: torch.Tensor              # [b]
+    extras: dict[str, torch.Tensor]    # the Rollouts' extras, these rows
+    stats: dict[str, float]            # the Rollouts' per-iteration stats
+    index: torch.Tensor                # rows of this minibatch in the iteration's Rollouts
     iteration: int
 
 
@@ -116,6 +136,21 @@ class GRPOBatch:
 class GRPOResult:
     history: list[dict[str, float]]       # one row per iteration (see grpo_train)
     last_rollouts: Rollouts | None = None
+
+
+def ppo_objective(b: GRPOBatch, clip: float = 0.2, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO's default objective: masked PPO-clip on the sequence advantages + kl_coef · k3-KL to the reference."""
+    if b.logp_old is None:
+        raise ValueError("ppo_objective needs the sampling policy's log-probs (old_logprobs=True)")
+    loss, logs = ppo_clip_loss(b.logp, b.logp_old, b.advantages, b.mask, clip)
+    logs = {"pg_loss": float(loss.detach()), **logs}
+    if kl_coef:
+        if b.logp_ref is None:
+            raise ValueError("ppo_objective: kl_coef > 0 needs a ref_policy")
+        kl = masked_mean(k3_kl(b.logp, b.logp_ref), b.mask)
+        loss = loss + kl_coef * kl
+        logs["kl_ref"] = float(kl.detach())
+    return loss, logs
 
 
 def sample_rollouts(policy: torch.nn.Module, prompts: torch.Tensor, group_size: int,
@@ -144,91 +179,106 @@ def sample_rollouts(policy: torch.nn.Module, prompts: torch.Tensor, group_size: 
 
 
 def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, int, torch.Generator], Rollouts],
-               *, iterations: int, group_size: int, lr: float = 1e-5, clip: float = 0.2, kl_coef: float = 0.0,
-               ref_policy: torch.nn.Module | None = None, updates_per_iteration: int = 1,
-               minibatch_size: int | None = None, scale_advantages: bool = True, weight_decay: float = 0.0,
-               grad_clip: float | None = 1.0, optimizer: Callable | None = None,
-               extra_loss: Callable[[GRPOBatch], torch.Tensor | tuple[torch.Tensor, dict[str, float]]] | None = None,
+               *, iterations: int, group_size: int, objective: Callable[[GRPOBatch], Any] | None = None,
+               clip: float = 0.2, kl_coef: float = 0.0, ref_policy: torch.nn.Module | None = None,
+               logprob_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
+               old_logprobs: bool = True, updates_per_iteration: int = 1, minibatches: int = 1,
+               lr: float = 1e-5, optimizer: str | Callable = "adamw", weight_decay: float = 0.0,
+               scheduler: str | Callable | None = None, grad_clip: float | None = 1.0, adv_eps: float = 1e-6,
                callback: Callable[[int, dict[str, float], Rollouts], None] | None = None,
-               seed: int = 0, desc: str = "grpo") -> GRPOResult:
-    """GRPO: per iteration, ``rollout_fn(policy, it, generator)`` (the policy in eval mode, no grad) →
-    log-probs under the sampling policy (and ``ref_policy`` when ``kl_coef`` > 0) → group advantages →
-    ``updates_per_iteration`` passes over shuffled minibatches of ``minibatch_size`` rows (None: all rows)
-    minimising PPO-clip + kl_coef·k3-KL (+ ``extra_loss``), through ``core.training.fit`` with ONE optimizer
-    kept across iterations (AdamW(lr, weight_decay) unless ``optimizer(params)`` is given).
+               seed: int = 0, desc: str = "grpo", progress: bool | None = None) -> GRPOResult:
+    """GRPO-style RL through ONE ``core.training.fit`` run of ``iterations × updates_per_iteration ×
+    minibatches`` steps. At each iteration's first step: ``rollout_fn(policy, it, generator)`` with the
+    policy in eval mode and no grad (the generator is fit's, seeded by ``seed``); the sampling policy's
+    log-probs (unless the rollouts carry them, or ``old_logprobs=False`` for an objective that never reads
+    them) and the reference's (with ``ref_policy``); advantages (``group_advantages(rewards, group_size,
+    adv_eps)`` unless given). Then ``updates_per_iteration`` passes over ``minibatches`` shuffled
+    minibatches (one minibatch, one pass: no shuffle, no draw from the generator), each minimising
+    ``objective(GRPOBatch)`` (default ``ppo_objective(b, clip, kl_coef)``), which returns a loss or
+    ``(loss, {name: value})``.
 
-    A history row per iteration: reward mean/std, fraction of groups with zero reward variance (no
-    signal), mean action tokens per sample, mean log-prob of the actions under the sampling policy, the
-    loss terms, clip fraction, KL, the largest pre-clip gradient norm, and whatever ``extra_loss``
-    returns; ``callback(it, row, rollouts)`` may add to the row (e.g. likelihood probes)."""
+    One history row per iteration: ``iteration``, ``reward_mean``/``reward_std``, ``zero_variance_groups``
+    (groups without signal), ``action_tokens`` (mean per row), the rollouts' ``stats``, the mean of the
+    objective's logs and of ``loss`` over the iteration's steps, and ``grad_norm``/``grad_norm_max`` (before
+    clipping; only with ``grad_clip``). ``callback(it, row, rollouts)`` may add to the row before it is
+    stored (e.g. evaluations)."""
     from pipelines.core.seqmodels import sequence_logprobs
     from pipelines.core.training import fit
 
-    if iterations < 0 or group_size < 1 or updates_per_iteration < 1:
-        raise ValueError("grpo_train: iterations ≥ 0, group_size ≥ 1 and updates_per_iteration ≥ 1 required")
+    if iterations < 1 or group_size < 1 or updates_per_iteration < 1 or minibatches < 1:
+        raise ValueError("grpo_train: iterations, group_size, updates_per_iteration and minibatches must be ≥ 1")
     if kl_coef and ref_policy is None:
         raise ValueError("grpo_train: kl_coef > 0 needs a ref_policy")
-    trainable = [q for q in policy.parameters() if q.requires_grad]
-    opt = optimizer(trainable) if optimizer is not None else torch.optim.AdamW(trainable, lr=lr,
-                                                                             weight_decay=weight_decay)
-    gen = torch.Generator().manual_seed(seed)
+    logprob_fn = logprob_fn or sequence_logprobs
+    objective = objective or (lambda b: ppo_objective(b, clip, kl_coef))
+    per_iter = updates_per_iteration * minibatches
     history: list[dict[str, float]] = []
-    ro = None
-    for it in range(iterations):
-        policy.eval()
-        ro = rollout_fn(policy, it, gen)
-        n = ro.ids.shape[0]
-        if n % group_size:
-            raise ValueError(f"grpo_train: {n} rollouts is not a multiple of group_size={group_size}")
-        mask = ro.action_mask[:, 1:].float()
-        with torch.no_grad():
-            old = sequence_logprobs(policy, ro.ids)
-            ref = sequence_logprobs(ref_policy, ro.ids) if kl_coef else None
-        adv = group_advantages(ro.rewards, group_size, scale=scale_advantages) if group_size > 1 \
-            else ro.rewards.float() - ro.rewards.float().mean()
-        mb = n if minibatch_size is None else min(minibatch_size, n)
-        per_pass = -(-n // mb)
-        order = torch.cat([torch.randperm(n, generator=gen) for _ in range(updates_per_iteration)])
+    cur: dict[str, Any] = {}
+    steps: list[dict[str, float]] = []
 
-        def batch(step: int, _g: torch.Generator):
-            p, k = divmod(step, per_pass)
-            idx = order[p * n:(p + 1) * n][k * mb:(k + 1) * mb]
-            return (idx,)
-
-        def loss_fn(model, idx):
-            lp = sequence_logprobs(model, ro.ids[idx])
-            m = mask[idx]
-            loss, diag = ppo_clip_loss(lp, old[idx], adv[idx], m, clip)
-            logs = {"pg_loss": float(loss.detach()), **diag}
-            if kl_coef:
-                kl = masked_mean(k3_kl(lp, ref[idx]), m)
-                loss = loss + kl_coef * kl
-                logs["kl"] = float(kl.detach())
-            if extra_loss is not None:
-                out = extra_loss(GRPOBatch(lp, old[idx], m, adv[idx], ro.rewards[idx], idx, it))
-                extra, more = out if isinstance(out, tuple) else (out, {})
-                loss = loss + extra
-                logs.update({"extra_loss": float(extra.detach()), **{k: float(v) for k, v in more.items()}})
-            return loss, logs
-
-        steps_log: list[dict[str, float]] = []
-        fit(policy, None, loss_fn, sample_batch=batch, steps=per_pass * updates_per_iteration,
-            optimizer=lambda _params: opt, grad_clip=grad_clip, seed=seed + it, desc=f"{desc} iteration {it}",
-            progress=False, callback=lambda s: steps_log.append({"loss": s.loss, "grad_norm": s.grad_norm
-                                                                  if s.grad_norm is not None else math.nan,
-                                                                  **s.extras}))
+    def close_iteration() -> None:
+        if not cur:
+            return
+        ro, it = cur["ro"], cur["it"]
         r = ro.rewards.float().view(-1, group_size)
         row = {"iteration": float(it), "reward_mean": float(r.mean()),
                "reward_std": float(r.std()) if r.numel() > 1 else 0.0,
                "zero_variance_groups": float((r.std(1) == 0).float().mean()) if group_size > 1 else 0.0,
-               "action_tokens": float(mask.sum(1).mean()),
-               "logp_action_mean": float((old * mask).sum() / mask.sum().clamp_min(1.0)),
-               "grad_norm_max": max((s["grad_norm"] for s in steps_log), default=math.nan)}
-        for key in steps_log[0] if steps_log else ():
-            if key not in ("grad_norm",):
-                row[key] = sum(s.get(key, 0.0) for s in steps_log) / len(steps_log)
+               "action_tokens": float(cur["mask"].sum(1).mean()), **ro.stats}
+        for key in dict.fromkeys(k for s in steps for k in s):
+            vals = [s[key] for s in steps if key in s and math.isfinite(s[key])]
+            row[key] = sum(vals) / len(vals) if vals else math.nan
+        norms = [s["grad_norm"] for s in steps if "grad_norm" in s]
+        if norms:
+            row["grad_norm_max"] = max(norms)
         if callback is not None:
             callback(it, row, ro)
         history.append(row)
-    policy.eval()
-    return GRPOResult(history, ro)
+        steps.clear()
+
+    def sample_batch(step: int, gen: torch.Generator):
+        it, k = divmod(step, per_iter)
+        if k == 0:
+            close_iteration()
+            policy.eval()
+            with torch.no_grad():
+                ro = rollout_fn(policy, it, gen)
+                n = ro.ids.shape[0]
+                if n % group_size:
+                    raise ValueError(f"grpo_train: {n} rollouts is not a multiple of group_size={group_size}")
+                if n < minibatches:
+                    raise ValueError(f"grpo_train: {n} rollouts cannot make {minibatches} minibatches")
+                old = ro.logp_old if ro.logp_old is not None else (logprob_fn(policy, ro.ids) if old_logprobs
+                                                                    else None)
+                ref = logprob_fn(ref_policy, ro.ids) if ref_policy is not None else None
+            policy.train()
+            adv = ro.advantages if ro.advantages is not None else (
+                group_advantages(ro.rewards, group_size, eps=adv_eps) if group_size > 1
+                else ro.rewards.float() - ro.rewards.float().mean())
+            order = (torch.arange(n)[None] if per_iter == 1 else
+                     torch.stack([torch.randperm(n, generator=gen) for _ in range(updates_per_iteration)]))
+            cur.clear()
+            cur.update(ro=ro, it=it, old=old, ref=ref, adv=adv, order=order,
+                       mask=ro.action_mask[:, 1:].to(torch.float32))
+        pas, mb = divmod(k, minibatches)
+        return (cur["order"][pas].tensor_split(minibatches)[mb],)
+
+    def loss_fn(model, idx):
+        ro = cur["ro"]
+        ids = ro.ids[idx]
+        b = GRPOBatch(model=model, ids=ids, mask=cur["mask"][idx], logp=logprob_fn(model, ids),
+                      logp_old=None if cur["old"] is None else cur["old"][idx],
+                      logp_ref=None if cur["ref"] is None else cur["ref"][idx],
+                      advantages=cur["adv"][idx], rewards=ro.rewards[idx],
+                      extras={k: v[idx] for k, v in ro.extras.items()}, stats=ro.stats, index=idx,
+                      iteration=cur["it"])
+        return objective(b)
+
+    def on_step(s) -> None:
+        steps.append({"loss": s.loss, **s.extras, **({"grad_norm": s.grad_norm} if s.grad_norm is not None else {})})
+
+    fit(policy, None, loss_fn, sample_batch=sample_batch, steps=iterations * per_iter, lr=lr, optimizer=optimizer,
+        weight_decay=weight_decay, scheduler=scheduler, grad_clip=grad_clip, seed=seed, desc=desc,
+        progress=progress, callback=on_step)
+    close_iteration()
+    return GRPOResult(history, cur.get("ro"))

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.rl import group_advantages, k3_kl, masked_mean
+from pipelines.core.rl import Rollouts, group_advantages, grpo_train, k3_kl, masked_mean
 from pipelines.core.runtime import node_setup
 from pipelines.core.seqmodels import sequence_logprobs
 from pipelines.core.training import fit
@@ -180,25 +180,6 @@ def watermark_texts(lexicon: pd.DataFrame, corpus: pd.DataFrame, generator: dict
 
 
 # ------------------------------------------------------------------------------------ RL (RLCracker)
-class _GradNorm:
-    """Global gradient norm before clipping (hooks run after each parameter's grad is accumulated)."""
-
-    def __init__(self, model):
-        self.sq = 0.0
-        self.handles = [q.register_post_accumulate_grad_hook(self._hook) for q in model.parameters()]
-
-    def _hook(self, q):
-        self.sq += float(q.grad.detach().pow(2).sum())
-
-    def take(self) -> float:
-        v, self.sq = math.sqrt(self.sq), 0.0
-        return v
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-
-
 def _aligned(lp: torch.Tensor, starts: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row completion positions of a [B, T−1] log-prob tensor → gather index [B, L] and mask [B, L]."""
     L = max(max(lengths), 1)
@@ -236,72 +217,60 @@ def rl_attack(policy, ref, lang: Language, texts: list[tuple[list[int], str]], p
               seed: int, wm_train: Watermark) -> dict[str, list[float]]:
     """GRPO with RLCracker's rewards (``rlcracker``), the semantic reward only (``grpo_sem_only``: w_kl = 0),
     or the semantic reward minus the detector's z (``oracle_rl``: violates the threat model, an upper
-    bound). Trains ``policy`` in place; returns the per-update curves."""
+    bound), on core's GRPO loop (one rollout group per update). Trains ``policy`` in place; returns the
+    per-update curves."""
     rl = p.rl
     w_kl = rl.w_kl if variant == "rlcracker" else 0.0
     G, T, allowed = rl.group_size, rl.temperature, lang.allowed_rewrite
-    hist: dict[str, list[float]] = {k: [] for k in ("reward_sem", "similarity", "kl_wm", "kl_h", "kl_ref",
-                                                    "alpha", "grad_norm", "rollout_z", "rollout_len", "loss")}
-    last: dict[str, float] = {}
     dev = next(policy.parameters()).device
 
-    def rollout(step: int, gen: torch.Generator):
+    def rollout(policy_, it: int, gen: torch.Generator) -> Rollouts:
         pick = torch.randint(len(texts), (rl.prompts_per_update,), generator=gen).tolist()
         srcs = [texts[i][0] for i in pick for _ in range(G)]
         c_wm = [lang.para_prompt(s) for s in srcs]
         c_h = [lang.qa_prompt(texts[i][1]) for i in pick for _ in range(G)]
-        policy.eval()
-        ys = sample(policy, c_wm, math.ceil(len(srcs[0]) * rl.max_new_factor), temperature=T, gen=gen,
+        ys = sample(policy_, c_wm, math.ceil(len(srcs[0]) * rl.max_new_factor), temperature=T, gen=gen,
                     allowed=allowed, eos_id=lang.eos_id)
-        policy.train()
         sims = np.array([similarity(lang.concepts(y), lang.concepts(s)) for y, s in zip(ys, srcs)])
         r_sem = semantic_reward(sims, rl.sem_threshold)
         zs = np.array([wm_train.z(y) for y in ys])    # monitoring; only oracle_rl's reward reads it
-        reward = r_sem - rl.oracle_z_weight * zs if variant == "oracle_rl" else r_sem
-        adv = group_advantages(torch.tensor(reward, dtype=torch.float32), G, eps=rl.adv_eps)
+        reward = torch.tensor(r_sem - rl.oracle_z_weight * zs if variant == "oracle_rl" else r_sem,
+                              dtype=torch.float32)
         alpha = max(1.0, rl.w_sem * (1.0 - float(r_sem.mean())))
         ids_wm = pad_batch([c + y for c, y in zip(c_wm, ys)], lang.pad_id).to(dev)
         ids_h = pad_batch([c + y for c, y in zip(c_h, ys)], lang.pad_id).to(dev)
         lens = [len(y) for y in ys]
-        with torch.no_grad():
-            lp_wm_all = completion_logprobs(ref, ids_wm, T, allowed)
-            lp_h_all = completion_logprobs(ref, ids_h, T, allowed)
+        lp_wm_all = completion_logprobs(ref, ids_wm, T, allowed)
+        lp_h_all = completion_logprobs(ref, ids_h, T, allowed)
         idx_wm, ymask = _aligned(lp_wm_all, [len(c) for c in c_wm], lens)
         idx_h, _ = _aligned(lp_h_all, [len(c) for c in c_h], lens)
         ymask = ymask.to(dev)
-        lp_wm = lp_wm_all.gather(1, idx_wm.to(dev)) * ymask
-        lp_h = lp_h_all.gather(1, idx_h.to(dev)) * ymask
-        last.update(reward_sem=float(r_sem.mean()), similarity=float(sims.mean()), alpha=alpha,
-                    rollout_z=float(zs.mean()), rollout_len=float(np.mean(lens)))
-        return (ids_wm, idx_wm.to(dev), ymask, ids_h, lp_wm, lp_h, adv.to(dev),
-                torch.tensor(alpha, device=dev))
+        actions = torch.zeros_like(ids_wm, dtype=torch.bool)    # the rewrite tokens (EOS included)
+        actions[:, 1:].scatter_(1, idx_wm.to(dev), ymask)
+        return Rollouts(ids_wm, actions, reward, advantages=group_advantages(reward, G, eps=rl.adv_eps).to(dev),
+                        extras={"idx_wm": idx_wm.to(dev), "ymask": ymask, "ids_h": ids_h,
+                                "lp_wm": lp_wm_all.gather(1, idx_wm.to(dev)) * ymask,
+                                "lp_h": lp_h_all.gather(1, idx_h.to(dev)) * ymask},
+                        stats={"reward_sem": float(r_sem.mean()), "similarity": float(sims.mean()),
+                               "alpha": alpha, "rollout_z": float(zs.mean()), "rollout_len": float(np.mean(lens))})
 
-    def loss_fn(model, ids_wm, idx_wm, ymask, ids_h, lp_wm, lp_h, adv, alpha):
-        lp = completion_logprobs(model, ids_wm, T, allowed).gather(1, idx_wm) * ymask
-        pg, info = rlcracker_objective(lp, lp_wm, lp_h, adv, alpha, ymask, w_kl, rl.beta)
-        tok_mask = ids_h != lang.pad_id
-        nll = -masked_mean(sequence_logprobs(model, ids_h), tok_mask[:, 1:])   # PPL term on [question; rewrite]
+    def objective(b):
+        e = b.extras
+        lp = b.logp.gather(1, e["idx_wm"]) * e["ymask"]
+        pg, info = rlcracker_objective(lp, e["lp_wm"], e["lp_h"], b.advantages,
+                                       torch.tensor(b.stats["alpha"], device=dev), e["ymask"], w_kl, rl.beta)
+        tok_mask = e["ids_h"] != lang.pad_id
+        nll = -masked_mean(sequence_logprobs(b.model, e["ids_h"]), tok_mask[:, 1:])   # PPL term on [question; rewrite]
         return pg + rl.w_ppl * nll, info
 
-    norms = _GradNorm(policy)
-
-    def callback(s):
-        for k in ("kl_wm", "kl_h", "kl_ref"):
-            hist[k].append(s.extras[k])
-        for k, v in last.items():
-            hist[k].append(v)
-        hist["grad_norm"].append(norms.take())
-        hist["loss"].append(s.loss)
-
-    try:
-        fit(policy, None, loss_fn, steps=rl.updates, sample_batch=rollout, lr=rl.lr, optimizer="adam",
-            weight_decay=0.0, batch_size=None, grad_clip=rl.grad_clip, seed=seed, callback=callback,
-            scheduler=(lambda o, n: _cosine(o, n, warmup=0.1)) if rl.schedule == "cosine" else None,
-            desc=f"rlcracker.{variant}")
-    finally:
-        norms.remove()
-    policy.eval()
-    return hist
+    res = grpo_train(policy, rollout, iterations=rl.updates, group_size=G, objective=objective,
+                     logprob_fn=lambda m, ids: completion_logprobs(m, ids, T, allowed), old_logprobs=False,
+                     lr=rl.lr, optimizer="adam", weight_decay=0.0, grad_clip=rl.grad_clip, seed=seed,
+                     scheduler=(lambda o, n: _cosine(o, n, warmup=0.1)) if rl.schedule == "cosine" else None,
+                     desc=f"rlcracker.{variant}")
+    keys = ("reward_sem", "similarity", "kl_wm", "kl_h", "kl_ref", "alpha", "grad_norm", "rollout_z",
+            "rollout_len", "loss")
+    return {k: [row[k] for row in res.history] for k in keys}
 
 
 # ------------------------------------------------------------------------------------ attacks + scoring

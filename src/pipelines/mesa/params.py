@@ -1,0 +1,125 @@
+"""Typed parameters of `mesa`: node functions take `Params` as a type hint, Kedro validates it before
+any node runs, and a bad value stops the command with one line naming the key."""
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipelines.core.params import MethodParams, Strict, known_names
+
+VARIANTS = ("base", "full_sft", "head_sft", "mesa", "mesa_no_route", "router_only", "random_experts", "greedy",
+            "mesa_kappa")
+
+
+class Data(Strict):
+    seed: int = Field(default=0, ge=0)               # the synthetic corpus (seeds vary k-means and alignment)
+    n_pretrain: int = Field(ge=50)                   # base-model training pool
+    n_align_harmful: int = Field(ge=10)              # D_s: harmful prompts with refusal targets
+    n_replay: int = Field(ge=10)                     # utility replay pool of the alignment stage
+    n_eval: int = Field(ge=10)                       # prompts per evaluation set
+    n_harm: int = Field(default=20, ge=4, le=200)    # harm tokens; the last `n_harm_heldout` never reach D_s
+    n_harm_heldout: int = Field(default=5, ge=1)
+    n_wrappers: int = Field(default=6, ge=2, le=50)  # two-token jailbreak wrappers; the first `n_wrappers_align` in D_s
+    n_wrappers_align: int = Field(default=3, ge=1)
+    n_templates: int = Field(default=6, ge=1, le=50)   # prompt templates per benign task and for direct requests
+    n_step_tokens: int = Field(default=30, ge=3)     # vocabulary of harm-specific compliance tokens
+    max_digits: int = Field(default=5, ge=3, le=12)  # copy / sort / reverse operate on 3..max_digits digits
+    mix_benign: float = Field(default=0.5, gt=0, lt=1)          # base mixture: benign (half wrapped) ...
+    mix_harmful_direct: float = Field(default=0.2, gt=0, lt=1)  # direct harmful → refusal; rest wrapped → comply
+    align_direct_frac: float = Field(default=0.2, ge=0, le=1)   # D_s: share of direct (unwrapped) requests
+    pretrain_path: str | None = None                 # --env=full: user tables (README: input format)
+    align_path: str | None = None
+    eval_path: str | None = None
+
+    @model_validator(mode="after")
+    def _splits(self):
+        if self.n_harm_heldout >= self.n_harm:
+            raise ValueError(f"n_harm_heldout ({self.n_harm_heldout}) must be below n_harm ({self.n_harm})")
+        if self.n_wrappers_align >= self.n_wrappers:
+            raise ValueError(f"n_wrappers_align ({self.n_wrappers_align}) must be below n_wrappers ({self.n_wrappers})")
+        if self.mix_benign + self.mix_harmful_direct >= 1:
+            raise ValueError("mix_benign + mix_harmful_direct must leave room for wrapped harmful requests")
+        if len({self.pretrain_path is None, self.align_path is None, self.eval_path is None}) > 1:
+            raise ValueError("give all of pretrain_path, align_path and eval_path, or none")
+        return self
+
+
+class Model(Strict):
+    d_model: int = Field(default=64, ge=8)
+    n_layers: int = Field(default=2, ge=1)
+    n_heads: int = Field(default=4, ge=1)
+    n_experts: int = Field(default=8, ge=2)
+    top_k: int = Field(default=2, ge=1)
+    d_expert: int = Field(default=128, ge=4)         # FFN width of each expert
+    max_len: int = Field(default=32, ge=8)
+
+    @model_validator(mode="after")
+    def _k(self):
+        if self.top_k >= self.n_experts:
+            raise ValueError(f"top_k ({self.top_k}) must be below n_experts ({self.n_experts})")
+        return self
+
+
+class Base(Strict):
+    steps: int = Field(default=1200, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    load_balance: float = Field(default=0.01, ge=0)  # weight of the Switch load-balance loss (base and alignment)
+
+
+class Profile(Strict):
+    decision_window: int = Field(default=2, ge=1, le=8)   # last prompt positions (up to the answer marker) profiled
+    n_head: int = Field(default=2, ge=1)              # "head" = the current safety experts (top f_s)
+    mask_top: int = Field(default=2, ge=1)            # masking attack: experts masked per layer
+
+
+class OT(Strict):
+    n_clusters: int = Field(default=4, ge=1, le=64)   # m duty clusters (k-means of safety-token hidden states)
+    eps: float = Field(default=0.05, gt=0)            # entropic regularisation
+    tau: float = Field(default=0.1, gt=0)             # KL relaxation of the expert marginal
+    lambda_u: float = Field(default=1.0, ge=0)        # utility-interference cost
+    lambda_a: float = Field(default=1.0, ge=0)        # routing-affinity cost
+    lambda_h: float = Field(default=0.5, ge=0)        # already-overloaded head cost
+    n_sel: int = Field(default=4, ge=1)               # experts selected per layer (top relaxed column mass)
+    kappa: float = Field(default=0.8, gt=0, le=1)     # mesa_kappa: smallest set holding kappa of the mass
+    max_iter: int = Field(default=2000, ge=10)
+    tol: float = Field(default=1e-9, gt=0)
+
+
+class Align(Strict):
+    steps: int = Field(default=200, ge=1)
+    batch_size: int = Field(default=32, ge=2)         # half D_s, half utility replay
+    lr: float = Field(default=1e-3, gt=0)
+    mu_route: float = Field(default=0.5, ge=0)        # routing refinement on safety-decision tokens
+    mu_keep: float = Field(default=0.5, ge=0)         # router KL to the original on utility tokens
+
+
+class Params(MethodParams):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: Data
+    model: Model = Model()
+    base: Base = Base()
+    profile: Profile = Profile()
+    ot: OT = OT()
+    align: Align = Align()
+    refusal_token: str = "R1"                         # first token of the refusal (safety = argmax is this)
+    answer_marker: str = "=>"                         # the token that ends every prompt
+    variants: list[str] = Field(min_length=1)         # one train.<variant> node each (base: train.base)
+
+    @field_validator("variants")
+    @classmethod
+    def _known(cls, v):
+        return known_names(v, VARIANTS)
+
+    @model_validator(mode="after")
+    def _sizes(self):
+        E = self.model.n_experts
+        if "base" not in self.variants:
+            raise ValueError("variants must include 'base' (the model every other variant aligns)")
+        if self.ot.n_sel > E or self.profile.n_head > E or self.profile.mask_top >= E - self.model.top_k + 1:
+            raise ValueError(f"ot.n_sel / profile.n_head / profile.mask_top do not fit n_experts={E}, "
+                             f"top_k={self.model.top_k}")
+        if self.ot.n_sel <= self.model.top_k and any(v in self.variants for v in ("mesa", "random_experts", "greedy")):
+            # |S| <= top_k: routing refinement concentrates safety on exactly those experts (card pitfall)
+            raise ValueError(f"ot.n_sel ({self.ot.n_sel}) must exceed model.top_k ({self.model.top_k})")
+        return self

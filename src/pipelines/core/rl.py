@@ -11,8 +11,8 @@ per iteration — and leaves the rest to the method:
     (``sample_rollouts``) and multi-turn tool use (tool output masked out) plug in the same way;
   - the objective: ``objective(batch: GRPOBatch)`` (default ``ppo_objective``: PPO-clip + k3 KL to the
     reference); a regulariser wraps it, a different RL objective replaces it;
-  - the log-probs: ``logprob_fn(model, ids)`` (default ``sequence_logprobs``), e.g. a tempered or
-    vocabulary-restricted sampling distribution."""
+  - the log-probs: ``logprob_fn(model, ids)`` → logp [B, T-1] or (logp, logits) (default: the causal
+    LM's token log-probs and its logits), e.g. a tempered or vocabulary-restricted sampling distribution."""
 from __future__ import annotations
 
 import math
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 __all__ = ["GRPOBatch", "GRPOResult", "Rollouts", "group_advantages", "grpo_train", "k3_kl", "masked_mean",
-           "ppo_clip_loss", "ppo_objective", "sample_rollouts", "token_entropy"]
+           "ppo_clip_loss", "ppo_objective", "sample_rollouts", "token_entropy", "token_logprobs"]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim=None) -> torch.Tensor:
@@ -89,7 +89,10 @@ class Rollouts:
     False); ``rewards`` [N]. Optional: ``advantages`` [N] (default: ``group_advantages(rewards)``),
     ``logp_old`` [N, T-1] (the sampler's own log-probs, e.g. from a cached decode; default: recomputed
     with ``logprob_fn`` before the updates), ``extras`` per-row tensors [N, ...] sliced into each minibatch
-    (the objective's own inputs), ``stats`` per-iteration numbers copied into the history row."""
+    (the objective's own inputs), ``stats`` per-iteration numbers copied into the history row, ``order``
+    the rows' minibatch order for each pass ([N] or [passes, N]; default: shuffled by the loop's generator
+    — a method that draws its own per-iteration stream, e.g. to give every variant the same minibatches,
+    passes it here)."""
     ids: torch.Tensor
     action_mask: torch.Tensor
     rewards: torch.Tensor
@@ -97,6 +100,7 @@ class Rollouts:
     logp_old: torch.Tensor | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
+    order: torch.Tensor | None = None
 
     def __post_init__(self):
         n = self.ids.shape[0]
@@ -112,6 +116,10 @@ class Rollouts:
         bad = [k for k, t in self.extras.items() if t.shape[0] != n]
         if bad:
             raise ValueError(f"Rollouts: extras {bad} do not have {n} rows")
+        if self.order is not None:
+            rows = self.order.view(-1, n) if self.order.numel() % n == 0 and self.order.numel() else None
+            if rows is None or not all(bool((r.sort().values == torch.arange(n, device=r.device)).all()) for r in rows):
+                raise ValueError(f"Rollouts: order must be one or more permutations of the {n} rows")
 
 
 @dataclass
@@ -122,6 +130,7 @@ class GRPOBatch:
     ids: torch.Tensor
     mask: torch.Tensor
     logp: torch.Tensor                 # current policy via logprob_fn, differentiable
+    logits: torch.Tensor | None        # [b, T-1, V] behind logp (entropy bonuses); None if logprob_fn gives none
     logp_old: torch.Tensor | None      # the sampling policy's (no grad); None with old_logprobs=False
     logp_ref: torch.Tensor | None      # the reference policy's (no grad); None without ref_policy
     advantages: torch.Tensor           # [b]
@@ -144,6 +153,9 @@ def ppo_objective(b: GRPOBatch, clip: float = 0.2, kl_coef: float = 0.0) -> tupl
         raise ValueError("ppo_objective needs the sampling policy's log-probs (old_logprobs=True)")
     loss, logs = ppo_clip_loss(b.logp, b.logp_old, b.advantages, b.mask, clip)
     logs = {"pg_loss": float(loss.detach()), **logs}
+    if b.logits is not None:
+        with torch.no_grad():
+            logs["entropy"] = float(masked_mean(token_entropy(b.logits), b.mask))
     if kl_coef:
         if b.logp_ref is None:
             raise ValueError("ppo_objective: kl_coef > 0 needs a ref_policy")
@@ -151,6 +163,13 @@ def ppo_objective(b: GRPOBatch, clip: float = 0.2, kl_coef: float = 0.0) -> tupl
         loss = loss + kl_coef * kl
         logs["kl_ref"] = float(kl.detach())
     return loss, logs
+
+
+def token_logprobs(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal LM's log p(ids[:, t+1] | ids[:, :t+1]) [B, T-1] and the logits behind them [B, T-1, V]
+    (``grpo_train``'s default ``logprob_fn``; equals ``core.seqmodels.sequence_logprobs``)."""
+    logits = model(ids[:, :-1])
+    return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0], logits
 
 
 def sample_rollouts(policy: torch.nn.Module, prompts: torch.Tensor, group_size: int,
@@ -202,14 +221,17 @@ def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, i
     objective's logs and of ``loss`` over the iteration's steps, and ``grad_norm``/``grad_norm_max`` (before
     clipping; only with ``grad_clip``). ``callback(it, row, rollouts)`` may add to the row before it is
     stored (e.g. evaluations)."""
-    from pipelines.core.seqmodels import sequence_logprobs
     from pipelines.core.training import fit
 
     if iterations < 1 or group_size < 1 or updates_per_iteration < 1 or minibatches < 1:
         raise ValueError("grpo_train: iterations, group_size, updates_per_iteration and minibatches must be ≥ 1")
     if kl_coef and ref_policy is None:
         raise ValueError("grpo_train: kl_coef > 0 needs a ref_policy")
-    logprob_fn = logprob_fn or sequence_logprobs
+    logprob_fn = logprob_fn or token_logprobs
+
+    def logprobs(model, ids):
+        out = logprob_fn(model, ids)
+        return out if isinstance(out, tuple) else (out, None)
     objective = objective or (lambda b: ppo_objective(b, clip, kl_coef))
     per_iter = updates_per_iteration * minibatches
     history: list[dict[str, float]] = []
@@ -248,15 +270,23 @@ def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, i
                     raise ValueError(f"grpo_train: {n} rollouts is not a multiple of group_size={group_size}")
                 if n < minibatches:
                     raise ValueError(f"grpo_train: {n} rollouts cannot make {minibatches} minibatches")
-                old = ro.logp_old if ro.logp_old is not None else (logprob_fn(policy, ro.ids) if old_logprobs
+                old = ro.logp_old if ro.logp_old is not None else (logprobs(policy, ro.ids)[0] if old_logprobs
                                                                     else None)
-                ref = logprob_fn(ref_policy, ro.ids) if ref_policy is not None else None
+                ref = logprobs(ref_policy, ro.ids)[0] if ref_policy is not None else None
             policy.train()
             adv = ro.advantages if ro.advantages is not None else (
                 group_advantages(ro.rewards, group_size, eps=adv_eps) if group_size > 1
                 else ro.rewards.float() - ro.rewards.float().mean())
-            order = (torch.arange(n)[None] if per_iter == 1 else
-                     torch.stack([torch.randperm(n, generator=gen) for _ in range(updates_per_iteration)]))
+            if ro.order is not None:
+                order = ro.order.view(-1, n)
+                if order.shape[0] not in (1, updates_per_iteration):
+                    raise ValueError(f"grpo_train: Rollouts.order has {order.shape[0]} passes, "
+                                     f"updates_per_iteration={updates_per_iteration}")
+                order = order.expand(updates_per_iteration, n)
+            elif per_iter == 1:
+                order = torch.arange(n)[None]
+            else:
+                order = torch.stack([torch.randperm(n, generator=gen) for _ in range(updates_per_iteration)])
             cur.clear()
             cur.update(ro=ro, it=it, old=old, ref=ref, adv=adv, order=order,
                        mask=ro.action_mask[:, 1:].to(torch.float32))
@@ -266,7 +296,8 @@ def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, i
     def loss_fn(model, idx):
         ro = cur["ro"]
         ids = ro.ids[idx]
-        b = GRPOBatch(model=model, ids=ids, mask=cur["mask"][idx], logp=logprob_fn(model, ids),
+        lp, logits = logprobs(model, ids)
+        b = GRPOBatch(model=model, ids=ids, mask=cur["mask"][idx], logp=lp, logits=logits,
                       logp_old=None if cur["old"] is None else cur["old"][idx],
                       logp_ref=None if cur["ref"] is None else cur["ref"][idx],
                       advantages=cur["adv"][idx], rewards=ro.rewards[idx],

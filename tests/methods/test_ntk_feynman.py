@@ -318,6 +318,10 @@ def test_theory_variants_differ_only_where_they_should():
     np.testing.assert_allclose(rec.loc[l2, list(DNTK_TENSORS)], abl.loc[l2, list(DNTK_TENSORS)])
     relu3 = (rec.layer == 3) & (rec.activation == "relu")
     assert (rec.loc[relu3, "P"].to_numpy() > abl.loc[relu3, "P"].to_numpy()).all()
+    dd = ["R", "S", "T", "U"]                                # the ddNTK recursion, layer 2 exact in both
+    assert (inf[dd] == 0).all().all()
+    np.testing.assert_allclose(rec.loc[l2, dd], abl.loc[l2, dd])
+    assert (rec.loc[relu3, dd].to_numpy() > abl.loc[relu3, dd].to_numpy()).all()
 
 
 @pytest.mark.parametrize("patch,key", [
@@ -505,6 +509,9 @@ def test_report_of_the_test_env_run(test_env_run):
     assert report["variants"]["recursion"]["relu.P"] == pytest.approx(80.0)       # dNTK, depth 4
     assert report["histories"]["mc_dntk_relu"]["P_L4_vs_width"]["step"] == [4, 8]
     assert "dntk_vs_width.png" in report["artifacts"]
+    assert [report["variants"]["recursion"][f"relu.{t}"] for t in "RSTU"] == pytest.approx([160, 40, 80, 80])
+    assert {"ddntk_vs_width.png", "ddntk_layer_profiles.png"} <= set(report["artifacts"])
+    assert report["histories"]["mc_ddntk_relu"]["S_L4_rel_err_vs_width"]["step"] == [4, 8]
 
 
 # ------------------------------------------------------------------------ ddNTK (R, S, T, U)
@@ -636,3 +643,124 @@ def test_ddntk_variant_needs_its_block_and_claims_name_it():
     ok = validate(Params, {**RAW, "ddntk": dd, "claims": [claim], "variants": [*RAW["variants"], "mc_ddntk_relu"]},
                   "ntk_feynman")
     assert ok.ddntk_activations() == ["relu"] and "ddntk_relu" not in ok.mc_activations()
+
+
+# ------------------------------------------------------------------------ ddNTK recursion (every layer)
+def relu_ddntk_reference(c_w, c_b, lam_b, lam_w, sq, depth):
+    """The ddNTK recursion written out for ReLU with the half-Gaussian moments (<s'^2> = <s'^4> = 1/2,
+    <s^2 s'^2> = K/2, St[s s'] = 1/2, sigma'' = sigma''' = 0 a.e.): chi_perp = CW/2, chi_Th = lW/2, next to the
+    hand-written B, F, P, Q recursions that feed it. Per layer 2..depth: R, S, T, U."""
+    K, Th = c_b + c_w * sq, lam_b + lam_w * sq
+    B = F = P = Q = R = S = T = U = 0.0
+    out = []
+    for _ in range(depth - 1):
+        cp, ct = c_w / 2, lam_w / 2
+        R, S, T, U = (lam_w * c_w * Th**2 + 2 * cp * (lam_w / 2) * B + 2 * cp * ct * (Q - P / 2) + cp**2 * R,
+                      lam_w**2 * Th * K / 2 + ct**2 * F + 2 * cp * ct * Q + cp**2 * S,
+                      lam_w**2 * Th * K + 2 * ct**2 * F + 2 * cp * ct * P + cp**2 * T,
+                      lam_w * c_w * Th**2 / 2 + cp * (lam_w / 2) * B + cp**2 * U)
+        P, Q = (2 * lam_w * c_w * (Th * K / 2 + F / 4) + c_w**2 * P / 4,
+                lam_w * c_w * (Th * K / 2 + F / 4) + c_w**2 * Q / 4)
+        B, F = c_w**2 * Th**2 / 2 + cp**2 * B, c_w**2 * K * Th / 2 + cp**2 * F
+        K, Th = c_b + c_w * K / 2, lam_b + lam_w * K / 2 + c_w * Th / 2
+        out.append({"R": R, "S": S, "T": T, "U": U})
+    return out
+
+
+@pytest.mark.parametrize("c_w,c_b,lam_b,lam_w,sq,depth", [(2.0, 0.0, 1.0, 1.0, 1.0, 6), (1.7, 0.3, 0.5, 2.0, 2.3, 5)])
+def test_relu_ddntk_recursion_matches_hand_closed_form(c_w, c_b, lam_b, lam_w, sq, depth):
+    got = ddntk.ddntk_first_order("relu", c_w, c_b, lam_b, lam_w, sq, depth)
+    assert got[0] == {"layer": 1, "R": 0.0, "S": 0.0, "T": 0.0, "U": 0.0}
+    for g, ref in zip(got[1:], relu_ddntk_reference(c_w, c_b, lam_b, lam_w, sq, depth)):
+        for t in DDNTK_TENSORS:
+            assert g[t] == pytest.approx(ref[t], rel=1e-10), (g["layer"], t)
+        # ReLU keeps the layer-2 identities T = 2 S and U = R / 2 at every layer (P = 2 Q)
+        assert g["T"] == pytest.approx(2 * g["S"], rel=1e-10) and g["U"] == pytest.approx(g["R"] / 2, rel=1e-10)
+    last = ddntk.ddntk_first_order("relu", 2.0, 0.0, 1.0, 1.0, 1.0, 4)[-1]
+    assert [round(last[t], 9) for t in DDNTK_TENSORS] == [160, 40, 80, 80]     # the default run's layer 4
+
+
+@pytest.mark.parametrize("kind,c_w,c_b", [("relu", 1.8, 0.2), ("tanh", 1.3, 0.2), ("gelu", 1.98305826, 0.17292239)])
+def test_ddntk_recursion_starts_from_the_exact_layer2_values(kind, c_w, c_b):
+    """At layer 2 the recursion is layer2_values at layer 1's K, Theta (exact at any width); without inter-layer
+    terms every layer is layer2_values at the previous layer's K, Theta; infinite_width carries zeros."""
+    lam_b, lam_w, sq, quad = 0.7, 1.3, 1.4, theory.Quad()
+    rec = ddntk.ddntk_first_order(kind, c_w, c_b, lam_b, lam_w, sq, 4, quad=quad)
+    abl = ddntk.ddntk_first_order(kind, c_w, c_b, lam_b, lam_w, sq, 4, interlayer=False, quad=quad)
+    base = theory.first_order(kind, c_w, c_b, lam_b, lam_w, sq, 4, quad=quad)
+    for ell in (2, 3, 4):
+        ref = ddntk.layer2_values(kind, c_w, lam_w, base[ell - 2]["K"], base[ell - 2]["Theta"], quad)
+        for t in DDNTK_TENSORS:
+            assert abl[ell - 1][t] == pytest.approx(ref[t], rel=1e-12)
+            if ell == 2:
+                assert rec[1][t] == pytest.approx(ref[t], rel=1e-12)
+    assert any(abs(rec[3][t] - abl[3][t]) > 0.1 * abs(rec[3][t]) for t in DDNTK_TENSORS)
+
+
+def test_ddntk_recursion_limit_cases():
+    """A linear net whose biases alone learn has no ddNTK at any layer (the NTK does not depend on the
+    parameters); with lambda_W > 0 a linear net obeys the ReLU-like identities T = 2 S, U = R / 2 and the
+    closed form R' = 2 lW CW Th^2 + 2 lW CW B + CW^2 R, S' = lW^2 (Th K + F) + lW CW P + CW^2 S."""
+    for row in ddntk.ddntk_first_order("linear", 1.1, 0.3, 1.0, 0.0, 1.2, 5):
+        assert all(row[t] == 0.0 for t in DDNTK_TENSORS)
+    c_w, c_b, lam_b, lam_w, sq = 0.9, 0.2, 0.6, 1.4, 1.3
+    got = ddntk.ddntk_first_order("linear", c_w, c_b, lam_b, lam_w, sq, 5)
+    K, Th, B, F, P, R, S = c_b + c_w * sq, lam_b + lam_w * sq, 0.0, 0.0, 0.0, 0.0, 0.0
+    for g in got[1:]:
+        R, S, P, B, F, K, Th = (2 * lam_w * c_w * Th**2 + 2 * lam_w * c_w * B + c_w**2 * R,
+                                lam_w**2 * (Th * K + F) + lam_w * c_w * P + c_w**2 * S,
+                                2 * lam_w * c_w * (Th * K + F) + c_w**2 * P,
+                                c_w**2 * Th**2 + c_w**2 * B, c_w**2 * K * Th + c_w**2 * F,
+                                c_b + c_w * K, lam_b + lam_w * K + c_w * Th)
+        assert (g["R"], g["S"], g["T"], g["U"]) == pytest.approx((R, S, 2 * S, R / 2), rel=1e-10)
+
+
+def test_ddntk_recursion_matches_sampled_nets_at_layer_three():
+    """The mechanism test: at layer 3 (the first with inter-layer terms) the 1/n (Richardson) extrapolation
+    (16 T_16 - 8 T_8) / 8 of sampled tanh nets (with sigma'' and sigma''' terms and every inter-layer term,
+    Q - P/2 included) equals the recursion within 3.5 s.e. for R, S, T, U, while the ablation without
+    inter-layer terms is rejected; the raw n = 16 error is below the n = 8 error. (ReLU's extrapolation needs
+    n >= 16, too slow here; the default run checks ReLU and tanh at layers 3 and 4.)"""
+    kind, c_w, c_b, seed = "tanh", 1.0, 0.0, 21
+    x, lam_b, lam_w = np.ones(5), 1.0, 1.0
+    rec = ddntk.ddntk_first_order(kind, c_w, c_b, lam_b, lam_w, 1.0, 3)[2]
+    abl = ddntk.ddntk_first_order(kind, c_w, c_b, lam_b, lam_w, 1.0, 3, interlayer=False)[2]
+    est = {}
+    for n, nets in ((8, 12000), (16, 6000)):
+        stats = ddntk.sample_ddntk(kind, x, n, 3, nets, c_w, c_b, lam_b, lam_w, seed=seed + n, layers=[3])
+        blk = pd.DataFrame(stats[:, 2], columns=list(ddntk.DDNTK_COLUMNS)).groupby(np.arange(nets) // (nets // 30))
+        est[n] = ddntk.pooled_ddntk(blk.mean().assign(n_nets=nets // 30), n, n)
+    z_abl = []
+    for t in DDNTK_TENSORS:
+        ex = 2 * est[16][t] - est[8][t]
+        se = math.hypot(2 * est[16][f"{t}_se"], est[8][f"{t}_se"])
+        assert abs(ex - rec[t]) <= 3.5 * se, (t, ex, se, rec[t])
+        assert abs(est[16][t] - rec[t]) < abs(est[8][t] - rec[t]), t
+        z_abl.append(abs(ex - abl[t]) / se)
+    assert max(z_abl) > 5
+
+
+def test_dntk_recursion_with_unequal_widths_matches_sampled_nets():
+    """Unequal widths n = (a, 4a, 2a, 2a): each previous-layer tensor enters layer l + 1 times r = n_l / n_{l-1}
+    (4 into layer 3, 1/2 into layer 4, also through the kernel side's F and B). The 1/n extrapolation over
+    a = 8, 16 of sampled tanh nets matches the dNTK recursion with these r within 3.5 s.e. at layers 3 and 4,
+    and rejects the equal-width recursion at layer 3; layer 2 (exact at any widths) matches the raw MC."""
+    kind, c_w, c_b, x = "tanh", 1.0, 0.0, np.ones(5)
+    est = {}
+    for a, nets in ((8, 4000), (16, 2000)):
+        ws = [a, 4 * a, 2 * a, 2 * a]
+        stats = dntk.sample_dntk(kind, x, ws, 4, nets, c_w, c_b, 1.0, 1.0, seed=40 + a)
+        for ell in (2, 3, 4):
+            blk = pd.DataFrame(stats[:, ell - 1], columns=list(dntk.DNTK_COLUMNS))
+            blk = blk.groupby(np.arange(nets) // (nets // 20))
+            est[a, ell] = dntk.pooled_dntk(blk.mean().assign(n_nets=nets // 20), ws[ell - 1], ws[ell - 2])
+    rec = dntk.dntk_first_order(kind, c_w, c_b, 1.0, 1.0, 1.0, 4, widths=[16, 64, 32, 32])
+    equal = dntk.dntk_first_order(kind, c_w, c_b, 1.0, 1.0, 1.0, 4)
+    for t in DNTK_TENSORS:
+        assert abs(est[16, 2][t] - rec[1][t]) <= 3.5 * est[16, 2][f"{t}_se"], t
+        for ell in (3, 4):
+            ex = 2 * est[16, ell][t] - est[8, ell][t]
+            se = math.hypot(2 * est[16, ell][f"{t}_se"], est[8, ell][f"{t}_se"])
+            assert abs(ex - rec[ell - 1][t]) <= 3.5 * se, (ell, t, ex, se, rec[ell - 1][t])
+            if ell == 3:
+                assert abs(ex - equal[2][t]) > 6 * se, (t, ex, equal[2][t])

@@ -1,5 +1,6 @@
 """The second-order differential NTK (ddNTK) at first order in 1/n: its Monte-Carlo estimate by autograd
-contractions with random probes, and the layer-2 values of its statistics (PDLT ch. 11, one input).
+contractions with random probes, the exact layer-2 values of its statistics and their layer-to-layer recursion
+at every deeper layer (PDLT ch. 11 conventions, one input; our derivation, README "ddNTK").
 
 Definitions (lambda-weighted parameter gradients, l f = sum_mu lambda_mu df/dtheta_mu e_mu; H[f] the Hessian):
     ddI_{i1 i2 i3 i4}  = H[Th_{i1 i2}](l z_{i3}, l z_{i4}),
@@ -53,12 +54,69 @@ def layer2_values(kind: str, c_w: float, lambda_w: float, K: float, Th: float, q
             "U": lambda_w * c_w * Th**2 * p4 + 2 * c_w**2 * Th**3 * p2pp2}
 
 
-def sample_ddntk(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
+def ddntk_moments(kind: str, K: float, quad: theory.Quad) -> dict:
+    """The Gaussian averages one step of the ddNTK recursion needs, at variance K. Averages that come from
+    Hessians of sigma are pointwise (sigma'' = sigma''' = 0 for ReLU, as in a sampled net's autograd); the links
+    between two neurons are Stein factors St[g] = <g z>/K (which keep the ReLU kink)."""
+    u, w = quad.nodes()
+    z = math.sqrt(K) * u
+    s, d1, d2, d3 = theory.sigma(kind, z), theory.dsigma(kind, z), dntk.d2sigma(kind, z), d3sigma(kind, z)
+    E = lambda g: float(np.sum(w * g))                      # noqa: E731
+    St = lambda g: float(np.sum(w * g * z)) / K             # noqa: E731
+    return {"p2": E(d1 * d1), "pp2": E(d2 * d2), "spp": E(s * d2), "pppp": E(d1 * d3),
+            "h_s2": E(d1 * d1 + s * d2), "h_p2": E(d2 * d2 + d1 * d3),       # <(s^2)''>/2, <(s'^2)''>/2
+            "psi": St(s * d1), "omega": St(d1 * d2)}                          # d<s^2>/dK, d<s'^2>/dK
+
+
+def ddntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, sq_norm: float,
+                      depth: int, widths: list[int] | None = None, interlayer: bool = True,
+                      quad: theory.Quad | None = None) -> list[dict]:
+    """Per layer l = 1..depth: R, S, T, U (n x the ddNTK means, README "ddNTK recursion"). Layer 1: 0; layer 2:
+    :func:`layer2_values` (exact); deeper layers: the intra-layer term (``layer2_values`` at the layer's K, Theta)
+    plus the inter-layer terms, which carry the previous layer's B, F, P, Q, R, S, T, U:
+
+        R' = R0 + 2 chi_perp (lW <s'^2 + s s''> + CW Th <s''^2 + s' s'''>) B + 2 chi_perp chi_Th (Q - P/2)
+                + chi_perp^2 R
+        S' = S0 + chi_Th^2 F + 2 chi_perp chi_Th Q + 2 chi_perp (lW <s s''> + CW Th <s' s'''>) B + chi_perp^2 S
+        T' = T0 + 2 chi_Th^2 F + 2 chi_perp chi_Th P + chi_perp^2 T
+        U' = U0 + chi_perp (lW <s'^2> + CW Th <s''^2>) B + chi_perp^2 U
+
+    with chi_perp = CW <s'^2>, chi_Th = lW St[s s'] + CW Th St[s' s''] (theory.first_order's chi_theta), r = n_l /
+    n_{l-1} on every previous-layer tensor (equal widths: r = 1). ``interlayer=False`` keeps R0..U0 only."""
+    quad = quad or theory.Quad()
+    widths = widths or [1] * depth
+    base = theory.first_order(kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths,
+                              interlayer=interlayer, quad=quad)
+    d_rows = dntk.dntk_first_order(kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths,
+                                   interlayer=interlayer, quad=quad)
+    t = dict.fromkeys(DDNTK_TENSORS, 0.0)
+    rows = [{"layer": 1, **t}]
+    for ell in range(1, depth):
+        prev, dprev = base[ell - 1], d_rows[ell - 1]
+        K, Th, F, B, P, Q = prev["K"], prev["Theta"], prev["F"], prev["B"], dprev["P"], dprev["Q"]
+        intra = layer2_values(kind, c_w, lambda_w, K, Th, quad)
+        m = ddntk_moments(kind, K, quad)
+        r = theory.aspect_ratio(widths, ell) if interlayer else 0.0
+        chi_p = c_w * m["p2"]
+        chi_t = lambda_w * m["psi"] + c_w * Th * m["omega"]
+        t = {"R": intra["R"] + r * (2 * chi_p * (lambda_w * m["h_s2"] + c_w * Th * m["h_p2"]) * B
+                                    + 2 * chi_p * chi_t * (Q - 0.5 * P) + chi_p**2 * t["R"]),
+             "S": intra["S"] + r * (chi_t**2 * F + 2 * chi_p * chi_t * Q
+                                    + 2 * chi_p * (lambda_w * m["spp"] + c_w * Th * m["pppp"]) * B
+                                    + chi_p**2 * t["S"]),
+             "T": intra["T"] + r * (2 * chi_t**2 * F + 2 * chi_p * chi_t * P + chi_p**2 * t["T"]),
+             "U": intra["U"] + r * (chi_p * (lambda_w * m["p2"] + c_w * Th * m["pp2"]) * B + chi_p**2 * t["U"])}
+        rows.append({"layer": ell + 1, **t})
+    return rows
+
+
+def sample_ddntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: float, c_b: float,
                  lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
                  device: str = "cpu", layers: list[int] | None = None) -> np.ndarray:
     """(n_nets, depth, 4): per net and layer C1..C4 / n^2 (one pair of Rademacher probes per net and layer),
-    for ``n_nets`` MLPs of equal hidden widths, float64, one seeded generator. ``layers`` (1-based): the layers
-    to evaluate (default all >= 2; layer 1 is linear in its parameters, so its ddNTK is 0)."""
+    for ``n_nets`` MLPs, float64, one seeded generator. ``width``: one hidden width for every layer, or a list of
+    ``depth`` widths (each layer's contractions are divided by its own width squared). ``layers`` (1-based): the
+    layers to evaluate (default all >= 2; layer 1 is linear in its parameters, so its ddNTK is 0)."""
     import torch
 
     from pipelines.ntk_feynman.mc import layer_step
@@ -69,20 +127,21 @@ def sample_ddntk(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, 
     n0 = xt.shape[0]
     gen = torch.Generator(device=dev).manual_seed(int(seed))
     layers = sorted(set(layers or range(2, depth + 1)))
-    per_chunk = max(1, chunk_elems // (width * width * 8))
+    ws = dntk.hidden_widths(width, depth)
+    per_chunk = max(1, chunk_elems // (max(ws) ** 2 * 8))
     out = np.zeros((n_nets, depth, len(DDNTK_COLUMNS)))
     th1 = lambda_b + lambda_w * float(xt @ xt) / n0
     for start in range(0, n_nets, per_chunk):
         Bn = min(per_chunk, n_nets - start)
         Ws, bs = [], []
         for ell in range(depth):
-            fan = n0 if ell == 0 else width
-            Ws.append((torch.randn(Bn, width, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
-            bs.append((torch.randn(Bn, width, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
-        us = torch.randint(0, 2, (2, depth, Bn, width), generator=gen, device=dev).to(torch.float64) * 2 - 1
-        lam = [lambda_w / (n0 if ell == 0 else width) for ell in range(depth)]
+            fan = n0 if ell == 0 else ws[ell - 1]
+            Ws.append((torch.randn(Bn, ws[ell], fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
+            bs.append((torch.randn(Bn, ws[ell], generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        us = dntk.rademacher(gen, 2, Bn, ws, dev)
+        lam = [lambda_w / (n0 if ell == 0 else ws[ell - 1]) for ell in range(depth)]
         z = torch.einsum("bij,j->bi", Ws[0], xt) + bs[0]
-        th = torch.diag_embed(torch.full((Bn, width), th1, **f64))
+        th = torch.diag_embed(torch.full((Bn, ws[0]), th1, **f64))
         for ell in range(1, max(layers)):
             z, th = layer_step(kind, z, th, Ws[ell], bs[ell], lambda_b, lambda_w)
             if ell + 1 not in layers:
@@ -110,14 +169,14 @@ def sample_ddntk(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, 
                         tot = tot + (hi * bi).reshape(Bn, -1).sum(-1)
                 return tot
 
-            u, u2 = us[0, ell], us[1, ell]
+            u, u2 = us[0][ell], us[1][ell]
             uz, u2z = (u * z).sum(), (u2 * z).sum()
             tr = torch.diagonal(th, dim1=-2, dim2=-1).sum()
             q = torch.einsum("bi,bik,bk->", u, th, u2)
             v, v2 = lam_(lgrad(uz)), lam_(lgrad(u2z))
             c = [hess(tr, v, v), hess(q, v, v2), hess(uz, lam_(lgrad(tr)), v), hess(uz, lam_(lgrad(q)), v2)]
             for j, cj in enumerate(c):
-                out[start:start + Bn, ell, j] = (cj / width**2).detach().cpu().numpy()
+                out[start:start + Bn, ell, j] = (cj / ws[ell]**2).detach().cpu().numpy()
         del Ws, bs, z, th
     if not np.isfinite(out).all():
         raise FloatingPointError(f"ntk_feynman ddNTK MC ({kind}, width {width}, seed {seed}): non-finite statistics")

@@ -77,7 +77,7 @@ def dntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_
         prev = base[ell - 1]
         K, Th, F, B = prev["K"], prev["Theta"], prev["F"], prev["B"]
         m = dntk_moments(kind, K, quad)
-        r = (widths[ell] / widths[ell - 1]) if interlayer else 0.0
+        r = theory.aspect_ratio(widths, ell) if interlayer else 0.0
         lin = lambda_w * c_w * (Th * m["s2p2"] + r * m["psi"] ** 2 * F)
         P, Q = (2 * lin + 2 * c_w**2 * (Th**2 * m["sp2pp"] + r * Th * m["psi"] * m["st_ppp"] * F)
                 + r * c_w**2 * m["psi"] * m["p2"] * P,
@@ -97,11 +97,34 @@ def pq_from_sums(s1: float, s2: float, n: int, n_prev: float) -> tuple[float, fl
     return float(P), float(Q)
 
 
-def sample_dntk(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
+def hidden_widths(width, depth: int) -> list[int]:
+    """[n_1, ..., n_depth] from one width (equal widths) or a list of ``depth`` widths."""
+    ws = [int(width)] * depth if np.ndim(width) == 0 else [int(w) for w in width]
+    if len(ws) != depth or min(ws) < 1:
+        raise ValueError(f"widths {width!r}: need one positive width or {depth} of them")
+    return ws
+
+
+def rademacher(gen, probes: int, Bn: int, ws: list[int], dev):
+    """[probe][layer] -> (Bn, n_layer) Rademacher signs. Equal widths draw one (probes, depth, Bn, n) tensor, as
+    before unequal widths were allowed, so their seeded draws are unchanged."""
+    import torch
+
+    def signs(shape):
+        return torch.randint(0, 2, shape, generator=gen, device=dev).to(torch.float64) * 2 - 1
+
+    if len(set(ws)) == 1:
+        return signs((probes, len(ws), Bn, ws[0]))
+    return [[signs((Bn, w)) for w in ws] for _ in range(probes)]
+
+
+def sample_dntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: float, c_b: float,
                 lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
                 device: str = "cpu", probes: int = 1) -> np.ndarray:
     """(n_nets, depth, 2): per net and layer S1 / n^2 and S2 / n^2 (S2 averaged over ``probes`` Rademacher
-    vectors), for ``n_nets`` independent MLPs of equal hidden widths, float64, one seeded generator."""
+    vectors), for ``n_nets`` independent MLPs, float64, one seeded generator. ``width``: one hidden width for
+    every layer, or a list of ``depth`` widths (then S1, S2 are divided by each layer's own width squared, and
+    :func:`pq_from_sums` takes that width and the previous layer's)."""
     import torch
 
     from pipelines.ntk_feynman.mc import layer_step
@@ -111,20 +134,21 @@ def sample_dntk(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c
     xt = torch.as_tensor(np.asarray(x, dtype=float), **f64)
     n0 = xt.shape[0]
     gen = torch.Generator(device=dev).manual_seed(int(seed))
-    per_chunk = max(1, chunk_elems // (width * width * 4))
+    ws = hidden_widths(width, depth)
+    per_chunk = max(1, chunk_elems // (max(ws) ** 2 * 4))
     out = np.zeros((n_nets, depth, len(DNTK_COLUMNS)))
     th1 = lambda_b + lambda_w * float(xt @ xt) / n0
     for start in range(0, n_nets, per_chunk):
         Bn = min(per_chunk, n_nets - start)
         Ws, bs = [], []
         for ell in range(depth):
-            fan = n0 if ell == 0 else width
-            Ws.append((torch.randn(Bn, width, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
-            bs.append((torch.randn(Bn, width, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
-        us = torch.randint(0, 2, (probes, depth, Bn, width), generator=gen, device=dev).to(torch.float64) * 2 - 1
-        lam = [lambda_w / (n0 if ell == 0 else width) for ell in range(depth)]
+            fan = n0 if ell == 0 else ws[ell - 1]
+            Ws.append((torch.randn(Bn, ws[ell], fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
+            bs.append((torch.randn(Bn, ws[ell], generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        us = rademacher(gen, probes, Bn, ws, dev)
+        lam = [lambda_w / (n0 if ell == 0 else ws[ell - 1]) for ell in range(depth)]
         z = torch.einsum("bij,j->bi", Ws[0], xt) + bs[0]
-        th = torch.diag_embed(torch.full((Bn, width), th1, **f64))
+        th = torch.diag_embed(torch.full((Bn, ws[0]), th1, **f64))
         for ell in range(1, depth):
             z, th = layer_step(kind, z, th, Ws[ell], bs[ell], lambda_b, lambda_w)
             params = [*Ws[:ell + 1], *bs[:ell + 1]]
@@ -145,11 +169,11 @@ def sample_dntk(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c
             s1 = inner(grads(0.5 * (z * z).sum()), grads(tr.sum()))
             s2 = torch.zeros(Bn, **f64)
             for k in range(probes):
-                u = us[k, ell]
+                u = us[k][ell]
                 s2 = s2 + inner(grads((u * z).sum()),
                                 grads(torch.einsum("bi,bik,bk->b", u, th, zbar).sum()))
-            out[start:start + Bn, ell, 0] = (s1 / width**2).detach().cpu().numpy()
-            out[start:start + Bn, ell, 1] = (s2 / (probes * width**2)).detach().cpu().numpy()
+            out[start:start + Bn, ell, 0] = (s1 / ws[ell]**2).detach().cpu().numpy()
+            out[start:start + Bn, ell, 1] = (s2 / (probes * ws[ell]**2)).detach().cpu().numpy()
         del Ws, bs, z, th
     if not np.isfinite(out).all():
         raise FloatingPointError(f"ntk_feynman dNTK MC ({kind}, width {width}, seed {seed}): non-finite statistics")

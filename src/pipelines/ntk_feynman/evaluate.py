@@ -10,7 +10,7 @@ import pandas as pd
 from pipelines.core.report import build_report
 from pipelines.ntk_feynman import ddntk, dntk, mc
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
-from pipelines.ntk_feynman.theory import VERTEX_KEYS, Quad
+from pipelines.ntk_feynman.theory import VERTEX_KEYS
 
 QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
 THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Theta1": "Theta1", "K1": "K1"}
@@ -93,20 +93,16 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     row[v] = float(sel[q].iloc[0])
                 rows.append(row)
     for act, blocks in _ddntk_sims(outputs).items():
-        spec = p.activations[act]
-        quad = Quad(p.quadrature.nodes_per_half, p.quadrature.half_width_sd)
-        first = theories["recursion"]
-        first = first[(first.activation == act) & (first.input == 0) & (first.layer == 1)].iloc[0]
-        # layer 2 (exact at any width); deeper layers have no derived recursion yet (README, "ddNTK"): NaN
-        l2 = ddntk.layer2_values(act, spec.c_w, p.net.lambda_w, float(first.K), float(first.Theta), quad)
+        # every layer against the theory variants' R, S, T, U (ddntk.ddntk_first_order; layer 2 is exact)
         for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
             npv = n_prev(int(layer), int(width), n0)
             est = ddntk.pooled_ddntk(d, int(width), npv)
             for q in DDNTK_TENSORS:
                 row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
                        "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
-                for v in theories:
-                    row[v] = 0.0 if v == "infinite_width" else (l2[q] if layer == 2 else np.nan)
+                for v, t in theories.items():
+                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
+                    row[v] = float(sel[q].iloc[0])
                 rows.append(row)
     return pd.DataFrame(rows)
 
@@ -251,7 +247,10 @@ def dntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
 
 def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     """The ddNTK means: layer 2 against its exact values (z-scores, relative errors), the zero baseline's
-    rejection there, and the O(1/n) scaling of the raw means E[ddNTK] = T/n at the last layer."""
+    rejection there, the O(1/n) scaling of the raw means E[ddNTK] = T/n at the last layer, and the recursion
+    (ddntk.ddntk_first_order) at the deeper layers: the 1/n (Richardson) extrapolation of the two widest widths
+    against it at every layer >= 3, the agreement and mean error per width at the last layer, and the ablation
+    without inter-layer terms."""
     out: dict[str, float] = {}
     d_all = _ddntk(cmp)
     if not len(d_all) or p.ddntk is None:
@@ -277,6 +276,40 @@ def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
             out[f"ddntk_mean_slope.{q}.{act}"] = slope
             devs.append(abs(slope + 1.0))
         out[f"ddntk_mean_slope_dev.{act}"] = float(max(devs))
+        ws = sorted(c.width.unique())
+        if float(last.recursion.abs().max()) < 1e-12 or len(ws) < 2 or L < 3:
+            continue                                  # e.g. lambda_W = 0: the ddNTK vanishes identically
+        wide_, prev = int(ws[-1]), int(ws[-2])
+        # 1/n extrapolation T_inf = (n2 T2 - n1 T1) / (n2 - n1) at every layer >= 3, against the recursion
+        zs = []
+        for ell in range(3, L + 1):
+            cl = c[c.layer == ell]
+            ex = []
+            for q in DDNTK_TENSORS:
+                a = cl[(cl.quantity == q) & (cl.width == prev)].iloc[0]
+                b = cl[(cl.quantity == q) & (cl.width == wide_)].iloc[0]
+                t_ex = (wide_ * b.mc - prev * a.mc) / (wide_ - prev)
+                se = math.hypot(wide_ * b.mc_se, prev * a.mc_se) / (wide_ - prev)
+                zs.append((t_ex - b.recursion) / se)
+                if ell == L:
+                    out[f"ddntk_{q}_extrapolated.{act}"] = float(t_ex)
+                    out[f"ddntk_{q}_extrapolated.{act}.se"] = float(se)
+                    out[f"ddntk_{q}_recursion.{act}"] = float(b.recursion)
+                    ex.append((abs(t_ex - b.recursion) - 2 * se) / abs(b.recursion))
+            if ell == L:
+                out[f"ddntk_extrap_excess.{act}"] = float(max(ex))
+        out[f"ddntk_extrap_max_abs_z.{act}"] = float(np.max(np.abs(zs)))
+        w = last[last.width == wide_]
+        out[f"ddntk_agreement_excess.{act}"] = float((((w.mc - w.recursion).abs() - 2 * w.mc_se)
+                                                      / w.recursion.abs()).max())
+        per_w = ((last.mc - last.recursion) / last.recursion.abs()).abs().groupby(last.width).mean()
+        for wd, v in per_w.items():
+            out[f"ddntk_mean_abs_rel_err_n{wd}.{act}"] = float(v)
+        out[f"ddntk_err_ratio_wide_vs_narrow.{act}"] = float(per_w[wide_] / per_w[ws[0]])
+        if "no_interlayer" in c:
+            full = ((w.recursion - w.mc).abs() / w.mc.abs()).mean()
+            abl = ((w.no_interlayer - w.mc).abs() / w.mc.abs()).mean()
+            out[f"ddntk_interlayer_error_ratio.{act}"] = float(full / abl)
     return out
 
 
@@ -318,7 +351,7 @@ def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame],
         row = {"variant": v, "seed": int(p.seeds[0]), "runtime_s": float(t.runtime_s.iloc[0])}
         for act in t.activation.unique():
             last = t[(t.activation == act) & (t.layer == L) & (t.input == 0)].iloc[0]
-            for q in ("K", "Theta", *TENSORS, *DNTK_TENSORS, "K1", "Theta1"):
+            for q in ("K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"):
                 row[f"{act}.{q}"] = float(last[q])
             if act in sims:
                 e = rel_errors(cmp[cmp.activation == act], p, v)
@@ -340,7 +373,7 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
         t0 = t[t.input == 0]
         for act in t0.activation.unique():
             a = t0[t0.activation == act].sort_values("layer")
-            for q in ("K", "Theta", *TENSORS, *DNTK_TENSORS, "K1", "Theta1"):
+            for q in ("K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"):
                 hv[f"{act}.{q}_vs_layer"] = list(zip(a.layer.astype(int), a[q].astype(float)))
             if act in sims:
                 e = rel_errors(cmp[cmp.activation == act], p, v)
@@ -377,6 +410,9 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
         for q in DDNTK_TENSORS:
             s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
             hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
+            if (s.recursion.abs() > 0).all():
+                hv[f"{q}_L{L}_rel_err_vs_width"] = list(zip(s.width.astype(int),
+                                                            ((s.mc - s.recursion) / s.recursion.abs()).astype(float)))
             s = c[(c.quantity == q) & (c.layer == 2)].sort_values("width")
             hv[f"{q}_L2_z_vs_width"] = list(zip(s.width.astype(int), ((s.mc - s.recursion) / s.mc_se).astype(float)))
             s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
@@ -655,11 +691,13 @@ def _dntk_layers(cmp: pd.DataFrame, p: Params):
 
 
 def _ddntk_vs_width(cmp: pd.DataFrame, p: Params):
-    """Rows = activations; left: layer 2, n E[ddNTK] vs width against the exact value; right: every layer's
-    n E[ddNTK] vs width (their flattening is the O(1/n) scaling)."""
+    """Rows = activations; left: layer 2, n E[ddNTK] vs width against the exact value; right: the last layer's
+    n E[ddNTK] against 1/n, with the recursion at 1/n = 0 (±10 % band) and the straight 1/n extrapolation
+    through the two widest widths (what is left between it and the points is the 1/n^2 part)."""
     import matplotlib.pyplot as plt
 
     d = _ddntk(cmp)
+    L = p.net.depth
     acts = list(d.activation.unique())
     fig, axes = plt.subplots(len(acts), 2, figsize=(11, 3.6 * len(acts)), squeeze=False)
     for i, act in enumerate(acts):
@@ -675,13 +713,53 @@ def _ddntk_vs_width(cmp: pd.DataFrame, p: Params):
         ax.legend(fontsize=7)
         ax = axes[i, 1]
         for j, q in enumerate(DDNTK_TENSORS):
-            for ell in sorted(c.layer.unique()):
-                s = c[(c.quantity == q) & (c.layer == ell)].sort_values("width")
-                ax.errorbar(s.width, s.mc, yerr=2 * s.mc_se, fmt="o-", color=f"C{j}", ms=3, capsize=2,
-                            alpha=0.4 + 0.6 * ell / p.net.depth, label=f"{q}, layer {ell}" if ell in (2, p.net.depth)
-                            else None)
-        ax.set(xscale="log", title=f"{act}: ddNTK R, S, T, U by layer (flat in n = O(1/n) mean)", xlabel="width n")
+            s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
+            x = 1.0 / s.width.to_numpy(float)
+            ax.errorbar(x, s.mc, yerr=2 * s.mc_se, fmt="o", color=f"C{j}", ms=4, capsize=2, label=f"{q} MC ±2 s.e.")
+            rec = float(s.recursion.iloc[0])
+            ax.plot([0.0], [rec], "*", color=f"C{j}", ms=11, mec="k", label=f"{q} recursion" if j == 0 else None)
+            ax.fill_between([0.0, 0.3 * x.max()], 0.9 * rec, 1.1 * rec, color=f"C{j}", alpha=0.12, lw=0)
+            if len(s) >= 2:
+                x1, x2, y1, y2 = x[-2], x[-1], float(s.mc.iloc[-2]), float(s.mc.iloc[-1])
+                k = (y1 - y2) / (x1 - x2)
+                ax.plot([0.0, x1], [y2 - k * x2, y1], ":", color=f"C{j}", lw=1)
+            if "no_interlayer" in s:
+                ax.plot([0.0], [float(s.no_interlayer.iloc[0])], "x", color=f"C{j}", ms=7,
+                        label="no inter-layer (ablation)" if j == 0 else None)
+        ax.set(title=f"{act}: layer {L} vs 1/n (stars: recursion; dotted: 1/n extrap.)", xlabel="1 / n",
+               ylabel="n · E[ddNTK]")
+        ax.set_xlim(left=-0.005)
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _ddntk_layers(cmp: pd.DataFrame, p: Params):
+    """R, S, T, U against the layer: the recursion, the ablation, and MC at every width."""
+    import matplotlib.pyplot as plt
+
+    d = _ddntk(cmp)
+    acts = list(d.activation.unique())
+    widths = sorted(d.width.unique())
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(len(acts), 4, figsize=(14, 3.0 * len(acts)), squeeze=False)
+    for i, act in enumerate(acts):
+        for j, q in enumerate(DDNTK_TENSORS):
+            ax = axes[i][j]
+            s = d[(d.activation == act) & (d.quantity == q)]
+            th = s[s.width == widths[-1]].sort_values("layer")
+            for v, (col, ls, lab) in VARIANT_STYLE.items():
+                if v in th and v != "infinite_width":
+                    ax.plot(th.layer, th[v], color=col, ls=ls, lw=1.5, label=lab)
+            for k, wd in enumerate(widths):
+                t = s[s.width == wd].sort_values("layer")
+                ax.errorbar(t.layer + 0.05 * (k - len(widths) / 2), t.mc, yerr=2 * t.mc_se, fmt="o", ms=3, capsize=2,
+                            color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={wd}")
+            ax.set(title=f"{act}: ddNTK {q}", xlabel="layer")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("ddNTK layer profiles: recursion vs sampled nets (layer 2 is exact at any width)")
     fig.tight_layout()
     return fig
 
@@ -703,4 +781,5 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs["dntk_layer_profiles"] = _dntk_layers(comparison, p)
     if len(_ddntk(comparison)):
         figs["ddntk_vs_width"] = _ddntk_vs_width(comparison, p)
+        figs["ddntk_layer_profiles"] = _ddntk_layers(comparison, p)
     return figs

@@ -131,6 +131,13 @@ def infinite_width_gram(kind: str, c_w: float, c_b: float, lambda_b: float, lamb
 
 
 # ---------------------------------------------------------------- first order in 1/n, single input
+def aspect_ratio(widths: list[int], ell: int) -> float:
+    """r = n_l / n_{l-1} for the step from layer l to l + 1 (``ell`` = l, 1-based; ``widths`` = [n_1, ..., n_L]).
+    A layer-(l+1) statistic is normalised by n_l and the layer-l ones it carries by n_{l-1}, so their ratio
+    multiplies every previous-layer tensor (PDLT's n_l / n_{l-1}). At l = 1 those tensors vanish (r = 1 there)."""
+    return widths[ell - 1] / widths[ell - 2] if ell >= 2 else 1.0
+
+
 def gaussian_moments(kind: str, K: float, Theta: float, lambda_w: float, c_w: float, quad: Quad) -> dict:
     """The Gaussian averages one layer step of the recursions needs, at variance K."""
     u, w = quad.nodes()
@@ -152,7 +159,8 @@ def first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: fl
     """Per layer l = 1..depth: K, Theta (infinite width), the susceptibilities, V, A, B, D, F and the mean
     corrections K1, Theta1 (E z_i^2 = K + K1/n, E Th_ii = Theta + Theta1/n).
 
-    ``widths`` = [n_1, ..., n_L] sets the aspect ratios r = n_l / n_{l-1} (equal widths: r = 1).
+    ``widths`` = [n_1, ..., n_L] sets the aspect ratios r = n_l / n_{l-1} of :func:`aspect_ratio` (equal
+    widths: r = 1).
     ``interlayer=False`` is the ablation that keeps only the first (intra-layer) term of each recursion."""
     quad = quad or Quad()
     widths = widths or [1] * depth
@@ -165,7 +173,7 @@ def first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: fl
         chi_par = c_w * g["dK_s2"]
         chi_perp = c_w * g["p2"]
         chi_th = lambda_w * g["dK_s2"] + c_w * Th * g["dK_p2"]
-        r = (widths[ell] / widths[ell - 1]) if interlayer else 0.0
+        r = aspect_ratio(widths, ell) if interlayer else 0.0
         new = {
             "V": c_w**2 * (g["s4"] - g["s2"] ** 2) + r * chi_par**2 * t["V"],
             "B": c_w**2 * g["p4"] * Th**2 + r * chi_perp**2 * t["B"],
@@ -235,7 +243,7 @@ def two_input_vertex(kind: str, c_w: float, c_b: float, X: np.ndarray, depth: in
             if a != b:
                 Kp[b, a], Km[b, a] = Kp[a, b], Km[a, b]
             J[:, e] = (_pair_moments(kind, Kp, quad)[0] - _pair_moments(kind, Km, quad)[0]) / (2 * h)
-        r = (widths[ell] / widths[ell - 1]) if interlayer else 0.0
+        r = aspect_ratio(widths, ell) if interlayer else 0.0
         V = c_w**2 * (four - np.outer(S, S)) + r * c_w**2 * J @ V @ J.T
         K = c_b + c_w * np.array([[S[0], S[1]], [S[1], S[2]]])
         record(ell + 1)

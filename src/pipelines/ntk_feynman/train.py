@@ -9,7 +9,8 @@
   per-net contractions S1 / n^2 and S2 / n^2;
 - ``mc_ddntk_<activation>``: sampled nets for the ddNTK means R, S, T, U (ddntk.sample_ddntk), block means of the
   four per-net probe contractions C1..C4 / n^2.
-The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order; zero for infinite_width).
+The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order) and the ddNTK's R, S, T, U
+(ddntk.ddntk_first_order); all zero for infinite_width.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pandas as pd
 
 from pipelines.core.runtime import node_setup
 from pipelines.ntk_feynman import ddntk, dntk, mc, theory
-from pipelines.ntk_feynman.params import DNTK_TENSORS, TENSORS, Params
+from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, Params
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,12 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                                         interlayer=(variant != "no_interlayer"), quad=quad)
             d_layers = dntk.dntk_first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq,
                                              p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
-            for r, rd in zip(layers, d_layers):
-                r = {**r, **{t: rd[t] for t in DNTK_TENSORS}}
+            dd_layers = ddntk.ddntk_first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq,
+                                                p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
+            for r, rd, rdd in zip(layers, d_layers, dd_layers):
+                r = {**r, **{t: rd[t] for t in DNTK_TENSORS}, **{t: rdd[t] for t in DDNTK_TENSORS}}
                 if variant == "infinite_width":
-                    r = {**r, **dict.fromkeys((*TENSORS, *DNTK_TENSORS, "K1", "Theta1"), 0.0)}
+                    r = {**r, **dict.fromkeys((*TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"), 0.0)}
                 rows.append({"input": a, "activation": name, **r})
     df = pd.DataFrame(rows)
     if inputs.get("pair") is not None:
@@ -54,7 +57,7 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                 for k, v in r.items():
                     if k != "layer":
                         df.loc[sel, k] = float(v)
-    bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
+    bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
     if bad.any():
         r = df[bad].iloc[0]
         raise FloatingPointError(f"ntk_feynman.train.{variant}: non-finite recursion for {r.activation} at layer "

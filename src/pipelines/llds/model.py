@@ -71,14 +71,25 @@ class LossSpec:
 
 
 def grpo_loss(model, ids, mask, ans_mask, adv, logp_old, logp_ref, spec: LossSpec, ma_scale: float = 1.0):
-    """Total = PPO-clip − c_H·H + LLDS + c_KL·KL_ref (+ NLL on positives), token means over the
-    mini-batch's response tokens (loss mask of the targets: ``mask[:, 1:]``). Returns (loss, diagnostics)."""
-    m = mask[:, 1:]
+    """:func:`grpo_objective` on one explicit batch (``mask`` [B, L] marks the action tokens)."""
+    from pipelines.core.rl import GRPOBatch
+
     logp, logits = token_logprobs(model, ids)
+    return grpo_objective(GRPOBatch(model=model, ids=ids, mask=mask[:, 1:].float(), logp=logp, logits=logits,
+                                    logp_old=logp_old, logp_ref=logp_ref, advantages=adv,
+                                    rewards=torch.zeros_like(adv), extras={"ans_mask": ans_mask},
+                                    stats={"ma_scale": ma_scale}, index=torch.arange(len(ids)), iteration=0), spec)
+
+
+def grpo_objective(b, spec: LossSpec):
+    """The objective of ``core.rl.grpo_train`` for one minibatch ``b`` (a ``GRPOBatch``): PPO-clip − c_H·H +
+    LLDS + c_KL·KL_ref (+ NLL on positives), token means over the minibatch's response tokens. Returns
+    (loss, diagnostics)."""
+    m, logp, logp_old, adv = b.mask, b.logp, b.logp_old, b.advantages
     pg, diag = ppo_clip_loss(logp, logp_old, adv, m, spec.clip)
-    ent = token_entropy(logits)
+    ent = token_entropy(b.logits)
     loss = pg - spec.entropy_coef * masked_mean(ent, m)
-    kl = masked_mean(k3_kl(logp, logp_ref).clamp(-10, 10), m)
+    kl = masked_mean(k3_kl(logp, b.logp_ref).clamp(-10, 10), m)
     loss = loss + spec.kl_coef * kl
     # how often LLDS would fire (logged for every variant; only LLDS variants add the term)
     with torch.no_grad():
@@ -89,7 +100,8 @@ def grpo_loss(model, ids, mask, ans_mask, adv, logp_old, logp_ref, spec: LossSpe
         p, on = llds_penalty(logp, logp_old, adv, m, spec.llds_gate)
         coef = torch.full_like(p, spec.llds_lambda)
         if spec.answer_coef is not None:
-            coef = torch.where(ans_mask[:, 1:], min(spec.answer_coef, spec.llds_lambda) * ma_scale, coef)
+            coef = torch.where(b.extras["ans_mask"][:, 1:], min(spec.answer_coef, spec.llds_lambda) * b.stats["ma_scale"],
+                               coef)
         reg = masked_mean(coef * p, m)
         loss = loss + reg
         extras.update(llds=reg.item(), llds_active_frac=float(masked_mean((p > 0).float(), m)))

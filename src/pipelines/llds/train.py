@@ -1,7 +1,7 @@
 """Training: the shared SFT warm start (``train.base``: core's loop on gold trajectories, then the fixed
 probe set sampled from the SFT policy), and one GRPO run per (variant, seed) (``train.<variant>``): a
-rollout batch of questions × G, 4 PPO mini-batch updates per batch, each update one step of core's loop,
-with greedy test EM and probe likelihoods every ``eval_every`` iterations."""
+rollout batch of questions × G, 4 PPO mini-batch updates per batch on core's GRPO loop (``core.rl.grpo_train``,
+one ``fit`` step per update), with greedy test EM and probe likelihoods every ``eval_every`` iterations."""
 from __future__ import annotations
 
 import copy
@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.rl import group_advantages
+from pipelines.core.rl import Rollouts, group_advantages, grpo_train
 from pipelines.core.runtime import node_setup, to_cpu
 from pipelines.core.training import fit
 from pipelines.llds.data import draw_episodes, env_from_dict
 from pipelines.llds.env import rollout
-from pipelines.llds.model import LossSpec, grpo_loss, make_policy, token_logprobs
+from pipelines.llds.model import LossSpec, grpo_objective, make_policy, token_logprobs
 from pipelines.llds.params import Params
 
 
@@ -104,19 +104,6 @@ def loss_spec(variant: str, p: Params) -> LossSpec:
     return specs[variant]
 
 
-def _clipped_adam(lr: float, eps: float, clip: float, norms: list[float]):
-    """Adam that clips the global gradient norm itself and records the norm BEFORE clipping (core's loop
-    clips before the optimizer sees the gradients, which would hide an explosion)."""
-
-    class ClippedAdam(torch.optim.Adam):
-        def step(self, closure=None):
-            params = [q for grp in self.param_groups for q in grp["params"] if q.grad is not None]
-            norms.append(float(torch.nn.utils.clip_grad_norm_(params, clip)))
-            return super().step(closure)
-
-    return lambda params: ClippedAdam(params, lr=lr, eps=eps)
-
-
 def collapse_iteration(evals: list[tuple[int, float]], drop: float, min_max: float) -> int | None:
     """First evaluated iteration whose greedy EM is below ``drop`` × its running max, once that max is ≥
     ``min_max``; None if it never happens."""
@@ -129,13 +116,12 @@ def collapse_iteration(evals: list[tuple[int, float]], drop: float, min_max: flo
 
 
 def run_grpo(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, variant: str, seed: int) -> pd.DataFrame:
-    """One GRPO run: a row per iteration (rollout and update diagnostics) with the evaluations on the
-    iterations that have them (NaN elsewhere)."""
-    device = node_setup(p, seed)
+    """One GRPO run on core's loop (``core.rl.grpo_train``): a row per iteration (rollout and update
+    diagnostics) with the evaluations on the iterations that have them (NaN elsewhere)."""
+    node_setup(p, seed)
     env = env_from_dict(spec)
     model = policy_for(spec, p)
     model.load_state_dict(base_state)
-    model.to(device)
     ref = copy.deepcopy(model).eval()
     for q in ref.parameters():
         q.requires_grad_(False)
@@ -144,61 +130,37 @@ def run_grpo(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, v
     lr = r.high_lr if variant.endswith("_hilr") else r.lr
     iterations = r.hilr_iterations if variant.endswith("_hilr") else r.iterations
     n = r.questions * r.group_size
-    mb = n // r.minibatches
-    rows: list[dict] = []
-    norms: list[float] = []
-    cur: dict = {}
 
-    def evaluate(it: int) -> dict:
-        return {**greedy_em(model, spec, test, p), **probe_logps(model, probe)}
+    def rollout_fn(policy, it: int, _gen: torch.Generator) -> Rollouts:
+        stats = {**greedy_em(policy, spec, test, p), **probe_logps(policy, probe)} if it % r.eval_every == 0 else {}
+        # identical questions, KBs and first draws for every variant of this seed
+        g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + it)
+        ep = draw_episodes(spec, r.questions, g)
+        ep = {key: v.repeat_interleave(r.group_size, 0) for key, v in ep.items()}
+        b = rollout(policy, env, ep, g, r.temperature)
+        adv = group_advantages(b.reward, r.group_size)
+        m = b.mask[:, 1:].float()
+        ok = b.reward > 0
+        stats.update(train_reward=float(b.reward.mean()),
+                     onpolicy_logp_correct=float((b.logp[ok] * m[ok]).sum() / m[ok].sum()) if ok.any() else math.nan,
+                     onpolicy_logp=float((b.logp * m).sum() / m.sum()),
+                     searches_per_answer=float(b.n_search[b.answered].float().mean()) if b.answered.any() else 0.0,
+                     answered_frac=float(b.answered.float().mean()),
+                     zero_adv_frac=float((adv == 0).float().mean()),
+                     ma_scale=max(float(b.n_search[b.answered].float().mean()) - 1, 0.0)
+                     if (p.llds.ma_adaptive and b.answered.any()) else 1.0)
+        # π_old: the sampling policy's own log-probs (the cached decode)
+        return Rollouts(b.ids, b.mask, b.reward, advantages=adv, logp_old=b.logp, extras={"ans_mask": b.ans_mask},
+                        stats=stats, order=torch.randperm(n, generator=g))
 
-    def sample_batch(step: int, _gen: torch.Generator):
-        it, k = divmod(step, r.minibatches)
-        if k == 0:
-            row = {"iteration": it, **(evaluate(it) if it % r.eval_every == 0 else {})}
-            # identical questions, KBs and first draws for every variant of this seed
-            g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + it)
-            ep = draw_episodes(spec, r.questions, g)
-            ep = {key: v.repeat_interleave(r.group_size, 0) for key, v in ep.items()}
-            b = rollout(model, env, ep, g, r.temperature)
-            adv = group_advantages(b.reward, r.group_size)
-            lp_old = b.logp       # π_old: the sampling policy's own log-probs (the cached decode)
-            with torch.no_grad():
-                lp_ref = token_logprobs(ref, b.ids)[0].cpu()
-            m = b.mask[:, 1:].float()
-            ok = b.reward > 0
-            row.update(train_reward=float(b.reward.mean()),
-                       onpolicy_logp_correct=float((lp_old[ok] * m[ok]).sum() / m[ok].sum()) if ok.any() else math.nan,
-                       onpolicy_logp=float((lp_old * m).sum() / m.sum()),
-                       searches_per_answer=float(b.n_search[b.answered].float().mean()) if b.answered.any() else 0.0,
-                       answered_frac=float(b.answered.float().mean()),
-                       zero_adv_frac=float((adv == 0).float().mean()))
-            rows.append(row)
-            ma_scale = max(float(b.n_search[b.answered].float().mean()) - 1, 0.0) \
-                if (p.llds.ma_adaptive and b.answered.any()) else 1.0
-            cur.update(b=b, adv=adv, lp_old=lp_old, lp_ref=lp_ref, perm=torch.randperm(n, generator=g),
-                       ma_scale=ma_scale)
-        idx = cur["perm"][k * mb:(k + 1) * mb]
-        b = cur["b"]
-        return b.ids[idx], b.mask[idx], b.ans_mask[idx], cur["adv"][idx], cur["lp_old"][idx], cur["lp_ref"][idx]
-
-    def loss_fn(model_, *batch):
-        return grpo_loss(model_, *(t.to(device) for t in batch), ls, cur["ma_scale"])
-
-    upd: list[dict] = []
-
-    def callback(s):
-        upd.append({"iteration": s.step // r.minibatches, "grad_norm": norms[-1], **s.extras})
-
-    fit(model, None, loss_fn, steps=iterations * r.minibatches, sample_batch=sample_batch, lr=lr,
-        optimizer=_clipped_adam(lr, r.adam_eps, r.grad_clip, norms), grad_clip=None, weight_decay=0.0,
-        seed=seed, desc=f"llds.{variant}[{seed}]", callback=callback)
-    rows.append({"iteration": iterations, **evaluate(iterations)})
-    it_df = pd.DataFrame(rows)
-    u = pd.DataFrame(upd)
-    agg = u.groupby("iteration").agg(grad_norm=("grad_norm", "mean"), grad_norm_max=("grad_norm", "max"),
-                                     **{c: (c, "mean") for c in u.columns if c not in ("iteration", "grad_norm")})
-    out = it_df.merge(agg, left_on="iteration", right_index=True, how="left")
+    res = grpo_train(model, rollout_fn, iterations=iterations, group_size=r.group_size, minibatches=r.minibatches,
+                     objective=lambda bt: grpo_objective(bt, ls), ref_policy=ref,
+                     logprob_fn=token_logprobs, optimizer=lambda params: torch.optim.Adam(params, lr=lr, eps=r.adam_eps),
+                     grad_clip=r.grad_clip, seed=seed, desc=f"llds.{variant}[{seed}]")
+    rows = [{k: v for k, v in row.items() if k not in ("ma_scale",)} for row in res.history]
+    rows.append({"iteration": iterations, **greedy_em(model, spec, test, p), **probe_logps(model, probe)})
+    out = pd.DataFrame(rows)
+    out["iteration"] = out["iteration"].astype(int)
     out.insert(0, "seed", seed)
     out.insert(0, "variant", variant)
     return out

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.report import build_report
-from pipelines.ntk_feynman import ddntk, dntk, mc
+from pipelines.ntk_feynman import ddntk, dntk, mc, ntk2
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
 from pipelines.ntk_feynman.theory import VERTEX_KEYS
 
@@ -20,7 +20,7 @@ def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], d
     """(theory variants, kernel/NTK samplers by activation); the dNTK samplers are in :func:`_dntk_sims`."""
     th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
     sims = {v[3:]: d for v, d in outputs.items()
-            if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_"))}
+            if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_"))}
     return th, sims
 
 
@@ -32,9 +32,18 @@ def _ddntk_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_ddntk_")}
 
 
+def _ntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_ntk2_")}
+
+
 def _base(cmp: pd.DataFrame) -> pd.DataFrame:
-    """The kernel/NTK rows of the comparison (without the dNTK's P, Q and the ddNTK's R, S, T, U)."""
-    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS))]
+    """The kernel/NTK rows of the comparison (without the dNTK's P, Q, the ddNTK's R, S, T, U and the two-input
+    NTK tensors "2i.*")."""
+    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS)) & ~cmp.quantity.str.startswith("2i.")]
+
+
+def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.str.startswith("2i.")]
 
 
 def _ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -104,6 +113,18 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
                     row[v] = float(sel[q].iloc[0])
                 rows.append(row)
+    for act, blocks in _ntk2_sims(outputs).items():
+        # the two-input NTK tensors (ntk2.py) of the data pair, every layer >= 2, against the theory variants
+        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
+            npv = n_prev(int(layer), int(width), n0)
+            est = ntk2.pooled_blocks(d, npv)
+            for q in ntk2.quantity_names():
+                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
+                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
+                for v, t in theories.items():
+                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
+                    row[v] = float(sel[q].iloc[0])
+                rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -135,6 +156,7 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     variants = [v for v in THEORY_VARIANTS if v in cmp.columns]
     out.update(dntk_metrics(cmp, p))
     out.update(ddntk_metrics(cmp, p))
+    out.update(ntk2_metrics(cmp, p))
     cmp = _base(cmp)
     for act in cmp.activation.unique():
         c = cmp[cmp.activation == act]
@@ -310,6 +332,49 @@ def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
             full = ((w.recursion - w.mc).abs() / w.mc.abs()).mean()
             abl = ((w.no_interlayer - w.mc).abs() / w.mc.abs()).mean()
             out[f"ddntk_interlayer_error_ratio.{act}"] = float(full / abl)
+    return out
+
+
+def ntk2_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
+    """The two-input NTK tensors (50 components per layer): layer 2 against its exact values (z-scores), and
+    at every layer >= 3 the 1/n (Richardson) extrapolation of the two widest widths against the recursion:
+    its max |z| and, per tensor, the excess max_c (|T_ex,c - T_rec,c| - 2 s.e._c) / max_c |T_rec,c| (relative
+    to the tensor's largest component, since single components can be near zero); and the error of the
+    recursion over that of the ablation without inter-layer terms at the widest width and last layer."""
+    out: dict[str, float] = {}
+    d_all = _ntk2(cmp)
+    if not len(d_all) or p.ntk2 is None:
+        return out
+    L = p.net.depth
+    for act in d_all.activation.unique():
+        c = d_all[(d_all.activation == act) & (d_all.mc_se > 0)]
+        l2 = c[c.layer == 2]
+        out[f"ntk2_layer2_max_abs_z.{act}"] = float(((l2.mc - l2.recursion) / l2.mc_se).abs().max())
+        ws = sorted(c.width.unique())
+        if len(ws) < 2 or L < 3:
+            continue
+        wide, prev = int(ws[-1]), int(ws[-2])
+        zs, excess = [], []
+        for ell in range(3, L + 1):
+            a = c[(c.layer == ell) & (c.width == prev)].set_index("quantity")
+            b = c[(c.layer == ell) & (c.width == wide)].set_index("quantity")
+            a = a.loc[a.index.intersection(b.index)]
+            b = b.loc[a.index]
+            t_ex = (wide * b.mc - prev * a.mc) / (wide - prev)
+            se = np.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
+            zs.extend(((t_ex - b.recursion) / se).tolist())
+            for t in ntk2.TENSOR_NAMES:
+                m = b.index.str.startswith(f"2i.{t}_")
+                ex = float((((t_ex - b.recursion).abs() - 2 * se)[m]).max() / b.recursion[m].abs().max())
+                excess.append(ex)
+                out[f"ntk2_extrap_excess.{t}.L{ell}.{act}"] = ex
+        out[f"ntk2_extrap_max_abs_z.{act}"] = float(np.max(np.abs(zs)))
+        out[f"ntk2_extrap_excess.{act}"] = float(max(excess))
+        w = c[(c.layer == L) & (c.width == wide)]
+        out[f"ntk2_mean_abs_rel_err_n{wide}.{act}"] = float((w.mc - w.recursion).abs().sum() / w.recursion.abs().sum())
+        if "no_interlayer" in c:
+            out[f"ntk2_interlayer_error_ratio.{act}"] = float((w.recursion - w.mc).abs().sum()
+                                                              / (w.no_interlayer - w.mc).abs().sum())
     return out
 
 
@@ -782,4 +847,45 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
     if len(_ddntk(comparison)):
         figs["ddntk_vs_width"] = _ddntk_vs_width(comparison, p)
         figs["ddntk_layer_profiles"] = _ddntk_layers(comparison, p)
+    if len(_ntk2(comparison)):
+        figs["two_input_ntk"] = _ntk2_plot(comparison, p)
     return figs
+
+
+def _ntk2_plot(cmp: pd.DataFrame, p: Params):
+    """Per activation: every component of V, D, A, B, F at layers 2..L, sampled nets against the recursion
+    (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the two widest widths), ±2 s.e."""
+    import matplotlib.pyplot as plt
+
+    d = _ntk2(cmp)
+    acts = list(d.activation.unique())
+    fig, axes = plt.subplots(1, len(acts), figsize=(5.2 * len(acts), 4.6), squeeze=False)
+    for ax, act in zip(axes[0], acts):
+        c = d[(d.activation == act) & (d.mc_se > 0)]
+        ws = sorted(c.width.unique())
+        wide, prev = int(ws[-1]), int(ws[-2]) if len(ws) > 1 else int(ws[-1])
+        lo, hi = np.inf, -np.inf
+        for ell, col in zip(range(2, p.net.depth + 1), ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8")):
+            b = c[(c.layer == ell) & (c.width == wide)].set_index("quantity")
+            if ell == 2 or prev == wide:
+                y, e = b.mc, 2 * b.mc_se
+                lab = f"layer {ell}, MC n = {wide}"
+            else:
+                a = c[(c.layer == ell) & (c.width == prev)].set_index("quantity").loc[b.index]
+                y = (wide * b.mc - prev * a.mc) / (wide - prev)
+                e = 2 * np.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
+                lab = f"layer {ell}, 1/n extrap. n = {prev}, {wide}"
+            ax.errorbar(b.recursion, y, yerr=e, fmt="o", ms=3, color=col, alpha=0.7, label=lab)
+            lo, hi = min(lo, b.recursion.min(), y.min()), max(hi, b.recursion.max(), y.max())
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
+        lin = 1e-2 * max(abs(lo), abs(hi))
+        ax.set_xscale("symlog", linthresh=lin)
+        ax.set_yscale("symlog", linthresh=lin)
+        ax.set_xlabel("recursion (first order)")
+        ax.set_ylabel("sampled nets (n x cov)")
+        ax.set_title(f"{act}: V, D, A, B, F of the input pair (50 components/layer)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("Two-input NTK fluctuation tensors: recursion vs sampled nets")
+    fig.tight_layout()
+    return fig

@@ -144,6 +144,34 @@ class DdntkMonteCarlo(Strict):
         return self
 
 
+class Ntk2MonteCarlo(Strict):
+    """Sampled nets for the two-input NTK tensors V, D, A, B, F with input indices (variants
+    mc_ntk2_<activation>, ntk2.sample_two_input): the data.inputs pair through the same nets, every layer."""
+
+    widths: list[int] = Field(min_length=2)
+    nets_per_seed: list[int] = Field(min_length=2)
+    blocks_per_seed: int = Field(ge=2, le=1000)
+    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v: list[int]) -> list[int]:
+        if min(v) < 2 or max(v) > 1024:
+            raise ValueError("every width must lie in [2, 1024]")
+        if v != sorted(set(v)):
+            raise ValueError(f"widths must be strictly increasing, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if len(self.nets_per_seed) != len(self.widths):
+            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
+                             f"got {len(self.nets_per_seed)}")
+        if min(self.nets_per_seed) < self.blocks_per_seed:
+            raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
+        return self
+
+
 class Params(MethodParams):
     data: Data
     net: Net
@@ -152,6 +180,7 @@ class Params(MethodParams):
     mc: MonteCarlo
     dntk: DntkMonteCarlo | None = None     # needed by mc_dntk_<activation> variants
     ddntk: DdntkMonteCarlo | None = None   # needed by mc_ddntk_<activation> variants
+    ntk2: Ntk2MonteCarlo | None = None     # needed by mc_ntk2_<activation> variants (and a data pair)
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
 
     @field_validator("activations")
@@ -167,6 +196,11 @@ class Params(MethodParams):
     def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
         acts = info.data.get("activations") or {}
         for name in v:
+            if name.startswith("mc_ntk2_"):
+                if name[8:] in acts and info.data.get("ntk2") is not None:
+                    continue
+                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_ntk2_' "
+                                 "and an 'ntk2' block")
             if name.startswith("mc_ddntk_"):
                 if name[9:] in acts and info.data.get("ddntk") is not None:
                     continue
@@ -180,7 +214,8 @@ class Params(MethodParams):
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
             raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
-                             f"mc_dntk_<activation> or mc_ddntk_<activation> with an activation of {sorted(acts)}")
+                             "mc_dntk_<activation>, mc_ddntk_<activation> or mc_ntk2_<activation> with an "
+                             f"activation of {sorted(acts)}")
         if len(set(v)) != len(v):
             raise ValueError(f"a variant is listed twice in {v}")
         if "recursion" not in v:
@@ -199,7 +234,8 @@ class Params(MethodParams):
             if m.startswith("variants."):
                 need = {parts[1]}
             elif len(parts) >= 2 and parts[1] in self.activations:
-                pre = "mc_ddntk_" if m.startswith("ddntk_") else "mc_dntk_" if m.startswith("dntk_") else "mc_"
+                pre = ("mc_ddntk_" if m.startswith("ddntk_") else "mc_dntk_" if m.startswith("dntk_")
+                       else "mc_ntk2_" if m.startswith("ntk2_") else "mc_")
                 need = {pre + parts[1]}
                 if "interlayer" in parts[0]:
                     need.add("no_interlayer")
@@ -213,13 +249,19 @@ class Params(MethodParams):
 
     def mc_activations(self) -> list[str]:
         return [v[3:] for v in self.variants
-                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_"))]
+                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_"))]
 
     def dntk_activations(self) -> list[str]:
         return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
 
     def ddntk_activations(self) -> list[str]:
         return [v[9:] for v in self.variants if v.startswith("mc_ddntk_")]
+
+    def ntk2_activations(self) -> list[str]:
+        return [v[8:] for v in self.variants if v.startswith("mc_ntk2_")]
+
+    def ntk2_nets(self, width: int) -> int:
+        return self.ntk2.nets_per_seed[self.ntk2.widths.index(width)]
 
     def ddntk_nets(self, width: int) -> int:
         return self.ddntk.nets_per_seed[self.ddntk.widths.index(width)]

@@ -7,6 +7,8 @@
   means of the per-net pair averages (mc.block_table);
 - ``mc_dntk_<activation>``: sampled nets for the dNTK statistics P, Q (dntk.sample_dntk), block means of the two
   per-net contractions S1 / n^2 and S2 / n^2;
+- ``mc_ntk2_<activation>``: sampled nets seeing the input pair, block means of the two-input NTK statistics
+  (ntk2.sample_two_input); the theory variants carry the two-input tensors' recursion (ntk2.two_input_ntk_tensors);
 - ``mc_ddntk_<activation>``: sampled nets for the ddNTK means R, S, T, U (ddntk.sample_ddntk), block means of the
   four per-net probe contractions C1..C4 / n^2.
 The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order) and the ddNTK's R, S, T, U
@@ -21,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.ntk_feynman import ddntk, dntk, mc, theory
+from pipelines.ntk_feynman import ddntk, dntk, mc, ntk2, theory
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, Params
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,18 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                 for k, v in r.items():
                     if k != "layer":
                         df.loc[sel, k] = float(v)
+            # the two-input NTK tensors V, D, A, B, F with input indices (ntk2.py), columns "2i.<T>_<ab>_<cd>"
+            layers2 = ntk2.two_input_ntk_tensors(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X,
+                                                 p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
+            for r in layers2:
+                vals = ntk2.flat_row(r)
+                if variant == "infinite_width":
+                    vals = dict.fromkeys(vals, 0.0)
+                sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
+                missing = [k for k in vals if k not in df.columns]
+                if missing:
+                    df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
+                df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
     bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
     if bad.any():
         r = df[bad].iloc[0]
@@ -126,11 +140,39 @@ def ddntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     return pd.DataFrame(frames)
 
 
+def ntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
+    """Block means of the two-input NTK statistics (columns ntk2.COLUMNS) per seed, width and layer, for the
+    data.inputs pair seen by the same nets."""
+    if inputs.get("pair") is None:
+        raise ValueError("ntk_feynman.train.mc_ntk2_" + activation + ": needs an input pair (data.pair_cosine "
+                         "is null, or data.inputs_path has one row)")
+    spec, d = p.activations[activation], p.ntk2
+    X = np.asarray(inputs["pair"], dtype=float)
+    frames = []
+    for seed in p.seeds:
+        node_setup(p, int(seed))
+        for width in d.widths:
+            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
+            stream = int(np.random.SeedSequence([int(seed), width, 0, 13]).generate_state(1)[0])
+            stats = ntk2.sample_two_input(activation, X, width, p.net.depth, p.ntk2_nets(width), spec.c_w,
+                                          spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems)
+            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
+            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+                means = stats[a:b].mean(0)
+                for ell in range(p.net.depth):
+                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
+                                   "n_nets": int(b - a), **dict(zip(ntk2.COLUMNS, means[ell]))})
+            log.info("ntk_feynman.mc_ntk2_%s: seed %s width %d done", activation, seed, width)
+    return pd.DataFrame(frames)
+
+
 def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     """The variant's statistics table (with ``runtime_s`` as a column)."""
     node_setup(p)
     t0 = time.perf_counter()
-    if variant.startswith("mc_ddntk_"):
+    if variant.startswith("mc_ntk2_"):
+        df = ntk2_table(inputs, p, variant[8:])
+    elif variant.startswith("mc_ddntk_"):
         df = ddntk_table(inputs, p, variant[9:])
     elif variant.startswith("mc_dntk_"):
         df = dntk_table(inputs, p, variant[8:])

@@ -2,6 +2,8 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipelines.core.params import MethodParams, Strict
@@ -43,31 +45,46 @@ class Quadrature(Strict):
     half_width_sd: float = Field(ge=6, le=40)      # integration range in standard deviations
 
 
-class MonteCarlo(Strict):
+class _Sampler(Strict):
+    """What every Monte-Carlo block shares: strictly increasing widths in [2, MAX_WIDTH] (pairs i != k need
+    n >= 2), one stream of nets per seed and width, kept in blocks (the batch means of the s.e.), drawn in
+    chunks of chunk_elems // width^2 nets."""
+
+    MAX_WIDTH: ClassVar[int] = 1024
     widths: list[int] = Field(min_length=2)
     nets_per_seed: list[int] = Field(min_length=2)   # per width: each seed is one stream of this many nets
-    blocks_per_seed: int = Field(ge=2, le=1000)    # blocks of nets kept per seed: the batch means of the s.e.
-    narrow_width: int = Field(ge=2)                 # the error-ratio claim compares the widest width to this
-    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)   # nets per chunk = chunk_elems // width^2
-    claim_widths: list[int] = Field(min_length=1)   # the "large" widths the agreement claims read
-    slope_min_width: int = Field(ge=1)               # log-log fits use widths >= this
+    blocks_per_seed: int = Field(ge=2, le=1000)
+    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
 
     @field_validator("widths")
     @classmethod
     def _widths(cls, v: list[int]) -> list[int]:
-        if min(v) < 2 or max(v) > 4096:
-            raise ValueError("every width must lie in [2, 4096] (pairs i != k need n >= 2)")
+        if min(v) < 2 or max(v) > cls.MAX_WIDTH:
+            raise ValueError(f"every width must lie in [2, {cls.MAX_WIDTH}] (pairs i != k need n >= 2)")
         if v != sorted(set(v)):
             raise ValueError(f"widths must be strictly increasing, got {v}")
         return v
 
     @model_validator(mode="after")
-    def _consistent(self):
+    def _streams(self):
         if len(self.nets_per_seed) != len(self.widths):
             raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
                              f"got {len(self.nets_per_seed)}")
         if min(self.nets_per_seed) < self.blocks_per_seed:
             raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
+        return self
+
+
+class MonteCarlo(_Sampler):
+    """Sampled nets for the kernel and NTK statistics (variants mc_<activation>)."""
+
+    MAX_WIDTH: ClassVar[int] = 4096
+    narrow_width: int = Field(ge=2)                 # the error-ratio claim compares the widest width to this
+    claim_widths: list[int] = Field(min_length=1)   # the "large" widths the agreement claims read
+    slope_min_width: int = Field(ge=1)               # log-log fits use widths >= this
+
+    @model_validator(mode="after")
+    def _consistent(self):
         if self.narrow_width not in self.widths:
             raise ValueError(f"narrow_width: {self.narrow_width} not in widths {self.widths}")
         bad = [w for w in self.claim_widths if w not in self.widths]
@@ -78,34 +95,16 @@ class MonteCarlo(Strict):
         return self
 
 
-class DntkMonteCarlo(Strict):
+class DntkMonteCarlo(_Sampler):
     """Sampled nets for the dNTK statistics P, Q (variants mc_dntk_<activation>): autograd through the
     NTK recursion, O(n^3) per layer and net, so smaller widths than the kernel/NTK sampler."""
 
-    widths: list[int] = Field(min_length=2)
-    nets_per_seed: list[int] = Field(min_length=2)
-    blocks_per_seed: int = Field(ge=2, le=1000)
     probes: int = Field(default=1, ge=1, le=64)      # Rademacher probes per net for S2 = sum_ik dTh_iik z_k
-    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
     narrow_width: int = Field(ge=2)                   # the error-ratio claim: widest width vs this one
     slope_min_width: int = Field(ge=1)                # log-log slope fits use widths >= this
 
-    @field_validator("widths")
-    @classmethod
-    def _widths(cls, v: list[int]) -> list[int]:
-        if min(v) < 2 or max(v) > 1024:
-            raise ValueError("every width must lie in [2, 1024]")
-        if v != sorted(set(v)):
-            raise ValueError(f"widths must be strictly increasing, got {v}")
-        return v
-
     @model_validator(mode="after")
     def _consistent(self):
-        if len(self.nets_per_seed) != len(self.widths):
-            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
-                             f"got {len(self.nets_per_seed)}")
-        if min(self.nets_per_seed) < self.blocks_per_seed:
-            raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
         if self.narrow_width not in self.widths:
             raise ValueError(f"narrow_width: {self.narrow_width} not in widths {self.widths}")
         if sum(w >= self.slope_min_width for w in self.widths) < 2:
@@ -113,63 +112,23 @@ class DntkMonteCarlo(Strict):
         return self
 
 
-class DdntkMonteCarlo(Strict):
+class DdntkMonteCarlo(_Sampler):
     """Sampled nets for the ddNTK means R, S, T, U (variants mc_ddntk_<activation>): four double-backward
     Hessian forms per layer and net with Rademacher probes, every layer 2..depth."""
 
-    widths: list[int] = Field(min_length=2)
-    nets_per_seed: list[int] = Field(min_length=2)
-    blocks_per_seed: int = Field(ge=2, le=1000)
-    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
+    MAX_WIDTH: ClassVar[int] = 512
     slope_min_width: int = Field(ge=1)                # log-log slope fits of the raw means use widths >= this
-
-    @field_validator("widths")
-    @classmethod
-    def _widths(cls, v: list[int]) -> list[int]:
-        if min(v) < 2 or max(v) > 512:
-            raise ValueError("every width must lie in [2, 512]")
-        if v != sorted(set(v)):
-            raise ValueError(f"widths must be strictly increasing, got {v}")
-        return v
 
     @model_validator(mode="after")
     def _consistent(self):
-        if len(self.nets_per_seed) != len(self.widths):
-            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
-                             f"got {len(self.nets_per_seed)}")
-        if min(self.nets_per_seed) < self.blocks_per_seed:
-            raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
         if sum(w >= self.slope_min_width for w in self.widths) < 2:
             raise ValueError(f"slope_min_width: fewer than 2 widths >= {self.slope_min_width}")
         return self
 
 
-class Ntk2MonteCarlo(Strict):
+class Ntk2MonteCarlo(_Sampler):
     """Sampled nets for the two-input NTK tensors V, D, A, B, F with input indices (variants
     mc_ntk2_<activation>, ntk2.sample_two_input): the data.inputs pair through the same nets, every layer."""
-
-    widths: list[int] = Field(min_length=2)
-    nets_per_seed: list[int] = Field(min_length=2)
-    blocks_per_seed: int = Field(ge=2, le=1000)
-    chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
-
-    @field_validator("widths")
-    @classmethod
-    def _widths(cls, v: list[int]) -> list[int]:
-        if min(v) < 2 or max(v) > 1024:
-            raise ValueError("every width must lie in [2, 1024]")
-        if v != sorted(set(v)):
-            raise ValueError(f"widths must be strictly increasing, got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if len(self.nets_per_seed) != len(self.widths):
-            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
-                             f"got {len(self.nets_per_seed)}")
-        if min(self.nets_per_seed) < self.blocks_per_seed:
-            raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
-        return self
 
 
 class Params(MethodParams):

@@ -235,3 +235,18 @@ def test_block_subclass_hook_and_cache_fork():
         a = plain(torch.tensor([[5]]), cache=prefix.fork())[:, -1]
         b = plain(torch.tensor([[5]]), cache=prefix.fork())[:, -1]  # the prefix is untouched by the first fork
     assert torch.allclose(a, b) and len(prefix) == 4 and prefix.next_position == 4
+
+
+def test_init_std_sets_the_weight_scale_and_keeps_gpt2s_default():
+    import torch
+
+    from pipelines.core.seqmodels import TinyConfig, TinyTransformer
+
+    torch.manual_seed(0)
+    default = TinyTransformer(TinyConfig(vocab_size=50, d_model=64))
+    torch.manual_seed(0)
+    wide = TinyTransformer(TinyConfig(vocab_size=50, d_model=64, init_std=0.2))
+    assert abs(float(default.blocks[0].qkv.weight.std()) - 0.02) < 0.002
+    assert abs(float(wide.blocks[0].qkv.weight.std()) - 0.2) < 0.02
+    # same seed, same draws: only the scale differs
+    assert torch.allclose(default.blocks[0].qkv.weight * 10, wide.blocks[0].qkv.weight, rtol=1e-5)

@@ -87,6 +87,7 @@ class TinyConfig:
     rope_base: float = 10000.0
     dropout: float = 0.0
     tie_embeddings: bool = True
+    init_std: float = 0.02        # N(0, init_std²) for every linear and embedding weight (GPT-2's 0.02)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -190,10 +191,9 @@ class TinyTransformer(nn.Module):
             self.head.weight = self.embed.weight
         self.apply(self._init)
 
-    @staticmethod
-    def _init(m):
+    def _init(self, m):
         if isinstance(m, nn.Linear | nn.Embedding):
-            nn.init.normal_(m.weight, std=0.02)
+            nn.init.normal_(m.weight, std=self.config.init_std)
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
 

@@ -135,7 +135,7 @@ def two_input_dntk_layer2(kind: str, c_w: float, c_b: float, lambda_b: float, la
         Q = lW CW Th_12 <s_0 s'_1 s'_2 s_3> + X,
         X = CW^2 Th_12 <s'_0 s_3 (Th_01 s''_1 s'_2 + Th_02 s'_1 s''_2)>,
     averages over (z_1, z_2) ~ N(0, K^(1)). With all a equal this is dntk.dntk_first_order at layer 2. The dNTK
-    recursion to deeper layers with input indices is not implemented."""
+    recursion to deeper layers with input indices is :func:`two_input_dntk`."""
     from pipelines.ntk_feynman.dntk import d2sigma
 
     quad = quad or Quad()
@@ -156,6 +156,72 @@ def two_input_dntk_layer2(kind: str, c_w: float, c_b: float, lambda_b: float, la
                                                                             + Th[a0, a2] * s[a1] * d[a2])) + sec
                     Q[a0, a1, a2, a3] = lambda_w * c_w * Th[a1, a2] * E(s[a0] * d[a1] * d[a2] * s[a3]) + sec
     return P, Q
+
+
+def two_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
+                   depth: int, widths: list[int] | None = None, interlayer: bool = True,
+                   quad: Quad | None = None) -> list[dict]:
+    """Per layer l = 1..depth: the two-input dNTK statistics P, Q (2x2x2x2 over (a0, a1, a2, a3), conventions of
+    :func:`two_input_dntk_layer2`) by the layer recursion (our derivation, README "dNTK of two inputs"). Given
+    layer l (K, Theta, B, F from :func:`two_input_ntk_tensors`, averages over (z_1, z_2) ~ N(0, K_l), r =
+    n_l / n_{l-1}), with the Stein vector S[g]_e = <d g / dz_e> = sum_f (K^-1)_{ef} <g z_f> and the F link
+    S[g] . F_(ab) . S[h] = sum_ef S[g]_e F[(ab),(ef)] S[h]_f (g on the neuron carrying a, h on the one carrying b):
+      P' = P2 + r { lW CW (S[s'_0 s_3].F_(01).S[s'_1 s_2] + S[s'_0 s_3].F_(02).S[s_1 s'_2])
+                    + CW^2 Th_12 (S[s'_0 s_3].F_(01).S[s''_1 s'_2] + S[s'_0 s_3].F_(02).S[s'_1 s''_2])
+                    + CW^2 <s'_1 s'_2> sum_e S[s'_0 s_3]_e P_{a0 a1 a2 e} },
+      Q' = Q2 + r { lW CW S[s_0 s'_1].F_(12).S[s'_2 s_3] + CW^2 Th_01 S[s'_0 s''_1].F_(12).S[s'_2 s_3]
+                    + CW^2 <s'_0 s'_1><s''_2 s_3> B[(a1 a2),(a0 a2)]
+                    + CW^2 <s'_0 s'_1> sum_e Q_{a0 a1 a2 e} S[s'_2 s_3]_e },
+    where P2, Q2 are the layer-2 formulas of :func:`two_input_dntk_layer2` at layer l's K, Theta (the terms with
+    one layer-l neuron). With all input indices equal this is dntk.dntk_first_order. ``interlayer=False`` keeps
+    P2, Q2 only (the ablation)."""
+    from pipelines.ntk_feynman.dntk import d2sigma
+
+    quad = quad or Quad()
+    X = np.asarray(X, dtype=float)
+    widths = widths or [1] * depth
+    base = two_input_ntk_tensors(kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths=widths,
+                                 interlayer=interlayer, quad=quad)
+    P, Q = np.zeros((2, 2, 2, 2)), np.zeros((2, 2, 2, 2))
+    out = [{"layer": 1, "P": P.copy(), "Q": Q.copy()}]
+    R2 = range(2)
+    for ell in range(1, depth):
+        K, Th, B, F = (base[ell - 1][k] for k in ("K", "Theta", "B", "F"))
+        z, s, d, w = _grid_moments(kind, K, quad)
+        dd = (d2sigma(kind, z[0]), d2sigma(kind, z[1]))
+        E = lambda a: float(np.sum(w * a))                                     # noqa: E731
+        Kinv = np.linalg.pinv(K, rcond=1e-10)
+        St = lambda g: Kinv @ np.array([E(g * z[0]), E(g * z[1])])             # noqa: E731
+        Fm = {(a, b): F[OPAIRS.index((a, b))].reshape(2, 2) for a in R2 for b in R2}   # [e, f]
+        link = lambda g, ab, h: float(St(g) @ Fm[ab] @ St(h))                  # noqa: E731
+        r = aspect_ratio(widths, ell) if interlayer else 0.0
+        Pn, Qn = np.empty_like(P), np.empty_like(Q)
+        for a0 in R2:
+            for a1 in R2:
+                for a2 in R2:
+                    for a3 in R2:
+                        sec = c_w**2 * Th[a1, a2] * E(d[a0] * s[a3] * (Th[a0, a1] * dd[a1] * d[a2]
+                                                                       + Th[a0, a2] * d[a1] * dd[a2]))
+                        p2 = lambda_w * c_w * E(d[a0] * s[a3] * (Th[a0, a1] * d[a1] * s[a2]
+                                                                 + Th[a0, a2] * s[a1] * d[a2])) + sec
+                        q2 = lambda_w * c_w * Th[a1, a2] * E(s[a0] * d[a1] * d[a2] * s[a3]) + sec
+                        g0 = d[a0] * s[a3]
+                        p_int = (lambda_w * c_w * (link(g0, (a0, a1), d[a1] * s[a2])
+                                                   + link(g0, (a0, a2), s[a1] * d[a2]))
+                                 + c_w**2 * Th[a1, a2] * (link(g0, (a0, a1), dd[a1] * d[a2])
+                                                          + link(g0, (a0, a2), d[a1] * dd[a2]))
+                                 + c_w**2 * E(d[a1] * d[a2]) * float(St(g0) @ P[a0, a1, a2]))
+                        h3 = d[a2] * s[a3]
+                        q_int = (lambda_w * c_w * link(s[a0] * d[a1], (a1, a2), h3)
+                                 + c_w**2 * Th[a0, a1] * link(d[a0] * dd[a1], (a1, a2), h3)
+                                 + c_w**2 * E(d[a0] * d[a1]) * E(dd[a2] * s[a3])
+                                 * B[OPAIRS.index((a1, a2)), OPAIRS.index((a0, a2))]
+                                 + c_w**2 * E(d[a0] * d[a1]) * float(Q[a0, a1, a2] @ St(h3)))
+                        Pn[a0, a1, a2, a3] = p2 + r * p_int
+                        Qn[a0, a1, a2, a3] = q2 + r * q_int
+        P, Q = Pn, Qn
+        out.append({"layer": ell + 1, "P": P.copy(), "Q": Q.copy()})
+    return out
 
 
 # ---------------------------------------------------------------- Monte Carlo
@@ -246,6 +312,104 @@ def pooled_two_input(stats: np.ndarray, n_prev: float, n_blocks: int = 20) -> li
     return out
 
 
+def sample_two_input_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
+                          lambda_b: float, lambda_w: float, seed: int, chunk: int = 500) -> np.ndarray:
+    """(n_nets, depth, 3, 2, 2, 2, 2) per-net contractions of the two-input dNTK (equal hidden widths n), divided
+    by n^2, indexed [net, layer, kind, a0, a1, a2, a3]:
+      kind 0: S1 = sum_ik z_{i;a3} dTh_{ikk;a0a1a2} = < zbar_a3 . z_a0, tr Th_a1a2 >                (exact),
+      kind 1: S2 = sum_ik dTh_{iik;a0a1a2} z_{k;a3} = E_u < u . z_a0, u^T Th_a1a2 zbar_a3 >   (one Rademacher u),
+      kind 2: S2 with (a1, a2) swapped, i.e. u^T Th_a2a1 zbar_a3 (Th_a2a1 = Th_a1a2^T),
+    with <f, g> = sum_mu lambda_mu df/dtheta_mu dg/dtheta_mu by first-order autograd through the forward NTK
+    recursion of :func:`sample_two_input` (zbar held fixed). Expectations (previous width = n):
+    E S1 = n P + Q_0123 + Q_0213, E S2 = P + n Q_0123 + Q_0213 (before the division by n^2); see
+    :func:`two_input_pq_from_sums`.
+    Its own generator (``seed``); float64, CPU."""
+    f64 = {"dtype": torch.float64}
+    Xt = torch.as_tensor(np.asarray(X, dtype=float), **f64)
+    n0, n = Xt.shape[1], int(width)
+    gen = torch.Generator().manual_seed(int(seed))
+    G = (Xt @ Xt.T / n0).numpy()
+    out = np.zeros((n_nets, depth, 3, 2, 2, 2, 2))
+    R2 = range(2)
+    for start in range(0, n_nets, chunk):
+        nb = min(chunk, n_nets - start)
+        Ws, bs = [], []
+        for ell in range(depth):
+            fan = n0 if ell == 0 else n
+            Ws.append((torch.randn(nb, n, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
+            bs.append((torch.randn(nb, n, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        us = torch.randint(0, 2, (depth, nb, n), generator=gen).to(torch.float64) * 2 - 1
+        lam = [lambda_w / (n0 if ell == 0 else n) for ell in range(depth)]
+        z = [torch.einsum("bij,j->bi", Ws[0], Xt[a]) + bs[0] for a in R2]
+        eye = torch.eye(n, **f64).expand(nb, n, n)
+        th = {(a, c): (lambda_b + lambda_w * float(G[a, c])) * eye for a, c in UPAIRS}
+        for ell in range(1, depth):
+            sd = [act(kind, za) for za in z]
+            new = {}
+            for a, c in UPAIRS:
+                M = sd[a][1].unsqueeze(-1) * th[(a, c)] * sd[c][1].unsqueeze(-2)
+                t = Ws[ell] @ M @ Ws[ell].transpose(1, 2)
+                new[(a, c)] = t + torch.diag_embed(
+                    (lambda_b + lambda_w / n * (sd[a][0] * sd[c][0]).sum(-1)).unsqueeze(-1).expand(nb, n))
+            th = new
+            z = [torch.einsum("bij,bj->bi", Ws[ell], sd[a][0]) + bs[ell] for a in R2]
+            T = {(0, 0): th[(0, 0)], (0, 1): th[(0, 1)], (1, 0): th[(0, 1)].transpose(1, 2), (1, 1): th[(1, 1)]}
+            params = [*Ws[:ell + 1], *bs[:ell + 1]]
+            lams = [*lam[:ell + 1], *([lambda_b] * (ell + 1))]
+
+            def grads(f):
+                return torch.autograd.grad(f.sum(), params, retain_graph=True, allow_unused=True)
+
+            def inner(ga, gb):
+                tot = torch.zeros(nb, **f64)
+                for l_, x, y in zip(lams, ga, gb):
+                    if x is not None and y is not None:
+                        tot = tot + l_ * (x * y).reshape(nb, -1).sum(-1)
+                return tot
+
+            zbar = [za.detach() for za in z]
+            u = us[ell]
+            g_zz = {(a0, a3): grads((zbar[a3] * z[a0]).sum(-1)) for a0 in R2 for a3 in R2}
+            g_tr = {p: grads(torch.diagonal(T[p], dim1=-2, dim2=-1).sum(-1)) for p in OPAIRS}
+            g_uz = [grads((u * z[a0]).sum(-1)) for a0 in R2]
+            g_ut = {(p, a3): grads(torch.einsum("bi,bik,bk->b", u, T[p], zbar[a3])) for p in OPAIRS for a3 in R2}
+            for a0 in R2:
+                for a1 in R2:
+                    for a2 in R2:
+                        for a3 in R2:
+                            vals = (inner(g_zz[(a0, a3)], g_tr[(a1, a2)]), inner(g_uz[a0], g_ut[((a1, a2), a3)]),
+                                    inner(g_uz[a0], g_ut[((a2, a1), a3)]))
+                            for kk, v in enumerate(vals):
+                                out[start:start + nb, ell, kk, a0, a1, a2, a3] = (v / n**2).detach().numpy()
+        del Ws, bs, z, th
+    return out
+
+
+def two_input_pq_from_sums(m: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P, Q), each 2x2x2x2, from the means (3, 2, 2, 2, 2) of one layer's :func:`sample_two_input_dntk`
+    columns (equal widths n, each divided by n^2): per index tuple solves E S1 = n P + Q_0123 + Q_0213,
+    E S2 = P + n Q_0123 + Q_0213 and E S2' = P + Q_0123 + n Q_0213."""
+    A = np.array([[n, 1.0, 1.0], [1.0, n, 1.0], [1.0, 1.0, n]])
+    P, Q = np.empty((2, 2, 2, 2)), np.empty((2, 2, 2, 2))
+    for idx in np.ndindex(2, 2, 2, 2):
+        sol = np.linalg.solve(A, n * n * np.array([m[0][idx], m[1][idx], m[2][idx]]))
+        P[idx], Q[idx] = sol[0], sol[1]
+    return P, Q
+
+
+def pooled_two_input_dntk(stats: np.ndarray, n: int, n_blocks: int = 20) -> list[dict]:
+    """Per layer: pooled P, Q of :func:`sample_two_input_dntk` and batch-mean standard errors ``P_se``, ``Q_se``
+    over ``n_blocks`` contiguous blocks of nets."""
+    edges = np.linspace(0, len(stats), n_blocks + 1).round().astype(int)
+    out = []
+    for ell in range(stats.shape[1]):
+        P, Q = two_input_pq_from_sums(stats[:, ell].mean(0), n)
+        per = [two_input_pq_from_sums(stats[a:b, ell].mean(0), n) for a, b in zip(edges[:-1], edges[1:])]
+        se = [np.std([p[i] for p in per], axis=0, ddof=1) / math.sqrt(n_blocks) for i in range(2)]
+        out.append({"layer": ell + 1, "P": P, "Q": Q, "P_se": se[0], "Q_se": se[1]})
+    return out
+
+
 # ---------------------------------------------------------------- pipeline tables
 TENSOR_NAMES = ("V", "D", "A", "B", "F")
 COLUMNS = tuple(f"c{i:02d}" for i in range(N_COLS))      # the block-mean columns of sample_two_input
@@ -275,5 +439,6 @@ def pooled_blocks(blocks, n_prev: float) -> dict[str, float]:
 
 
 __all__ = ["COLUMNS", "N_COLS", "ONAMES", "OPAIRS", "TENSOR_NAMES", "UNAMES", "UPAIRS", "flat_row", "flatten",
-           "pooled_blocks", "pooled_two_input", "quantity_names", "sample_two_input", "two_input_dntk_layer2",
+           "pooled_blocks", "pooled_two_input", "pooled_two_input_dntk", "quantity_names", "sample_two_input",
+           "sample_two_input_dntk", "two_input_pq_from_sums", "two_input_dntk", "two_input_dntk_layer2",
            "two_input_ntk_tensors"]

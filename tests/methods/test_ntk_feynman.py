@@ -27,6 +27,7 @@ RAW = {
 }
 
 
+DNTK2_RAW = {"widths": [4, 8], "nets_per_seed": [30, 30], "blocks_per_seed": 3, "chunk_elems": 100_000}
 DNTK_RAW = {"widths": [4, 8], "nets_per_seed": [30, 30], "blocks_per_seed": 3, "chunk_elems": 100_000,
             "narrow_width": 4, "slope_min_width": 4}
 
@@ -296,7 +297,7 @@ def test_one_train_node_per_variant():
     assert names == {f"ntk_feynman.train.{v}" for v in
                      ("recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh", "mc_gelu",
                       "mc_dntk_relu", "mc_dntk_tanh", "mc_ddntk_relu", "mc_ddntk_tanh", "mc_ntk2_relu",
-                      "mc_ntk2_tanh")}
+                      "mc_ntk2_tanh", "mc_dntk2_relu", "mc_dntk2_tanh")}
 
 
 def test_theory_variants_differ_only_where_they_should():
@@ -335,6 +336,10 @@ def test_theory_variants_differ_only_where_they_should():
     ({"variants": ["recursion", "mc_dntk_relu"]}, "ntk_feynman.variants"),          # no dntk block
     ({"dntk": {**DNTK_RAW, "probes": 0}}, "ntk_feynman.dntk.probes"),
     ({"dntk": {**DNTK_RAW, "narrow_width": 5}}, "ntk_feynman.dntk"),
+    ({"variants": ["recursion", "mc_dntk2_relu"]}, "ntk_feynman.variants"),         # no dntk2 block
+    ({"dntk2": {**DNTK2_RAW, "widths": [8, 4]}}, "ntk_feynman.dntk2.widths"),
+    ({"dntk2": {**DNTK2_RAW, "nets_per_seed": [30]}}, "ntk_feynman.dntk2"),
+    ({"dntk2": {**DNTK2_RAW, "chunk": 10}}, "ntk_feynman.dntk2.chunk"),
 ])
 def test_bad_parameter_names_the_key(patch, key):
     with pytest.raises(ParameterError, match=key.replace(".", r"\.")):
@@ -1066,3 +1071,32 @@ def test_two_input_dntk_recursion_matches_sampled_nets_at_layer_three(kind, c_w,
         # max |z| only: the 32 components come from the same nets and move together (no chi^2 test)
         assert np.abs(z_rec).max() < 3.5, (t, np.abs(z_rec).max())
         assert np.abs(z_abl).max() > 5.0, (t, np.abs(z_abl).max())
+
+
+def test_dntk2_variant_needs_its_block_and_claims_name_it():
+    with pytest.raises(Exception, match="dntk2"):
+        Params.model_validate({**RAW, "variants": [*RAW["variants"], "mc_dntk2_relu"]})
+    ok = validate(Params, {**RAW, "dntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_dntk2_relu"]},
+                  "ntk_feynman")
+    assert ok.dntk2_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
+    assert ok.dntk_activations() == [] and ok.ntk2_activations() == []
+    claim = {"id": "c", "text": "t", "metric": "dntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
+    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['mc_dntk2_relu'\]"):
+        validate(Params, {**RAW, "dntk2": DNTK2_RAW, "claims": [claim]}, "ntk_feynman")
+
+
+def test_dntk2_pooled_blocks_match_direct_pooling():
+    """The pipeline's block table (ntk2.DNTK2_COLUMNS) pools to the same P, Q as pooled_two_input_dntk."""
+    from pipelines.ntk_feynman import ntk2
+
+    X = np.random.default_rng(3).normal(size=(2, 5))
+    stats = ntk2.sample_two_input_dntk("tanh", X, 4, 3, 40, 1.0, 0.0, 1.0, 1.0, seed=2)
+    edges = np.linspace(0, 40, 5).round().astype(int)
+    blocks = pd.DataFrame([{"n_nets": int(b - a), **dict(zip(ntk2.DNTK2_COLUMNS, ntk2.dntk2_block_row(stats[a:b])[2]))}
+                           for a, b in zip(edges[:-1], edges[1:])])
+    got = ntk2.dntk2_pooled_blocks(blocks, 4)
+    ref = ntk2.pooled_two_input_dntk(stats, 4, n_blocks=4)[2]
+    names = ntk2.dntk2_quantity_names()
+    np.testing.assert_allclose([got[k] for k in names], [*ref["P"].ravel(), *ref["Q"].ravel()], rtol=1e-10)
+    np.testing.assert_allclose([got[f"{k}_se"] for k in names], [*ref["P_se"].ravel(), *ref["Q_se"].ravel()],
+                               rtol=1e-8)

@@ -20,7 +20,7 @@ def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], d
     """(theory variants, kernel/NTK samplers by activation); the dNTK samplers are in :func:`_dntk_sims`."""
     th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
     sims = {v[3:]: d for v, d in outputs.items()
-            if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_"))}
+            if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_"))}
     return th, sims
 
 
@@ -32,18 +32,26 @@ def _ddntk_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_ddntk_")}
 
 
+def _dntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_dntk2_")}
+
+
 def _ntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_ntk2_")}
 
 
 def _base(cmp: pd.DataFrame) -> pd.DataFrame:
     """The kernel/NTK rows of the comparison (without the dNTK's P, Q, the ddNTK's R, S, T, U and the two-input
-    NTK tensors "2i.*")."""
-    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS)) & ~cmp.quantity.str.startswith("2i.")]
+    NTK tensors "2i.*" and the two-input dNTK "2d.*")."""
+    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS)) & ~cmp.quantity.str.startswith(("2i.", "2d."))]
 
 
 def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
     return cmp[cmp.quantity.str.startswith("2i.")]
+
+
+def _dntk2(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.str.startswith("2d.")]
 
 
 def _ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -125,6 +133,17 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
                     row[v] = float(sel[q].iloc[0])
                 rows.append(row)
+    for act, blocks in _dntk2_sims(outputs).items():
+        # the two-input dNTK P, Q (ntk2.two_input_dntk) of the data pair, every layer >= 2 (layer 2 exact)
+        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
+            est = ntk2.dntk2_pooled_blocks(d, int(width))
+            for q in ntk2.dntk2_quantity_names():
+                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
+                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": n_prev(int(layer), int(width), n0)}
+                for v, t in theories.items():
+                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
+                    row[v] = float(sel[q].iloc[0])
+                rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -157,6 +176,7 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     out.update(dntk_metrics(cmp, p))
     out.update(ddntk_metrics(cmp, p))
     out.update(ntk2_metrics(cmp, p))
+    out.update(ntk2_metrics(cmp, p, prefix="dntk2"))
     cmp = _base(cmp)
     for act in cmp.activation.unique():
         c = cmp[cmp.activation == act]
@@ -335,21 +355,26 @@ def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     return out
 
 
-def ntk2_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
+def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str, float]:
     """The two-input NTK tensors (50 components per layer): layer 2 against its exact values (z-scores), and
     at every layer >= 3 the 1/n (Richardson) extrapolation of the two widest widths against the recursion:
     its max |z| and, per tensor, the excess max_c (|T_ex,c - T_rec,c| - 2 s.e._c) / max_c |T_rec,c| (relative
     to the tensor's largest component, since single components can be near zero); and the error of the
-    recursion over that of the ablation without inter-layer terms at the widest width and last layer."""
+    recursion over that of the ablation without inter-layer terms at the widest width and last layer.
+    ``prefix="dntk2"``: the same metrics (names ``dntk2_*``) of the two-input dNTK's P, Q (32 components per
+    layer, quantities "2d.*")."""
     out: dict[str, float] = {}
-    d_all = _ntk2(cmp)
-    if not len(d_all) or p.ntk2 is None:
+    d_all = _dntk2(cmp) if prefix == "dntk2" else _ntk2(cmp)
+    block = p.dntk2 if prefix == "dntk2" else p.ntk2
+    names = ("P", "Q") if prefix == "dntk2" else ntk2.TENSOR_NAMES
+    tag = "2d" if prefix == "dntk2" else "2i"
+    if not len(d_all) or block is None:
         return out
     L = p.net.depth
     for act in d_all.activation.unique():
         c = d_all[(d_all.activation == act) & (d_all.mc_se > 0)]
         l2 = c[c.layer == 2]
-        out[f"ntk2_layer2_max_abs_z.{act}"] = float(((l2.mc - l2.recursion) / l2.mc_se).abs().max())
+        out[f"{prefix}_layer2_max_abs_z.{act}"] = float(((l2.mc - l2.recursion) / l2.mc_se).abs().max())
         ws = sorted(c.width.unique())
         if len(ws) < 2 or L < 3:
             continue
@@ -363,17 +388,18 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
             t_ex = (wide * b.mc - prev * a.mc) / (wide - prev)
             se = np.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
             zs.extend(((t_ex - b.recursion) / se).tolist())
-            for t in ntk2.TENSOR_NAMES:
-                m = b.index.str.startswith(f"2i.{t}_")
+            for t in names:
+                m = b.index.str.startswith(f"{tag}.{t}_")
                 ex = float((((t_ex - b.recursion).abs() - 2 * se)[m]).max() / b.recursion[m].abs().max())
                 excess.append(ex)
-                out[f"ntk2_extrap_excess.{t}.L{ell}.{act}"] = ex
-        out[f"ntk2_extrap_max_abs_z.{act}"] = float(np.max(np.abs(zs)))
-        out[f"ntk2_extrap_excess.{act}"] = float(max(excess))
+                out[f"{prefix}_extrap_excess.{t}.L{ell}.{act}"] = ex
+        out[f"{prefix}_extrap_max_abs_z.{act}"] = float(np.max(np.abs(zs)))
+        out[f"{prefix}_extrap_excess.{act}"] = float(max(excess))
         w = c[(c.layer == L) & (c.width == wide)]
-        out[f"ntk2_mean_abs_rel_err_n{wide}.{act}"] = float((w.mc - w.recursion).abs().sum() / w.recursion.abs().sum())
+        out[f"{prefix}_mean_abs_rel_err_n{wide}.{act}"] = float((w.mc - w.recursion).abs().sum()
+                                                                / w.recursion.abs().sum())
         if "no_interlayer" in c:
-            out[f"ntk2_interlayer_error_ratio.{act}"] = float((w.recursion - w.mc).abs().sum()
+            out[f"{prefix}_interlayer_error_ratio.{act}"] = float((w.recursion - w.mc).abs().sum()
                                                               / (w.no_interlayer - w.mc).abs().sum())
     return out
 
@@ -849,15 +875,18 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs["ddntk_layer_profiles"] = _ddntk_layers(comparison, p)
     if len(_ntk2(comparison)):
         figs["two_input_ntk"] = _ntk2_plot(comparison, p)
+    if len(_dntk2(comparison)):
+        figs["two_input_dntk"] = _ntk2_plot(comparison, p, dntk=True)
     return figs
 
 
-def _ntk2_plot(cmp: pd.DataFrame, p: Params):
-    """Per activation: every component of V, D, A, B, F at layers 2..L, sampled nets against the recursion
-    (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the two widest widths), ±2 s.e."""
+def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False):
+    """Per activation: every component of V, D, A, B, F (``dntk``: of the two-input dNTK's P, Q) at layers 2..L,
+    sampled nets against the recursion (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the
+    two widest widths), ±2 s.e."""
     import matplotlib.pyplot as plt
 
-    d = _ntk2(cmp)
+    d = _dntk2(cmp) if dntk else _ntk2(cmp)
     acts = list(d.activation.unique())
     fig, axes = plt.subplots(1, len(acts), figsize=(5.2 * len(acts), 4.6), squeeze=False)
     for ax, act in zip(axes[0], acts):
@@ -882,10 +911,12 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params):
         ax.set_xscale("symlog", linthresh=lin)
         ax.set_yscale("symlog", linthresh=lin)
         ax.set_xlabel("recursion (first order)")
-        ax.set_ylabel("sampled nets (n x cov)")
-        ax.set_title(f"{act}: V, D, A, B, F of the input pair (50 components/layer)", fontsize=8)
+        ax.set_ylabel("sampled nets (n x E[dTh z])" if dntk else "sampled nets (n x cov)")
+        ax.set_title(f"{act}: dNTK P, Q of the input pair (32 components/layer)" if dntk
+                     else f"{act}: V, D, A, B, F of the input pair (50 components/layer)", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    fig.suptitle("Two-input NTK fluctuation tensors: recursion vs sampled nets")
+    fig.suptitle("Two-input dNTK (P, Q): recursion vs sampled nets" if dntk
+                 else "Two-input NTK fluctuation tensors: recursion vs sampled nets")
     fig.tight_layout()
     return fig

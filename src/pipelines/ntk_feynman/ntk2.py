@@ -438,7 +438,42 @@ def pooled_blocks(blocks, n_prev: float) -> dict[str, float]:
     return out
 
 
-__all__ = ["COLUMNS", "N_COLS", "ONAMES", "OPAIRS", "TENSOR_NAMES", "UNAMES", "UPAIRS", "flat_row", "flatten",
+# ---------------------------------------------------------------- two-input dNTK tables
+IDX4 = tuple(np.ndindex(2, 2, 2, 2))
+DNTK2_COLUMNS = tuple(f"s{k}_{''.join(str(i + 1) for i in idx)}" for k in range(3) for idx in IDX4)
+
+
+def dntk2_quantity_names() -> list[str]:
+    """The comparison's quantity names of the two-input dNTK: ``2d.<P|Q>_<a0a1a2a3>`` (inputs 1, 2)."""
+    return [f"2d.{t}_{''.join(str(i + 1) for i in idx)}" for t in ("P", "Q") for idx in IDX4]
+
+
+def dntk2_flat_row(P: np.ndarray, Q: np.ndarray) -> dict[str, float]:
+    """P, Q (2x2x2x2) as ``{"2d.<P|Q>_<a0a1a2a3>": value}`` in the order of :func:`dntk2_quantity_names`."""
+    return dict(zip(dntk2_quantity_names(), [float(P[i]) for i in IDX4] + [float(Q[i]) for i in IDX4]))
+
+
+def dntk2_block_row(stats: np.ndarray) -> np.ndarray:
+    """(depth, len(DNTK2_COLUMNS)) block means of :func:`sample_two_input_dntk` columns."""
+    return stats.mean(0).reshape(stats.shape[1], -1)
+
+
+def dntk2_pooled_blocks(blocks, n: int) -> dict[str, float]:
+    """Pooled P, Q (nets weighted equally) and batch-mean standard errors (one batch per block row) from block
+    means (columns DNTK2_COLUMNS, ``n_nets``) of one width n and layer, flattened as :func:`dntk2_flat_row`."""
+    w = blocks["n_nets"].to_numpy(float)
+    M = blocks[list(DNTK2_COLUMNS)].to_numpy(float).reshape(-1, 3, 2, 2, 2, 2)
+    est = dntk2_flat_row(*two_input_pq_from_sums(np.average(M, axis=0, weights=w), n))
+    per = [dntk2_flat_row(*two_input_pq_from_sums(m, n)) for m in M]
+    out = dict(est)
+    for k in est:
+        out[f"{k}_se"] = float(np.std([q[k] for q in per], ddof=1) / math.sqrt(len(M)))
+    return out
+
+
+__all__ = ["COLUMNS", "DNTK2_COLUMNS", "dntk2_block_row", "dntk2_flat_row", "dntk2_pooled_blocks",
+           "dntk2_quantity_names", "N_COLS", "ONAMES", "OPAIRS", "TENSOR_NAMES", "UNAMES", "UPAIRS", "flat_row",
+           "flatten",
            "pooled_blocks", "pooled_two_input", "pooled_two_input_dntk", "quantity_names", "sample_two_input",
            "sample_two_input_dntk", "two_input_pq_from_sums", "two_input_dntk", "two_input_dntk_layer2",
            "two_input_ntk_tensors"]

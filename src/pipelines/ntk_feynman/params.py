@@ -131,6 +131,13 @@ class Ntk2MonteCarlo(_Sampler):
     mc_ntk2_<activation>, ntk2.sample_two_input): the data.inputs pair through the same nets, every layer."""
 
 
+class Dntk2MonteCarlo(_Sampler):
+    """Sampled nets for the two-input dNTK statistics P, Q with input indices (variants mc_dntk2_<activation>,
+    ntk2.sample_two_input_dntk): autograd through the NTK recursion of the data pair, every layer."""
+
+    MAX_WIDTH: ClassVar[int] = 256
+
+
 class Params(MethodParams):
     data: Data
     net: Net
@@ -140,6 +147,7 @@ class Params(MethodParams):
     dntk: DntkMonteCarlo | None = None     # needed by mc_dntk_<activation> variants
     ddntk: DdntkMonteCarlo | None = None   # needed by mc_ddntk_<activation> variants
     ntk2: Ntk2MonteCarlo | None = None     # needed by mc_ntk2_<activation> variants (and a data pair)
+    dntk2: Dntk2MonteCarlo | None = None   # needed by mc_dntk2_<activation> variants (and a data pair)
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
 
     @field_validator("activations")
@@ -155,6 +163,11 @@ class Params(MethodParams):
     def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
         acts = info.data.get("activations") or {}
         for name in v:
+            if name.startswith("mc_dntk2_"):
+                if name[9:] in acts and info.data.get("dntk2") is not None:
+                    continue
+                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_dntk2_' "
+                                 "and a 'dntk2' block")
             if name.startswith("mc_ntk2_"):
                 if name[8:] in acts and info.data.get("ntk2") is not None:
                     continue
@@ -173,7 +186,9 @@ class Params(MethodParams):
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
             raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
-                             "mc_dntk_<activation>, mc_ddntk_<activation> or mc_ntk2_<activation> with an "
+                             "mc_dntk_<activation>, mc_ddntk_<activation>, mc_ntk2_<activation> or "
+                             "mc_dntk2_<activation> "
+                             "with an "
                              f"activation of {sorted(acts)}")
         if len(set(v)) != len(v):
             raise ValueError(f"a variant is listed twice in {v}")
@@ -193,7 +208,8 @@ class Params(MethodParams):
             if m.startswith("variants."):
                 need = {parts[1]}
             elif len(parts) >= 2 and parts[1] in self.activations:
-                pre = ("mc_ddntk_" if m.startswith("ddntk_") else "mc_dntk_" if m.startswith("dntk_")
+                pre = ("mc_ddntk_" if m.startswith("ddntk_") else "mc_dntk2_" if m.startswith("dntk2_")
+                       else "mc_dntk_" if m.startswith("dntk_")
                        else "mc_ntk2_" if m.startswith("ntk2_") else "mc_")
                 need = {pre + parts[1]}
                 if "interlayer" in parts[0]:
@@ -208,7 +224,7 @@ class Params(MethodParams):
 
     def mc_activations(self) -> list[str]:
         return [v[3:] for v in self.variants
-                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_"))]
+                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_"))]
 
     def dntk_activations(self) -> list[str]:
         return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
@@ -218,6 +234,12 @@ class Params(MethodParams):
 
     def ntk2_activations(self) -> list[str]:
         return [v[8:] for v in self.variants if v.startswith("mc_ntk2_")]
+
+    def dntk2_activations(self) -> list[str]:
+        return [v[9:] for v in self.variants if v.startswith("mc_dntk2_")]
+
+    def dntk2_nets(self, width: int) -> int:
+        return self.dntk2.nets_per_seed[self.dntk2.widths.index(width)]
 
     def ntk2_nets(self, width: int) -> int:
         return self.ntk2.nets_per_seed[self.ntk2.widths.index(width)]

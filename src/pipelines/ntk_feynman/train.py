@@ -9,6 +9,8 @@
   per-net contractions S1 / n^2 and S2 / n^2;
 - ``mc_ntk2_<activation>``: sampled nets seeing the input pair, block means of the two-input NTK statistics
   (ntk2.sample_two_input); the theory variants carry the two-input tensors' recursion (ntk2.two_input_ntk_tensors);
+- ``mc_dntk2_<activation>``: sampled nets seeing the input pair, block means of the two-input dNTK contractions
+  (ntk2.sample_two_input_dntk); the theory variants carry the two-input P, Q recursion (ntk2.two_input_dntk);
 - ``mc_ddntk_<activation>``: sampled nets for the ddNTK means R, S, T, U (ddntk.sample_ddntk), block means of the
   four per-net probe contractions C1..C4 / n^2.
 The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order) and the ddNTK's R, S, T, U
@@ -71,6 +73,19 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                 if missing:
                     df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
                 df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
+            if p.dntk2 is not None:
+                # the two-input dNTK P, Q with input indices (ntk2.two_input_dntk), columns "2d.<P|Q>_<a0a1a2a3>"
+                dl = ntk2.two_input_dntk(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X, p.net.depth,
+                                         interlayer=(variant != "no_interlayer"), quad=quad)
+                for r in dl:
+                    vals = ntk2.dntk2_flat_row(r["P"], r["Q"])
+                    if variant == "infinite_width":
+                        vals = dict.fromkeys(vals, 0.0)
+                    sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
+                    missing = [k for k in vals if k not in df.columns]
+                    if missing:
+                        df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
+                    df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
     bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
     if bad.any():
         r = df[bad].iloc[0]
@@ -166,11 +181,40 @@ def ntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     return pd.DataFrame(frames)
 
 
+def dntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
+    """Block means of the two-input dNTK contractions (columns ntk2.DNTK2_COLUMNS) per seed, width and layer, for
+    the data.inputs pair seen by the same nets."""
+    if inputs.get("pair") is None:
+        raise ValueError("ntk_feynman.train.mc_dntk2_" + activation + ": needs an input pair (data.pair_cosine "
+                         "is null, or data.inputs_path has one row)")
+    spec, d = p.activations[activation], p.dntk2
+    X = np.asarray(inputs["pair"], dtype=float)
+    frames = []
+    for seed in p.seeds:
+        node_setup(p, int(seed))
+        for width in d.widths:
+            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
+            stream = int(np.random.SeedSequence([int(seed), width, 0, 17]).generate_state(1)[0])
+            stats = ntk2.sample_two_input_dntk(activation, X, width, p.net.depth, p.dntk2_nets(width), spec.c_w,
+                                               spec.c_b, p.net.lambda_b, p.net.lambda_w, stream,
+                                               chunk=max(1, d.chunk_elems // (width * width)))
+            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
+            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+                means = ntk2.dntk2_block_row(stats[a:b])
+                for ell in range(p.net.depth):
+                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
+                                   "n_nets": int(b - a), **dict(zip(ntk2.DNTK2_COLUMNS, means[ell]))})
+            log.info("ntk_feynman.mc_dntk2_%s: seed %s width %d done", activation, seed, width)
+    return pd.DataFrame(frames)
+
+
 def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     """The variant's statistics table (with ``runtime_s`` as a column)."""
     node_setup(p)
     t0 = time.perf_counter()
-    if variant.startswith("mc_ntk2_"):
+    if variant.startswith("mc_dntk2_"):
+        df = dntk2_table(inputs, p, variant[9:])
+    elif variant.startswith("mc_ntk2_"):
         df = ntk2_table(inputs, p, variant[8:])
     elif variant.startswith("mc_ddntk_"):
         df = ddntk_table(inputs, p, variant[9:])

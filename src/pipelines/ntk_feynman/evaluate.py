@@ -605,34 +605,6 @@ def _cov_scaling(cmp: pd.DataFrame, p: Params):
     return fig
 
 
-def _layer_profiles(cmp: pd.DataFrame, p: Params):
-    import matplotlib.pyplot as plt
-
-    acts = list(cmp.activation.unique())
-    fig, axes = plt.subplots(len(acts), len(TENSORS), figsize=(3.0 * len(TENSORS), 2.8 * len(acts)), squeeze=False)
-    widths = sorted(cmp.width.unique())
-    cmap = plt.get_cmap("viridis")
-    for i, act in enumerate(acts):
-        c = cmp[(cmp.activation == act) & (cmp.input == 0)]
-        for j, t in enumerate(TENSORS):
-            ax = axes[i][j]
-            d = c[c.quantity == t]
-            th = d[d.width == widths[-1]].sort_values("layer")
-            for v, (col, ls, lab) in VARIANT_STYLE.items():
-                if v in th and v != "infinite_width":
-                    ax.plot(th.layer, th[v], color=col, ls=ls, lw=1.5, label=lab)
-            for k, w in enumerate(widths):
-                s = d[d.width == w].sort_values("layer")
-                ax.errorbar(s.layer + 0.04 * (k - len(widths) / 2), s.mc, yerr=2 * s.mc_se, fmt="o", ms=3,
-                            capsize=2, color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={w}")
-            ax.set(title=f"{act}: {t}", xlabel="layer")
-            ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle("Layer profiles: recursion vs sampled nets (error bars ±2 s.e.)")
-    fig.tight_layout()
-    return fig
-
-
 def _mean_corrections(cmp: pd.DataFrame, p: Params):
     import matplotlib.pyplot as plt
 
@@ -753,16 +725,21 @@ def _dntk_scaling(cmp: pd.DataFrame, p: Params):
     return fig
 
 
-def _dntk_layers(cmp: pd.DataFrame, p: Params):
+_EXACT_L2 = "layer profiles: recursion vs sampled nets (layer 2 is exact at any width)"
+
+
+def _layer_profiles(d: pd.DataFrame, tensors, what: str, suptitle: str, panel: tuple[float, float]):
+    """Each tensor against the layer, a row per activation: the recursion, the ablation, and MC at every width
+    (error bars ±2 s.e.); ``panel`` is one panel's (width, height) in inches."""
     import matplotlib.pyplot as plt
 
-    d = _dntk(cmp)
     acts = list(d.activation.unique())
     widths = sorted(d.width.unique())
     cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(len(acts), 2, figsize=(8.4, 3.0 * len(acts)), squeeze=False)
+    fig, axes = plt.subplots(len(acts), len(tensors), figsize=(panel[0] * len(tensors), panel[1] * len(acts)),
+                             squeeze=False)
     for i, act in enumerate(acts):
-        for j, q in enumerate(DNTK_TENSORS):
+        for j, q in enumerate(tensors):
             ax = axes[i][j]
             s = d[(d.activation == act) & (d.quantity == q)]
             th = s[s.width == widths[-1]].sort_values("layer")
@@ -773,10 +750,10 @@ def _dntk_layers(cmp: pd.DataFrame, p: Params):
                 t = s[s.width == wd].sort_values("layer")
                 ax.errorbar(t.layer + 0.05 * (k - len(widths) / 2), t.mc, yerr=2 * t.mc_se, fmt="o", ms=3, capsize=2,
                             color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={wd}")
-            ax.set(title=f"{act}: dNTK {q}", xlabel="layer")
+            ax.set(title=f"{act}: {what}{q}", xlabel="layer")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=6)
-    fig.suptitle("dNTK layer profiles: recursion vs sampled nets (layer 2 is exact at any width)")
+    fig.suptitle(suptitle)
     fig.tight_layout()
     return fig
 
@@ -826,35 +803,6 @@ def _ddntk_vs_width(cmp: pd.DataFrame, p: Params):
     return fig
 
 
-def _ddntk_layers(cmp: pd.DataFrame, p: Params):
-    """R, S, T, U against the layer: the recursion, the ablation, and MC at every width."""
-    import matplotlib.pyplot as plt
-
-    d = _ddntk(cmp)
-    acts = list(d.activation.unique())
-    widths = sorted(d.width.unique())
-    cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(len(acts), 4, figsize=(14, 3.0 * len(acts)), squeeze=False)
-    for i, act in enumerate(acts):
-        for j, q in enumerate(DDNTK_TENSORS):
-            ax = axes[i][j]
-            s = d[(d.activation == act) & (d.quantity == q)]
-            th = s[s.width == widths[-1]].sort_values("layer")
-            for v, (col, ls, lab) in VARIANT_STYLE.items():
-                if v in th and v != "infinite_width":
-                    ax.plot(th.layer, th[v], color=col, ls=ls, lw=1.5, label=lab)
-            for k, wd in enumerate(widths):
-                t = s[s.width == wd].sort_values("layer")
-                ax.errorbar(t.layer + 0.05 * (k - len(widths) / 2), t.mc, yerr=2 * t.mc_se, fmt="o", ms=3, capsize=2,
-                            color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={wd}")
-            ax.set(title=f"{act}: ddNTK {q}", xlabel="layer")
-            ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle("ddNTK layer profiles: recursion vs sampled nets (layer 2 is exact at any width)")
-    fig.tight_layout()
-    return fig
-
-
 def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
     figs = {}
     base = _base(comparison)
@@ -862,17 +810,21 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs = {f"tensors_vs_width_{act}": _tensors_vs_width(base, p, act) for act in base.activation.unique()}
         figs["rel_err_vs_width"] = _rel_err_vs_width(base, p)
         figs["covariance_scaling"] = _cov_scaling(base, p)
-        figs["layer_profiles"] = _layer_profiles(base, p)
+        figs["layer_profiles"] = _layer_profiles(base[base.input == 0], TENSORS, "",
+                                                  "Layer profiles: recursion vs sampled nets (error bars ±2 s.e.)",
+                                                  (3.0, 2.8))
         figs["mean_corrections"] = _mean_corrections(base, p)
         if base.quantity.isin(VERTEX_KEYS).any():
             figs["two_input_vertex"] = _pair_vertex(base, p)
     if len(_dntk(comparison)):
         figs["dntk_vs_width"] = _dntk_vs_width(comparison, p)
         figs["dntk_scaling"] = _dntk_scaling(comparison, p)
-        figs["dntk_layer_profiles"] = _dntk_layers(comparison, p)
+        figs["dntk_layer_profiles"] = _layer_profiles(_dntk(comparison), DNTK_TENSORS, "dNTK ",
+                                                       "dNTK " + _EXACT_L2, (4.2, 3.0))
     if len(_ddntk(comparison)):
         figs["ddntk_vs_width"] = _ddntk_vs_width(comparison, p)
-        figs["ddntk_layer_profiles"] = _ddntk_layers(comparison, p)
+        figs["ddntk_layer_profiles"] = _layer_profiles(_ddntk(comparison), DDNTK_TENSORS, "ddNTK ",
+                                                        "ddNTK " + _EXACT_L2, (3.5, 3.0))
     if len(_ntk2(comparison)):
         figs["two_input_ntk"] = _ntk2_plot(comparison, p)
     if len(_dntk2(comparison)):

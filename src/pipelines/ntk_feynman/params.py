@@ -163,26 +163,15 @@ class Params(MethodParams):
     def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
         acts = info.data.get("activations") or {}
         for name in v:
-            if name.startswith("mc_dntk2_"):
-                if name[9:] in acts and info.data.get("dntk2") is not None:
+            # longest prefix first: mc_dntk2_ before mc_dntk_
+            prefix = next((x for x in ("mc_dntk2_", "mc_ntk2_", "mc_ddntk_", "mc_dntk_") if name.startswith(x)), None)
+            if prefix is not None:
+                block = prefix[3:-1]
+                if name[len(prefix):] in acts and info.data.get(block) is not None:
                     continue
-                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_dntk2_' "
-                                 "and a 'dntk2' block")
-            if name.startswith("mc_ntk2_"):
-                if name[8:] in acts and info.data.get("ntk2") is not None:
-                    continue
-                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_ntk2_' "
-                                 "and an 'ntk2' block")
-            if name.startswith("mc_ddntk_"):
-                if name[9:] in acts and info.data.get("ddntk") is not None:
-                    continue
-                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_ddntk_' "
-                                 "and a 'ddntk' block")
-            if name.startswith("mc_dntk_"):
-                if name[8:] in acts and info.data.get("dntk") is not None:
-                    continue
-                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after 'mc_dntk_' "
-                                 "and a 'dntk' block")
+                article = "an" if block == "ntk2" else "a"
+                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after '{prefix}' "
+                                 f"and {article} '{block}' block")
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
             raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "

@@ -112,6 +112,20 @@ def mc_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def _block_rows(stats: np.ndarray, blocks: int, columns, seed: int, width: int, depth: int,
+                reduce=lambda block: block.mean(0)) -> list[dict]:
+    """Rows of a sampler's per-net statistics [nets, depth, columns] cut into ``blocks`` contiguous blocks (the
+    batch means behind the s.e.): one row per block and layer, input 0."""
+    edges = np.linspace(0, len(stats), blocks + 1).round().astype(int)
+    rows = []
+    for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        means = reduce(stats[a:b])
+        for ell in range(depth):
+            rows.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
+                         "n_nets": int(b - a), **dict(zip(columns, means[ell]))})
+    return rows
+
+
 def dntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     """Block means of the dNTK contractions (columns dntk.DNTK_COLUMNS) per seed, width and layer, input 0."""
     spec, d = p.activations[activation], p.dntk
@@ -124,12 +138,7 @@ def dntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
             stats = dntk.sample_dntk(activation, np.asarray(inputs["x"][0]), width, p.net.depth, p.dntk_nets(width),
                                      spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems,
                                      device=device, probes=d.probes)
-            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
-            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-                means = stats[a:b].mean(0)
-                for ell in range(p.net.depth):
-                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
-                                   "n_nets": int(b - a), **dict(zip(dntk.DNTK_COLUMNS, means[ell]))})
+            frames += _block_rows(stats, d.blocks_per_seed, dntk.DNTK_COLUMNS, seed, width, p.net.depth)
             log.info("ntk_feynman.mc_dntk_%s: seed %s width %d done", activation, seed, width)
     return pd.DataFrame(frames)
 
@@ -145,12 +154,7 @@ def ddntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
             stats = ddntk.sample_ddntk(activation, np.asarray(inputs["x"][0]), width, p.net.depth,
                                        p.ddntk_nets(width), spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w,
                                        stream, d.chunk_elems, device=device)
-            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
-            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-                means = stats[a:b].mean(0)
-                for ell in range(p.net.depth):
-                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
-                                   "n_nets": int(b - a), **dict(zip(ddntk.DDNTK_COLUMNS, means[ell]))})
+            frames += _block_rows(stats, d.blocks_per_seed, ddntk.DDNTK_COLUMNS, seed, width, p.net.depth)
             log.info("ntk_feynman.mc_ddntk_%s: seed %s width %d done", activation, seed, width)
     return pd.DataFrame(frames)
 
@@ -171,12 +175,7 @@ def ntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
             stream = int(np.random.SeedSequence([int(seed), width, 0, 13]).generate_state(1)[0])
             stats = ntk2.sample_two_input(activation, X, width, p.net.depth, p.ntk2_nets(width), spec.c_w,
                                           spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems)
-            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
-            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-                means = stats[a:b].mean(0)
-                for ell in range(p.net.depth):
-                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
-                                   "n_nets": int(b - a), **dict(zip(ntk2.COLUMNS, means[ell]))})
+            frames += _block_rows(stats, d.blocks_per_seed, ntk2.COLUMNS, seed, width, p.net.depth)
             log.info("ntk_feynman.mc_ntk2_%s: seed %s width %d done", activation, seed, width)
     return pd.DataFrame(frames)
 
@@ -198,12 +197,8 @@ def dntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
             stats = ntk2.sample_two_input_dntk(activation, X, width, p.net.depth, p.dntk2_nets(width), spec.c_w,
                                                spec.c_b, p.net.lambda_b, p.net.lambda_w, stream,
                                                chunk=max(1, d.chunk_elems // (width * width)))
-            edges = np.linspace(0, len(stats), d.blocks_per_seed + 1).round().astype(int)
-            for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-                means = ntk2.dntk2_block_row(stats[a:b])
-                for ell in range(p.net.depth):
-                    frames.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
-                                   "n_nets": int(b - a), **dict(zip(ntk2.DNTK2_COLUMNS, means[ell]))})
+            frames += _block_rows(stats, d.blocks_per_seed, ntk2.DNTK2_COLUMNS, seed, width, p.net.depth,
+                                  reduce=ntk2.dntk2_block_row)
             log.info("ntk_feynman.mc_dntk2_%s: seed %s width %d done", activation, seed, width)
     return pd.DataFrame(frames)
 

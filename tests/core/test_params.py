@@ -85,3 +85,28 @@ def test_variant_names_become_node_names_so_they_are_checked_once_in_core():
     assert list(validate(P, {"seeds": [0], "variants": {"adam_2": {"lr": 1.0}}}, "m").variants) == ["adam_2"]
     with pytest.raises(ParameterError, match=r"parameter m\.variants: .*'Adam-2'.*train\.<variant>"):
         validate(P, {"seeds": [0], "variants": {"Adam-2": {"lr": 1.0}}}, "m")
+
+
+def test_variant_seeds_is_opt_in_takes_a_prefix_of_seeds_and_names_a_bad_key():
+    from pipelines.core.params import VariantSeeds
+
+    class P(MethodParams, VariantSeeds):
+        variants: list[str]
+
+    raw = {"seeds": [5, 3, 9], "variants": ["a", "b"], "variant_seeds": {"b": 2}}
+    p = validate(P, raw, "m")
+    assert p.seeds_for("a") == [5, 3, 9] and p.seeds_for("b") == [5, 3]     # a prefix, in the given order
+    assert validate(P, {**raw, "variant_seeds": {"b": 7}}, "m").seeds_for("b") == [5, 3, 9]
+    with pytest.raises(ParameterError, match=r"^parameter m.variant_seeds.b: .*greater than or equal to 1"):
+        validate(P, {**raw, "variant_seeds": {"b": 0}}, "m")
+    with pytest.raises(ParameterError, match=r"variant_seeds: unknown variant\(s\) \['c'\]"):
+        validate(P, {**raw, "variant_seeds": {"c": 1}}, "m")
+
+    class Known(P):                        # a method that knows more variants than this run plans
+        def known_variants(self):
+            return ["a", "b", "c"]
+
+    assert validate(Known, {**raw, "variant_seeds": {"c": 1}}, "m").seeds_for("c") == [5]
+    # a method without the block rejects the key instead of silently running every seed
+    with pytest.raises(ParameterError, match=r"^parameter m.variant_seeds: unknown key"):
+        validate(Schema, {**GOOD, "variant_seeds": {"a": 1}}, "m")

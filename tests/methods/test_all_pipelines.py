@@ -42,6 +42,23 @@ def test_parameters_of_every_env_validate(m, env):
     assert p.claims, f"{m} declares no claims"
 
 
+def _empty_over_full(base: dict, delta: dict, path: str = "") -> list[str]:
+    out = []
+    for k, v in delta.items():
+        b = base.get(k)
+        if isinstance(v, dict) and isinstance(b, dict):
+            out += [f"{path}{k}"] if not v and b else _empty_over_full(b, v, f"{path}{k}.")
+    return out
+
+
+@pytest.mark.parametrize("m", METHODS)
+@pytest.mark.parametrize("env", ["test", "full"])
+def test_no_env_empties_a_mapping_it_cannot_empty(m, env):
+    """Env files deep-merge over base, so `key: {}` over a non-empty base mapping changes nothing; a file
+    that writes it meant a reset that silently does not happen (set each entry instead)."""
+    assert _empty_over_full(_raw("base", m), _raw(env, m)) == [], f"conf/{env}/parameters_{m}.yml"
+
+
 @pytest.mark.parametrize("m", METHODS)
 def test_node_names_and_tags_follow_the_contract(m):
     from pipelines.core.registry import load_pipeline

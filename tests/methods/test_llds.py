@@ -321,8 +321,8 @@ def test_one_train_node_per_variant():
 def test_fewer_seed_variants_take_the_first_seeds_and_unshared_pairs_give_nan():
     from pipelines.llds.evaluate import derived
 
-    p = Params.model_validate({**RAW, "seeds": [3, 4], "variant_n_seeds": {"llds": 1}})
-    assert p.seeds_of("llds") == [3] and p.seeds_of("grpo") == [3, 4]
+    p = Params.model_validate({**RAW, "seeds": [3, 4], "variant_seeds": {"llds": 1}})
+    assert p.seeds_for("llds") == [3] and p.seeds_for("grpo") == [3, 4]
     rows = [{"variant": "grpo", "seed": 4, "test_em": 0.2, "grad_norm_max": 1.0},
             {"variant": "llds", "seed": 3, "test_em": 0.3, "grad_norm_max": 1.0}]
     m = derived(rows, {"sft_sampled_reward": 0.1, "test_em": 0.5, "sft_probe_reward": 0.1}, ["grpo", "llds"])

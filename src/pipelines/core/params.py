@@ -99,6 +99,37 @@ class MethodParams(Strict):
         return f"<{type(self).__module__}.{type(self).__qualname__}: logged flattened as <method>.*>"
 
 
+class VariantSeeds(Strict):
+    """Opt-in block for a method whose expensive variants run on fewer seeds in the default run's budget:
+    ``class Params(MethodParams, VariantSeeds)`` adds the key ``variant_seeds: {variant: n}`` (that variant
+    runs on the first n of ``seeds``; a variant not named runs on all of them) and :meth:`seeds_for`, which
+    the method's train node loops over instead of ``seeds``. Opt-in, so that a method which does not honour
+    the key rejects it as unknown instead of ignoring it."""
+
+    variant_seeds: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+
+    def known_variants(self) -> list[str] | None:
+        """Every variant name the method knows. ``variant_seeds`` may name one this run does not plan, so
+        that a shorter ``variants`` list needs no second edit. Default: the planned ones; None: unchecked."""
+        planned = getattr(self, "planned_variants", None)
+        return planned() if planned else None
+
+    def seeds_for(self, variant: str) -> list[int]:
+        """The seeds ``variant`` runs on: the first ``variant_seeds[variant]`` of ``seeds``. A prefix, so a
+        variant on fewer seeds still shares them with the others (paired comparisons), and ``kedro sweep``
+        over seed lists moves every variant together."""
+        seeds = self.seeds                                     # type: ignore[attr-defined]
+        return list(seeds[:self.variant_seeds.get(variant, len(seeds))])
+
+    @model_validator(mode="after")
+    def _variant_seeds_name_variants(self):
+        known = self.known_variants()
+        bad = sorted(set(self.variant_seeds) - set(known)) if known is not None else []
+        if bad:
+            raise ValueError(f"variant_seeds: unknown variant(s) {bad}: use {sorted(known)}")
+        return self
+
+
 _TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "tuple", "none", "set", "bytes"}
 
 

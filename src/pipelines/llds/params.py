@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict, known_names
+from pipelines.core.params import MethodParams, Strict, VariantSeeds, known_names
 
 # every variant the pipeline knows: the method, its gate ablation, the MA refinement, the baselines
 VARIANTS = ("grpo", "llds", "llds_rgate", "llds_ma", "nll_pos", "grpo_kl", "grpo_hilr", "llds_hilr")
@@ -87,7 +87,7 @@ class Collapse(Strict):
     min_max: float = Field(default=0.2, ge=0, le=1)       # ... once that max reached this
 
 
-class Params(MethodParams):
+class Params(MethodParams, VariantSeeds):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data = Data()
     model: ModelParams = ModelParams()
@@ -96,21 +96,14 @@ class Params(MethodParams):
     llds: LLDS = LLDS()
     collapse: Collapse = Collapse()
     variants: list[str] = Field(min_length=1)             # one train.<variant> node each
-    variant_n_seeds: dict[str, int] = Field(default_factory=dict)   # a variant runs on the first n of `seeds`
 
     @field_validator("variants")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
         return known_names(v, VARIANTS)
 
-    @field_validator("variant_n_seeds")
-    @classmethod
-    def _known_seeds(cls, v: dict[str, int]) -> dict[str, int]:
-        known_names(list(v), VARIANTS)
-        for name, n in v.items():
-            if n < 1:
-                raise ValueError(f"{name}: a variant needs at least 1 seed, got {n}")
-        return v
+    def known_variants(self) -> list[str]:
+        return list(VARIANTS)
 
     @model_validator(mode="after")
     def _claims_name_planned_variants(self):
@@ -121,8 +114,3 @@ class Params(MethodParams):
                         raise ValueError(f"claims: claim '{c.id}' needs variant {piece!r}, which is not in "
                                          f"variants {self.variants}")
         return self
-
-    def seeds_of(self, variant: str) -> list[int]:
-        """The first ``variant_n_seeds[variant]`` of ``seeds`` (all of them by default), so variants that
-        run on fewer seeds still share them with the others (paired comparisons, sweeps over seeds)."""
-        return list(self.seeds[:self.variant_n_seeds.get(variant, len(self.seeds))])

@@ -168,5 +168,5 @@ def run_grpo(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, v
 
 def train_variant(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, variant: str) -> pd.DataFrame:
     """train.<variant>: GRPO (+ the variant's term) from the shared SFT policy, on each of its seeds."""
-    return pd.concat([run_grpo(spec, test, base_state, probe, p, variant, s) for s in p.seeds_of(variant)],
+    return pd.concat([run_grpo(spec, test, base_state, probe, p, variant, s) for s in p.seeds_for(variant)],
                      ignore_index=True)

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict, known_names
+from pipelines.core.params import MethodParams, Strict, VariantSeeds, known_names
 
 VARIANTS = ("svgt", "svgt_dz0", "soft_prompt", "caa", "iti", "sys_prompt", "no_intervention", "lora_sft")
 WRAPPER_NAMES = ("plain", "roleplay", "hypothetical", "prefix_injection", "preamble", "translation", "story",
@@ -93,7 +93,7 @@ class Eval(Strict):
     wrecked_nll_increase: float = Field(default=1.0, ge=0)        # nats/token that count as wrecking fluency
 
 
-class Params(MethodParams):
+class Params(MethodParams, VariantSeeds):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data = Data()
     backbone: Backbone = Backbone()
@@ -103,22 +103,14 @@ class Params(MethodParams):
     lora: Lora = Lora()
     eval: Eval = Eval()
     variants: list[str] = Field(min_length=1)       # one train.<variant> node each
-    # how many of `seeds` a variant runs on (the default run's budget): absent = all
-    variant_seeds: dict[str, int] = Field(default_factory=dict)
 
     @field_validator("variants")
     @classmethod
     def _variants(cls, v):
         return known_names(v, VARIANTS)
 
-    @field_validator("variant_seeds")
-    @classmethod
-    def _variant_seeds(cls, v):
-        known_names(list(v), VARIANTS)
-        for k, n in v.items():
-            if n < 1:
-                raise ValueError(f"variant_seeds.{k} must be >= 1, got {n}")
-        return v
+    def known_variants(self) -> list[str]:
+        return list(VARIANTS)
 
     @model_validator(mode="after")
     def _layers(self):
@@ -132,6 +124,3 @@ class Params(MethodParams):
         if "no_intervention" not in self.variants:
             raise ValueError("variants must include 'no_intervention' (harm reductions are relative to it)")
         return self
-
-    def seeds_for(self, variant: str) -> list[int]:
-        return list(self.seeds[: self.variant_seeds.get(variant, len(self.seeds))])

@@ -297,7 +297,7 @@ def test_one_train_node_per_variant():
     assert names == {f"ntk_feynman.train.{v}" for v in
                      ("recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh", "mc_gelu",
                       "mc_dntk_relu", "mc_dntk_tanh", "mc_ddntk_relu", "mc_ddntk_tanh", "mc_ntk2_relu",
-                      "mc_ntk2_tanh", "mc_dntk2_relu", "mc_dntk2_tanh")}
+                      "mc_ntk2_tanh", "mc_dntk2_relu", "mc_dntk2_tanh", "mc_multi_relu", "mc_multi_tanh")}
 
 
 def test_theory_variants_differ_only_where_they_should():

@@ -51,5 +51,22 @@ def make_inputs(p: Params) -> dict:
         v -= (v @ X[0]) / (X[0] @ X[0]) * X[0]
         v *= np.linalg.norm(X[0]) / np.linalg.norm(v)
         pair = np.stack([X[0], d.pair_cosine * X[0] + np.sqrt(1 - d.pair_cosine**2) * v])
-    return {"x": X.tolist(), "n0": int(X.shape[1]), "sq_norm": ((X**2).sum(1) / X.shape[1]).tolist(),
-            "pair": None if pair is None else pair.tolist(), "source": source}
+    out = {"x": X.tolist(), "n0": int(X.shape[1]), "sq_norm": ((X**2).sum(1) / X.shape[1]).tolist(),
+           "pair": None if pair is None else pair.tolist(), "source": source}
+    if p.multi is not None:
+        out["multi"] = multi_inputs(X, p).tolist()
+    return out
+
+
+def multi_inputs(X: np.ndarray, p: Params) -> np.ndarray:
+    """The M inputs of the ``multi`` block: the CSV's first n_inputs rows, or the first input and n_inputs - 1
+    more at the block's cosines and norm ratios (multi.inputs_with_cosines, its own seed)."""
+    from pipelines.ntk_feynman.multi import inputs_with_cosines
+
+    m = p.multi
+    if p.data.inputs_path:
+        if len(X) < m.n_inputs:
+            raise InputDataError(f"dataset 'ntk_feynman.data.inputs_path': multi.n_inputs = {m.n_inputs} needs "
+                                 f"that many rows, the file has {len(X)}")
+        return X[:m.n_inputs]
+    return inputs_with_cosines(X[0], m.cosine_matrix(), m.norm_ratios, m.input_seed)

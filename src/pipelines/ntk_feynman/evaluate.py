@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.report import build_report
-from pipelines.ntk_feynman import ddntk, dntk, mc, ntk2
+from pipelines.ntk_feynman import ddntk, dntk, mc, multi, ntk2
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
 from pipelines.ntk_feynman.theory import VERTEX_KEYS
 
@@ -20,7 +20,8 @@ def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], d
     """(theory variants, kernel/NTK samplers by activation); the dNTK samplers are in :func:`_dntk_sims`."""
     th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
     sims = {v[3:]: d for v, d in outputs.items()
-            if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_"))}
+            if v.startswith("mc_")
+            and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_", "mc_multi_"))}
     return th, sims
 
 
@@ -40,10 +41,15 @@ def _ntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_ntk2_")}
 
 
+def _multi_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_multi_")}
+
+
 def _base(cmp: pd.DataFrame) -> pd.DataFrame:
     """The kernel/NTK rows of the comparison (without the dNTK's P, Q, the ddNTK's R, S, T, U and the two-input
-    NTK tensors "2i.*" and the two-input dNTK "2d.*")."""
-    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS)) & ~cmp.quantity.str.startswith(("2i.", "2d."))]
+    NTK tensors "2i.*", the two-input dNTK "2d.*" and the M-input NTK tensors "mi.*")."""
+    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS))
+               & ~cmp.quantity.str.startswith(("2i.", "2d.", "mi."))]
 
 
 def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -52,6 +58,10 @@ def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
 
 def _dntk2(cmp: pd.DataFrame) -> pd.DataFrame:
     return cmp[cmp.quantity.str.startswith("2d.")]
+
+
+def _multi(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.str.startswith("mi.")]
 
 
 def _ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -144,6 +154,21 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
                     row[v] = float(sel[q].iloc[0])
                 rows.append(row)
+    for act, blocks in _multi_sims(outputs).items():
+        # the NTK tensors of the multi block's M inputs (multi.py), every layer >= 2, against the theory variants
+        M = len(inputs["multi"])
+        names = multi.quantity_names(M)
+        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
+            npv = n_prev(int(layer), int(width), n0)
+            est = multi.pooled_blocks(d, npv, M)
+            th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][names]
+                  for v, t in theories.items()}
+            for q in names:
+                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
+                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
+                for v in theories:
+                    row[v] = float(th[v][q])
+                rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -177,6 +202,7 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     out.update(ddntk_metrics(cmp, p))
     out.update(ntk2_metrics(cmp, p))
     out.update(ntk2_metrics(cmp, p, prefix="dntk2"))
+    out.update(ntk2_metrics(cmp, p, prefix="multi"))
     cmp = _base(cmp)
     for act in cmp.activation.unique():
         c = cmp[cmp.activation == act]
@@ -362,12 +388,13 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
     to the tensor's largest component, since single components can be near zero); and the error of the
     recursion over that of the ablation without inter-layer terms at the widest width and last layer.
     ``prefix="dntk2"``: the same metrics (names ``dntk2_*``) of the two-input dNTK's P, Q (32 components per
-    layer, quantities "2d.*")."""
+    layer, quantities "2d.*"); ``prefix="multi"``: those (``multi_*``) of the M-input NTK tensors (quantities
+    "mi.*"), with the max |z| also per layer (``multi_extrap_max_abs_z.L<l>.<act>``)."""
     out: dict[str, float] = {}
-    d_all = _dntk2(cmp) if prefix == "dntk2" else _ntk2(cmp)
-    block = p.dntk2 if prefix == "dntk2" else p.ntk2
+    d_all = {"dntk2": _dntk2, "multi": _multi}.get(prefix, _ntk2)(cmp)
+    block = {"dntk2": p.dntk2, "multi": p.multi}.get(prefix, p.ntk2)
     names = ("P", "Q") if prefix == "dntk2" else ntk2.TENSOR_NAMES
-    tag = "2d" if prefix == "dntk2" else "2i"
+    tag = {"dntk2": "2d", "multi": "mi"}.get(prefix, "2i")
     if not len(d_all) or block is None:
         return out
     L = p.net.depth
@@ -388,6 +415,8 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
             t_ex = (wide * b.mc - prev * a.mc) / (wide - prev)
             se = np.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
             zs.extend(((t_ex - b.recursion) / se).tolist())
+            if prefix == "multi":
+                out[f"{prefix}_extrap_max_abs_z.L{ell}.{act}"] = float(((t_ex - b.recursion) / se).abs().max())
             for t in names:
                 m = b.index.str.startswith(f"{tag}.{t}_")
                 ex = float((((t_ex - b.recursion).abs() - 2 * se)[m]).max() / b.recursion[m].abs().max())
@@ -829,16 +858,18 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs["two_input_ntk"] = _ntk2_plot(comparison, p)
     if len(_dntk2(comparison)):
         figs["two_input_dntk"] = _ntk2_plot(comparison, p, dntk=True)
+    if len(_multi(comparison)):
+        figs["multi_input_ntk"] = _ntk2_plot(comparison, p, multi_inputs=True)
     return figs
 
 
-def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False):
-    """Per activation: every component of V, D, A, B, F (``dntk``: of the two-input dNTK's P, Q) at layers 2..L,
-    sampled nets against the recursion (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the
-    two widest widths), ±2 s.e."""
+def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: bool = False):
+    """Per activation: every component of V, D, A, B, F (``dntk``: of the two-input dNTK's P, Q; ``multi_inputs``:
+    of the M-input tensors) at layers 2..L, sampled nets against the recursion (layer 2: the widest width, exact;
+    deeper: the 1/n extrapolation of the two widest widths), ±2 s.e."""
     import matplotlib.pyplot as plt
 
-    d = _dntk2(cmp) if dntk else _ntk2(cmp)
+    d = _dntk2(cmp) if dntk else _multi(cmp) if multi_inputs else _ntk2(cmp)
     acts = list(d.activation.unique())
     fig, axes = plt.subplots(1, len(acts), figsize=(5.2 * len(acts), 4.6), squeeze=False)
     for ax, act in zip(axes[0], acts):
@@ -865,10 +896,13 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False):
         ax.set_xlabel("recursion (first order)")
         ax.set_ylabel("sampled nets (n x E[dTh z])" if dntk else "sampled nets (n x cov)")
         ax.set_title(f"{act}: dNTK P, Q of the input pair (32 components/layer)" if dntk
+                     else f"{act}: V, D, A, B, F of {p.multi.n_inputs} inputs ({c.quantity.nunique()} "
+                          "components/layer)" if multi_inputs
                      else f"{act}: V, D, A, B, F of the input pair (50 components/layer)", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     fig.suptitle("Two-input dNTK (P, Q): recursion vs sampled nets" if dntk
+                 else "NTK fluctuation tensors of M inputs: recursion vs sampled nets" if multi_inputs
                  else "Two-input NTK fluctuation tensors: recursion vs sampled nets")
     fig.tight_layout()
     return fig

@@ -138,6 +138,49 @@ class Dntk2MonteCarlo(_Sampler):
     MAX_WIDTH: ClassVar[int] = 256
 
 
+class MultiMonteCarlo(_Sampler):
+    """M >= 3 inputs seen by the same nets: the NTK tensors V, D, A, B, F with M input indices (variants
+    mc_multi_<activation>, multi.sample_multi; the recursion multi.multi_input_ntk_tensors). The inputs: the
+    first is data.inputs' first vector, the others are built from it with the given pairwise cosines and norm
+    ratios (a seeded orthogonal complement, multi.inputs_with_cosines); with data.inputs_path, the file's first
+    n_inputs rows."""
+
+    MAX_WIDTH: ClassVar[int] = 256
+    n_inputs: int = Field(default=3, ge=2, le=6)
+    # cosines of the pairs (1,2), (1,3), ..., (2,3), ... (upper triangle, row by row): n(n-1)/2 entries
+    cosines: list[float] = Field(default=[0.5, 0.2, -0.3])
+    norm_ratios: list[float] = Field(default=[1.0, 1.3, 0.8])   # |x_a| / |x_1|, the first is 1
+    input_seed: int = Field(default=7, ge=0)
+
+    @model_validator(mode="after")
+    def _inputs(self):
+        import numpy as np
+
+        m = self.n_inputs
+        if len(self.cosines) != m * (m - 1) // 2:
+            raise ValueError(f"cosines: needs n_inputs (n_inputs - 1) / 2 = {m * (m - 1) // 2} entries (pairs 12, "
+                             f"13, ..., upper triangle), got {len(self.cosines)}")
+        if len(self.norm_ratios) != m or self.norm_ratios[0] != 1.0 or min(self.norm_ratios) <= 0:
+            raise ValueError(f"norm_ratios: needs n_inputs = {m} positive entries, the first 1.0, "
+                             f"got {self.norm_ratios}")
+        if max(abs(c) for c in self.cosines) >= 1:
+            raise ValueError("cosines: every entry must lie in (-1, 1)")
+        C = np.eye(m)
+        C[np.triu_indices(m, 1)] = self.cosines
+        C = C + np.triu(C, 1).T
+        if np.linalg.eigvalsh(C).min() <= 1e-6:
+            raise ValueError(f"cosines: {self.cosines} do not form a positive definite cosine matrix")
+        return self
+
+    def cosine_matrix(self):
+        import numpy as np
+
+        m = self.n_inputs
+        C = np.eye(m)
+        C[np.triu_indices(m, 1)] = self.cosines
+        return C + np.triu(C, 1).T
+
+
 class Params(MethodParams):
     data: Data
     net: Net
@@ -148,6 +191,7 @@ class Params(MethodParams):
     ddntk: DdntkMonteCarlo | None = None   # needed by mc_ddntk_<activation> variants
     ntk2: Ntk2MonteCarlo | None = None     # needed by mc_ntk2_<activation> variants (and a data pair)
     dntk2: Dntk2MonteCarlo | None = None   # needed by mc_dntk2_<activation> variants (and a data pair)
+    multi: MultiMonteCarlo | None = None   # needed by mc_multi_<activation> variants (M inputs, multi.py)
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
 
     @field_validator("activations")
@@ -164,7 +208,8 @@ class Params(MethodParams):
         acts = info.data.get("activations") or {}
         for name in v:
             # longest prefix first: mc_dntk2_ before mc_dntk_
-            prefix = next((x for x in ("mc_dntk2_", "mc_ntk2_", "mc_ddntk_", "mc_dntk_") if name.startswith(x)), None)
+            prefix = next((x for x in ("mc_dntk2_", "mc_ntk2_", "mc_ddntk_", "mc_dntk_", "mc_multi_")
+                           if name.startswith(x)), None)
             if prefix is not None:
                 block = prefix[3:-1]
                 if name[len(prefix):] in acts and info.data.get(block) is not None:
@@ -175,8 +220,8 @@ class Params(MethodParams):
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
             raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
-                             "mc_dntk_<activation>, mc_ddntk_<activation>, mc_ntk2_<activation> or "
-                             "mc_dntk2_<activation> "
+                             "mc_dntk_<activation>, mc_ddntk_<activation>, mc_ntk2_<activation>, "
+                             "mc_dntk2_<activation> or mc_multi_<activation> "
                              "with an "
                              f"activation of {sorted(acts)}")
         if len(set(v)) != len(v):
@@ -184,6 +229,13 @@ class Params(MethodParams):
         if "recursion" not in v:
             raise ValueError("'recursion' (the method) must be listed")
         return v
+
+    @model_validator(mode="after")
+    def _multi_fits_n0(self):
+        if self.multi is not None and not self.data.inputs_path and self.multi.n_inputs > self.data.n0:
+            raise ValueError(f"multi.n_inputs: {self.multi.n_inputs} inputs at prescribed cosines need "
+                             f"data.n0 >= {self.multi.n_inputs}, got {self.data.n0}")
+        return self
 
     @model_validator(mode="after")
     def _claims_name_planned_variants(self):
@@ -199,7 +251,8 @@ class Params(MethodParams):
             elif len(parts) >= 2 and parts[1] in self.activations:
                 pre = ("mc_ddntk_" if m.startswith("ddntk_") else "mc_dntk2_" if m.startswith("dntk2_")
                        else "mc_dntk_" if m.startswith("dntk_")
-                       else "mc_ntk2_" if m.startswith("ntk2_") else "mc_")
+                       else "mc_ntk2_" if m.startswith("ntk2_")
+                       else "mc_multi_" if m.startswith("multi_") else "mc_")
                 need = {pre + parts[1]}
                 if "interlayer" in parts[0]:
                     need.add("no_interlayer")
@@ -213,7 +266,8 @@ class Params(MethodParams):
 
     def mc_activations(self) -> list[str]:
         return [v[3:] for v in self.variants
-                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_"))]
+                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_",
+                                                             "mc_multi_"))]
 
     def dntk_activations(self) -> list[str]:
         return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
@@ -226,6 +280,12 @@ class Params(MethodParams):
 
     def dntk2_activations(self) -> list[str]:
         return [v[9:] for v in self.variants if v.startswith("mc_dntk2_")]
+
+    def multi_activations(self) -> list[str]:
+        return [v[9:] for v in self.variants if v.startswith("mc_multi_")]
+
+    def multi_nets(self, width: int) -> int:
+        return self.multi.nets_per_seed[self.multi.widths.index(width)]
 
     def dntk2_nets(self, width: int) -> int:
         return self.dntk2.nets_per_seed[self.dntk2.widths.index(width)]

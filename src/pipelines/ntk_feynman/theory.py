@@ -49,6 +49,15 @@ def dsigma(kind: str, z: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- Gaussian expectations
 @lru_cache(maxsize=16)
+def _leggauss(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's Gauss-Legendre nodes and weights, cached (read-only): the eigen-solve dominated the 2-D rules."""
+    x, w = np.polynomial.legendre.leggauss(n)
+    x.flags.writeable = False
+    w.flags.writeable = False
+    return x, w
+
+
+@lru_cache(maxsize=16)
 def _half_nodes(n: int, r: float) -> tuple[np.ndarray, np.ndarray]:
     """Gauss-Legendre nodes/weights on [0, r] times the standard normal density."""
     x, w = np.polynomial.legendre.leggauss(n)
@@ -64,6 +73,9 @@ class Quad:
 
     nodes_per_half: int = 96
     half_width_sd: float = 12.0
+    nodes_per_half_3d: int = 20          # nodes per piece and dimension of :meth:`gridk` for 3 variables
+    nodes_per_half_4d: int = 12          # ... and for 4 variables (24 x 36^3 = 1.1e6 points at most)
+    half_width_sd_hi: float = 8.0        # the range of the 3-D / 4-D rules (tail mass beyond 8 s.d.: 1e-15)
 
     def nodes(self) -> tuple[np.ndarray, np.ndarray]:
         u, w = _half_nodes(self.nodes_per_half, self.half_width_sd)
@@ -83,7 +95,7 @@ class Quad:
         if 1.0 - abs(rho) < 1e-12:                     # degenerate: z2 = ±(s2/s1) z1
             return s1 * u, math.copysign(1.0, rho) * s2 * u, w
         c = math.sqrt(1.0 - rho * rho)
-        x, wl = np.polynomial.legendre.leggauss(self.nodes_per_half)
+        x, wl = _leggauss(self.nodes_per_half)
         R = self.half_width_sd
         cut = np.clip(-rho * u / c, -R, R)[:, None]     # z2 = 0 at u2 = cut
         z1s, z2s, ws = [], [], []
@@ -94,6 +106,58 @@ class Quad:
             z2s.append(s2 * (rho * u[:, None] + c * v))
             ws.append(w[:, None] * wv)
         return (np.concatenate(z1s).ravel(), np.concatenate(z2s).ravel(), np.concatenate(ws).ravel())
+
+    def gridk(self, K: np.ndarray, degenerate_tol: float = 1e-11) -> tuple[np.ndarray, np.ndarray]:
+        """Points Z (k, N) and weights w (N,) of a rule for z ~ N(0, K), k <= 4. For k <= 2 it is :meth:`nodes`
+        (scaled) and :meth:`grid2` exactly. For k = 3, 4: nested conditional (Cholesky) variables
+        z_j = sum_{i<j} L_ji u_i + L_jj u_j, u_j standard normal; u_j is split where z_j = 0, i.e. at
+        u_j = -sum_{i<j} L_ji u_i / L_jj (a different point for every outer node, clipped to the range), and
+        also at u_j = 0 (the peak of its density, so that no piece is a long lopsided one when the inputs are
+        strongly correlated); each piece of +-``half_width_sd_hi`` gets ``nodes_per_half_3d`` (``_4d``)
+        Gauss-Legendre nodes. So every kink z_j = 0 of a ReLU integrand lies on a cell boundary and each
+        cell's integrand is smooth.
+        A variable whose conditional variance is below ``degenerate_tol`` times its variance is dropped
+        (z_j = sum_{i<j} L_ji u_i: collinear or repeated inputs, no NaN; its kink is then no longer on a
+        split). Zero-weight points are pruned."""
+        K = np.atleast_2d(np.asarray(K, dtype=float))
+        k = K.shape[0]
+        if k == 1:
+            u, w = self.nodes()
+            return math.sqrt(K[0, 0]) * u[None, :], w
+        if k == 2:
+            z1, z2, w = self.grid2(K[0, 0], K[0, 1], K[1, 1])
+            return np.stack([z1, z2]), w
+        if k > 4:
+            raise ValueError(f"gridk supports at most 4 variables, got {k}")
+        n = self.nodes_per_half_3d if k == 3 else self.nodes_per_half_4d
+        x, wl = _leggauss(n)
+        R = self.half_width_sd_hi
+        L = np.zeros((k, k))
+        for j in range(k):
+            for i in range(j):
+                if L[i, i] > 0.0:
+                    L[j, i] = (K[j, i] - L[j, :i] @ L[i, :i]) / L[i, i]
+            v = K[j, j] - L[j, :j] @ L[j, :j]
+            L[j, j] = math.sqrt(v) if v > degenerate_tol * K[j, j] else 0.0
+        U, W = np.zeros((k, 1)), np.ones(1)
+        for j in range(k):
+            if L[j, j] == 0.0:                          # degenerate: z_j is fixed by the outer variables
+                continue
+            cut = np.clip(-(L[j, :j] @ U[:j]) / L[j, j], -R, R)[:, None]
+            edge = np.full_like(cut, R)
+            lo0, hi0 = np.minimum(cut, 0.0), np.maximum(cut, 0.0)
+            us, ws = [], []
+            for lo, hi in ((-edge, lo0), (lo0, hi0), (hi0, edge)):
+                v = lo + 0.5 * (hi - lo) * (x + 1.0)
+                wv = 0.5 * (hi - lo) * wl * INV_SQRT2PI * np.exp(-0.5 * v * v)
+                Un = np.repeat(U[:, :, None], n, axis=2)
+                Un[j] = v
+                us.append(Un.reshape(k, -1))
+                ws.append((W[:, None] * wv).ravel())
+            U, W = np.concatenate(us, axis=1), np.concatenate(ws)
+            keep = W > 0.0
+            U, W = U[:, keep], W[keep]
+        return L @ U, W
 
     def expect2(self, g, h, K11: float, K12: float, K22: float) -> float:
         """E[g(z1) h(z2)] for (z1, z2) ~ N(0, [[K11, K12], [K12, K22]]) (see :meth:`grid2`)."""

@@ -11,6 +11,8 @@
   (ntk2.sample_two_input); the theory variants carry the two-input tensors' recursion (ntk2.two_input_ntk_tensors);
 - ``mc_dntk2_<activation>``: sampled nets seeing the input pair, block means of the two-input dNTK contractions
   (ntk2.sample_two_input_dntk); the theory variants carry the two-input P, Q recursion (ntk2.two_input_dntk);
+- ``mc_multi_<activation>``: sampled nets seeing the ``multi`` block's M inputs, block means of the M-input NTK
+  statistics (multi.sample_multi); the theory variants carry their recursion (multi.multi_input_ntk_tensors);
 - ``mc_ddntk_<activation>``: sampled nets for the ddNTK means R, S, T, U (ddntk.sample_ddntk), block means of the
   four per-net probe contractions C1..C4 / n^2.
 The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order) and the ddNTK's R, S, T, U
@@ -25,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.ntk_feynman import ddntk, dntk, mc, ntk2, theory
+from pipelines.ntk_feynman import ddntk, dntk, mc, multi, ntk2, theory
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, Params
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,28 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                     if missing:
                         df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
                     df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
+    if p.multi is not None and inputs.get("multi") is not None:
+        # the NTK tensors of M inputs (multi.py), columns "mi.<T>_<ab>_<cd>" on the rows of input 0
+        Xm = np.asarray(inputs["multi"], dtype=float)
+        M = len(Xm)
+        extra = {}
+        for name, spec in p.activations.items():
+            if variant == "infinite_width":
+                names = multi.quantity_names(M)
+                for ell in range(1, p.net.depth + 1):
+                    extra[(name, ell)] = dict.fromkeys(names, 0.0)
+                continue
+            layers_m = multi.multi_input_ntk_tensors(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, Xm,
+                                                     p.net.depth, interlayer=(variant != "no_interlayer"),
+                                                     quad=quad)
+            for r in layers_m:
+                extra[(name, r["layer"])] = multi.flat_row(r, M)
+        cols = multi.quantity_names(M)
+        block = np.full((len(df), len(cols)), np.nan)
+        for i, (a, act, ell) in enumerate(zip(df.input, df.activation, df.layer)):
+            if a == 0 and (act, int(ell)) in extra:
+                block[i] = [extra[(act, int(ell))][c] for c in cols]
+        df = pd.concat([df, pd.DataFrame(block, index=df.index, columns=cols)], axis=1)
     bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
     if bad.any():
         r = df[bad].iloc[0]
@@ -203,11 +227,33 @@ def dntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     return pd.DataFrame(frames)
 
 
+def multi_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
+    """Block means of the M-input NTK statistics (columns multi.columns(M)) per seed, width and layer, for the
+    ``multi`` block's inputs seen by the same nets."""
+    if inputs.get("multi") is None:
+        raise ValueError("ntk_feynman.train.mc_multi_" + activation + ": needs the 'multi' block's inputs")
+    spec, d = p.activations[activation], p.multi
+    X = np.asarray(inputs["multi"], dtype=float)
+    frames = []
+    for seed in p.seeds:
+        node_setup(p, int(seed))
+        for width in d.widths:
+            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
+            stream = int(np.random.SeedSequence([int(seed), width, 0, 19]).generate_state(1)[0])
+            stats = multi.sample_multi(activation, X, width, p.net.depth, p.multi_nets(width), spec.c_w, spec.c_b,
+                                       p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems)
+            frames += _block_rows(stats, d.blocks_per_seed, multi.columns(len(X)), seed, width, p.net.depth)
+            log.info("ntk_feynman.mc_multi_%s: seed %s width %d done", activation, seed, width)
+    return pd.DataFrame(frames)
+
+
 def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     """The variant's statistics table (with ``runtime_s`` as a column)."""
     node_setup(p)
     t0 = time.perf_counter()
-    if variant.startswith("mc_dntk2_"):
+    if variant.startswith("mc_multi_"):
+        df = multi_table(inputs, p, variant[9:])
+    elif variant.startswith("mc_dntk2_"):
         df = dntk2_table(inputs, p, variant[9:])
     elif variant.startswith("mc_ntk2_"):
         df = ntk2_table(inputs, p, variant[8:])

@@ -297,7 +297,8 @@ def test_one_train_node_per_variant():
     assert names == {f"ntk_feynman.train.{v}" for v in
                      ("recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh", "mc_gelu",
                       "mc_dntk_relu", "mc_dntk_tanh", "mc_ddntk_relu", "mc_ddntk_tanh", "mc_ntk2_relu",
-                      "mc_ntk2_tanh", "mc_dntk2_relu", "mc_dntk2_tanh", "mc_multi_relu", "mc_multi_tanh")}
+                      "mc_ntk2_tanh", "mc_dntk2_relu", "mc_dntk2_tanh", "mc_multi_relu", "mc_multi_tanh",
+                      "mc_ddntk2_relu", "mc_ddntk2_tanh")}
 
 
 def test_theory_variants_differ_only_where_they_should():
@@ -340,6 +341,11 @@ def test_theory_variants_differ_only_where_they_should():
     ({"dntk2": {**DNTK2_RAW, "widths": [8, 4]}}, "ntk_feynman.dntk2.widths"),
     ({"dntk2": {**DNTK2_RAW, "nets_per_seed": [30]}}, "ntk_feynman.dntk2"),
     ({"dntk2": {**DNTK2_RAW, "chunk": 10}}, "ntk_feynman.dntk2.chunk"),
+    ({"variants": ["recursion", "mc_ddntk2_relu"]}, "ntk_feynman.variants"),        # no ddntk2 block
+    ({"ddntk2": {**DNTK2_RAW, "widths": [8, 4]}}, "ntk_feynman.ddntk2.widths"),
+    ({"ddntk2": {**DNTK2_RAW, "widths": [4, 256]}}, "ntk_feynman.ddntk2.widths"),   # MAX_WIDTH 128
+    ({"ddntk2": {**DNTK2_RAW, "nets_per_seed": [30]}}, "ntk_feynman.ddntk2"),
+    ({"ddntk2": {**DNTK2_RAW, "probes": 2}}, "ntk_feynman.ddntk2.probes"),
 ])
 def test_bad_parameter_names_the_key(patch, key):
     with pytest.raises(ParameterError, match=key.replace(".", r"\.")):
@@ -1100,3 +1106,56 @@ def test_dntk2_pooled_blocks_match_direct_pooling():
     np.testing.assert_allclose([got[k] for k in names], [*ref["P"].ravel(), *ref["Q"].ravel()], rtol=1e-10)
     np.testing.assert_allclose([got[f"{k}_se"] for k in names], [*ref["P_se"].ravel(), *ref["Q_se"].ravel()],
                                rtol=1e-8)
+
+
+# ------------------------------------------------------------------------ two-input ddNTK wiring (mc_ddntk2_*)
+def test_ddntk2_variant_needs_its_block_and_claims_name_it():
+    with pytest.raises(Exception, match="ddntk2"):
+        Params.model_validate({**RAW, "variants": [*RAW["variants"], "mc_ddntk2_relu"]})
+    ok = validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_ddntk2_relu"]},
+                  "ntk_feynman")
+    assert ok.ddntk2_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
+    assert ok.ddntk_activations() == [] and ok.dntk2_activations() == []
+    claim = {"id": "c", "text": "t", "metric": "ddntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
+    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['mc_ddntk2_relu'\]"):
+        validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "claims": [claim]}, "ntk_feynman")
+    abl = {**claim, "metric": "ddntk2_interlayer_error_ratio.relu"}
+    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['no_interlayer'\]"):
+        validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "claims": [abl],
+                          "variants": ["recursion", "mc_relu", "mc_ddntk2_relu"]}, "ntk_feynman")
+
+
+def test_ddntk2_pooled_blocks_match_direct_pooling():
+    """The pipeline's block table (train.DDNTK2_COLUMNS) pools to the same R, S, T, U as
+    ddntk2.pooled_two_input_ddntk, and the theory variants carry the recursion as "dd2.*" columns."""
+    from pipelines.ntk_feynman import ddntk2
+    from pipelines.ntk_feynman.data import make_inputs
+    from pipelines.ntk_feynman.train import (DDNTK2_COLUMNS, ddntk2_block_row, ddntk2_pooled_blocks,
+                                             ddntk2_quantity_names, train_variant)
+
+    X = np.random.default_rng(3).normal(size=(2, 5))
+    stats = ddntk2.sample_two_input_ddntk("tanh", X, 4, 3, 40, 1.0, 0.0, 1.0, 1.0, seed=2)
+    edges = np.linspace(0, 40, 5).round().astype(int)
+    blocks = pd.DataFrame([{"n_nets": int(b - a), **dict(zip(DDNTK2_COLUMNS, ddntk2_block_row(stats[a:b])[2]))}
+                           for a, b in zip(edges[:-1], edges[1:])])
+    got = ddntk2_pooled_blocks(blocks, 4)
+    ref = ddntk2.pooled_two_input_ddntk(stats, 4, n_blocks=4)[2]
+    names = ddntk2_quantity_names()
+    assert len(names) == 64 and names[0] == "dd2.R_1111" and names[-1] == "dd2.U_2222"
+    np.testing.assert_allclose([got[k] for k in names], np.concatenate([ref[t].ravel() for t in "RSTU"]),
+                               rtol=1e-10)
+    np.testing.assert_allclose([got[f"{k}_se"] for k in names],
+                               np.concatenate([ref[f"{t}_se"].ravel() for t in "RSTU"]), rtol=1e-8)
+    p = Params.model_validate({**RAW, "ddntk2": DNTK2_RAW})
+    inputs = make_inputs(p)
+    rec, abl, inf = (train_variant(inputs, p, variant=v) for v in ("recursion", "no_interlayer", "infinite_width"))
+    spec = p.activations["relu"]
+    want = ddntk2.two_input_ddntk("relu", spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w,
+                                  np.asarray(inputs["pair"]), p.net.depth,
+                                  quad=theory.Quad(p.quadrature.nodes_per_half, p.quadrature.half_width_sd))
+    row = rec[(rec.input == 0) & (rec.activation == "relu") & (rec.layer == 3)].iloc[0]
+    np.testing.assert_allclose(row[names].to_numpy(float),
+                               np.concatenate([want[2][t].ravel() for t in "RSTU"]), rtol=1e-12)
+    l2 = (rec.input == 0) & (rec.layer == 2)
+    np.testing.assert_allclose(rec.loc[l2, names].to_numpy(float), abl.loc[l2, names].to_numpy(float))
+    assert (inf.loc[inf.input == 0, names] == 0).all().all()

@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.report import build_report
-from pipelines.ntk_feynman import ddntk, dntk, mc, multi, ntk2
+from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, ntk2
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
 from pipelines.ntk_feynman.theory import VERTEX_KEYS
+from pipelines.ntk_feynman.train import ddntk2_pooled_blocks, ddntk2_quantity_names
 
 QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
 THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Theta1": "Theta1", "K1": "K1"}
@@ -21,7 +22,7 @@ def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], d
     th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
     sims = {v[3:]: d for v, d in outputs.items()
             if v.startswith("mc_")
-            and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_", "mc_multi_"))}
+            and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_", "mc_ddntk2_", "mc_multi_"))}
     return th, sims
 
 
@@ -37,6 +38,10 @@ def _dntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_dntk2_")}
 
 
+def _ddntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    return {v[10:]: d for v, d in outputs.items() if v.startswith("mc_ddntk2_")}
+
+
 def _ntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_ntk2_")}
 
@@ -47,9 +52,10 @@ def _multi_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
 
 def _base(cmp: pd.DataFrame) -> pd.DataFrame:
     """The kernel/NTK rows of the comparison (without the dNTK's P, Q, the ddNTK's R, S, T, U and the two-input
-    NTK tensors "2i.*", the two-input dNTK "2d.*" and the M-input NTK tensors "mi.*")."""
+    NTK tensors "2i.*", the two-input dNTK "2d.*", the two-input ddNTK "dd2.*" and the M-input NTK tensors
+    "mi.*")."""
     return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS))
-               & ~cmp.quantity.str.startswith(("2i.", "2d.", "mi."))]
+               & ~cmp.quantity.str.startswith(("2i.", "2d.", "dd2.", "mi."))]
 
 
 def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -58,6 +64,10 @@ def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
 
 def _dntk2(cmp: pd.DataFrame) -> pd.DataFrame:
     return cmp[cmp.quantity.str.startswith("2d.")]
+
+
+def _ddntk2(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.str.startswith("dd2.")]
 
 
 def _multi(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -154,6 +164,19 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
                     row[v] = float(sel[q].iloc[0])
                 rows.append(row)
+    for act, blocks in _ddntk2_sims(outputs).items():
+        # the two-input ddNTK R, S, T, U (ddntk2.two_input_ddntk) of the data pair, every layer >= 2 (layer 2 exact)
+        names = ddntk2_quantity_names()
+        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
+            est = ddntk2_pooled_blocks(d, int(width))
+            th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][names]
+                  for v, t in theories.items()}
+            for q in names:
+                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
+                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": n_prev(int(layer), int(width), n0)}
+                for v in theories:
+                    row[v] = float(th[v][q])
+                rows.append(row)
     for act, blocks in _multi_sims(outputs).items():
         # the NTK tensors of the multi block's M inputs (multi.py), every layer >= 2, against the theory variants
         M = len(inputs["multi"])
@@ -202,6 +225,7 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     out.update(ddntk_metrics(cmp, p))
     out.update(ntk2_metrics(cmp, p))
     out.update(ntk2_metrics(cmp, p, prefix="dntk2"))
+    out.update(ntk2_metrics(cmp, p, prefix="ddntk2"))
     out.update(ntk2_metrics(cmp, p, prefix="multi"))
     cmp = _base(cmp)
     for act in cmp.activation.unique():
@@ -388,13 +412,15 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
     to the tensor's largest component, since single components can be near zero); and the error of the
     recursion over that of the ablation without inter-layer terms at the widest width and last layer.
     ``prefix="dntk2"``: the same metrics (names ``dntk2_*``) of the two-input dNTK's P, Q (32 components per
-    layer, quantities "2d.*"); ``prefix="multi"``: those (``multi_*``) of the M-input NTK tensors (quantities
-    "mi.*"), with the max |z| also per layer (``multi_extrap_max_abs_z.L<l>.<act>``)."""
+    layer, quantities "2d.*"); ``prefix="ddntk2"``: those (``ddntk2_*``) of the two-input ddNTK's R, S, T, U (64
+    components per layer, quantities "dd2.*"); ``prefix="multi"``: those (``multi_*``) of the M-input NTK tensors
+    (quantities "mi.*"). For multi and ddntk2 the max |z| is also given per layer
+    (``<prefix>_extrap_max_abs_z.L<l>.<act>``)."""
     out: dict[str, float] = {}
-    d_all = {"dntk2": _dntk2, "multi": _multi}.get(prefix, _ntk2)(cmp)
-    block = {"dntk2": p.dntk2, "multi": p.multi}.get(prefix, p.ntk2)
-    names = ("P", "Q") if prefix == "dntk2" else ntk2.TENSOR_NAMES
-    tag = {"dntk2": "2d", "multi": "mi"}.get(prefix, "2i")
+    d_all = {"dntk2": _dntk2, "ddntk2": _ddntk2, "multi": _multi}.get(prefix, _ntk2)(cmp)
+    block = {"dntk2": p.dntk2, "ddntk2": p.ddntk2, "multi": p.multi}.get(prefix, p.ntk2)
+    names = {"dntk2": ("P", "Q"), "ddntk2": ddntk2.TENSORS}.get(prefix, ntk2.TENSOR_NAMES)
+    tag = {"dntk2": "2d", "ddntk2": "dd2", "multi": "mi"}.get(prefix, "2i")
     if not len(d_all) or block is None:
         return out
     L = p.net.depth
@@ -415,7 +441,7 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
             t_ex = (wide * b.mc - prev * a.mc) / (wide - prev)
             se = np.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
             zs.extend(((t_ex - b.recursion) / se).tolist())
-            if prefix == "multi":
+            if prefix in ("multi", "ddntk2"):
                 out[f"{prefix}_extrap_max_abs_z.L{ell}.{act}"] = float(((t_ex - b.recursion) / se).abs().max())
             for t in names:
                 m = b.index.str.startswith(f"{tag}.{t}_")
@@ -858,18 +884,21 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs["two_input_ntk"] = _ntk2_plot(comparison, p)
     if len(_dntk2(comparison)):
         figs["two_input_dntk"] = _ntk2_plot(comparison, p, dntk=True)
+    if len(_ddntk2(comparison)):
+        figs["two_input_ddntk"] = _ntk2_plot(comparison, p, ddntk=True)
     if len(_multi(comparison)):
         figs["multi_input_ntk"] = _ntk2_plot(comparison, p, multi_inputs=True)
     return figs
 
 
-def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: bool = False):
-    """Per activation: every component of V, D, A, B, F (``dntk``: of the two-input dNTK's P, Q; ``multi_inputs``:
-    of the M-input tensors) at layers 2..L, sampled nets against the recursion (layer 2: the widest width, exact;
-    deeper: the 1/n extrapolation of the two widest widths), ±2 s.e."""
+def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: bool = False, ddntk: bool = False):
+    """Per activation: every component of V, D, A, B, F (``dntk``: of the two-input dNTK's P, Q; ``ddntk``: of the
+    two-input ddNTK's R, S, T, U; ``multi_inputs``: of the M-input tensors) at layers 2..L, sampled nets against
+    the recursion (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the two widest widths),
+    ±2 s.e."""
     import matplotlib.pyplot as plt
 
-    d = _dntk2(cmp) if dntk else _multi(cmp) if multi_inputs else _ntk2(cmp)
+    d = _dntk2(cmp) if dntk else _ddntk2(cmp) if ddntk else _multi(cmp) if multi_inputs else _ntk2(cmp)
     acts = list(d.activation.unique())
     fig, axes = plt.subplots(1, len(acts), figsize=(5.2 * len(acts), 4.6), squeeze=False)
     for ax, act in zip(axes[0], acts):
@@ -894,14 +923,17 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: b
         ax.set_xscale("symlog", linthresh=lin)
         ax.set_yscale("symlog", linthresh=lin)
         ax.set_xlabel("recursion (first order)")
-        ax.set_ylabel("sampled nets (n x E[dTh z])" if dntk else "sampled nets (n x cov)")
+        ax.set_ylabel("sampled nets (n x E[dTh z])" if dntk else "sampled nets (n x E[ddI], n x E[ddII])" if ddntk
+                      else "sampled nets (n x cov)")
         ax.set_title(f"{act}: dNTK P, Q of the input pair (32 components/layer)" if dntk
+                     else f"{act}: ddNTK R, S, T, U of the input pair (64 components/layer)" if ddntk
                      else f"{act}: V, D, A, B, F of {p.multi.n_inputs} inputs ({c.quantity.nunique()} "
                           "components/layer)" if multi_inputs
                      else f"{act}: V, D, A, B, F of the input pair (50 components/layer)", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     fig.suptitle("Two-input dNTK (P, Q): recursion vs sampled nets" if dntk
+                 else "Two-input ddNTK (R, S, T, U): recursion vs sampled nets" if ddntk
                  else "NTK fluctuation tensors of M inputs: recursion vs sampled nets" if multi_inputs
                  else "Two-input NTK fluctuation tensors: recursion vs sampled nets")
     fig.tight_layout()

@@ -138,6 +138,13 @@ class Dntk2MonteCarlo(_Sampler):
     MAX_WIDTH: ClassVar[int] = 256
 
 
+class Ddntk2MonteCarlo(_Sampler):
+    """Sampled nets for the two-input ddNTK R, S, T, U with four input indices (variants mc_ddntk2_<activation>,
+    ddntk2.sample_two_input_ddntk): 28 double-backward Hessian forms per layer and net for the data pair."""
+
+    MAX_WIDTH: ClassVar[int] = 128
+
+
 class MultiMonteCarlo(_Sampler):
     """M >= 3 inputs seen by the same nets: the NTK tensors V, D, A, B, F with M input indices (variants
     mc_multi_<activation>, multi.sample_multi; the recursion multi.multi_input_ntk_tensors). The inputs: the
@@ -191,6 +198,7 @@ class Params(MethodParams):
     ddntk: DdntkMonteCarlo | None = None   # needed by mc_ddntk_<activation> variants
     ntk2: Ntk2MonteCarlo | None = None     # needed by mc_ntk2_<activation> variants (and a data pair)
     dntk2: Dntk2MonteCarlo | None = None   # needed by mc_dntk2_<activation> variants (and a data pair)
+    ddntk2: Ddntk2MonteCarlo | None = None  # needed by mc_ddntk2_<activation> variants (and a data pair)
     multi: MultiMonteCarlo | None = None   # needed by mc_multi_<activation> variants (M inputs, multi.py)
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
 
@@ -208,7 +216,7 @@ class Params(MethodParams):
         acts = info.data.get("activations") or {}
         for name in v:
             # longest prefix first: mc_dntk2_ before mc_dntk_
-            prefix = next((x for x in ("mc_dntk2_", "mc_ntk2_", "mc_ddntk_", "mc_dntk_", "mc_multi_")
+            prefix = next((x for x in ("mc_ddntk2_", "mc_dntk2_", "mc_ntk2_", "mc_ddntk_", "mc_dntk_", "mc_multi_")
                            if name.startswith(x)), None)
             if prefix is not None:
                 block = prefix[3:-1]
@@ -221,7 +229,7 @@ class Params(MethodParams):
                 continue
             raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
                              "mc_dntk_<activation>, mc_ddntk_<activation>, mc_ntk2_<activation>, "
-                             "mc_dntk2_<activation> or mc_multi_<activation> "
+                             "mc_dntk2_<activation>, mc_ddntk2_<activation> or mc_multi_<activation> "
                              "with an "
                              f"activation of {sorted(acts)}")
         if len(set(v)) != len(v):
@@ -249,7 +257,8 @@ class Params(MethodParams):
             if m.startswith("variants."):
                 need = {parts[1]}
             elif len(parts) >= 2 and parts[1] in self.activations:
-                pre = ("mc_ddntk_" if m.startswith("ddntk_") else "mc_dntk2_" if m.startswith("dntk2_")
+                pre = ("mc_ddntk_" if m.startswith("ddntk_") else "mc_ddntk2_" if m.startswith("ddntk2_")
+                       else "mc_dntk2_" if m.startswith("dntk2_")
                        else "mc_dntk_" if m.startswith("dntk_")
                        else "mc_ntk2_" if m.startswith("ntk2_")
                        else "mc_multi_" if m.startswith("multi_") else "mc_")
@@ -267,7 +276,7 @@ class Params(MethodParams):
     def mc_activations(self) -> list[str]:
         return [v[3:] for v in self.variants
                 if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_",
-                                                             "mc_multi_"))]
+                                                             "mc_ddntk2_", "mc_multi_"))]
 
     def dntk_activations(self) -> list[str]:
         return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
@@ -280,6 +289,12 @@ class Params(MethodParams):
 
     def dntk2_activations(self) -> list[str]:
         return [v[9:] for v in self.variants if v.startswith("mc_dntk2_")]
+
+    def ddntk2_activations(self) -> list[str]:
+        return [v[10:] for v in self.variants if v.startswith("mc_ddntk2_")]
+
+    def ddntk2_nets(self, width: int) -> int:
+        return self.ddntk2.nets_per_seed[self.ddntk2.widths.index(width)]
 
     def multi_activations(self) -> list[str]:
         return [v[9:] for v in self.variants if v.startswith("mc_multi_")]

@@ -11,6 +11,9 @@
   (ntk2.sample_two_input); the theory variants carry the two-input tensors' recursion (ntk2.two_input_ntk_tensors);
 - ``mc_dntk2_<activation>``: sampled nets seeing the input pair, block means of the two-input dNTK contractions
   (ntk2.sample_two_input_dntk); the theory variants carry the two-input P, Q recursion (ntk2.two_input_dntk);
+- ``mc_ddntk2_<activation>``: sampled nets seeing the input pair, block means of the two-input ddNTK Hessian forms
+  C1..C4 / n^2 per input tuple (ddntk2.sample_two_input_ddntk); the theory variants carry the two-input R, S, T, U
+  recursion (ddntk2.two_input_ddntk) as columns ``dd2.<R|S|T|U>_<a1a2a3a4>``;
 - ``mc_multi_<activation>``: sampled nets seeing the ``multi`` block's M inputs, block means of the M-input NTK
   statistics (multi.sample_multi); the theory variants carry their recursion (multi.multi_input_ntk_tensors);
 - ``mc_ddntk_<activation>``: sampled nets for the ddNTK means R, S, T, U (ddntk.sample_ddntk), block means of the
@@ -27,10 +30,41 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.ntk_feynman import ddntk, dntk, mc, multi, ntk2, theory
+from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, ntk2, theory
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, Params
 
 log = logging.getLogger(__name__)
+
+# the two-input ddNTK's block-table columns (C1..C4 per input tuple, / n^2) and comparison quantities
+DDNTK2_COLUMNS = tuple(f"c{k + 1}_{''.join(str(i + 1) for i in idx)}" for k in range(4) for idx in ddntk2.IDX4)
+
+
+def ddntk2_quantity_names() -> list[str]:
+    """The comparison's quantity names of the two-input ddNTK: ``dd2.<R|S|T|U>_<a1a2a3a4>`` (inputs 1, 2)."""
+    return [f"dd2.{t}_{''.join(str(i + 1) for i in idx)}" for t in ddntk2.TENSORS for idx in ddntk2.IDX4]
+
+
+def ddntk2_flat_row(r: dict) -> dict[str, float]:
+    """R, S, T, U (2x2x2x2 each, in ``r``) as ``{"dd2.<T>_<a1a2a3a4>": value}``."""
+    return dict(zip(ddntk2_quantity_names(), [float(r[t][i]) for t in ddntk2.TENSORS for i in ddntk2.IDX4]))
+
+
+def ddntk2_block_row(stats: np.ndarray) -> np.ndarray:
+    """(depth, len(DDNTK2_COLUMNS)) block means of :func:`ddntk2.sample_two_input_ddntk` forms."""
+    return stats.mean(0).reshape(stats.shape[1], -1)
+
+
+def ddntk2_pooled_blocks(blocks, n: int) -> dict[str, float]:
+    """Pooled R, S, T, U (nets weighted equally) and batch-mean standard errors (one batch per block row) from
+    block means (columns DDNTK2_COLUMNS, ``n_nets``) of one width n and layer, flattened as ddntk2_flat_row."""
+    w = blocks["n_nets"].to_numpy(float)
+    M = blocks[list(DDNTK2_COLUMNS)].to_numpy(float).reshape(-1, 4, 2, 2, 2, 2)
+    est = ddntk2_flat_row(ddntk2.rstu_from_sums(np.average(M, axis=0, weights=w), n))
+    per = [ddntk2_flat_row(ddntk2.rstu_from_sums(m, n)) for m in M]
+    out = dict(est)
+    for k in est:
+        out[f"{k}_se"] = float(np.std([q[k] for q in per], ddof=1) / np.sqrt(len(M)))
+    return out
 
 
 def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
@@ -83,6 +117,21 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                     vals = ntk2.dntk2_flat_row(r["P"], r["Q"])
                     if variant == "infinite_width":
                         vals = dict.fromkeys(vals, 0.0)
+                    sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
+                    missing = [k for k in vals if k not in df.columns]
+                    if missing:
+                        df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
+                    df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
+            if p.ddntk2 is not None:
+                # the two-input ddNTK R, S, T, U (ddntk2.two_input_ddntk), columns "dd2.<R|S|T|U>_<a1a2a3a4>"
+                if variant == "infinite_width":
+                    ddl = [{"layer": ell, **{t: np.zeros((2, 2, 2, 2)) for t in ddntk2.TENSORS}}
+                           for ell in range(1, p.net.depth + 1)]
+                else:
+                    ddl = ddntk2.two_input_ddntk(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X,
+                                                 p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
+                for r in ddl:
+                    vals = ddntk2_flat_row(r)
                     sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
                     missing = [k for k in vals if k not in df.columns]
                     if missing:
@@ -227,6 +276,29 @@ def dntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     return pd.DataFrame(frames)
 
 
+def ddntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
+    """Block means of the two-input ddNTK Hessian forms (columns DDNTK2_COLUMNS) per seed, width and layer, for
+    the data.inputs pair seen by the same nets."""
+    if inputs.get("pair") is None:
+        raise ValueError("ntk_feynman.train.mc_ddntk2_" + activation + ": needs an input pair (data.pair_cosine "
+                         "is null, or data.inputs_path has one row)")
+    spec, d = p.activations[activation], p.ddntk2
+    X = np.asarray(inputs["pair"], dtype=float)
+    frames = []
+    for seed in p.seeds:
+        node_setup(p, int(seed))
+        for width in d.widths:
+            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
+            stream = int(np.random.SeedSequence([int(seed), width, 0, 23]).generate_state(1)[0])
+            stats = ddntk2.sample_two_input_ddntk(activation, X, width, p.net.depth, p.ddntk2_nets(width), spec.c_w,
+                                                  spec.c_b, p.net.lambda_b, p.net.lambda_w, stream,
+                                                  chunk=max(1, d.chunk_elems // (width * width)))
+            frames += _block_rows(stats, d.blocks_per_seed, DDNTK2_COLUMNS, seed, width, p.net.depth,
+                                  reduce=ddntk2_block_row)
+            log.info("ntk_feynman.mc_ddntk2_%s: seed %s width %d done", activation, seed, width)
+    return pd.DataFrame(frames)
+
+
 def multi_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     """Block means of the M-input NTK statistics (columns multi.columns(M)) per seed, width and layer, for the
     ``multi`` block's inputs seen by the same nets."""
@@ -253,6 +325,8 @@ def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     t0 = time.perf_counter()
     if variant.startswith("mc_multi_"):
         df = multi_table(inputs, p, variant[9:])
+    elif variant.startswith("mc_ddntk2_"):
+        df = ddntk2_table(inputs, p, variant[10:])
     elif variant.startswith("mc_dntk2_"):
         df = dntk2_table(inputs, p, variant[9:])
     elif variant.startswith("mc_ntk2_"):

@@ -62,6 +62,7 @@ import math
 import numpy as np
 
 from pipelines.ntk_feynman import ddntk, dntk, multi, ntk2, theory
+from pipelines.ntk_feynman.mc import layer_batch_means
 from pipelines.ntk_feynman.theory import Quad, aspect_ratio
 
 IDX4 = tuple(np.ndindex(2, 2, 2, 2))
@@ -388,16 +389,7 @@ def rstu_from_sums(m: np.ndarray, n: int) -> dict[str, np.ndarray]:
 def pooled_two_input_ddntk(stats: np.ndarray, n: int, n_blocks: int = 20) -> list[dict]:
     """Per layer: pooled R, S, T, U of :func:`sample_two_input_ddntk` (or :func:`sample_ddntk_probes`, any M) and
     batch-mean standard errors ``<T>_se`` over ``n_blocks`` contiguous blocks of nets."""
-    edges = np.linspace(0, len(stats), n_blocks + 1).round().astype(int)
-    out = []
-    for ell in range(stats.shape[1]):
-        est = rstu_from_sums(stats[:, ell].mean(0), n)
-        per = [rstu_from_sums(stats[a:b, ell].mean(0), n) for a, b in zip(edges[:-1], edges[1:])]
-        row = {"layer": ell + 1, **est}
-        for t in TENSORS:
-            row[f"{t}_se"] = np.std([p[t] for p in per], axis=0, ddof=1) / math.sqrt(n_blocks)
-        out.append(row)
-    return out
+    return layer_batch_means(stats, lambda m: rstu_from_sums(m, n), n_blocks)
 
 
 __all__ = ["IDX4", "TENSORS", "ddntk_layers", "gram", "pooled_two_input_ddntk", "rstu_from_sums",

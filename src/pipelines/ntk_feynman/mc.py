@@ -153,6 +153,21 @@ def pooled(df: pd.DataFrame, n_prev: float, n_batches: int) -> dict[str, float]:
     return out
 
 
+def layer_batch_means(stats: np.ndarray, estimator, n_blocks: int) -> list[dict]:
+    """Per layer of per-net statistics ``stats`` (nets, depth, ...): ``estimator(mean over nets)`` (a dict of
+    arrays) and the batch-mean standard error ``<key>_se`` of each key over ``n_blocks`` contiguous blocks."""
+    edges = np.linspace(0, len(stats), n_blocks + 1).round().astype(int)
+    out = []
+    for ell in range(stats.shape[1]):
+        est = estimator(stats[:, ell].mean(0))
+        per = [estimator(stats[a:b, ell].mean(0)) for a, b in zip(edges[:-1], edges[1:])]
+        row = {"layer": ell + 1, **est}
+        for k in est:
+            row[f"{k}_se"] = np.std([q[k] for q in per], axis=0, ddof=1) / math.sqrt(n_blocks)
+        out.append(row)
+    return out
+
+
 def block_table(stats: np.ndarray, n_blocks: int, **keys) -> pd.DataFrame:
     """``sample_nets``' output reduced to ``n_blocks`` contiguous blocks of nets per layer: the block means of
     NET_COLUMNS and ``n_nets`` (what the pooled estimators and the batch means need, 1/block-size of the
@@ -185,5 +200,5 @@ def pooled_blocks(blocks: pd.DataFrame, n_prev: float) -> dict[str, float]:
     return out
 
 
-__all__ = ["NET_COLUMNS", "PAIR_COLUMNS", "TENSORS", "act", "block_table", "estimates", "layer_step", "layer_stats",
+__all__ = ["NET_COLUMNS", "PAIR_COLUMNS", "TENSORS", "act", "block_table", "estimates", "layer_batch_means", "layer_step", "layer_stats",
            "pair_mean", "pair_stats", "pooled", "pooled_blocks", "sample_nets"]

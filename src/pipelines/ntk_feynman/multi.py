@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from pipelines.ntk_feynman.mc import act, pair_mean
+from pipelines.ntk_feynman.mc import act, layer_batch_means, pair_mean
 from pipelines.ntk_feynman.theory import Quad, aspect_ratio, dsigma, sigma
 
 TENSOR_NAMES = ("V", "D", "A", "B", "F")
@@ -421,16 +421,7 @@ def estimate(m: np.ndarray, n_prev: float, M: int) -> dict[str, np.ndarray]:
 def pooled_multi(stats: np.ndarray, n_prev: float, M: int, n_blocks: int = 20) -> list[dict]:
     """Per layer: the pooled estimates of :func:`estimate` and batch-mean standard errors (``<T>_se``) over
     ``n_blocks`` contiguous blocks of nets."""
-    edges = np.linspace(0, len(stats), n_blocks + 1).round().astype(int)
-    out = []
-    for ell in range(stats.shape[1]):
-        est = estimate(stats[:, ell].mean(0), n_prev, M)
-        per = [estimate(stats[a:b, ell].mean(0), n_prev, M) for a, b in zip(edges[:-1], edges[1:])]
-        row = {"layer": ell + 1, **est}
-        for k in est:
-            row[f"{k}_se"] = np.std([p[k] for p in per], axis=0, ddof=1) / math.sqrt(n_blocks)
-        out.append(row)
-    return out
+    return layer_batch_means(stats, lambda m: estimate(m, n_prev, M), n_blocks)
 
 
 # ---------------------------------------------------------------- Monte Carlo: dNTK of M inputs
@@ -512,14 +503,7 @@ def pq_from_sums(m: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def pooled_multi_dntk(stats: np.ndarray, n: int, n_blocks: int = 20) -> list[dict]:
     """Per layer: pooled P, Q of :func:`sample_multi_dntk` and batch-mean standard errors ``P_se``, ``Q_se``."""
-    edges = np.linspace(0, len(stats), n_blocks + 1).round().astype(int)
-    out = []
-    for ell in range(stats.shape[1]):
-        P, Q = pq_from_sums(stats[:, ell].mean(0), n)
-        per = [pq_from_sums(stats[a:b, ell].mean(0), n) for a, b in zip(edges[:-1], edges[1:])]
-        se = [np.std([p[i] for p in per], axis=0, ddof=1) / math.sqrt(n_blocks) for i in range(2)]
-        out.append({"layer": ell + 1, "P": P, "Q": Q, "P_se": se[0], "Q_se": se[1]})
-    return out
+    return layer_batch_means(stats, lambda m: dict(zip("PQ", pq_from_sums(m, n))), n_blocks)
 
 
 # ---------------------------------------------------------------- inputs

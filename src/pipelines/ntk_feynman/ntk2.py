@@ -17,9 +17,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
-from pipelines.ntk_feynman.mc import act, pair_mean
+from pipelines.ntk_feynman import multi
 from pipelines.ntk_feynman.theory import Quad, aspect_ratio, dsigma, sigma
 
 UPAIRS = ((0, 0), (0, 1), (1, 1))                  # unique (symmetric) pairs: kernel, diagonal NTK
@@ -224,92 +223,34 @@ def two_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w:
     return out
 
 
-# ---------------------------------------------------------------- Monte Carlo
-def _layer_cols(z: list[torch.Tensor], th: dict) -> torch.Tensor:
-    """(nets, 65) per-net averages of one layer: m_zz[3], m_th[3], pp_zz[3x3], pp_thzz[3x3], pp_thth[3x3],
-    off-diagonal B[4x4] and F[4x4] means over ordered pairs i != k."""
-    n = z[0].shape[-1]
-    nn = n * (n - 1)
-    zz = [z[a] * z[b] for a, b in UPAIRS]
-    dg = [torch.diagonal(th[(a, b)], dim1=-2, dim2=-1) for a, b in UPAIRS]
-    T = {(0, 0): th[(0, 0)], (0, 1): th[(0, 1)], (1, 0): th[(0, 1)].transpose(1, 2), (1, 1): th[(1, 1)]}
-    cols = [*(x.mean(-1) for x in zz), *(x.mean(-1) for x in dg)]
-    cols += [pair_mean(x, y) for x in zz for y in zz]
-    cols += [pair_mean(x, y) for x in dg for y in zz]
-    cols += [pair_mean(x, y) for x in dg for y in dg]
-    for o1 in OPAIRS:
-        for o2 in OPAIRS:
-            tot = (T[o1] * T[o2]).sum((-2, -1))
-            dia = (torch.diagonal(T[o1], dim1=-2, dim2=-1) * torch.diagonal(T[o2], dim1=-2, dim2=-1)).sum(-1)
-            cols.append((tot - dia) / nn)
-    for o in OPAIRS:
-        dT = torch.diagonal(T[o], dim1=-2, dim2=-1)
-        for c, e in OPAIRS:
-            tot = torch.einsum("bi,bik,bk->b", z[c], T[o], z[e])
-            cols.append((tot - (z[c] * dT * z[e]).sum(-1)) / nn)
-    return torch.stack(cols, dim=-1)
+# ---------------------------------------------------------------- Monte Carlo (the M-input samplers at M = 2)
+N_COLS = 3 + 3 + 9 + 9 + 9 + 16 + 16            # multi.n_cols(2)
 
 
-N_COLS = 3 + 3 + 9 + 9 + 9 + 16 + 16
+def _two(X: np.ndarray) -> np.ndarray:
+    X = np.asarray(X, dtype=float)
+    if X.ndim != 2 or X.shape[0] != 2:
+        raise ValueError(f"the two-input samplers need X of shape (2, n0), got {X.shape}")
+    return X
 
 
 def sample_two_input(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
                      lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000) -> np.ndarray:
-    """(n_nets, depth, N_COLS) per-net statistics of nets of equal hidden width seeing both inputs X (2 x n0),
-    with the exact NTK of every input pair by the forward recursion
-    Th'_ab = diag(lambda_b + lambda_W/n sum_j s_ja s_jb) + W (s'_a Th_ab s'_b) W^T (float64, CPU)."""
-    f64 = {"dtype": torch.float64}
-    Xt = torch.as_tensor(np.asarray(X, dtype=float), **f64)
-    n0 = Xt.shape[1]
-    gen = torch.Generator().manual_seed(int(seed))
-    per_chunk = max(1, chunk_elems // (width * width))
-    out = np.empty((n_nets, depth, N_COLS))
-    G = (Xt @ Xt.T / n0).numpy()
-    for start in range(0, n_nets, per_chunk):
-        nb = min(per_chunk, n_nets - start)
-        W = torch.randn(nb, width, n0, generator=gen, **f64) * math.sqrt(c_w / n0)
-        b = torch.randn(nb, width, generator=gen, **f64) * math.sqrt(c_b)
-        z = [W @ Xt[a] + b for a in range(2)]
-        eye = torch.eye(width, **f64).expand(nb, width, width)
-        th = {(a, c): (lambda_b + lambda_w * float(G[a, c])) * eye for a, c in UPAIRS}
-        out[start:start + nb, 0] = _layer_cols(z, th).numpy()
-        for ell in range(1, depth):
-            W = torch.randn(nb, width, width, generator=gen, **f64) * math.sqrt(c_w / width)
-            b = torch.randn(nb, width, generator=gen, **f64) * math.sqrt(c_b)
-            sd = [act(kind, za) for za in z]
-            new = {}
-            for a, c in UPAIRS:
-                M = sd[a][1].unsqueeze(-1) * th[(a, c)] * sd[c][1].unsqueeze(-2)
-                t = torch.bmm(torch.bmm(W, M), W.transpose(1, 2))
-                t.diagonal(dim1=-2, dim2=-1).add_((lambda_b + lambda_w * (sd[a][0] * sd[c][0]).mean(-1)).unsqueeze(-1))
-                new[(a, c)] = t
-            th = new
-            z = [torch.bmm(W, sd[a][0].unsqueeze(-1)).squeeze(-1) + b for a in range(2)]
-            out[start:start + nb, ell] = _layer_cols(z, th).numpy()
-    return out
+    """(n_nets, depth, N_COLS) per-net statistics of nets of equal hidden width seeing both inputs X (2 x n0):
+    :func:`multi.sample_multi` at M = 2 (its column layout: m_zz[3], m_th[3], pp_zz[3x3], pp_thzz[3x3],
+    pp_thth[3x3], off-diagonal B[4x4] and F[4x4] means over ordered pairs i != k)."""
+    return multi.sample_multi(kind, _two(X), width, depth, n_nets, c_w, c_b, lambda_b, lambda_w, seed,
+                              chunk_elems=chunk_elems)
 
 
 def _estimate(m: np.ndarray, n_prev: float) -> dict[str, np.ndarray]:
-    mz, mt = m[0:3], m[3:6]
-    pz, ptz, ptt = m[6:15].reshape(3, 3), m[15:24].reshape(3, 3), m[24:33].reshape(3, 3)
-    return {"V": n_prev * (pz - np.outer(mz, mz)), "D": n_prev * (ptz - np.outer(mt, mz)),
-            "A": n_prev * (ptt - np.outer(mt, mt)), "B": n_prev * m[33:49].reshape(4, 4),
-            "F": n_prev * m[49:65].reshape(4, 4), "Theta": mt, "K": mz}
+    return multi.estimate(m, n_prev, 2)
 
 
 def pooled_two_input(stats: np.ndarray, n_prev: float, n_blocks: int = 20) -> list[dict]:
     """Per layer: the pooled estimates T = n_prev (E[pair product] - E[.]E[.]) and batch-mean standard errors
-    (``<T>_se``) over ``n_blocks`` contiguous blocks of nets."""
-    edges = np.linspace(0, len(stats), n_blocks + 1).round().astype(int)
-    out = []
-    for ell in range(stats.shape[1]):
-        est = _estimate(stats[:, ell].mean(0), n_prev)
-        per = [_estimate(stats[a:b, ell].mean(0), n_prev) for a, b in zip(edges[:-1], edges[1:])]
-        row = {"layer": ell + 1, **est}
-        for k in est:
-            row[f"{k}_se"] = np.std([p[k] for p in per], axis=0, ddof=1) / math.sqrt(n_blocks)
-        out.append(row)
-    return out
+    (``<T>_se``) over ``n_blocks`` contiguous blocks of nets (:func:`multi.pooled_multi` at M = 2)."""
+    return multi.pooled_multi(stats, n_prev, 2, n_blocks=n_blocks)
 
 
 def sample_two_input_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
@@ -323,91 +264,22 @@ def sample_two_input_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_ne
     recursion of :func:`sample_two_input` (zbar held fixed). Expectations (previous width = n):
     E S1 = n P + Q_0123 + Q_0213, E S2 = P + n Q_0123 + Q_0213 (before the division by n^2); see
     :func:`two_input_pq_from_sums`.
-    Its own generator (``seed``); float64, CPU."""
-    f64 = {"dtype": torch.float64}
-    Xt = torch.as_tensor(np.asarray(X, dtype=float), **f64)
-    n0, n = Xt.shape[1], int(width)
-    gen = torch.Generator().manual_seed(int(seed))
-    G = (Xt @ Xt.T / n0).numpy()
-    out = np.zeros((n_nets, depth, 3, 2, 2, 2, 2))
-    R2 = range(2)
-    for start in range(0, n_nets, chunk):
-        nb = min(chunk, n_nets - start)
-        Ws, bs = [], []
-        for ell in range(depth):
-            fan = n0 if ell == 0 else n
-            Ws.append((torch.randn(nb, n, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
-            bs.append((torch.randn(nb, n, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
-        us = torch.randint(0, 2, (depth, nb, n), generator=gen).to(torch.float64) * 2 - 1
-        lam = [lambda_w / (n0 if ell == 0 else n) for ell in range(depth)]
-        z = [torch.einsum("bij,j->bi", Ws[0], Xt[a]) + bs[0] for a in R2]
-        eye = torch.eye(n, **f64).expand(nb, n, n)
-        th = {(a, c): (lambda_b + lambda_w * float(G[a, c])) * eye for a, c in UPAIRS}
-        for ell in range(1, depth):
-            sd = [act(kind, za) for za in z]
-            new = {}
-            for a, c in UPAIRS:
-                M = sd[a][1].unsqueeze(-1) * th[(a, c)] * sd[c][1].unsqueeze(-2)
-                t = Ws[ell] @ M @ Ws[ell].transpose(1, 2)
-                new[(a, c)] = t + torch.diag_embed(
-                    (lambda_b + lambda_w / n * (sd[a][0] * sd[c][0]).sum(-1)).unsqueeze(-1).expand(nb, n))
-            th = new
-            z = [torch.einsum("bij,bj->bi", Ws[ell], sd[a][0]) + bs[ell] for a in R2]
-            T = {(0, 0): th[(0, 0)], (0, 1): th[(0, 1)], (1, 0): th[(0, 1)].transpose(1, 2), (1, 1): th[(1, 1)]}
-            params = [*Ws[:ell + 1], *bs[:ell + 1]]
-            lams = [*lam[:ell + 1], *([lambda_b] * (ell + 1))]
-
-            def grads(f):
-                return torch.autograd.grad(f.sum(), params, retain_graph=True, allow_unused=True)
-
-            def inner(ga, gb):
-                tot = torch.zeros(nb, **f64)
-                for l_, x, y in zip(lams, ga, gb):
-                    if x is not None and y is not None:
-                        tot = tot + l_ * (x * y).reshape(nb, -1).sum(-1)
-                return tot
-
-            zbar = [za.detach() for za in z]
-            u = us[ell]
-            g_zz = {(a0, a3): grads((zbar[a3] * z[a0]).sum(-1)) for a0 in R2 for a3 in R2}
-            g_tr = {p: grads(torch.diagonal(T[p], dim1=-2, dim2=-1).sum(-1)) for p in OPAIRS}
-            g_uz = [grads((u * z[a0]).sum(-1)) for a0 in R2]
-            g_ut = {(p, a3): grads(torch.einsum("bi,bik,bk->b", u, T[p], zbar[a3])) for p in OPAIRS for a3 in R2}
-            for a0 in R2:
-                for a1 in R2:
-                    for a2 in R2:
-                        for a3 in R2:
-                            vals = (inner(g_zz[(a0, a3)], g_tr[(a1, a2)]), inner(g_uz[a0], g_ut[((a1, a2), a3)]),
-                                    inner(g_uz[a0], g_ut[((a2, a1), a3)]))
-                            for kk, v in enumerate(vals):
-                                out[start:start + nb, ell, kk, a0, a1, a2, a3] = (v / n**2).detach().numpy()
-        del Ws, bs, z, th
-    return out
+    :func:`multi.sample_multi_dntk` at M = 2. Its own generator (``seed``); float64, CPU."""
+    return multi.sample_multi_dntk(kind, _two(X), width, depth, n_nets, c_w, c_b, lambda_b, lambda_w, seed,
+                                   chunk=chunk)
 
 
 def two_input_pq_from_sums(m: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(P, Q), each 2x2x2x2, from the means (3, 2, 2, 2, 2) of one layer's :func:`sample_two_input_dntk`
     columns (equal widths n, each divided by n^2): per index tuple solves E S1 = n P + Q_0123 + Q_0213,
-    E S2 = P + n Q_0123 + Q_0213 and E S2' = P + Q_0123 + n Q_0213."""
-    A = np.array([[n, 1.0, 1.0], [1.0, n, 1.0], [1.0, 1.0, n]])
-    P, Q = np.empty((2, 2, 2, 2)), np.empty((2, 2, 2, 2))
-    for idx in np.ndindex(2, 2, 2, 2):
-        sol = np.linalg.solve(A, n * n * np.array([m[0][idx], m[1][idx], m[2][idx]]))
-        P[idx], Q[idx] = sol[0], sol[1]
-    return P, Q
+    E S2 = P + n Q_0123 + Q_0213 and E S2' = P + Q_0123 + n Q_0213 (:func:`multi.pq_from_sums`)."""
+    return multi.pq_from_sums(np.asarray(m), n)
 
 
 def pooled_two_input_dntk(stats: np.ndarray, n: int, n_blocks: int = 20) -> list[dict]:
     """Per layer: pooled P, Q of :func:`sample_two_input_dntk` and batch-mean standard errors ``P_se``, ``Q_se``
-    over ``n_blocks`` contiguous blocks of nets."""
-    edges = np.linspace(0, len(stats), n_blocks + 1).round().astype(int)
-    out = []
-    for ell in range(stats.shape[1]):
-        P, Q = two_input_pq_from_sums(stats[:, ell].mean(0), n)
-        per = [two_input_pq_from_sums(stats[a:b, ell].mean(0), n) for a, b in zip(edges[:-1], edges[1:])]
-        se = [np.std([p[i] for p in per], axis=0, ddof=1) / math.sqrt(n_blocks) for i in range(2)]
-        out.append({"layer": ell + 1, "P": P, "Q": Q, "P_se": se[0], "Q_se": se[1]})
-    return out
+    over ``n_blocks`` contiguous blocks of nets (:func:`multi.pooled_multi_dntk`)."""
+    return multi.pooled_multi_dntk(stats, n, n_blocks=n_blocks)
 
 
 # ---------------------------------------------------------------- pipeline tables

@@ -199,123 +199,65 @@ def _block_rows(stats: np.ndarray, blocks: int, columns, seed: int, width: int, 
     return rows
 
 
-def dntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
-    """Block means of the dNTK contractions (columns dntk.DNTK_COLUMNS) per seed, width and layer, input 0."""
-    spec, d = p.activations[activation], p.dntk
-    frames = []
-    for seed in p.seeds:
-        device = node_setup(p, int(seed))
-        for width in d.widths:
-            # its own stream per (seed, width), apart from the kernel/NTK sampler's
-            stream = int(np.random.SeedSequence([int(seed), width, 0, 7]).generate_state(1)[0])
-            stats = dntk.sample_dntk(activation, np.asarray(inputs["x"][0]), width, p.net.depth, p.dntk_nets(width),
-                                     spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems,
-                                     device=device, probes=d.probes)
-            frames += _block_rows(stats, d.blocks_per_seed, dntk.DNTK_COLUMNS, seed, width, p.net.depth)
-            log.info("ntk_feynman.mc_dntk_%s: seed %s width %d done", activation, seed, width)
-    return pd.DataFrame(frames)
-
-
-def ddntk_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
-    """Block means of the ddNTK contractions (columns ddntk.DDNTK_COLUMNS) per seed, width and layer, input 0."""
-    spec, d = p.activations[activation], p.ddntk
-    frames = []
-    for seed in p.seeds:
-        device = node_setup(p, int(seed))
-        for width in d.widths:
-            stream = int(np.random.SeedSequence([int(seed), width, 0, 11]).generate_state(1)[0])
-            stats = ddntk.sample_ddntk(activation, np.asarray(inputs["x"][0]), width, p.net.depth,
-                                       p.ddntk_nets(width), spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w,
-                                       stream, d.chunk_elems, device=device)
-            frames += _block_rows(stats, d.blocks_per_seed, ddntk.DDNTK_COLUMNS, seed, width, p.net.depth)
-            log.info("ntk_feynman.mc_ddntk_%s: seed %s width %d done", activation, seed, width)
-    return pd.DataFrame(frames)
-
-
-def ntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
-    """Block means of the two-input NTK statistics (columns ntk2.COLUMNS) per seed, width and layer, for the
-    data.inputs pair seen by the same nets."""
+def _pair(inputs: dict, variant: str) -> np.ndarray:
     if inputs.get("pair") is None:
-        raise ValueError("ntk_feynman.train.mc_ntk2_" + activation + ": needs an input pair (data.pair_cosine "
-                         "is null, or data.inputs_path has one row)")
-    spec, d = p.activations[activation], p.ntk2
-    X = np.asarray(inputs["pair"], dtype=float)
-    frames = []
-    for seed in p.seeds:
-        node_setup(p, int(seed))
-        for width in d.widths:
-            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
-            stream = int(np.random.SeedSequence([int(seed), width, 0, 13]).generate_state(1)[0])
-            stats = ntk2.sample_two_input(activation, X, width, p.net.depth, p.ntk2_nets(width), spec.c_w,
-                                          spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems)
-            frames += _block_rows(stats, d.blocks_per_seed, ntk2.COLUMNS, seed, width, p.net.depth)
-            log.info("ntk_feynman.mc_ntk2_%s: seed %s width %d done", activation, seed, width)
-    return pd.DataFrame(frames)
+        raise ValueError(f"ntk_feynman.train.{variant}: needs an input pair (data.pair_cosine is null, or "
+                         "data.inputs_path has one row)")
+    return np.asarray(inputs["pair"], dtype=float)
 
 
-def dntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
-    """Block means of the two-input dNTK contractions (columns ntk2.DNTK2_COLUMNS) per seed, width and layer, for
-    the data.inputs pair seen by the same nets."""
-    if inputs.get("pair") is None:
-        raise ValueError("ntk_feynman.train.mc_dntk2_" + activation + ": needs an input pair (data.pair_cosine "
-                         "is null, or data.inputs_path has one row)")
-    spec, d = p.activations[activation], p.dntk2
-    X = np.asarray(inputs["pair"], dtype=float)
-    frames = []
-    for seed in p.seeds:
-        node_setup(p, int(seed))
-        for width in d.widths:
-            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
-            stream = int(np.random.SeedSequence([int(seed), width, 0, 17]).generate_state(1)[0])
-            stats = ntk2.sample_two_input_dntk(activation, X, width, p.net.depth, p.dntk2_nets(width), spec.c_w,
-                                               spec.c_b, p.net.lambda_b, p.net.lambda_w, stream,
-                                               chunk=max(1, d.chunk_elems // (width * width)))
-            frames += _block_rows(stats, d.blocks_per_seed, ntk2.DNTK2_COLUMNS, seed, width, p.net.depth,
-                                  reduce=ntk2.dntk2_block_row)
-            log.info("ntk_feynman.mc_dntk2_%s: seed %s width %d done", activation, seed, width)
-    return pd.DataFrame(frames)
-
-
-def ddntk2_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
-    """Block means of the two-input ddNTK Hessian forms (columns DDNTK2_COLUMNS) per seed, width and layer, for
-    the data.inputs pair seen by the same nets."""
-    if inputs.get("pair") is None:
-        raise ValueError("ntk_feynman.train.mc_ddntk2_" + activation + ": needs an input pair (data.pair_cosine "
-                         "is null, or data.inputs_path has one row)")
-    spec, d = p.activations[activation], p.ddntk2
-    X = np.asarray(inputs["pair"], dtype=float)
-    frames = []
-    for seed in p.seeds:
-        node_setup(p, int(seed))
-        for width in d.widths:
-            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
-            stream = int(np.random.SeedSequence([int(seed), width, 0, 23]).generate_state(1)[0])
-            stats = ddntk2.sample_two_input_ddntk(activation, X, width, p.net.depth, p.ddntk2_nets(width), spec.c_w,
-                                                  spec.c_b, p.net.lambda_b, p.net.lambda_w, stream,
-                                                  chunk=max(1, d.chunk_elems // (width * width)))
-            frames += _block_rows(stats, d.blocks_per_seed, DDNTK2_COLUMNS, seed, width, p.net.depth,
-                                  reduce=ddntk2_block_row)
-            log.info("ntk_feynman.mc_ddntk2_%s: seed %s width %d done", activation, seed, width)
-    return pd.DataFrame(frames)
-
-
-def multi_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
-    """Block means of the M-input NTK statistics (columns multi.columns(M)) per seed, width and layer, for the
-    ``multi`` block's inputs seen by the same nets."""
+def _multi_inputs(inputs: dict, variant: str) -> np.ndarray:
     if inputs.get("multi") is None:
-        raise ValueError("ntk_feynman.train.mc_multi_" + activation + ": needs the 'multi' block's inputs")
-    spec, d = p.activations[activation], p.multi
-    X = np.asarray(inputs["multi"], dtype=float)
+        raise ValueError(f"ntk_feynman.train.{variant}: needs the 'multi' block's inputs")
+    return np.asarray(inputs["multi"], dtype=float)
+
+
+def _per_width_chunk(d, width: int) -> int:
+    return max(1, d.chunk_elems // (width * width))
+
+
+# The per-width samplers of the mc_<kind>_<activation> variants: the params block (its widths, nets, blocks,
+# chunk), the inputs the nets see, the stream tag (each sampler its own seeded stream per seed and width), the
+# call, the block table's columns and the per-block reduction of the per-net statistics.
+_SAMPLERS = {
+    "dntk": dict(inputs=lambda inp, v: np.asarray(inp["x"][0]), tag=7, columns=lambda X: dntk.DNTK_COLUMNS,
+                 sample=lambda act, X, w, n, s, lb, lw, st, d, dev: dntk.sample_dntk(
+                     act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems, device=dev, probes=d.probes)),
+    "ddntk": dict(inputs=lambda inp, v: np.asarray(inp["x"][0]), tag=11, columns=lambda X: ddntk.DDNTK_COLUMNS,
+                  sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk.sample_ddntk(
+                      act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems, device=dev)),
+    "ntk2": dict(inputs=_pair, tag=13, columns=lambda X: ntk2.COLUMNS,
+                 sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ntk2.sample_two_input(
+                     act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems)),
+    "dntk2": dict(inputs=_pair, tag=17, columns=lambda X: ntk2.DNTK2_COLUMNS, reduce=ntk2.dntk2_block_row,
+                  sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ntk2.sample_two_input_dntk(
+                      act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
+    "multi": dict(inputs=_multi_inputs, tag=19, columns=lambda X: multi.columns(len(X)),
+                  sample=lambda act, X, w, n, s, lb, lw, st, d, dev: multi.sample_multi(
+                      act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems)),
+    "ddntk2": dict(inputs=_pair, tag=23, columns=lambda X: DDNTK2_COLUMNS, reduce=ddntk2_block_row,
+                   sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk2.sample_two_input_ddntk(
+                       act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
+}
+
+
+def sampler_table(inputs: dict, p: Params, kind: str, activation: str) -> pd.DataFrame:
+    """Block means of one ``mc_<kind>_<activation>`` sampler's per-net statistics per seed, width and layer
+    (rows of input 0); the ``kind`` params block gives widths, nets per seed, blocks and chunking."""
+    cfg, variant = _SAMPLERS[kind], f"mc_{kind}_{activation}"
+    X = cfg["inputs"](inputs, variant)
+    spec, d = p.activations[activation], getattr(p, kind)
+    nets = getattr(p, f"{kind}_nets")
     frames = []
     for seed in p.seeds:
-        node_setup(p, int(seed))
+        device = node_setup(p, int(seed))
         for width in d.widths:
-            # its own stream per (seed, width), apart from the other samplers'; CPU (float64)
-            stream = int(np.random.SeedSequence([int(seed), width, 0, 19]).generate_state(1)[0])
-            stats = multi.sample_multi(activation, X, width, p.net.depth, p.multi_nets(width), spec.c_w, spec.c_b,
-                                       p.net.lambda_b, p.net.lambda_w, stream, d.chunk_elems)
-            frames += _block_rows(stats, d.blocks_per_seed, multi.columns(len(X)), seed, width, p.net.depth)
-            log.info("ntk_feynman.mc_multi_%s: seed %s width %d done", activation, seed, width)
+            stream = int(np.random.SeedSequence([int(seed), width, 0, cfg["tag"]]).generate_state(1)[0])
+            stats = cfg["sample"](activation, X, width, (p.net.depth, nets(width)), spec, p.net.lambda_b,
+                                  p.net.lambda_w, stream, d, device)
+            frames += _block_rows(stats, d.blocks_per_seed, cfg["columns"](X), seed, width, p.net.depth,
+                                  reduce=cfg.get("reduce", lambda block: block.mean(0)))
+            log.info("ntk_feynman.%s: seed %s width %d done", variant, seed, width)
     return pd.DataFrame(frames)
 
 
@@ -323,18 +265,9 @@ def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     """The variant's statistics table (with ``runtime_s`` as a column)."""
     node_setup(p)
     t0 = time.perf_counter()
-    if variant.startswith("mc_multi_"):
-        df = multi_table(inputs, p, variant[9:])
-    elif variant.startswith("mc_ddntk2_"):
-        df = ddntk2_table(inputs, p, variant[10:])
-    elif variant.startswith("mc_dntk2_"):
-        df = dntk2_table(inputs, p, variant[9:])
-    elif variant.startswith("mc_ntk2_"):
-        df = ntk2_table(inputs, p, variant[8:])
-    elif variant.startswith("mc_ddntk_"):
-        df = ddntk_table(inputs, p, variant[9:])
-    elif variant.startswith("mc_dntk_"):
-        df = dntk_table(inputs, p, variant[8:])
+    kind = next((k for k in _SAMPLERS if variant.startswith(f"mc_{k}_")), None)
+    if kind is not None:
+        df = sampler_table(inputs, p, kind, variant[len(kind) + 4:])
     elif variant.startswith("mc_"):
         df = mc_table(inputs, p, variant[3:])
     else:

@@ -524,6 +524,11 @@ def test_report_of_the_test_env_run(test_env_run):
     assert [report["variants"]["recursion"][f"relu.{t}"] for t in "RSTU"] == pytest.approx([160, 40, 80, 80])
     assert {"ddntk_vs_width.png", "ddntk_layer_profiles.png"} <= set(report["artifacts"])
     assert report["histories"]["mc_ddntk_relu"]["S_L4_rel_err_vs_width"]["step"] == [4, 8]
+    # the M-input dNTK / ddNTK variants (conf/test only, ReLU): the shared metrics and their plots
+    for k in ("multi_dntk_extrap_excess.relu", "multi_dntk_layer2_max_abs_z.relu", "multi_ddntk_extrap_max_abs_z.relu",
+              "multi_ddntk_interlayer_error_ratio.relu", "multi_dntk_extrap_excess.P.L4.relu"):
+        assert k in report["metrics"], k
+    assert {"multi_input_dntk.png", "multi_input_ddntk.png"} <= set(report["artifacts"])
 
 
 # ------------------------------------------------------------------------ ddNTK (R, S, T, U)

@@ -396,3 +396,144 @@ def test_multi_inputs_tables_and_pooling():
     b = multi.pooled_multi(stats, 5, 3, n_blocks=6)[2]
     assert a["mi.F_12_23"] == pytest.approx(b["F"][1, 5], rel=1e-10)
     assert a["mi.A_11_33_se"] == pytest.approx(b["A_se"][0, 5], rel=1e-8)
+
+
+# ------------------------------------------------------------------------ dNTK / ddNTK of M inputs as pipeline variants
+MD_RAW = {"widths": [3, 4], "nets_per_seed": [6, 6], "blocks_per_seed": 3, "chunk_elems": 100_000}
+MD_VARIANTS = ["mc_multi_dntk_relu", "mc_multi_ddntk_tanh"]
+
+
+def _md_params(**patch):
+    from pipelines.ntk_feynman.params import Params
+
+    return Params.model_validate({**RAW, "multi": MULTI_RAW, "multi_dntk": MD_RAW, "multi_ddntk": MD_RAW,
+                                  "variants": [*RAW["variants"], *MD_VARIANTS], **patch})
+
+
+@pytest.mark.parametrize("patch,key,msg", [
+    ({"variants": [*RAW["variants"], "mc_multi_dntk_relu"], "multi_dntk": None}, "ntk_feynman.variants",
+     "'multi_dntk' and 'multi' blocks"),                                                  # no multi_dntk block
+    ({"variants": [*RAW["variants"], "mc_multi_ddntk_relu"], "multi": None}, "ntk_feynman.variants",
+     "'multi_ddntk' and 'multi' blocks"),                                                 # no multi block (inputs)
+    ({"variants": [*RAW["variants"], "mc_multi_dntk_gelu"]}, "ntk_feynman.variants",
+     "after 'mc_multi_dntk_'"),                                   # activation not declared
+    ({"multi_dntk": {**MD_RAW, "widths": [4, 3]}}, "ntk_feynman.multi_dntk.widths", "strictly increasing"),
+    ({"multi_ddntk": {**MD_RAW, "widths": [4, 256]}}, "ntk_feynman.multi_ddntk.widths", "128"),
+    ({"multi_ddntk": {**MD_RAW, "nets_per_seed": [6, 6, 6]}}, "ntk_feynman.multi_ddntk", "one entry per width"),
+    ({"multi_dntk": {**MD_RAW, "probes": 2}}, "ntk_feynman.multi_dntk.probes", ""),
+    ({"multi": {**MULTI_RAW, "n_inputs": 5}}, "ntk_feynman.multi", "no default for n_inputs = 5"),
+])
+def test_bad_multi_d_block_names_the_key(patch, key, msg):
+    from pipelines.core.params import ParameterError, validate
+    from pipelines.ntk_feynman.params import Params
+
+    raw = {**RAW, "multi": MULTI_RAW, "multi_dntk": MD_RAW, "multi_ddntk": MD_RAW, **patch}
+    with pytest.raises(ParameterError, match=key.replace(".", r"\.")) as e:
+        validate(Params, raw, "ntk_feynman")
+    assert msg in str(e.value)
+
+
+def test_multi_d_prefixes_do_not_clash_and_claims_need_their_variant():
+    from pipelines.core.params import ParameterError, validate
+    from pipelines.ntk_feynman import train
+    from pipelines.ntk_feynman.params import Params, variant_prefix
+
+    p = _md_params()
+    assert p.multi_activations() == [] and p.mc_activations() == ["relu", "tanh"]
+    assert p.multi_dntk_activations() == ["relu"] and p.multi_ddntk_activations() == ["tanh"]
+    assert [variant_prefix(v) for v in ("mc_multi_relu", "mc_multi_dntk_relu", "mc_multi_ddntk_relu",
+                                        "mc_ddntk_relu", "mc_relu")] == [
+        "mc_multi_", "mc_multi_dntk_", "mc_multi_ddntk_", "mc_ddntk_", None]
+    assert {"multi_dntk", "multi_ddntk"} <= set(train._SAMPLERS)
+    for metric, need in (("multi_dntk_extrap_excess.relu", "mc_multi_dntk_relu"),
+                         ("multi_ddntk_interlayer_error_ratio.tanh", "mc_multi_ddntk_tanh")):
+        claim = {"id": "c", "text": "t", "metric": metric, "op": "<=", "threshold": 0.1}
+        raw = {**RAW, "multi": MULTI_RAW, "multi_dntk": MD_RAW, "multi_ddntk": MD_RAW, "claims": [claim],
+               "variants": [*RAW["variants"], "mc_multi_relu", "mc_multi_tanh"]}
+        with pytest.raises(ParameterError, match=rf"needs variant\(s\) \[.*'{need}'"):
+            validate(Params, raw, "ntk_feynman")
+
+
+def test_full_env_four_inputs_new_variants_and_base_claims(monkeypatch):
+    """--env=full: the multi block has M = 4 (six cosines) and builds those inputs, plans the four new variants
+    (one train node each), and repeats base's claims verbatim before its own (its claims list replaces base's)."""
+    from pipelines.core.registry import method_config
+    from pipelines.ntk_feynman import pipeline
+    from pipelines.ntk_feynman.data import make_inputs
+    from pipelines.ntk_feynman.params import Params
+
+    base, full = method_config("ntk_feynman", env="base"), method_config("ntk_feynman", env="full")
+    p = Params.model_validate(full)
+    assert p.multi.n_inputs == 4 and len(p.multi.cosines) == 6 and p.net.depth == 10
+    new = {"mc_multi_dntk_relu", "mc_multi_dntk_tanh", "mc_multi_ddntk_relu", "mc_multi_ddntk_tanh"}
+    assert set(p.variants) == set(base["variants"]) | new
+    assert full["claims"][:len(base["claims"])] == base["claims"]
+    assert {c.metric.split(".")[0] for c in p.claims[len(base["claims"]):]} >= {
+        "multi_dntk_extrap_excess", "multi_dntk_extrap_max_abs_z", "multi_dntk_interlayer_error_ratio",
+        "multi_dntk_layer2_max_abs_z", "multi_ddntk_extrap_excess", "multi_ddntk_extrap_max_abs_z",
+        "multi_ddntk_interlayer_error_ratio", "multi_ddntk_layer2_max_abs_z"}
+    Xm = np.asarray(make_inputs(p)["multi"])
+    nrm = np.linalg.norm(Xm, axis=1)
+    np.testing.assert_allclose(nrm / nrm[0], p.multi.norm_ratios)
+    np.testing.assert_allclose((Xm @ Xm.T / np.outer(nrm, nrm))[np.triu_indices(4, 1)], p.multi.cosines, atol=1e-12)
+    monkeypatch.setattr(pipeline, "method_config", lambda m: full)
+    names = {n.name for n in pipeline.create_pipeline().only_nodes_with_tags("train").nodes}
+    assert {f"ntk_feynman.train.{v}" for v in new} <= names
+    assert not any(v.startswith("mc_multi_d") for v in base["variants"])        # not in the base default run
+    test = method_config("ntk_feynman", env="test")["variants"]                  # repeats base's list (replaces)
+    assert set(test) == set(base["variants"]) | {"mc_multi_dntk_relu", "mc_multi_ddntk_relu"}
+
+
+def test_multi_d_variants_tables_pool_to_the_library_estimates():
+    """One tiny train_variant per new kind: finite block tables that pool (multi_d_pooled_blocks) to the library's
+    pooled estimates of the same nets (multi.pooled_multi_dntk, ddntk2.pooled_two_input_ddntk); the theory
+    variants carry the library's M-input P, Q / R, S, T, U only for the planned kinds and activations; compare,
+    the shared metrics function and the plots take them."""
+    from pipelines.ntk_feynman import ddntk2, evaluate, multi_ddntk, train
+    from pipelines.ntk_feynman.data import make_inputs
+
+    p = _md_params()
+    inputs = make_inputs(p)
+    Xm = np.asarray(inputs["multi"])
+    out = {v: train.train_variant(inputs, p, variant=v) for v in p.variants}
+    quad = Quad(48, 12.0)
+    rec = out["recursion"]
+    row = rec[(rec.activation == "relu") & (rec.layer == 3) & (rec.input == 0)].iloc[0]
+    ref = multi.multi_input_dntk("relu", 2.0, 0.0, 1.0, 1.0, Xm, 3, quad=quad)[2]
+    assert row["md.P_1223"] == pytest.approx(ref["P"][0, 1, 1, 2], rel=1e-12)
+    assert row["md.Q_3121"] == pytest.approx(ref["Q"][2, 0, 1, 0], rel=1e-12)
+    row = rec[(rec.activation == "tanh") & (rec.layer == 3) & (rec.input == 0)].iloc[0]
+    ref = multi_ddntk.multi_input_ddntk("tanh", 1.0, 0.0, 1.0, 1.0, Xm, 3, quad=quad)[2]
+    assert row["mdd.S_1233"] == pytest.approx(ref["S"][0, 1, 2, 2], rel=1e-12)
+    assert np.isnan(rec[rec.activation == "tanh"]["md.P_1111"]).all()          # only planned activations
+    assert not any(c.startswith("md") for c in train.train_variant(
+        inputs, _without_md(p), variant="infinite_width").columns)
+    for kind, v, fn, pooled in (("multi_dntk", "mc_multi_dntk_relu", multi.sample_multi_dntk,
+                                 multi.pooled_multi_dntk),
+                                ("multi_ddntk", "mc_multi_ddntk_tanh", ddntk2.sample_ddntk_probes,
+                                 ddntk2.pooled_two_input_ddntk)):
+        blocks = out[v]
+        assert np.isfinite(blocks[list(train.multi_d_columns(kind, 3))].to_numpy()).all()
+        act = v.split("_")[-1]
+        spec, w = p.activations[act], 4
+        stream = int(np.random.SeedSequence([0, w, 0, train._SAMPLERS[kind]["tag"]]).generate_state(1)[0])
+        stats = fn(act, Xm, w, 3, 6, spec.c_w, spec.c_b, 1.0, 1.0, stream, chunk=100_000 // 16)
+        a = train.multi_d_pooled_blocks(kind, blocks[(blocks.width == w) & (blocks.layer == 3)], w, 3)
+        b = pooled(stats, w, n_blocks=3)[2]
+        tag, t = ("md", "Q") if kind == "multi_dntk" else ("mdd", "U")
+        assert a[f"{tag}.{t}_1232"] == pytest.approx(b[t][0, 1, 2, 1], rel=1e-10)
+        assert a[f"{tag}.{t}_2131_se"] == pytest.approx(b[f"{t}_se"][1, 0, 2, 0], rel=1e-8)
+    cmp = evaluate.compare(inputs, p, **out)
+    m = evaluate.derived_metrics(cmp, p)
+    for k in ("multi_dntk_extrap_excess.relu", "multi_dntk_extrap_excess.Q.L3.relu", "multi_dntk_layer2_max_abs_z.relu",
+              "multi_dntk_interlayer_error_ratio.relu", "multi_ddntk_extrap_max_abs_z.L3.tanh",
+              "multi_ddntk_extrap_excess.U.L3.tanh", "multi_ddntk_interlayer_error_ratio.tanh"):
+        assert math.isfinite(m[k]), k
+    assert not any(k.startswith("multi_extrap") for k in m)                     # mc_multi_ is not planned
+    figs = evaluate.make_plots(cmp, p)
+    assert {"multi_input_dntk", "multi_input_ddntk"} <= set(figs) and "multi_input_ntk" not in figs
+
+
+def _without_md(p):
+    """``p`` without the new variants (their theory columns are then not computed)."""
+    return p.model_copy(update={"variants": [v for v in p.variants if not v.startswith("mc_multi_d")]})

@@ -9,9 +9,11 @@ import pandas as pd
 
 from pipelines.core.report import build_report
 from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, ntk2
-from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params
+from pipelines.ntk_feynman.params import (DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params,
+                                          variant_prefix)
 from pipelines.ntk_feynman.theory import VERTEX_KEYS
-from pipelines.ntk_feynman.train import ddntk2_pooled_blocks, ddntk2_quantity_names
+from pipelines.ntk_feynman.train import (ddntk2_pooled_blocks, ddntk2_quantity_names, multi_d_pooled_blocks,
+                                         multi_d_quantity_names)
 
 QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
 THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Theta1": "Theta1", "K1": "K1"}
@@ -46,16 +48,19 @@ def _ntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_ntk2_")}
 
 
-def _multi_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_multi_")}
+def _multi_sims(outputs: dict[str, pd.DataFrame], kind: str = "multi") -> dict[str, pd.DataFrame]:
+    """The samplers of ``mc_<kind>_<activation>`` by activation (kind "multi", "multi_dntk" or "multi_ddntk"; the
+    prefixes are told apart by params.variant_prefix, so mc_multi_dntk_relu is not mc_multi_'s)."""
+    pre = f"mc_{kind}_"
+    return {v[len(pre):]: d for v, d in outputs.items() if variant_prefix(v) == pre}
 
 
 def _base(cmp: pd.DataFrame) -> pd.DataFrame:
     """The kernel/NTK rows of the comparison (without the dNTK's P, Q, the ddNTK's R, S, T, U and the two-input
-    NTK tensors "2i.*", the two-input dNTK "2d.*", the two-input ddNTK "dd2.*" and the M-input NTK tensors
-    "mi.*")."""
+    NTK tensors "2i.*", the two-input dNTK "2d.*", the two-input ddNTK "dd2.*", the M-input NTK tensors
+    "mi.*", dNTK "md.*" and ddNTK "mdd.*")."""
     return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS))
-               & ~cmp.quantity.str.startswith(("2i.", "2d.", "dd2.", "mi."))]
+               & ~cmp.quantity.str.startswith(("2i.", "2d.", "dd2.", "mi.", "md.", "mdd."))]
 
 
 def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -72,6 +77,14 @@ def _ddntk2(cmp: pd.DataFrame) -> pd.DataFrame:
 
 def _multi(cmp: pd.DataFrame) -> pd.DataFrame:
     return cmp[cmp.quantity.str.startswith("mi.")]
+
+
+def _multi_dntk(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.str.startswith("md.")]
+
+
+def _multi_ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
+    return cmp[cmp.quantity.str.startswith("mdd.")]
 
 
 def _ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -192,6 +205,21 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                 for v in theories:
                     row[v] = float(th[v][q])
                 rows.append(row)
+    for kind in ("multi_dntk", "multi_ddntk"):
+        # the dNTK P, Q / ddNTK R, S, T, U of the multi block's M inputs, every layer >= 2 (layer 2 exact)
+        for act, blocks in _multi_sims(outputs, kind).items():
+            M = len(inputs["multi"])
+            names = multi_d_quantity_names(kind, M)
+            for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
+                est = multi_d_pooled_blocks(kind, d, int(width), M)
+                th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][names]
+                      for v, t in theories.items()}
+                for q in names:
+                    row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
+                           "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": n_prev(int(layer), int(width), n0)}
+                    for v in theories:
+                        row[v] = float(th[v][q])
+                    rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -227,6 +255,8 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     out.update(ntk2_metrics(cmp, p, prefix="dntk2"))
     out.update(ntk2_metrics(cmp, p, prefix="ddntk2"))
     out.update(ntk2_metrics(cmp, p, prefix="multi"))
+    out.update(ntk2_metrics(cmp, p, prefix="multi_dntk"))
+    out.update(ntk2_metrics(cmp, p, prefix="multi_ddntk"))
     cmp = _base(cmp)
     for act in cmp.activation.unique():
         c = cmp[cmp.activation == act]
@@ -414,13 +444,17 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
     ``prefix="dntk2"``: the same metrics (names ``dntk2_*``) of the two-input dNTK's P, Q (32 components per
     layer, quantities "2d.*"); ``prefix="ddntk2"``: those (``ddntk2_*``) of the two-input ddNTK's R, S, T, U (64
     components per layer, quantities "dd2.*"); ``prefix="multi"``: those (``multi_*``) of the M-input NTK tensors
-    (quantities "mi.*"). For multi and ddntk2 the max |z| is also given per layer
+    (quantities "mi.*"); ``prefix="multi_dntk"`` / ``"multi_ddntk"``: those of the M-input dNTK's P, Q ("md.*") /
+    ddNTK's R, S, T, U ("mdd.*"). For multi, ddntk2, multi_dntk and multi_ddntk the max |z| is also given per layer
     (``<prefix>_extrap_max_abs_z.L<l>.<act>``)."""
     out: dict[str, float] = {}
-    d_all = {"dntk2": _dntk2, "ddntk2": _ddntk2, "multi": _multi}.get(prefix, _ntk2)(cmp)
-    block = {"dntk2": p.dntk2, "ddntk2": p.ddntk2, "multi": p.multi}.get(prefix, p.ntk2)
-    names = {"dntk2": ("P", "Q"), "ddntk2": ddntk2.TENSORS}.get(prefix, ntk2.TENSOR_NAMES)
-    tag = {"dntk2": "2d", "ddntk2": "dd2", "multi": "mi"}.get(prefix, "2i")
+    d_all = {"dntk2": _dntk2, "ddntk2": _ddntk2, "multi": _multi, "multi_dntk": _multi_dntk,
+             "multi_ddntk": _multi_ddntk}.get(prefix, _ntk2)(cmp)
+    block = {"dntk2": p.dntk2, "ddntk2": p.ddntk2, "multi": p.multi, "multi_dntk": p.multi_dntk,
+             "multi_ddntk": p.multi_ddntk}.get(prefix, p.ntk2)
+    names = {"dntk2": ("P", "Q"), "ddntk2": ddntk2.TENSORS, "multi_dntk": ("P", "Q"),
+             "multi_ddntk": ddntk2.TENSORS}.get(prefix, ntk2.TENSOR_NAMES)
+    tag = {"dntk2": "2d", "ddntk2": "dd2", "multi": "mi", "multi_dntk": "md", "multi_ddntk": "mdd"}.get(prefix, "2i")
     if not len(d_all) or block is None:
         return out
     L = p.net.depth
@@ -441,7 +475,7 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
             t_ex = (wide * b.mc - prev * a.mc) / (wide - prev)
             se = np.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
             zs.extend(((t_ex - b.recursion) / se).tolist())
-            if prefix in ("multi", "ddntk2"):
+            if prefix in ("multi", "ddntk2", "multi_dntk", "multi_ddntk"):
                 out[f"{prefix}_extrap_max_abs_z.L{ell}.{act}"] = float(((t_ex - b.recursion) / se).abs().max())
             for t in names:
                 m = b.index.str.startswith(f"{tag}.{t}_")
@@ -888,17 +922,31 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs["two_input_ddntk"] = _ntk2_plot(comparison, p, ddntk=True)
     if len(_multi(comparison)):
         figs["multi_input_ntk"] = _ntk2_plot(comparison, p, multi_inputs=True)
+    if len(_multi_dntk(comparison)):
+        figs["multi_input_dntk"] = _ntk2_plot(comparison, p, multi_kind="multi_dntk")
+    if len(_multi_ddntk(comparison)):
+        figs["multi_input_ddntk"] = _ntk2_plot(comparison, p, multi_kind="multi_ddntk")
     return figs
 
 
-def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: bool = False, ddntk: bool = False):
+_MULTI_D_PLOT = {  # multi_kind -> (selector, y label, title tensors, suptitle)
+    "multi_dntk": (_multi_dntk, "sampled nets (n x E[dTh z])", "dNTK P, Q", "dNTK (P, Q) of M inputs"),
+    "multi_ddntk": (_multi_ddntk, "sampled nets (n x E[ddI], n x E[ddII])", "ddNTK R, S, T, U",
+                    "ddNTK (R, S, T, U) of M inputs"),
+}
+
+
+def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: bool = False, ddntk: bool = False,
+               multi_kind: str | None = None):
     """Per activation: every component of V, D, A, B, F (``dntk``: of the two-input dNTK's P, Q; ``ddntk``: of the
     two-input ddNTK's R, S, T, U; ``multi_inputs``: of the M-input tensors) at layers 2..L, sampled nets against
     the recursion (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the two widest widths),
-    ±2 s.e."""
+    ±2 s.e. ``multi_kind`` ("multi_dntk" | "multi_ddntk"): the dNTK / ddNTK of the multi block's M inputs."""
     import matplotlib.pyplot as plt
 
-    d = _dntk2(cmp) if dntk else _ddntk2(cmp) if ddntk else _multi(cmp) if multi_inputs else _ntk2(cmp)
+    md = _MULTI_D_PLOT.get(multi_kind)
+    d = (md[0](cmp) if md else _dntk2(cmp) if dntk else _ddntk2(cmp) if ddntk else _multi(cmp) if multi_inputs
+         else _ntk2(cmp))
     acts = list(d.activation.unique())
     fig, axes = plt.subplots(1, len(acts), figsize=(5.2 * len(acts), 4.6), squeeze=False)
     for ax, act in zip(axes[0], acts):
@@ -923,16 +971,18 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: b
         ax.set_xscale("symlog", linthresh=lin)
         ax.set_yscale("symlog", linthresh=lin)
         ax.set_xlabel("recursion (first order)")
-        ax.set_ylabel("sampled nets (n x E[dTh z])" if dntk else "sampled nets (n x E[ddI], n x E[ddII])" if ddntk
-                      else "sampled nets (n x cov)")
-        ax.set_title(f"{act}: dNTK P, Q of the input pair (32 components/layer)" if dntk
+        ax.set_ylabel(md[1] if md else "sampled nets (n x E[dTh z])" if dntk
+                      else "sampled nets (n x E[ddI], n x E[ddII])" if ddntk else "sampled nets (n x cov)")
+        ax.set_title(f"{act}: {md[2]} of {p.multi.n_inputs} inputs ({c.quantity.nunique()} components/layer)" if md
+                     else f"{act}: dNTK P, Q of the input pair (32 components/layer)" if dntk
                      else f"{act}: ddNTK R, S, T, U of the input pair (64 components/layer)" if ddntk
                      else f"{act}: V, D, A, B, F of {p.multi.n_inputs} inputs ({c.quantity.nunique()} "
                           "components/layer)" if multi_inputs
                      else f"{act}: V, D, A, B, F of the input pair (50 components/layer)", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    fig.suptitle("Two-input dNTK (P, Q): recursion vs sampled nets" if dntk
+    fig.suptitle(f"{md[3]}: recursion vs sampled nets" if md
+                 else "Two-input dNTK (P, Q): recursion vs sampled nets" if dntk
                  else "Two-input ddNTK (R, S, T, U): recursion vs sampled nets" if ddntk
                  else "NTK fluctuation tensors of M inputs: recursion vs sampled nets" if multi_inputs
                  else "Two-input NTK fluctuation tensors: recursion vs sampled nets")

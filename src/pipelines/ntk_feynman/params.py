@@ -153,11 +153,30 @@ class MultiMonteCarlo(_Sampler):
     n_inputs rows."""
 
     MAX_WIDTH: ClassVar[int] = 256
+    # defaults per n_inputs (the four-input set contains the three-input one: pairs 12, 13, 23 alike)
+    DEFAULT_COSINES: ClassVar[dict[int, list[float]]] = {3: [0.5, 0.2, -0.3], 4: [0.5, 0.2, 0.1, -0.3, 0.4, 0.3]}
+    DEFAULT_NORM_RATIOS: ClassVar[dict[int, list[float]]] = {3: [1.0, 1.3, 0.8], 4: [1.0, 1.3, 0.8, 1.1]}
     n_inputs: int = Field(default=3, ge=2, le=6)
-    # cosines of the pairs (1,2), (1,3), ..., (2,3), ... (upper triangle, row by row): n(n-1)/2 entries
-    cosines: list[float] = Field(default=[0.5, 0.2, -0.3])
-    norm_ratios: list[float] = Field(default=[1.0, 1.3, 0.8])   # |x_a| / |x_1|, the first is 1
+    # cosines of the pairs (1,2), (1,3), ..., (2,3), ... (upper triangle, row by row): n(n-1)/2 entries;
+    # null: DEFAULT_COSINES[n_inputs] (n_inputs 3 or 4)
+    cosines: list[float] | None = None
+    norm_ratios: list[float] | None = None   # |x_a| / |x_1|, the first is 1; null: DEFAULT_NORM_RATIOS[n_inputs]
     input_seed: int = Field(default=7, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data):
+        if not isinstance(data, dict):
+            return data
+        m = data.get("n_inputs", 3)
+        out = dict(data)
+        for key, table in (("cosines", cls.DEFAULT_COSINES), ("norm_ratios", cls.DEFAULT_NORM_RATIOS)):
+            if out.get(key) is None and isinstance(m, int):
+                if m not in table:
+                    raise ValueError(f"{key}: no default for n_inputs = {m} (defaults for {sorted(table)}): "
+                                     "give the list")
+                out[key] = list(table[m])
+        return out
 
     @model_validator(mode="after")
     def _inputs(self):
@@ -188,6 +207,34 @@ class MultiMonteCarlo(_Sampler):
         return C + np.triu(C, 1).T
 
 
+class MultiDntkMonteCarlo(_Sampler):
+    """Sampled nets for the dNTK P, Q of the ``multi`` block's M inputs (variants mc_multi_dntk_<activation>,
+    multi.sample_multi_dntk): autograd through the M-input NTK recursion, 2 M^2 + M + M^3 first-order passes per
+    layer and net (48 at M = 3, 100 at M = 4), every layer."""
+
+    MAX_WIDTH: ClassVar[int] = 256
+
+
+class MultiDdntkMonteCarlo(_Sampler):
+    """Sampled nets for the ddNTK R, S, T, U of the ``multi`` block's M inputs (variants
+    mc_multi_ddntk_<activation>, ddntk2.sample_ddntk_probes): double-backward Hessian forms per layer and net
+    (90 passes at M = 3), every layer."""
+
+    MAX_WIDTH: ClassVar[int] = 128
+
+
+# variant prefixes with a params block of their own, longest first where one prefix starts another
+# (mc_dntk2_ before mc_dntk_ is not needed, but mc_multi_ddntk_ / mc_multi_dntk_ before mc_multi_ is)
+BLOCK_PREFIXES = ("mc_multi_ddntk_", "mc_multi_dntk_", "mc_multi_", "mc_ddntk2_", "mc_dntk2_", "mc_ntk2_",
+                  "mc_ddntk_", "mc_dntk_")
+
+
+def variant_prefix(name: str) -> str | None:
+    """The block prefix of a variant name (``mc_multi_dntk_relu`` -> ``mc_multi_dntk_``), None for the theory
+    variants and ``mc_<activation>``."""
+    return next((x for x in BLOCK_PREFIXES if name.startswith(x)), None)
+
+
 class Params(MethodParams):
     data: Data
     net: Net
@@ -200,6 +247,9 @@ class Params(MethodParams):
     dntk2: Dntk2MonteCarlo | None = None   # needed by mc_dntk2_<activation> variants (and a data pair)
     ddntk2: Ddntk2MonteCarlo | None = None  # needed by mc_ddntk2_<activation> variants (and a data pair)
     multi: MultiMonteCarlo | None = None   # needed by mc_multi_<activation> variants (M inputs, multi.py)
+    # needed by mc_multi_dntk_<activation> / mc_multi_ddntk_<activation> (with the multi block's inputs)
+    multi_dntk: MultiDntkMonteCarlo | None = None
+    multi_ddntk: MultiDdntkMonteCarlo | None = None
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
 
     @field_validator("activations")
@@ -215,21 +265,24 @@ class Params(MethodParams):
     def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
         acts = info.data.get("activations") or {}
         for name in v:
-            # longest prefix first: mc_dntk2_ before mc_dntk_
-            prefix = next((x for x in ("mc_ddntk2_", "mc_dntk2_", "mc_ntk2_", "mc_ddntk_", "mc_dntk_", "mc_multi_")
-                           if name.startswith(x)), None)
+            # longest prefix first: mc_multi_dntk_ before mc_multi_
+            prefix = variant_prefix(name)
             if prefix is not None:
                 block = prefix[3:-1]
-                if name[len(prefix):] in acts and info.data.get(block) is not None:
+                # the M-input dNTK / ddNTK samplers see the multi block's inputs: they need that block too
+                blocks = [block, "multi"] if block.startswith("multi_") else [block]
+                if name[len(prefix):] in acts and all(info.data.get(b) is not None for b in blocks):
                     continue
                 article = "an" if block == "ntk2" else "a"
+                need = " and ".join(f"'{b}'" for b in blocks)
                 raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after '{prefix}' "
-                                 f"and {article} '{block}' block")
+                                 f"and {article} {need} block{'s' if len(blocks) > 1 else ''}")
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
             raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
                              "mc_dntk_<activation>, mc_ddntk_<activation>, mc_ntk2_<activation>, "
-                             "mc_dntk2_<activation>, mc_ddntk2_<activation> or mc_multi_<activation> "
+                             "mc_dntk2_<activation>, mc_ddntk2_<activation>, mc_multi_<activation>, "
+                             "mc_multi_dntk_<activation> or mc_multi_ddntk_<activation> "
                              "with an "
                              f"activation of {sorted(acts)}")
         if len(set(v)) != len(v):
@@ -261,6 +314,8 @@ class Params(MethodParams):
                        else "mc_dntk2_" if m.startswith("dntk2_")
                        else "mc_dntk_" if m.startswith("dntk_")
                        else "mc_ntk2_" if m.startswith("ntk2_")
+                       else "mc_multi_ddntk_" if m.startswith("multi_ddntk_")
+                       else "mc_multi_dntk_" if m.startswith("multi_dntk_")
                        else "mc_multi_" if m.startswith("multi_") else "mc_")
                 need = {pre + parts[1]}
                 if "interlayer" in parts[0]:
@@ -274,9 +329,10 @@ class Params(MethodParams):
         return self
 
     def mc_activations(self) -> list[str]:
-        return [v[3:] for v in self.variants
-                if v.startswith("mc_") and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_",
-                                                             "mc_ddntk2_", "mc_multi_"))]
+        return [v[3:] for v in self.variants if v.startswith("mc_") and variant_prefix(v) is None]
+
+    def _activations_of(self, prefix: str) -> list[str]:
+        return [v[len(prefix):] for v in self.variants if variant_prefix(v) == prefix]
 
     def dntk_activations(self) -> list[str]:
         return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
@@ -297,7 +353,19 @@ class Params(MethodParams):
         return self.ddntk2.nets_per_seed[self.ddntk2.widths.index(width)]
 
     def multi_activations(self) -> list[str]:
-        return [v[9:] for v in self.variants if v.startswith("mc_multi_")]
+        return self._activations_of("mc_multi_")
+
+    def multi_dntk_activations(self) -> list[str]:
+        return self._activations_of("mc_multi_dntk_")
+
+    def multi_ddntk_activations(self) -> list[str]:
+        return self._activations_of("mc_multi_ddntk_")
+
+    def multi_dntk_nets(self, width: int) -> int:
+        return self.multi_dntk.nets_per_seed[self.multi_dntk.widths.index(width)]
+
+    def multi_ddntk_nets(self, width: int) -> int:
+        return self.multi_ddntk.nets_per_seed[self.multi_ddntk.widths.index(width)]
 
     def multi_nets(self, width: int) -> int:
         return self.multi.nets_per_seed[self.multi.widths.index(width)]

@@ -16,6 +16,11 @@
   recursion (ddntk2.two_input_ddntk) as columns ``dd2.<R|S|T|U>_<a1a2a3a4>``;
 - ``mc_multi_<activation>``: sampled nets seeing the ``multi`` block's M inputs, block means of the M-input NTK
   statistics (multi.sample_multi); the theory variants carry their recursion (multi.multi_input_ntk_tensors);
+- ``mc_multi_dntk_<activation>`` / ``mc_multi_ddntk_<activation>``: sampled nets seeing the ``multi`` block's M
+  inputs, block means of the M-input dNTK contractions (multi.sample_multi_dntk) / ddNTK Hessian forms
+  (ddntk2.sample_ddntk_probes); the theory variants carry the M-input P, Q (multi.multi_input_dntk, columns
+  ``md.<P|Q>_<a0a1a2a3>``) / R, S, T, U (multi_ddntk.multi_input_ddntk, columns ``mdd.<R|S|T|U>_<a1a2a3a4>``) only
+  when such a variant is planned (their cost);
 - ``mc_ddntk_<activation>``: sampled nets for the ddNTK means R, S, T, U (ddntk.sample_ddntk), block means of the
   four per-net probe contractions C1..C4 / n^2.
 The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order) and the ddNTK's R, S, T, U
@@ -30,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, ntk2, theory
+from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, multi_ddntk, ntk2, theory
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, Params
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,78 @@ def ddntk2_pooled_blocks(blocks, n: int) -> dict[str, float]:
     for k in est:
         out[f"{k}_se"] = float(np.std([q[k] for q in per], ddof=1) / np.sqrt(len(M)))
     return out
+
+
+# ---- the dNTK (P, Q) and ddNTK (R, S, T, U) of the multi block's M inputs: block columns, quantities, pooling
+def _idx(idx) -> str:
+    return "".join(str(i + 1) for i in idx)
+
+
+# tag of the comparison's quantities, tensor names, the block columns' letter and number of forms per tuple
+_MULTI_D = {"multi_dntk": ("md", ("P", "Q"), "s", 3), "multi_ddntk": ("mdd", ddntk2.TENSORS, "c", 4)}
+
+
+def multi_d_columns(kind: str, M: int) -> tuple[str, ...]:
+    """Block-mean columns of the ``kind`` ("multi_dntk" | "multi_ddntk") sampler for M inputs: ``s<k>_<a0..a3>``
+    (the three dNTK contractions / n^2) or ``c<k>_<a1..a4>`` (the four ddNTK Hessian forms C1..C4 / n^2)."""
+    _, _, letter, forms = _MULTI_D[kind]
+    return tuple(f"{letter}{k}_{_idx(i)}" for k in range(forms) for i in np.ndindex((M,) * 4))
+
+
+def multi_d_quantity_names(kind: str, M: int) -> list[str]:
+    """The comparison's quantities: ``md.<P|Q>_<a0a1a2a3>`` or ``mdd.<R|S|T|U>_<a1a2a3a4>`` (inputs 1..M)."""
+    tag, names, _, _ = _MULTI_D[kind]
+    return [f"{tag}.{t}_{_idx(i)}" for t in names for i in np.ndindex((M,) * 4)]
+
+
+def multi_d_flat_row(kind: str, r: dict, M: int) -> dict[str, float]:
+    """The M^4 tensors in ``r`` (P, Q or R, S, T, U) flattened as :func:`multi_d_quantity_names`."""
+    names = _MULTI_D[kind][1]
+    return dict(zip(multi_d_quantity_names(kind, M), np.concatenate([np.asarray(r[t], float).ravel() for t in names])))
+
+
+def _multi_d_solve(kind: str, m: np.ndarray, n: int) -> dict:
+    return dict(zip("PQ", multi.pq_from_sums(m, n))) if kind == "multi_dntk" else ddntk2.rstu_from_sums(m, n)
+
+
+def multi_d_pooled_blocks(kind: str, blocks, n: int, M: int) -> dict[str, float]:
+    """Pooled P, Q (``multi.pq_from_sums``) or R, S, T, U (``ddntk2.rstu_from_sums``), nets weighted equally, and
+    batch-mean standard errors (one batch per block row) from block means (columns :func:`multi_d_columns`,
+    ``n_nets``) of one width n and layer, flattened as :func:`multi_d_flat_row`."""
+    forms = _MULTI_D[kind][3]
+    w = blocks["n_nets"].to_numpy(float)
+    X = blocks[list(multi_d_columns(kind, M))].to_numpy(float).reshape((-1, forms) + (M,) * 4)
+    est = multi_d_flat_row(kind, _multi_d_solve(kind, np.average(X, axis=0, weights=w), n), M)
+    per = np.array([list(multi_d_flat_row(kind, _multi_d_solve(kind, m, n), M).values()) for m in X])
+    se = np.std(per, axis=0, ddof=1) / np.sqrt(len(X))
+    return {**est, **{f"{k}_se": float(v) for k, v in zip(est, se)}}
+
+
+def _multi_d_theory(kind: str, p: Params, Xm: np.ndarray, variant: str, quad) -> dict:
+    """{(activation, layer): flat row} of the M-input dNTK / ddNTK recursion for the activations of the planned
+    ``mc_<kind>_<activation>`` variants (zeros for infinite_width)."""
+    M, out = len(Xm), {}
+    acts = getattr(p, f"{kind}_activations")()
+    fn = multi.multi_input_dntk if kind == "multi_dntk" else multi_ddntk.multi_input_ddntk
+    for name in acts:
+        spec = p.activations[name]
+        if variant == "infinite_width":
+            for ell in range(1, p.net.depth + 1):
+                out[(name, ell)] = dict.fromkeys(multi_d_quantity_names(kind, M), 0.0)
+            continue
+        for r in fn(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, Xm, p.net.depth,
+                    interlayer=(variant != "no_interlayer"), quad=quad):
+            out[(name, r["layer"])] = multi_d_flat_row(kind, r, M)
+    return out
+
+
+def _add_input0_columns(df: pd.DataFrame, extra: dict, cols: list[str]) -> pd.DataFrame:
+    """``cols`` from ``extra`` {(activation, layer): {col: value}} on the rows of input 0 (NaN elsewhere)."""
+    block = np.full((len(df), len(cols)), np.nan)
+    for i, (a, act, ell) in enumerate(zip(df.input, df.activation, df.layer)):
+        if a == 0 and (act, int(ell)) in extra:
+            block[i] = [extra[(act, int(ell))][c] for c in cols]
+    return pd.concat([df, pd.DataFrame(block, index=df.index, columns=cols)], axis=1)
 
 
 def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
@@ -153,12 +230,12 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                                                      quad=quad)
             for r in layers_m:
                 extra[(name, r["layer"])] = multi.flat_row(r, M)
-        cols = multi.quantity_names(M)
-        block = np.full((len(df), len(cols)), np.nan)
-        for i, (a, act, ell) in enumerate(zip(df.input, df.activation, df.layer)):
-            if a == 0 and (act, int(ell)) in extra:
-                block[i] = [extra[(act, int(ell))][c] for c in cols]
-        df = pd.concat([df, pd.DataFrame(block, index=df.index, columns=cols)], axis=1)
+        df = _add_input0_columns(df, extra, multi.quantity_names(M))
+        # the M-input dNTK / ddNTK, only for the activations of planned mc_multi_dntk_ / mc_multi_ddntk_ variants
+        for kind in ("multi_dntk", "multi_ddntk"):
+            if getattr(p, f"{kind}_activations")():
+                df = _add_input0_columns(df, _multi_d_theory(kind, p, Xm, variant, quad),
+                                         multi_d_quantity_names(kind, M))
     bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
     if bad.any():
         r = df[bad].iloc[0]
@@ -235,6 +312,14 @@ _SAMPLERS = {
     "multi": dict(inputs=_multi_inputs, tag=19, columns=lambda X: multi.columns(len(X)),
                   sample=lambda act, X, w, n, s, lb, lw, st, d, dev: multi.sample_multi(
                       act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems)),
+    "multi_dntk": dict(inputs=_multi_inputs, tag=29, columns=lambda X: multi_d_columns("multi_dntk", len(X)),
+                       reduce=lambda block: block.mean(0).reshape(block.shape[1], -1),
+                       sample=lambda act, X, w, n, s, lb, lw, st, d, dev: multi.sample_multi_dntk(
+                           act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
+    "multi_ddntk": dict(inputs=_multi_inputs, tag=31, columns=lambda X: multi_d_columns("multi_ddntk", len(X)),
+                        reduce=lambda block: block.mean(0).reshape(block.shape[1], -1),
+                        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk2.sample_ddntk_probes(
+                            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
     "ddntk2": dict(inputs=_pair, tag=23, columns=lambda X: DDNTK2_COLUMNS, reduce=ddntk2_block_row,
                    sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk2.sample_two_input_ddntk(
                        act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
@@ -265,7 +350,8 @@ def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     """The variant's statistics table (with ``runtime_s`` as a column)."""
     node_setup(p)
     t0 = time.perf_counter()
-    kind = next((k for k in _SAMPLERS if variant.startswith(f"mc_{k}_")), None)
+    # the longest matching kind: mc_multi_dntk_relu is multi_dntk's, not multi's
+    kind = max((k for k in _SAMPLERS if variant.startswith(f"mc_{k}_")), key=len, default=None)
     if kind is not None:
         df = sampler_table(inputs, p, kind, variant[len(kind) + 4:])
     elif variant.startswith("mc_"):

@@ -57,7 +57,7 @@ def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> dict
         if not eq or not key:
             raise click.BadParameter(f"'{item}' must be key=value", ctx=ctx, param=param)
         parts = key.split(".")
-        if param.name == "params" and len(parts) > 1 and parts[1] == "claims":
+        if param.name == "params" and len(parts) > 1 and parts[1] in ("claims", "extra_claims"):
             raise click.BadParameter(
                 f"'{key}': claims are declared before a run and cannot be overridden on the command line; "
                 f"declare them in conf/<env>/parameters_{parts[0]}.yml and run with --env=<env>",

@@ -110,3 +110,20 @@ def test_variant_seeds_is_opt_in_takes_a_prefix_of_seeds_and_names_a_bad_key():
     # a method without the block rejects the key instead of silently running every seed
     with pytest.raises(ParameterError, match=r"^parameter m.variant_seeds: unknown key"):
         validate(Schema, {**GOOD, "variant_seeds": {"a": 1}}, "m")
+
+
+def test_extra_claims_append_to_claims_and_errors_name_their_key():
+    """An env adds claims with ``extra_claims`` (lists replace under the deep merge, so ``claims`` in an env would
+    have to repeat all of base's)."""
+    def claim(i, **kw):
+        return {"id": i, "text": "t", "metric": "a", "op": ">=", "threshold": 1, **kw}
+
+    p = validate(Schema, {**GOOD, "claims": [claim("x")], "extra_claims": [claim("y")]}, "m")
+    assert [c.id for c in p.claims] == ["x", "y"] and "extra_claims" not in p.model_dump()
+    assert [c.id for c in validate(Schema, {**GOOD, "extra_claims": [claim("y")]}, "m").claims] == ["y"]
+    with pytest.raises(ParameterError, match=r"extra_claims.1.op: Input should be"):
+        validate(Schema, {**GOOD, "extra_claims": [claim("y"), claim("z", op="==")]}, "m")
+    with pytest.raises(ParameterError, match=r"claims: id\(s\) \['x'\] declared twice"):
+        validate(Schema, {**GOOD, "claims": [claim("x")], "extra_claims": [claim("x")]}, "m")
+    with pytest.raises(ParameterError, match="extra_claims: expected a list"):
+        validate(Schema, {**GOOD, "extra_claims": {"x": 1}}, "m")

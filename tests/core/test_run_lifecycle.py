@@ -168,6 +168,7 @@ def _reports(project: Path) -> list[Path]:
     (["--params", f"{PROBE}.n=true"], f"parameter {PROBE}.n: Input should be a valid integer (got True)"),
     (["--params", f"{PROBE}.mode=sometimes"], f"parameter {PROBE}.mode:"),
     (["--params", f"{PROBE}.claims.0.threshold=0.2"], "claims are declared before a run"),
+    (["--params", f"{PROBE}.extra_claims=[]"], "claims are declared before a run"),
     (["--params", f"{PROBE}.variants.0=x"], "addresses one item of a list"),
     (["--env", "nosuchenv"], "env 'nosuchenv' not found"),
 ])

@@ -456,7 +456,7 @@ def test_multi_d_prefixes_do_not_clash_and_claims_need_their_variant():
 
 def test_full_env_four_inputs_new_variants_and_base_claims(monkeypatch):
     """--env=full: the multi block has M = 4 (six cosines) and builds those inputs, plans the four new variants
-    (one train node each), and repeats base's claims verbatim before its own (its claims list replaces base's)."""
+    (one train node each), and appends its own claims to base's (extra_claims)."""
     from pipelines.core.registry import method_config
     from pipelines.ntk_feynman import pipeline
     from pipelines.ntk_feynman.data import make_inputs
@@ -467,7 +467,10 @@ def test_full_env_four_inputs_new_variants_and_base_claims(monkeypatch):
     assert p.multi.n_inputs == 4 and len(p.multi.cosines) == 6 and p.net.depth == 10
     new = {"mc_multi_dntk_relu", "mc_multi_dntk_tanh", "mc_multi_ddntk_relu", "mc_multi_ddntk_tanh"}
     assert set(p.variants) == set(base["variants"]) | new
-    assert full["claims"][:len(base["claims"])] == base["claims"]
+    assert full["claims"] == base["claims"]
+    assert [c.model_dump(mode="json") for c in p.claims[:len(base["claims"])]] == [
+        Params.model_validate(base).claims[i].model_dump(mode="json") for i in range(len(base["claims"]))]
+    assert len(p.claims) == len(base["claims"]) + len(full["extra_claims"])
     assert {c.metric.split(".")[0] for c in p.claims[len(base["claims"]):]} >= {
         "multi_dntk_extrap_excess", "multi_dntk_extrap_max_abs_z", "multi_dntk_interlayer_error_ratio",
         "multi_dntk_layer2_max_abs_z", "multi_ddntk_extrap_excess", "multi_ddntk_extrap_max_abs_z",

@@ -73,6 +73,34 @@ class MethodParams(Strict):
     paper: str | None = None                # short citation / title, shown by the scoreboard
     headline: Headline | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _append_extra_claims(cls, data: Any) -> Any:
+        """``extra_claims`` (an env's additions) are appended to ``claims``: env files deep-merge into base but
+        lists replace, so an env that adds claims would otherwise have to repeat all of base's."""
+        if isinstance(data, dict) and "extra_claims" in data:
+            data = dict(data)
+            extra = data.pop("extra_claims") or []
+            if not isinstance(extra, list):
+                raise ValueError("extra_claims: expected a list of claims")
+            for i, c in enumerate(extra):             # errors name extra_claims.<i>, not their place in claims
+                try:
+                    ClaimSpec.model_validate(c)
+                except ValidationError as exc:
+                    e = exc.errors()[0]
+                    where = ".".join(str(x) for x in (f"extra_claims.{i}", *e["loc"]))
+                    raise ValueError(f"{where}: {_describe([e])}") from None
+            data["claims"] = [*(data.get("claims") or []), *extra]
+        return data
+
+    @model_validator(mode="after")
+    def _claim_ids_unique(self):
+        ids = [c.id for c in self.claims]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"claims: id(s) {twice} declared twice (in claims or extra_claims)")
+        return self
+
     def planned_variants(self) -> list[str] | None:
         """The variants this run trains: the ``variants`` list when the method has one (override when its
         variants live elsewhere); None: not checked."""

@@ -63,28 +63,35 @@ def _base(cmp: pd.DataFrame) -> pd.DataFrame:
                & ~cmp.quantity.str.startswith(("2i.", "2d.", "dd2.", "mi.", "md.", "mdd."))]
 
 
-def _ntk2(cmp: pd.DataFrame) -> pd.DataFrame:
-    return cmp[cmp.quantity.str.startswith("2i.")]
+# The input-indexed statistics, one entry per kind: its comparison-quantity prefix, its params block, its tensor
+# names, and the plot's labels (y label, what the title shows per activation, suptitle). "{M}" is the multi
+# block's number of inputs and "{n}" the number of components per layer.
+_KINDS = {
+    "ntk2": ("2i.", "ntk2", ntk2.TENSOR_NAMES, "sampled nets (n x cov)",
+             "V, D, A, B, F of the input pair (50 components/layer)",
+             "Two-input NTK fluctuation tensors: recursion vs sampled nets"),
+    "dntk2": ("2d.", "dntk2", ("P", "Q"), "sampled nets (n x E[dTh z])",
+              "dNTK P, Q of the input pair (32 components/layer)", "Two-input dNTK (P, Q): recursion vs sampled nets"),
+    "ddntk2": ("dd2.", "ddntk2", ddntk2.TENSORS, "sampled nets (n x E[ddI], n x E[ddII])",
+               "ddNTK R, S, T, U of the input pair (64 components/layer)",
+               "Two-input ddNTK (R, S, T, U): recursion vs sampled nets"),
+    "multi": ("mi.", "multi", ntk2.TENSOR_NAMES, "sampled nets (n x cov)",
+              "V, D, A, B, F of {M} inputs ({n} components/layer)",
+              "NTK fluctuation tensors of M inputs: recursion vs sampled nets"),
+    "multi_dntk": ("md.", "multi_dntk", ("P", "Q"), "sampled nets (n x E[dTh z])",
+                   "dNTK P, Q of {M} inputs ({n} components/layer)", "dNTK (P, Q) of M inputs: recursion vs sampled nets"),
+    "multi_ddntk": ("mdd.", "multi_ddntk", ddntk2.TENSORS, "sampled nets (n x E[ddI], n x E[ddII])",
+                    "ddNTK R, S, T, U of {M} inputs ({n} components/layer)",
+                    "ddNTK (R, S, T, U) of M inputs: recursion vs sampled nets"),
+}
+# the plot of each kind (MLflow artifact name)
+_KIND_PLOTS = {"ntk2": "two_input_ntk", "dntk2": "two_input_dntk", "ddntk2": "two_input_ddntk",
+               "multi": "multi_input_ntk", "multi_dntk": "multi_input_dntk", "multi_ddntk": "multi_input_ddntk"}
 
 
-def _dntk2(cmp: pd.DataFrame) -> pd.DataFrame:
-    return cmp[cmp.quantity.str.startswith("2d.")]
-
-
-def _ddntk2(cmp: pd.DataFrame) -> pd.DataFrame:
-    return cmp[cmp.quantity.str.startswith("dd2.")]
-
-
-def _multi(cmp: pd.DataFrame) -> pd.DataFrame:
-    return cmp[cmp.quantity.str.startswith("mi.")]
-
-
-def _multi_dntk(cmp: pd.DataFrame) -> pd.DataFrame:
-    return cmp[cmp.quantity.str.startswith("md.")]
-
-
-def _multi_ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
-    return cmp[cmp.quantity.str.startswith("mdd.")]
+def _kind(cmp: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The comparison rows of one input-indexed kind (quantities "<prefix>*")."""
+    return cmp[cmp.quantity.str.startswith(_KINDS[kind][0])]
 
 
 def _ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
@@ -448,13 +455,10 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
     ddNTK's R, S, T, U ("mdd.*"). For multi, ddntk2, multi_dntk and multi_ddntk the max |z| is also given per layer
     (``<prefix>_extrap_max_abs_z.L<l>.<act>``)."""
     out: dict[str, float] = {}
-    d_all = {"dntk2": _dntk2, "ddntk2": _ddntk2, "multi": _multi, "multi_dntk": _multi_dntk,
-             "multi_ddntk": _multi_ddntk}.get(prefix, _ntk2)(cmp)
-    block = {"dntk2": p.dntk2, "ddntk2": p.ddntk2, "multi": p.multi, "multi_dntk": p.multi_dntk,
-             "multi_ddntk": p.multi_ddntk}.get(prefix, p.ntk2)
-    names = {"dntk2": ("P", "Q"), "ddntk2": ddntk2.TENSORS, "multi_dntk": ("P", "Q"),
-             "multi_ddntk": ddntk2.TENSORS}.get(prefix, ntk2.TENSOR_NAMES)
-    tag = {"dntk2": "2d", "ddntk2": "dd2", "multi": "mi", "multi_dntk": "md", "multi_ddntk": "mdd"}.get(prefix, "2i")
+    d_all = _kind(cmp, prefix)
+    block = getattr(p, _KINDS[prefix][1])
+    names = _KINDS[prefix][2]
+    tag = _KINDS[prefix][0][:-1]
     if not len(d_all) or block is None:
         return out
     L = p.net.depth
@@ -914,39 +918,20 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs["ddntk_vs_width"] = _ddntk_vs_width(comparison, p)
         figs["ddntk_layer_profiles"] = _layer_profiles(_ddntk(comparison), DDNTK_TENSORS, "ddNTK ",
                                                         "ddNTK " + _EXACT_L2, (3.5, 3.0))
-    if len(_ntk2(comparison)):
-        figs["two_input_ntk"] = _ntk2_plot(comparison, p)
-    if len(_dntk2(comparison)):
-        figs["two_input_dntk"] = _ntk2_plot(comparison, p, dntk=True)
-    if len(_ddntk2(comparison)):
-        figs["two_input_ddntk"] = _ntk2_plot(comparison, p, ddntk=True)
-    if len(_multi(comparison)):
-        figs["multi_input_ntk"] = _ntk2_plot(comparison, p, multi_inputs=True)
-    if len(_multi_dntk(comparison)):
-        figs["multi_input_dntk"] = _ntk2_plot(comparison, p, multi_kind="multi_dntk")
-    if len(_multi_ddntk(comparison)):
-        figs["multi_input_ddntk"] = _ntk2_plot(comparison, p, multi_kind="multi_ddntk")
+    for kind, name in _KIND_PLOTS.items():
+        if len(_kind(comparison, kind)):
+            figs[name] = _ntk2_plot(comparison, p, kind)
     return figs
 
 
-_MULTI_D_PLOT = {  # multi_kind -> (selector, y label, title tensors, suptitle)
-    "multi_dntk": (_multi_dntk, "sampled nets (n x E[dTh z])", "dNTK P, Q", "dNTK (P, Q) of M inputs"),
-    "multi_ddntk": (_multi_ddntk, "sampled nets (n x E[ddI], n x E[ddII])", "ddNTK R, S, T, U",
-                    "ddNTK (R, S, T, U) of M inputs"),
-}
-
-
-def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: bool = False, ddntk: bool = False,
-               multi_kind: str | None = None):
-    """Per activation: every component of V, D, A, B, F (``dntk``: of the two-input dNTK's P, Q; ``ddntk``: of the
-    two-input ddNTK's R, S, T, U; ``multi_inputs``: of the M-input tensors) at layers 2..L, sampled nets against
-    the recursion (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the two widest widths),
-    ±2 s.e. ``multi_kind`` ("multi_dntk" | "multi_ddntk"): the dNTK / ddNTK of the multi block's M inputs."""
+def _ntk2_plot(cmp: pd.DataFrame, p: Params, kind: str = "ntk2"):
+    """Per activation: every component of one input-indexed kind (``_KINDS``: the two-input or M-input NTK
+    tensors V, D, A, B, F, dNTK P, Q or ddNTK R, S, T, U) at layers 2..L, sampled nets against the recursion
+    (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the two widest widths), ±2 s.e."""
     import matplotlib.pyplot as plt
 
-    md = _MULTI_D_PLOT.get(multi_kind)
-    d = (md[0](cmp) if md else _dntk2(cmp) if dntk else _ddntk2(cmp) if ddntk else _multi(cmp) if multi_inputs
-         else _ntk2(cmp))
+    _, _, _, ylabel, title, suptitle = _KINDS[kind]
+    d = _kind(cmp, kind)
     acts = list(d.activation.unique())
     fig, axes = plt.subplots(1, len(acts), figsize=(5.2 * len(acts), 4.6), squeeze=False)
     for ax, act in zip(axes[0], acts):
@@ -971,20 +956,11 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, dntk: bool = False, multi_inputs: b
         ax.set_xscale("symlog", linthresh=lin)
         ax.set_yscale("symlog", linthresh=lin)
         ax.set_xlabel("recursion (first order)")
-        ax.set_ylabel(md[1] if md else "sampled nets (n x E[dTh z])" if dntk
-                      else "sampled nets (n x E[ddI], n x E[ddII])" if ddntk else "sampled nets (n x cov)")
-        ax.set_title(f"{act}: {md[2]} of {p.multi.n_inputs} inputs ({c.quantity.nunique()} components/layer)" if md
-                     else f"{act}: dNTK P, Q of the input pair (32 components/layer)" if dntk
-                     else f"{act}: ddNTK R, S, T, U of the input pair (64 components/layer)" if ddntk
-                     else f"{act}: V, D, A, B, F of {p.multi.n_inputs} inputs ({c.quantity.nunique()} "
-                          "components/layer)" if multi_inputs
-                     else f"{act}: V, D, A, B, F of the input pair (50 components/layer)", fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{act}: " + title.format(M=p.multi.n_inputs if p.multi else "", n=c.quantity.nunique()),
+                     fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    fig.suptitle(f"{md[3]}: recursion vs sampled nets" if md
-                 else "Two-input dNTK (P, Q): recursion vs sampled nets" if dntk
-                 else "Two-input ddNTK (R, S, T, U): recursion vs sampled nets" if ddntk
-                 else "NTK fluctuation tensors of M inputs: recursion vs sampled nets" if multi_inputs
-                 else "Two-input NTK fluctuation tensors: recursion vs sampled nets")
+    fig.suptitle(suptitle)
     fig.tight_layout()
     return fig

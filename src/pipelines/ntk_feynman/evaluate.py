@@ -924,6 +924,15 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
     return figs
 
 
+def _symlog_ticks(lo: float, hi: float, lin: float) -> list[float]:
+    """0 and the powers of ten from the linear threshold outwards within [lo, hi] (a symlog axis's default
+    also labels the decades inside the narrow linear band, where their labels overlap)."""
+    k0 = math.ceil(math.log10(lin))
+    top = max(abs(lo), abs(hi), lin)
+    decades = [10.0 ** k for k in range(k0, math.floor(math.log10(top)) + 1)]
+    return sorted({0.0, *(d for d in decades if d <= hi), *(-d for d in decades if -d >= lo)})
+
+
 def _ntk2_plot(cmp: pd.DataFrame, p: Params, kind: str = "ntk2"):
     """Per activation: every component of one input-indexed kind (``_KINDS``: the two-input or M-input NTK
     tensors V, D, A, B, F, dNTK P, Q or ddNTK R, S, T, U) at layers 2..L, sampled nets against the recursion
@@ -955,6 +964,9 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, kind: str = "ntk2"):
         lin = 1e-2 * max(abs(lo), abs(hi))
         ax.set_xscale("symlog", linthresh=lin)
         ax.set_yscale("symlog", linthresh=lin)
+        ticks = _symlog_ticks(lo, hi, lin)
+        ax.set_xticks(ticks)
+        ax.set_yticks(ticks)
         ax.set_xlabel("recursion (first order)")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{act}: " + title.format(M=p.multi.n_inputs if p.multi else "", n=c.quantity.nunique()),

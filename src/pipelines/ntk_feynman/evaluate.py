@@ -28,29 +28,9 @@ def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], d
     return th, sims
 
 
-def _dntk_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_dntk_")}
-
-
-def _ddntk_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_ddntk_")}
-
-
-def _dntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    return {v[9:]: d for v, d in outputs.items() if v.startswith("mc_dntk2_")}
-
-
-def _ddntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    return {v[10:]: d for v, d in outputs.items() if v.startswith("mc_ddntk2_")}
-
-
-def _ntk2_sims(outputs: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    return {v[8:]: d for v, d in outputs.items() if v.startswith("mc_ntk2_")}
-
-
-def _multi_sims(outputs: dict[str, pd.DataFrame], kind: str = "multi") -> dict[str, pd.DataFrame]:
-    """The samplers of ``mc_<kind>_<activation>`` by activation (kind "multi", "multi_dntk" or "multi_ddntk"; the
-    prefixes are told apart by params.variant_prefix, so mc_multi_dntk_relu is not mc_multi_'s)."""
+def _sims(outputs: dict[str, pd.DataFrame], kind: str) -> dict[str, pd.DataFrame]:
+    """The samplers of ``mc_<kind>_<activation>`` by activation (prefixes told apart by params.variant_prefix, so
+    mc_multi_dntk_relu is not mc_multi_'s and mc_dntk2_relu not mc_dntk_'s)."""
     pre = f"mc_{kind}_"
     return {v[len(pre):]: d for v, d in outputs.items() if variant_prefix(v) == pre}
 
@@ -115,6 +95,22 @@ def pooled_rows(blocks: pd.DataFrame, n0: int, by: tuple[str, ...] = ("input", "
     return pd.DataFrame(rows)
 
 
+# per sampler kind: its comparison quantities (given the multi block's M) and its pooled estimates with batch-mean
+# s.e. from the block table of one width and layer (width, previous layer's width n_prev, M)
+_POOLED = {
+    "dntk": (lambda M: DNTK_TENSORS, lambda d, w, npv, M: dntk.pooled_dntk(d, w, npv)),
+    "ddntk": (lambda M: DDNTK_TENSORS, lambda d, w, npv, M: ddntk.pooled_ddntk(d, w, npv)),
+    "ntk2": (lambda M: ntk2.quantity_names(), lambda d, w, npv, M: ntk2.pooled_blocks(d, npv)),
+    "dntk2": (lambda M: ntk2.dntk2_quantity_names(), lambda d, w, npv, M: ntk2.dntk2_pooled_blocks(d, w)),
+    "ddntk2": (lambda M: ddntk2_quantity_names(), lambda d, w, npv, M: ddntk2_pooled_blocks(d, w)),
+    "multi": (multi.quantity_names, lambda d, w, npv, M: multi.pooled_blocks(d, npv, M)),
+    "multi_dntk": (lambda M: multi_d_quantity_names("multi_dntk", M),
+                   lambda d, w, npv, M: multi_d_pooled_blocks("multi_dntk", d, w, M)),
+    "multi_ddntk": (lambda M: multi_d_quantity_names("multi_ddntk", M),
+                    lambda d, w, npv, M: multi_d_pooled_blocks("multi_ddntk", d, w, M)),
+}
+
+
 def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
     """One row per (activation, input, width, layer, quantity): ``mc``, ``mc_se`` (pooled over seeds) and one
     column per theory variant run (T for the tensors, Theta for mean_ntk, K for mean_z2), plus ``n_prev``."""
@@ -138,92 +134,19 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                     sel = t[(t.activation == act) & (t.input == row["input"]) & (t.layer == row["layer"])]
                     row[v] = float(sel[THEORY_OF.get(q, q)].iloc[0])
                 rows.append(row)
-    for act, blocks in _dntk_sims(outputs).items():
-        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
-            npv = n_prev(int(layer), int(width), n0)
-            est = dntk.pooled_dntk(d, int(width), npv)
-            for q in DNTK_TENSORS:
-                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
-                for v, t in theories.items():
-                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
-                    row[v] = float(sel[q].iloc[0])
-                rows.append(row)
-    for act, blocks in _ddntk_sims(outputs).items():
-        # every layer against the theory variants' R, S, T, U (ddntk.ddntk_first_order; layer 2 is exact)
-        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
-            npv = n_prev(int(layer), int(width), n0)
-            est = ddntk.pooled_ddntk(d, int(width), npv)
-            for q in DDNTK_TENSORS:
-                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
-                for v, t in theories.items():
-                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
-                    row[v] = float(sel[q].iloc[0])
-                rows.append(row)
-    for act, blocks in _ntk2_sims(outputs).items():
-        # the two-input NTK tensors (ntk2.py) of the data pair, every layer >= 2, against the theory variants
-        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
-            npv = n_prev(int(layer), int(width), n0)
-            est = ntk2.pooled_blocks(d, npv)
-            for q in ntk2.quantity_names():
-                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
-                for v, t in theories.items():
-                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
-                    row[v] = float(sel[q].iloc[0])
-                rows.append(row)
-    for act, blocks in _dntk2_sims(outputs).items():
-        # the two-input dNTK P, Q (ntk2.two_input_dntk) of the data pair, every layer >= 2 (layer 2 exact)
-        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
-            est = ntk2.dntk2_pooled_blocks(d, int(width))
-            for q in ntk2.dntk2_quantity_names():
-                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": n_prev(int(layer), int(width), n0)}
-                for v, t in theories.items():
-                    sel = t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))]
-                    row[v] = float(sel[q].iloc[0])
-                rows.append(row)
-    for act, blocks in _ddntk2_sims(outputs).items():
-        # the two-input ddNTK R, S, T, U (ddntk2.two_input_ddntk) of the data pair, every layer >= 2 (layer 2 exact)
-        names = ddntk2_quantity_names()
-        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
-            est = ddntk2_pooled_blocks(d, int(width))
-            th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][names]
-                  for v, t in theories.items()}
-            for q in names:
-                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": n_prev(int(layer), int(width), n0)}
-                for v in theories:
-                    row[v] = float(th[v][q])
-                rows.append(row)
-    for act, blocks in _multi_sims(outputs).items():
-        # the NTK tensors of the multi block's M inputs (multi.py), every layer >= 2, against the theory variants
-        M = len(inputs["multi"])
-        names = multi.quantity_names(M)
-        for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
-            npv = n_prev(int(layer), int(width), n0)
-            est = multi.pooled_blocks(d, npv, M)
-            th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][names]
-                  for v, t in theories.items()}
-            for q in names:
-                row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                       "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
-                for v in theories:
-                    row[v] = float(th[v][q])
-                rows.append(row)
-    for kind in ("multi_dntk", "multi_ddntk"):
-        # the dNTK P, Q / ddNTK R, S, T, U of the multi block's M inputs, every layer >= 2 (layer 2 exact)
-        for act, blocks in _multi_sims(outputs, kind).items():
-            M = len(inputs["multi"])
-            names = multi_d_quantity_names(kind, M)
+    M = len(inputs["multi"]) if inputs.get("multi") is not None else 0
+    for kind, (names, pool) in _POOLED.items():
+        # every layer >= 2 of each sampler against the theory variants' columns (layer 2 is exact)
+        for act, blocks in _sims(outputs, kind).items():
             for (width, layer), d in blocks[blocks.layer >= 2].groupby(["width", "layer"], sort=True):
-                est = multi_d_pooled_blocks(kind, d, int(width), M)
-                th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][names]
+                npv = n_prev(int(layer), int(width), n0)
+                est = pool(d, int(width), npv, M)
+                qs = list(names(M))
+                th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][qs]
                       for v, t in theories.items()}
-                for q in names:
+                for q in qs:
                     row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                           "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": n_prev(int(layer), int(width), n0)}
+                           "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
                     for v in theories:
                         row[v] = float(th[v][q])
                     rows.append(row)
@@ -515,7 +438,7 @@ def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame],
                     row[f"{pre}{t}_n{r.width}"] = float(getattr(r, t))
                 row[f"{pre}mean_ntk_shift_n{r.width}"] = float(r.width * (r.mean_ntk - theta))
             rows.append(row)
-    for act, blocks in _dntk_sims(outputs).items():
+    for act, blocks in _sims(outputs, "dntk").items():
         for seed, bs in blocks[blocks.layer == L].groupby("seed"):
             row = {"variant": f"mc_dntk_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
             for width, d in bs.groupby("width"):
@@ -523,7 +446,7 @@ def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame],
                 for q in DNTK_TENSORS:
                     row[f"{q}_n{width}"] = est[q]
             rows.append(row)
-    for act, blocks in _ddntk_sims(outputs).items():
+    for act, blocks in _sims(outputs, "ddntk").items():
         for seed, bs in blocks[blocks.layer == L].groupby("seed"):
             row = {"variant": f"mc_ddntk_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
             for width, d in bs.groupby("width"):
@@ -574,7 +497,7 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
         s = c[(c.quantity == "mean_ntk") & (c.layer == L)].sort_values("width")
         hv["mean_ntk_shift_vs_width"] = list(zip(s.width.astype(int), (s.width * (s.mc - s.recursion)).astype(float)))
     d_all = _dntk(cmp)
-    for act in _dntk_sims(outputs):
+    for act in _sims(outputs, "dntk"):
         hv = h.setdefault(f"mc_dntk_{act}", {})
         c = d_all[d_all.activation == act]
         dwide = int(c.width.max())
@@ -587,7 +510,7 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
             s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
             hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
     dd = _ddntk(cmp)
-    for act in _ddntk_sims(outputs):
+    for act in _sims(outputs, "ddntk"):
         hv = h.setdefault(f"mc_ddntk_{act}", {})
         c = dd[dd.activation == act]
         dwide = int(c.width.max())

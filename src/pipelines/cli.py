@@ -109,7 +109,13 @@ def validate_params(names: list[str]) -> None:
             continue
         if m not in raw:
             raise ParameterError(f"parameter {m}: missing (conf/base/parameters_{m}.yml with top-level key '{m}')")
-        validate(schema, raw[m], m)
+        p = validate(schema, raw[m], m)
+        from pipelines.core.registry import has_spec
+
+        if has_spec(m):        # every claim and gate names something this run produces
+            from pipelines.core.spec import load_spec
+
+            load_spec(m).check(p)
 
 
 def unfinished_version(context, names: list[str]) -> tuple[str | None, list[str]]:

@@ -52,6 +52,40 @@ class ClaimSpec(Strict):
     op: Literal[">=", "<=", ">", "<"]
     threshold: float
     tolerance: float | None = Field(default=None, ge=0)   # scoreboard regression tolerance on the value
+    requires: list[str] | None = None   # the gates this claim depends on (None: every gate; []: none)
+
+
+class GateSpec(Strict):
+    """A precondition without which the claims test nothing (the base model learned its task, a metric
+    has headroom): same schema as a claim; when it fails, the claims that depend on it are untested."""
+    id: str = Field(pattern=r"^[a-z0-9_]+$")
+    text: str
+    metric: str
+    op: Literal[">=", "<=", ">", "<"]
+    threshold: float
+
+
+class TinyTransformer(Strict):
+    """The shared tiny-transformer block (core.seqmodels.TinyConfig's sizes): a method's ``model: TinyTransformer``
+    (or a subclass adding its own keys) instead of re-declaring d_model / n_layers / n_heads."""
+    d_model: int = Field(default=64, ge=8)
+    n_layers: int = Field(default=2, ge=1)
+    n_heads: int = Field(default=4, ge=1)
+    d_ff: int = Field(default=0, ge=0)          # 0 → 4 · d_model
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_split(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: d_model={self.d_model} must split into {self.n_heads} heads")
+        return self
+
+    def tiny_config(self, vocab_size: int, **overrides: Any):
+        """The ``core.seqmodels.TinyConfig`` of these sizes."""
+        from pipelines.core.seqmodels import TinyConfig
+
+        return TinyConfig(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers,
+                          n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout, **overrides)
 
 
 class Headline(Strict):
@@ -70,6 +104,7 @@ class MethodParams(Strict):
     seeds: list[int] = Field(min_length=1)
     threads: Threads = "auto"
     claims: list[ClaimSpec] = Field(default_factory=list)
+    gates: list[GateSpec] = Field(default_factory=list)
     paper: str | None = None                # short citation / title, shown by the scoreboard
     headline: Headline | None = None
 
@@ -99,6 +134,14 @@ class MethodParams(Strict):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         if twice:
             raise ValueError(f"claims: id(s) {twice} declared twice (in claims or extra_claims)")
+        gids = [g.id for g in self.gates]
+        twice = sorted({i for i in gids if gids.count(i) > 1})
+        if twice:
+            raise ValueError(f"gates: id(s) {twice} declared twice")
+        for c in self.claims:
+            unknown = [g for g in (c.requires or []) if g not in gids]
+            if unknown:
+                raise ValueError(f"claim '{c.id}': requires unknown gate(s) {unknown} (gates: {gids})")
         return self
 
     def planned_variants(self) -> list[str] | None:
@@ -114,7 +157,7 @@ class MethodParams(Strict):
         planned = self.planned_variants()
         if planned is None:
             return self
-        for c in self.claims:
+        for c in [*self.gates, *self.claims]:
             parts = c.metric.split(".")
             if parts[0] == "variants" and len(parts) >= 3 and parts[1] not in planned:
                 raise ValueError(f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', which this run "

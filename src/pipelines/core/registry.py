@@ -1,4 +1,6 @@
-"""Pipeline discovery: a method is a sub-package of ``pipelines`` with a ``pipeline.py``.
+"""Pipeline discovery: a method is a sub-package of ``pipelines`` with a ``spec.py`` (``SPEC``, a
+``core.spec.Method``: core builds its pipeline from the validated params) or, for a hand-built pipeline,
+a ``pipeline.py`` with ``create_pipeline``.
 
 Discovery reads the file system only; a method's modules are imported when its pipeline is
 asked for, so ``kedro run --pipeline=x`` imports x alone and a broken method breaks only itself.
@@ -20,11 +22,19 @@ def discover_methods() -> list[str]:
     return sorted(
         p.name for p in PACKAGE_DIR.iterdir()
         if p.is_dir() and p.name not in NOT_METHODS and not p.name.startswith(("_", "."))
-        and (p / "pipeline.py").is_file() and (p / "__init__.py").is_file()
+        and ((p / "spec.py").is_file() or (p / "pipeline.py").is_file()) and (p / "__init__.py").is_file()
     )
 
 
+def has_spec(name: str) -> bool:
+    return (PACKAGE_DIR / name / "spec.py").is_file()
+
+
 def load_pipeline(name: str):
+    if has_spec(name):
+        from pipelines.core.spec import build
+
+        return build(name)
     module = importlib.import_module(f"pipelines.{name}.pipeline")
     return module.create_pipeline()
 

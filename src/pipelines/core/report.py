@@ -11,7 +11,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines.core.claims import evaluate_claims, flat_metrics
+from pipelines.core.claims import evaluate_claims, evaluate_gates, flat_metrics, verdict_counts
+from pipelines.core.stats import ESTIMATOR, Estimate, t_interval
 
 def params_dict(params: Any) -> dict[str, Any]:
     """A method's parameters as plain data (its typed ``Params`` model or an already plain mapping)."""
@@ -93,21 +94,51 @@ def history_series(values: Any, max_points: int = MAX_HISTORY_POINTS) -> dict[st
 
 
 def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
-                 metrics: Mapping[str, float] | None = None, artifacts: Iterable[str] = (),
+                 metrics: Mapping[str, Any] | None = None, artifacts: Iterable[str] = (),
                  extra: Mapping[str, Any] | None = None,
-                 histories: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Assemble ``<m>.report`` and evaluate the claims declared in ``params['claims']``.
+                 histories: Mapping[str, Mapping[str, Any]] | None = None,
+                 derived_per_seed: Mapping[str, Mapping[Any, float]] | None = None) -> dict[str, Any]:
+    """Assemble ``<m>.report``: variants table with seed intervals, derived metrics, gates and claims.
 
-    ``params`` is the method's ``Params`` (or its dict). A derived metric may come with an interval as
-    ``<name>.ci_low`` / ``<name>.ci_high``; claims on it then use the interval (core.claims).
+    ``params`` is the method's ``Params`` (or its dict). Every variant metric with two or more seeds gets a
+    t-interval over its seeds (core.stats); ``derived_per_seed`` maps a derived metric to its per-seed
+    paired values (its value is their mean, its interval theirs); a value in ``metrics`` may be a
+    ``core.stats.Estimate`` (its interval is used) or may come with ``<name>.ci_low`` / ``<name>.ci_high``.
+    The gates declared in ``params['gates']`` are checked first; a claim depending on a gate that did not
+    pass is ``untested``.
 
     ``histories`` maps a variant to ``{metric: series}`` (see :func:`history_series`): quantities that
     evolve over training. They are logged with steps to that variant's MLflow child run (the UI draws the
     curves); a key that is not a variant (e.g. ``"run"``) goes to the parent run."""
     params = params_dict(params)
     mean, std, per_seed = aggregate_seeds(rows)
-    metrics = dict(metrics or {})
-    claims = evaluate_claims(params.get("claims", []), flat_metrics(mean, metrics))
+    intervals: dict[str, Estimate] = {}
+    variants_ci: dict[str, dict[str, list]] = {}
+    for v, ms in per_seed.items():
+        for k, xs in ms.items():
+            if len(xs) >= 2:
+                est = t_interval(xs)
+                intervals[f"variants.{v}.{k}"] = est
+                variants_ci.setdefault(v, {})[k] = [est.lo, est.hi]
+    plain: dict[str, Any] = {}
+    metrics_ci: dict[str, list] = {}
+    for k, val in (metrics or {}).items():
+        if isinstance(val, Estimate):
+            plain[k] = val.value
+            if val.has_interval:
+                intervals[k] = val
+                metrics_ci[k] = [val.lo, val.hi]
+        else:
+            plain[k] = val
+    for k, by_seed in (derived_per_seed or {}).items():
+        est = t_interval(list(by_seed.values()))
+        plain[k] = est.value
+        intervals[k] = est
+        if est.has_interval:
+            metrics_ci[k] = [est.lo, est.hi]
+    values = flat_metrics(mean, plain)
+    gates = evaluate_gates(params.get("gates", []), values, intervals)
+    claims = evaluate_claims(params.get("claims", []), values, intervals, gates)
     return _clean({
         "pipeline": pipeline,
         "seeds": list(params.get("seeds", [])),
@@ -115,11 +146,19 @@ def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
         **thread_record(),
         "variants": mean,
         "variants_std": std,
+        "variants_ci": variants_ci,
         "per_seed": per_seed,
-        "metrics": metrics,
+        "metrics": plain,
+        "metrics_ci": metrics_ci,
+        **({"metrics_per_seed": {k: {str(s): x for s, x in d.items()} for k, d in derived_per_seed.items()}}
+           if derived_per_seed else {}),
+        "interval": ESTIMATOR,
+        "gates": gates,
+        "gates_passed": all(g["passed"] for g in gates),
         "claims": claims,
         "claims_held": sum(c["holds"] for c in claims),
         "claims_declared": len(claims),
+        "verdicts": verdict_counts(claims),
         # the files the plots dataset writes: a figure named "x" is saved as x.png
         "artifacts": sorted(a if "." in a else f"{a}.png" for a in artifacts),
         "paper": params.get("paper"),
@@ -130,16 +169,36 @@ def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
     })
 
 
+def _value_cell(c: Mapping[str, Any]) -> str:
+    val = "n/a" if c["value"] is None else f"{c['value']:.4g}"
+    if c.get("ci") and None not in c["ci"]:
+        val += f" [{c['ci'][0]:.3g}, {c['ci'][1]:.3g}]"
+    elif c.get("point"):
+        val += " (1 seed)"
+    return val
+
+
+def gates_table(report: Mapping[str, Any]) -> str:
+    """The gates as a markdown table (empty string when the method declares none)."""
+    gates = report.get("gates") or []
+    if not gates:
+        return ""
+    lines = ["| gate | metric | op | threshold | value [95% CI] | passed |", "|---|---|---|---|---|---|"]
+    for g in gates:
+        lines.append(f"| {g['id']} | `{g['metric']}` | {g['op']} | {g['threshold']:g} | {_value_cell(g)} | "
+                     f"{'yes' if g.get('passed') else '**NO: claims untested**'} |")
+    return "\n".join(lines)
+
+
 def claims_table(report: Mapping[str, Any]) -> str:
-    """The claims as a markdown table (for READMEs, notes and the scoreboard)."""
-    lines = ["| claim | metric | op | threshold | value | holds |", "|---|---|---|---|---|---|"]
+    """The claims as a markdown table (for READMEs, notes and the scoreboard): value with its 95% seed
+    interval, and the verdict the interval decides."""
+    lines = ["| claim | metric | op | threshold | value [95% CI] | verdict |", "|---|---|---|---|---|---|"]
     for c in report["claims"]:
-        val = "n/a" if c["value"] is None else f"{c['value']:.4g}"
-        if c.get("ci") and None not in c["ci"]:
-            val += f" [{c['ci'][0]:.3g}, {c['ci'][1]:.3g}]"
         verdict = c.get("verdict", "holds" if c["holds"] else "fails")
-        shown = {"holds": "yes", "fails": "**no**", "inconclusive": "*inconclusive*"}[verdict]
-        lines.append(f"| {c['id']} | `{c['metric']}` | {c['op']} | {c['threshold']:g} | {val} | {shown} |")
+        shown = {"holds": "holds", "fails": "**fails**", "inconclusive": "*inconclusive*",
+                 "untested": f"untested ({', '.join(c.get('untested_by', []))})"}[verdict]
+        lines.append(f"| {c['id']} | `{c['metric']}` | {c['op']} | {c['threshold']:g} | {_value_cell(c)} | {shown} |")
     return "\n".join(lines)
 
 

@@ -1,4 +1,1 @@
-"""PRISM: gauge-invariant tangent-space DP for LoRA"""
-from pipelines.prism.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]
+"""PRISM: gauge-invariant tangent-space DP for LoRA (the contract: spec.py)."""

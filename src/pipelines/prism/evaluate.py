@@ -1,7 +1,6 @@
 """Accuracy vs ε, gauge sensitivity, noise calibration on Z; the report with the card's claims and the plots."""
 import numpy as np
 
-from pipelines.core.report import build_report
 from pipelines.prism.params import Params
 
 NAIVE = ("naive_sgd", "naive_adam")
@@ -16,77 +15,33 @@ def base_accuracy(task: dict) -> float:
     return 100.0 * float((teacher_logits(task["x_test"], task["base"]).argmax(1) == task["y_test"]).double().mean())
 
 
-def _rows(p: Params, results: dict[str, dict]) -> list[dict]:
-    rows = []
-    main = p.privacy.main_epsilon
-    for v, res in results.items():
-        for seed in sorted({r["seed"] for r in res["runs"]}):
-            runs = [r for r in res["runs"] if r["seed"] == seed]
-            row = {"variant": v, "seed": seed}
-            for r in runs:
-                if r["gauge"] == "s1" and r["epsilon"] is not None:
-                    row[f"test_acc_eps{_eps_key(r['epsilon'])}"] = r["test_acc"]
-            main_run = next((r for r in runs if r["gauge"] == "s1" and r["epsilon"] in (None, main)), runs[0])
-            row["test_acc"] = main_run["test_acc"]
-            for k in ("train_loss", "step_time_s", "clip_fraction", "noise_z_fro_measured", "noise_factor_fro",
-                      "noise_z_fro_closed_form", "sigma_min_S", "sigma", "epsilon_spent"):
-                if main_run.get(k) is not None:
-                    row[k] = main_run[k]
-            if "noise_z_fro_closed_form" in row:
-                row["noise_z_ratio"] = row["noise_z_fro_measured"] / row["noise_z_fro_closed_form"]
-            gauges = {r["gauge"]: r["test_acc"] for r in runs if r["epsilon"] == main}
-            if len(gauges) > 1:
-                for g, a in gauges.items():
-                    row[f"test_acc_gauge_{g}"] = a
-                for r in runs:
-                    if r["epsilon"] == main and "noise_z_fro_measured" in r:
-                        row[f"noise_z_fro_gauge_{r['gauge']}"] = r["noise_z_fro_measured"]
-                row["gauge_spread_acc"] = max(gauges.values()) - min(gauges.values())
-            rows.append(row)
-    return rows
+def base_gain(values, p: Params, task: dict) -> dict:
+    """Non-private LoRA's gain over the public base model, per seed (the task is learnable at all)."""
+    base = base_accuracy(task)
+    return {"base_acc": base,
+            "gain.test_acc.nonprivate_vs_base": {s: a - base for s, a in values.per_seed("nonprivate", "test_acc").items()}}
 
 
-def _mean(rows, v, k):
-    vals = [r[k] for r in rows if r["variant"] == v and k in r]
-    return float(np.mean(vals)) if vals else None
+def _eps_metrics(values, v: str) -> list[str]:
+    return sorted((k for k in values.metrics(v) if k.startswith("test_acc_eps")),
+                  key=lambda k: float(k[len("test_acc_eps"):]))
 
 
-def derived(p: Params, rows: list[dict], base_acc: float) -> dict:
-    out = {"base_acc": base_acc}
-    np_acc = _mean(rows, "nonprivate", "test_acc")
-    if np_acc is not None:
-        out["gain.test_acc.nonprivate_vs_base"] = np_acc - base_acc
-    eps = sorted({k for r in rows for k in r if k.startswith("test_acc_eps")})
-    for k in eps:
-        pa = _mean(rows, "prism_adaptive", k)
-        naive = [x for x in (_mean(rows, v, k) for v in NAIVE) if x is not None]
-        if pa is not None and naive:
-            out[f"gain.{k}.prism_adaptive_vs_best_naive"] = pa - max(naive)
-        for a, b in (("prism_adaptive", "ffa"), ("prism_sgd", "naive_sgd"), ("prism_adaptive", "dense"),
-                     ("prism_sgd", "dense")):
-            va, vb = _mean(rows, a, k), _mean(rows, b, k)
-            if va is not None and vb is not None:
-                out[f"gain.{k}.{a}_vs_{b}"] = va - vb
-    return out
-
-
-def make_plots(p: Params, task: dict, **results: dict) -> dict:
+def make_plots(p: Params, values, results: dict[str, dict], task: dict) -> dict:
     import matplotlib.pyplot as plt
 
-    rows = _rows(p, results)
     figs = {}
     fig, ax = plt.subplots(figsize=(6, 4))
     for v in results:
-        ks = sorted({k for r in rows if r["variant"] == v for k in r if k.startswith("test_acc_eps")},
-                    key=lambda k: float(k[len("test_acc_eps"):]))
+        ks = _eps_metrics(values, v)
         if not ks:
-            ax.axhline(_mean(rows, v, "test_acc"), ls="--", color="k", label=f"{v} (ε=∞)")
+            ax.axhline(values.mean(v, "test_acc"), ls="--", color="k", label=f"{v} (ε=∞)")
             continue
         xs = [float(k[len("test_acc_eps"):]) for k in ks]
-        ax.plot(xs, [_mean(rows, v, k) for k in ks], marker="o", label=v)
+        ax.plot(xs, [values.mean(v, k) for k in ks], marker="o", label=v)
     ax.axhline(base_accuracy(task), ls=":", color="gray", label="base model")
     ax.set(xscale="log", xlabel="ε (δ = %g)" % p.privacy.delta, ylabel="test accuracy (%)", title="accuracy vs ε")
-    grid = sorted({float(k[len("test_acc_eps"):]) for r in rows for k in r if k.startswith("test_acc_eps")})
+    grid = sorted({float(k[len("test_acc_eps"):]) for v in results for k in _eps_metrics(values, v)})
     ax.set_xticks(grid, [f"{e:g}" for e in grid])
     ax.minorticks_off()
     ax.grid(alpha=0.3)
@@ -96,9 +51,9 @@ def make_plots(p: Params, task: dict, **results: dict) -> dict:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for v in results:
-        gk = sorted({k for r in rows if r["variant"] == v for k in r if k.startswith("test_acc_gauge_")})
+        gk = sorted(k for k in values.metrics(v) if k.startswith("test_acc_gauge_"))
         if gk:
-            ax.plot([k[len("test_acc_gauge_"):] for k in gk], [_mean(rows, v, k) for k in gk], marker="o", label=v)
+            ax.plot([k[len("test_acc_gauge_"):] for k in gk], [values.mean(v, k) for k in gk], marker="o", label=v)
     ax.set(xlabel="gauge G", ylabel="test accuracy (%)", title=f"gauge sensitivity at ε = {p.privacy.main_epsilon:g}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -121,19 +76,7 @@ def make_plots(p: Params, task: dict, **results: dict) -> dict:
     return figs
 
 
-def report(p: Params, task: dict, noise: dict, plots: dict, **results: dict) -> dict:
-    rows = _rows(p, results)
-    metrics = derived(p, rows, base_accuracy(task))
-    histories = {}
-    for v, res in results.items():
-        r0 = next(r for r in res["runs"] if r["seed"] == p.seeds[0] and r["gauge"] == "s1"
-                  and r["epsilon"] in (None, p.privacy.main_epsilon))
-        h = {"train_loss": {"step": list(range(0, 10 * len(r0["loss_history"]), 10)), "value": r0["loss_history"]}}
-        if r0.get("sigma_min_S_history"):
-            h["sigma_min_S"] = {"step": list(range(0, 10 * len(r0["sigma_min_S_history"]), 10)),
-                                "value": r0["sigma_min_S_history"]}
-        histories[v] = h
-    extra = {"privacy": {"steps": noise["steps"], "sample_rate": noise["sample_rate"], "delta": noise["delta"],
-                         "sigma_by_epsilon": noise["sigma"]},
-             "task": {"flip_frac": float(task["flip_frac"]), "perturbation_scale": float(task["alpha"])}}
-    return build_report("prism", p, rows, metrics, artifacts=plots, extra=extra, histories=histories)
+def report_extra(p: Params, values, results: dict[str, dict], noise: dict, task: dict) -> dict:
+    return {"privacy": {"steps": noise["steps"], "sample_rate": noise["sample_rate"], "delta": noise["delta"],
+                        "sigma_by_epsilon": noise["sigma"]},
+            "task": {"flip_frac": float(task["flip_frac"]), "perturbation_scale": float(task["alpha"])}}

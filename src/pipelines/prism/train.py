@@ -82,8 +82,9 @@ def run_one(task: dict, p: Params, cfg: VariantCfg, seed: int, epsilon: float | 
     return out
 
 
-def train_variant(task: dict, noise: dict, p: Params, variant: str) -> dict:
-    """Every (seed, ε) run of one variant, plus its gauge runs at the main ε; a JSON-able dict."""
+def train_variant(task: dict, noise: dict, p: Params, variant: str):
+    """Every (seed, ε) run of one variant, plus its gauge runs at the main ε: the long results table and
+    the raw runs (JSON-able; the plots read the per-step noise norms from them)."""
     from pipelines.prism.privacy import epsilon_spent
 
     cfg = p.methods[variant]
@@ -108,5 +109,40 @@ def train_variant(task: dict, noise: dict, p: Params, variant: str) -> dict:
             r = run_one(task, p, cfg, int(seed), eps, sigma, steps, q, g, variant, p.lora.gauge_init)
             r.update(seed=int(seed), epsilon=eps, gauge=g, sigma=sigma)
             runs.append(r)
-    return {"variant": variant, "mechanism": cfg.mechanism, "optimizer": cfg.optimizer, "lr": cfg.lr,
-            "runs": runs, "dims": {l: tangent_dim(*task["base"][f"W{l}"].shape, p.lora.rank) for l in LAYERS}}
+    raw = {"variant": variant, "mechanism": cfg.mechanism, "optimizer": cfg.optimizer, "lr": cfg.lr,
+           "runs": runs, "dims": {l: tangent_dim(*task["base"][f"W{l}"].shape, p.lora.rank) for l in LAYERS}}
+    return results_table(p, variant, runs), raw
+
+
+def _eps_key(e) -> str:
+    return f"{float(e):g}"
+
+
+def results_table(p: Params, variant: str, runs: list[dict]):
+    """The long table of one variant: per seed, accuracy at each ε (gauge s1), the main run's diagnostics,
+    the gauge stress test's accuracies and spread, and the main run's loss / σ_min(S) curves (every 10 steps)."""
+    from pipelines.core.spec import Results
+
+    res = Results(variant)
+    main = p.privacy.main_epsilon
+    for seed in sorted({r["seed"] for r in runs}):
+        mine = [r for r in runs if r["seed"] == seed]
+        res.add(seed, **{f"test_acc_eps{_eps_key(r['epsilon'])}": r["test_acc"]
+                         for r in mine if r["gauge"] == "s1" and r["epsilon"] is not None})
+        main_run = next((r for r in mine if r["gauge"] == "s1" and r["epsilon"] in (None, main)), mine[0])
+        res.add(seed, test_acc=main_run["test_acc"])
+        res.add(seed, **{k: main_run.get(k) for k in (
+            "train_loss", "step_time_s", "clip_fraction", "noise_z_fro_measured", "noise_factor_fro",
+            "noise_z_fro_closed_form", "sigma_min_S", "sigma", "epsilon_spent")})
+        if main_run.get("noise_z_fro_closed_form") is not None:
+            res.add(seed, noise_z_ratio=main_run["noise_z_fro_measured"] / main_run["noise_z_fro_closed_form"])
+        gauges = {r["gauge"]: r["test_acc"] for r in mine if r["epsilon"] == main}
+        if len(gauges) > 1:
+            res.add(seed, **{f"test_acc_gauge_{g}": a for g, a in gauges.items()})
+            res.add(seed, **{f"noise_z_fro_gauge_{r['gauge']}": r["noise_z_fro_measured"]
+                             for r in mine if r["epsilon"] == main and "noise_z_fro_measured" in r})
+            res.add(seed, gauge_spread_acc=max(gauges.values()) - min(gauges.values()))
+        for key, hist in (("train_loss", "loss_history"), ("sigma_min_S", "sigma_min_S_history")):
+            if main_run.get(hist):
+                res.history(seed, key, main_run[hist], steps=range(0, 10 * len(main_run[hist]), 10))
+    return res.table()

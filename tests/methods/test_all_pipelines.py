@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 METHODS = discover_methods()
 REPORT_KEYS = {"pipeline", "env", "git_commit", "seeds", "params_hash", "save_version", "threads",
                "omp_wait_policy", "variants", "variants_std", "metrics", "claims", "claims_held",
-               "claims_declared", "artifacts", "wall_seconds"}
+               "claims_declared", "artifacts", "wall_seconds", "gates", "verdicts", "variants_ci", "interval"}
 
 
 def _raw(env: str, m: str) -> dict:
@@ -75,6 +75,44 @@ def test_node_names_and_tags_follow_the_contract(m):
     assert sum(n.startswith(f"{m}.train.") for n in names) >= 1, "no train.<variant> node"
 
 
+SPEC_METHODS = [m for m in METHODS if (ROOT / "src" / "pipelines" / m / "spec.py").is_file()]
+
+
+@pytest.mark.parametrize("m", SPEC_METHODS)
+def test_one_train_node_per_planned_variant(m):
+    """Core builds one train.<variant> node per variant of the validated params, and nothing else trains."""
+    from pipelines.core.registry import load_pipeline
+    from pipelines.core.spec import load_spec, validated_params
+
+    spec = load_spec(m)
+    planned = spec.variants(validated_params(m, spec))
+    names = {n.name for n in load_pipeline(m).only_nodes_with_tags("train").nodes}
+    assert names == {f"{m}.train.{v}" for v in planned}
+
+
+@pytest.mark.parametrize("m", METHODS)
+def test_bad_parameter_names_the_key(m):
+    """An unknown key, a wrong type and a claim on a metric nothing produces each stop with one line
+    naming the key or the claim (the same check the project's `kedro run` makes before any run opens)."""
+    import copy
+
+    from pipelines.core.params import ParameterError, schema_for, validate
+
+    schema, raw = schema_for(m), _raw("base", m)
+    with pytest.raises(ParameterError, match=rf"parameter {m}\.n_trian: unknown key"):
+        validate(schema, {**raw, "n_trian": 3}, m)
+    with pytest.raises(ParameterError, match=rf"parameter {m}\.seeds"):
+        validate(schema, {**raw, "seeds": "0,1"}, m)
+    if m in SPEC_METHODS:
+        from pipelines.core.spec import load_spec
+
+        bad = copy.deepcopy(raw)
+        bad["claims"] = [*bad["claims"], {"id": "typo_claim", "text": "t", "metric": "gain.nothing.x_vs_y",
+                                          "op": ">=", "threshold": 0}]
+        with pytest.raises(ParameterError, match="claim 'typo_claim'"):
+            load_spec(m).check(validate(schema, bad, m))
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("m", METHODS)
 def test_pipeline_runs_at_test_env_and_reports(m, test_env_run):
@@ -86,9 +124,18 @@ def test_pipeline_runs_at_test_env_and_reports(m, test_env_run):
     declared = [c["id"] for c in _deep_merge(_raw("base", m), _raw("test", m))["claims"]]
     assert [c["id"] for c in r["claims"]] == declared
     for c in r["claims"]:
-        assert isinstance(c["holds"], bool) and c["verdict"] in {"holds", "fails", "inconclusive"}, c
-        assert c["value"] is not None or c["verdict"] == "fails", c
+        assert isinstance(c["holds"], bool) and c["verdict"] in {"holds", "fails", "inconclusive", "untested"}, c
+        assert c["value"] is not None or c["verdict"] in ("fails", "untested"), c
+        assert c["holds"] == (c["verdict"] == "holds")
+        # a verdict is decided by the seed interval wherever the metric has two or more seeds
+        if c.get("n_seeds", 1) >= 2 and c["value"] is not None:
+            assert "ci" in c, c
+    failed = {g["id"] for g in r["gates"] if not g["passed"]}
+    for c in r["claims"]:
+        needs = set(c.get("requires", [g["id"] for g in r["gates"]]))
+        assert (c["verdict"] == "untested") == bool(needs & failed), c
     assert r["claims_held"] == sum(c["holds"] for c in r["claims"])
+    assert sum(r["verdicts"].values()) == len(r["claims"])
     plots = run.project / "data" / "08_reporting" / m / "plots"
     saved = sorted((plots / r["save_version"]).rglob("*.png"))   # this run's version
     assert r["artifacts"] and saved, "no plots saved"

@@ -49,6 +49,13 @@ def log_report(report: Mapping[str, Any]) -> str | None:
     mlflow.set_tags(tags)
     metrics = _finite(report.get("metrics", {}))
     metrics.update({f"claim.{c['id']}": float(c["holds"]) for c in report.get("claims", [])})
+    metrics.update({f"gate.{g['id']}": float(g["passed"]) for g in report.get("gates", [])})
+    from pipelines.core.claims import verdict_counts
+
+    counts = report.get("verdicts") or verdict_counts(report.get("claims", []))
+    metrics.update({f"claims_{k}": float(n) for k, n in counts.items()})
+    tags["verdicts"] = " ".join(f"{k}={n}" for k, n in counts.items())
+    mlflow.set_tags({"verdicts": tags["verdicts"]})
     metrics.update(_finite({"claims_held": report.get("claims_held"), "wall_seconds": report.get("wall_seconds")}))
     mlflow.log_metrics(metrics)
     mlflow.log_dict(dict(report), "report.json")

@@ -18,7 +18,7 @@ class ScaffoldError(ValueError):
 def targets(root: Path, name: str) -> dict[str, Path]:
     pkg = root / "src" / "pipelines" / name
     files = {f"{stem}.py.tmpl": pkg / f"{stem}.py"
-             for stem in ("__init__", "params", "pipeline", "data", "train", "evaluate")}
+             for stem in ("__init__", "params", "spec", "data", "train")}
     files["README.md.tmpl"] = pkg / "README.md"
     for env in ("base", "test", "full"):
         files[f"parameters_{env}.yml.tmpl"] = root / "conf" / env / f"parameters_{name}.yml"

@@ -191,6 +191,8 @@ class Row:
     claims_held: int | None = None
     claims_declared: int | None = None
     claims: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: dict[str, int] = field(default_factory=dict)   # holds / fails / inconclusive / untested
+    gates_failed: list[str] = field(default_factory=list)
     wall_seconds: float | None = None
     env: str | None = None
     run_id: str | None = None
@@ -218,9 +220,12 @@ def gain(method: float, baseline: float, lower_is_better: bool) -> float | None:
 def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> Row:
     m = report["pipeline"]
     head, paper = headline_of(report, project)
-    claims = [{k: c.get(k) for k in ("id", "metric", "op", "threshold", "value", "holds", "tolerance")
-               if k in c} for c in report.get("claims") or []]
-    row = Row(pipeline=m, status="ok", paper=paper, headline=head, claims=claims,
+    claims = [{k: c.get(k) for k in ("id", "metric", "op", "threshold", "value", "holds", "tolerance", "verdict",
+                                     "ci", "untested_by") if k in c} for c in report.get("claims") or []]
+    from pipelines.core.claims import verdict_counts
+
+    row = Row(pipeline=m, status="ok", paper=paper, headline=head, claims=claims, verdicts=verdict_counts(claims),
+              gates_failed=[g["id"] for g in report.get("gates") or [] if not g.get("passed")],
               claims_held=sum(bool(c.get("holds")) for c in claims), claims_declared=len(claims),
               wall_seconds=_num(report.get("wall_seconds")), env=report.get("env"),
               run_id=report.get("run_id"), save_version=report.get("save_version"),
@@ -316,7 +321,7 @@ def _fmt(x: Any, digits: int = 4) -> str:
 
 
 COLUMNS = ("pipeline", "paper", "headline metric", "method", "best baseline", "relative gain", "claims held",
-           "wall time", "run", "commit")
+           "holds / fails / inconclusive / untested", "gates", "wall time", "run", "commit")
 
 
 def _cells(r: Mapping[str, Any]) -> list[str]:
@@ -334,11 +339,14 @@ def _cells(r: Mapping[str, Any]) -> list[str]:
     base = f"{r['best_baseline']}: {_fmt(r['best_baseline_value'])}" if r.get("best_baseline") else ""
     rg = r.get("relative_gain")
     held = f"{r.get('claims_held')}/{r.get('claims_declared')}"
+    vc = r.get("verdicts") or {}
+    verdicts = " / ".join(str(vc.get(k, 0)) for k in ("holds", "fails", "inconclusive", "untested"))
+    gates = ("FAILED: " + ", ".join(r["gates_failed"])) if r.get("gates_failed") else "pass"
     wall = "" if r.get("wall_seconds") is None else f"{r['wall_seconds']:.1f} s"
     run = r.get("run_id") or r.get("save_version") or ""
     commit = (r.get("git_commit") or "")[:12] + ("-dirty" if str(r.get("git_commit", "")).endswith("-dirty") else "")
     return [r["pipeline"], r.get("paper") or "", metric or "n/a", method, base,
-            "" if rg is None else f"{rg:+.1%}", held, wall, run, commit]
+            "" if rg is None else f"{rg:+.1%}", held, verdicts, gates, wall, run, commit]
 
 
 def to_markdown(board: Mapping[str, Any], regressions: Sequence[str] = (), notes: Sequence[str] = (),
@@ -350,9 +358,17 @@ def to_markdown(board: Mapping[str, Any], regressions: Sequence[str] = (), notes
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in board.get("rows", []):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |")
-    failing = [(r["pipeline"], c) for r in board.get("rows", []) for c in r.get("claims", []) if not c.get("holds")]
+    rows = board.get("rows", [])
+    ungated = [(r["pipeline"], r["gates_failed"]) for r in rows if r.get("gates_failed")]
+    if ungated:
+        lines += ["", "**Experiments that test nothing yet** (a gate failed, so their claims are untested): "
+                  + "; ".join(f"{m} ({', '.join(g)})" for m, g in ungated) + "."]
+    failing = [(r["pipeline"], c) for r in rows for c in r.get("claims", [])
+               if not c.get("holds") and c.get("verdict") != "untested"]
     if failing:
-        lines += ["", "Claims that do not hold: " + ", ".join(f"{m}.{c['id']}" for m, c in failing) + "."]
+        lines += ["", "Claims that do not hold: " + ", ".join(
+            f"{m}.{c['id']}" + (f" ({c['verdict']})" if c.get("verdict") not in (None, "fails") else "")
+            for m, c in failing) + "."]
     if reference is not None:
         lines += ["", f"## Compared with `{reference}`", ""]
         lines += [f"- **regression**: {x}" for x in regressions] or ["- no regression"]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contention import make_project  # noqa: E402
 
 from pipelines.core.registry import discover_methods
-from pipelines.core.report import claims_table
+from pipelines.core.report import claims_table, gates_table
 
 
 def run_default(project: Path, pipeline: str, env: str = "base") -> tuple[dict, dict]:
@@ -46,7 +46,9 @@ def run_default(project: Path, pipeline: str, env: str = "base") -> tuple[dict, 
     row = {"pipeline": pipeline, "wall_s": round(wall, 1),
            "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1),
            "threads": rep.get("threads"), "claims_held": rep["claims_held"],
-           "claims_declared": rep["claims_declared"], "load_before": round(os.getloadavg()[0], 2)}
+           "claims_declared": rep["claims_declared"], "load_before": round(os.getloadavg()[0], 2),
+           "verdicts": rep.get("verdicts", {}),
+           "gates_failed": [g["id"] for g in rep.get("gates", []) if not g.get("passed")]}
     return row, rep
 
 
@@ -75,10 +77,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 args.out.mkdir(parents=True, exist_ok=True)
                 (args.out / f"{m}.report.json").write_text(json.dumps(rep, indent=1))
-                (args.out / f"{m}.claims.md").write_text(claims_table(rep) + "\n")
-    lines = ["| pipeline | wall s | CPU s | threads | claims held | load before |", "|---|---|---|---|---|---|"]
+                gates = gates_table(rep)
+                (args.out / f"{m}.claims.md").write_text((gates + "\n\n" if gates else "") + claims_table(rep) + "\n")
+    lines = ["| pipeline | wall s | CPU s | threads | claims held | holds / fails / inconclusive / untested "
+             "| gates failed | load before |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['pipeline']} | {r['wall_s']} | {r['cpu_s']} | {r['threads']} | "
-              f"{r['claims_held']}/{r['claims_declared']} | {r['load_before']} |" for r in rows]
+              f"{r['claims_held']}/{r['claims_declared']} | "
+              + " / ".join(str(r["verdicts"].get(k, 0)) for k in ("holds", "fails", "inconclusive", "untested"))
+              + f" | {', '.join(r['gates_failed']) or '-'} | {r['load_before']} |" for r in rows]
     print("\n".join(lines))
     if args.out:
         (args.out / "summary.md").write_text("\n".join(lines) + "\n")

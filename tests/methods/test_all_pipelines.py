@@ -80,14 +80,16 @@ SPEC_METHODS = [m for m in METHODS if (ROOT / "src" / "pipelines" / m / "spec.py
 
 @pytest.mark.parametrize("m", SPEC_METHODS)
 def test_one_train_node_per_planned_variant(m):
-    """Core builds one train.<variant> node per variant of the validated params, and nothing else trains."""
+    """Core builds one train.<variant> node per variant of the validated params; nothing else trains but
+    the shared training steps the method declares (``Data(..., stage="train")``, e.g. a base model)."""
     from pipelines.core.registry import load_pipeline
     from pipelines.core.spec import load_spec, validated_params
 
     spec = load_spec(m)
-    planned = spec.variants(validated_params(m, spec))
+    trained = spec.trained(validated_params(m, spec))
+    shared = {d.name for d in spec.data if d.stage == "train"}
     names = {n.name for n in load_pipeline(m).only_nodes_with_tags("train").nodes}
-    assert names == {f"{m}.train.{v}" for v in planned}
+    assert names == {f"{m}.train.{v}" for v in [*trained, *shared]}
 
 
 @pytest.mark.parametrize("m", METHODS)

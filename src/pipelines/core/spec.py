@@ -52,6 +52,16 @@ class Results:
             self._rows.append((self.variant, int(seed), k, float(v), None))
         return self
 
+    def add_rows(self, rows: Any) -> Results:
+        """Wide rows ``{"seed", <metric>: value, ...}`` (dicts or a DataFrame; a ``variant`` column must
+        name this variant): each row's numbers become final values of its seed."""
+        records = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
+        for r in records:
+            if r.get("variant", self.variant) != self.variant:
+                raise ValueError(f"Results({self.variant!r}).add_rows: a row of variant {r['variant']!r}")
+            self.add(int(r["seed"]), **{k: v for k, v in r.items() if k not in ("variant", "seed")})
+        return self
+
     def history(self, seed: int, metric: str, values: Iterable[float],
                 steps: Iterable[int] | None = None) -> Results:
         values = list(values.tolist() if hasattr(values, "tolist") else values)
@@ -306,13 +316,17 @@ class Fn(Derived):
 
 @dataclass(frozen=True)
 class Data:
-    """A data node ``data.<name>``: ``func(*inputs)`` → outputs; the input ``"params"`` is the Params."""
+    """A node ``<stage>.<name>``: ``func(*inputs)`` → outputs; the input ``"params"`` is the Params.
+    ``stage="train"`` for a shared training step the variants build on (a base model every variant
+    fine-tunes: node ``train.<name>``, tags ``train``, ``gpu``); its long table joins the report when the
+    method lists it in ``Method.results_from``."""
 
     func: Callable[..., Any]
     inputs: str | Sequence[str] | Mapping[str, str]
     outputs: str | Sequence[str] | Mapping[str, str] | None
     name: str
     tags: Sequence[str] = ()
+    stage: Literal["data", "train"] = "data"
 
 
 @dataclass(frozen=True)
@@ -341,6 +355,7 @@ class Method:
     extra: Callable[..., Mapping[str, Any]] | None = None
     report_inputs: Sequence[str] | Mapping[str, str] = ()   # datasets (or {kwarg: dataset}) evaluate reads
     produces: Callable[[Any, str], Iterable[str]] | None = None   # metric names variant v's table has
+    results_from: Mapping[str, str] = field(default_factory=dict)   # {variant: long table} not from train_variant
     description: str = ""
     extensions: Mapping[str, Any] = field(default_factory=dict)
 
@@ -351,11 +366,16 @@ class Method:
     def derived_names(self, p: Any, planned: Sequence[str]) -> set[str]:
         return {n for d in self.declarations(p) for n in d.names(p, planned)}
 
+    def trained(self, p: Any) -> list[str]:
+        """The variants ``train_variant`` trains (one node each)."""
+        return [v for v in self.variants(p) if v not in self.results_from]
+
     def check(self, p: Any) -> list[str]:
         """Before any node runs: every claim and gate names a planned variant's metric or a declared derived
-        metric. Returns the planned variants; raises ParameterError naming the first bad claim."""
-        planned = list(self.variants(p))
-        if not planned:
+        metric. Returns the planned variants (with those of ``results_from``); raises ParameterError naming
+        the first bad claim."""
+        planned = [*self.results_from, *self.trained(p)]
+        if not self.trained(p):
             raise ParameterError(f"parameter {self.name}.variants: no variant planned")
         twice = sorted({v for v in planned if planned.count(v) > 1})
         if twice:
@@ -401,12 +421,13 @@ class Method:
                 return {k: names(v) for k, v in x.items()}
             return [names(v) for v in x]
 
-        nodes = [node(d.func, names(d.inputs), d.outputs, name=f"data.{d.name}", tags=["data", *d.tags])
-                 for d in self.data]
-        results = {v: f"results_{v}" for v in planned}
-        arts = {v: f"{v}_artifacts_{self.train.artifacts}" for v in planned} if self.train.artifacts else {}
         tags = ["train", "gpu"] if self.train.gpu else ["train"]
-        for v in planned:
+        nodes = [node(d.func, names(d.inputs), d.outputs, name=f"{d.stage}.{d.name}",
+                      tags=[*(tags if d.stage == "train" else ["data"]), *d.tags]) for d in self.data]
+        trained = [v for v in planned if v not in self.results_from]
+        results = {v: self.results_from.get(v, f"results_{v}") for v in planned}
+        arts = {v: f"{v}_artifacts_{self.train.artifacts}" for v in trained} if self.train.artifacts else {}
+        for v in trained:
             outs = [results[v], arts[v]] if arts else results[v]
             nodes.append(node(bind_variant(self.train.func, v), [*names(list(self.train.inputs)), P], outs,
                               name=f"train.{v}", tags=tags))

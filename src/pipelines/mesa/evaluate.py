@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.report import build_report
 from pipelines.mesa.params import Params
 
 COMPARE = [("safety_rate_masked_id", "mesa", "head_sft"), ("safety_rate_masked_direct", "mesa", "head_sft"),
@@ -15,37 +14,40 @@ COMPARE = [("safety_rate_masked_id", "mesa", "head_sft"), ("safety_rate_masked_d
            ("safety_rate_masked_id", "mesa", "mesa_no_route"), ("safety_rate_masked_id", "mesa", "full_sft")]
 
 
-def _means(predictions: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    return pd.concat(predictions.values(), ignore_index=True).drop(columns="seed").groupby("variant").mean()
+def base_masking_loss(values, p: Params) -> dict:
+    """The base model's refusal lost to the masking attack, per seed."""
+    d, m = values.per_seed("base", "safety_rate_direct"), values.per_seed("base", "safety_rate_masked_direct")
+    return {"delta.safety_rate_direct.base_minus_base_masked": {s: d[s] - m[s] for s in d}}
 
 
-def derived(means: pd.DataFrame) -> dict[str, float]:
-    """``delta.<metric>.<a>_minus_<b>`` for the pairs the claims and README compare, the base model's
-    refusal lost to the masking attack, and MESA's coverage over head-SFT's."""
+def ot_masses(values, p: Params, plan: pd.DataFrame) -> dict:
+    """OT column masses (first seed): the relaxed plan concentrates, the balanced one equals b exactly."""
     out = {}
-    for metric, a, b in COMPARE:
-        if a in means.index and b in means.index and metric in means.columns:
-            out[f"delta.{metric}.{a}_minus_{b}"] = float(means.loc[a, metric] - means.loc[b, metric])
-    if "base" in means.index:
-        out["delta.safety_rate_direct.base_minus_base_masked"] = float(
-            means.loc["base", "safety_rate_direct"] - means.loc["base", "safety_rate_masked_direct"])
-    if {"mesa", "head_sft"} <= set(means.index):
-        out["ratio.safety_coverage_k80.mesa_over_head_sft"] = float(
-            means.loc["mesa", "safety_coverage_k80"] / max(means.loc["head_sft", "safety_coverage_k80"], 1e-12))
+    s0 = min(p.seeds)
+    for layer in sorted(plan.layer.unique()):
+        d = plan[(plan.seed == s0) & (plan.layer == layer)]
+        for kind in ("relaxed", "balanced"):
+            col = d.groupby("expert")[f"plan_{kind}"].sum()
+            out[f"ot.column_mass_max.{kind}.l{layer}"] = float(col.max())
+            out[f"ot.column_mass_min.{kind}.l{layer}"] = float(col.min())
     return out
+
+
+def ot_mass_names(p: Params, planned) -> list[str]:
+    return [f"ot.column_mass_{m}.{k}.l{layer}" for layer in range(p.model.n_layers)
+            for k in ("relaxed", "balanced") for m in ("max", "min")]
 
 
 def _first_seed(log: dict) -> dict:
     return log["seeds"][sorted(log["seeds"], key=int)[0]]
 
 
-def make_plots(p: Params, profile: pd.DataFrame, plan: pd.DataFrame, **outputs) -> dict:
+def make_plots(p: Params, values, artifacts: dict, plan: pd.DataFrame, base_log: dict) -> dict:
     import matplotlib.pyplot as plt
 
     from pipelines.core.plots import heatmap, line_plot
 
-    preds = {k[len("pred_"):]: v for k, v in outputs.items() if k.startswith("pred_")}
-    logs = {k[len("log_"):]: v for k, v in outputs.items() if k.startswith("log_")}
+    logs = {"base": base_log, **{v: a["log"] for v, a in artifacts.items()}}
     figs = {}
     # expert × layer heatmaps of f_s (eval safety-decision tokens, first seed): before and after alignment
     names = list(logs)
@@ -80,7 +82,7 @@ def make_plots(p: Params, profile: pd.DataFrame, plan: pd.DataFrame, **outputs) 
                                        "column mass (capacity received)",
                                        "OT column masses: relaxed selects, balanced cannot")
     # safety vs utility: masked ID safety vs benign accuracy, one point per variant and seed
-    allp = pd.concat(preds.values(), ignore_index=True)
+    allp = pd.DataFrame(values.rows())
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for i, (v, d) in enumerate(allp.groupby("variant")):
         ax.scatter(d["benign_acc"], d["safety_rate_masked_id"], label=v, color=f"C{i}", s=30)
@@ -100,23 +102,9 @@ def make_plots(p: Params, profile: pd.DataFrame, plan: pd.DataFrame, **outputs) 
     return figs
 
 
-def report(p: Params, plots: dict, profile: pd.DataFrame, plan: pd.DataFrame, **outputs) -> dict:
-    preds = {k[len("pred_"):]: v for k, v in outputs.items() if k.startswith("pred_")}
-    logs = {k[len("log_"):]: v for k, v in outputs.items() if k.startswith("log_")}
-    rows = [r for df in preds.values() for r in df.to_dict("records")]
-    means = _means(preds)
-    metrics = derived(means)
-    # OT column masses (first seed): the relaxed plan concentrates, the balanced one equals b exactly
-    s0 = min(p.seeds)
-    for layer in sorted(plan.layer.unique()):
-        d = plan[(plan.seed == s0) & (plan.layer == layer)]
-        for kind in ("relaxed", "balanced"):
-            col = d.groupby("expert")[f"plan_{kind}"].sum()
-            metrics[f"ot.column_mass_max.{kind}.l{layer}"] = float(col.max())
-            metrics[f"ot.column_mass_min.{kind}.l{layer}"] = float(col.min())
-    histories = {v: {k: s for k, s in log["history"].items()} for v, log in logs.items()}
+def report_extra(p: Params, values, artifacts: dict, profile: pd.DataFrame, base_log: dict) -> dict:
+    logs = {"base": base_log, **{v: a["log"] for v, a in artifacts.items()}}
     selected = {v: {s: log["seeds"][s].get("selected") for s in log["seeds"]} for v, log in logs.items() if v != "base"}
-    extra = {"selected_experts": selected,
-             "masked_experts": {v: {s: log["seeds"][s]["masked"] for s in log["seeds"]} for v, log in logs.items()},
-             "routing_profile": profile.to_dict("records")}
-    return build_report("mesa", p, rows, metrics, artifacts=plots, extra=extra, histories=histories)
+    return {"selected_experts": selected,
+            "masked_experts": {v: {s: log["seeds"][s]["masked"] for s in log["seeds"]} for v, log in logs.items()},
+            "routing_profile": profile.to_dict("records")}

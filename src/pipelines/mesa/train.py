@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from pipelines.core.runtime import node_setup
+from pipelines.core.spec import Results
 from pipelines.core.training import fit
 from pipelines.mesa import model as M
 from pipelines.mesa.data import EVAL_SETS, OPTIONAL_SETS
@@ -85,6 +86,15 @@ def evaluate_model(model, tok, ev: pd.DataFrame, ev_enc: M.Encoded, harm_enc: M.
 
 # --------------------------------------------------------------------------------------------- base
 def train_base(pre: pd.DataFrame, align: pd.DataFrame, ev: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict, dict]:
+    """train.base as the long table of variant ``base``, its state and its fit log."""
+    rows, state, log = fit_base(pre, align, ev, p)
+    res = Results("base").add_rows(rows)
+    for k, series in log["history"].items():
+        res.history(p.seeds[0], k, series)
+    return res.table(), state, log
+
+
+def fit_base(pre: pd.DataFrame, align: pd.DataFrame, ev: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict, dict]:
     """train.base: the tiny MoE on the base mixture (answer-token cross-entropy + load balance), trained
     once per run with seed ``seeds[0]``; scored like every variant (the same row for each seed)."""
     seed = p.seeds[0]
@@ -225,6 +235,17 @@ def route_targets(base, enc: M.Encoded, plan: pd.DataFrame, clusters: dict, sele
 
 
 def train_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profile: pd.DataFrame,
+                  plan: pd.DataFrame, clusters: dict, p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
+    """train.<variant>: the long table (metrics per seed; the seed-mean alignment curves, filed under the
+    first seed) and the artifacts (fit log, aligned state dicts per seed)."""
+    rows, logs, states = align_variant(base_state, align, ev, profile, plan, clusters, p, variant)
+    res = Results(variant).add_rows(rows)
+    for k, series in logs["history"].items():
+        res.history(p.seeds[0], k, series)
+    return res.table(), {"log": logs, "states": states}
+
+
+def align_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profile: pd.DataFrame,
                   plan: pd.DataFrame, clusters: dict, p: Params, variant: str) -> tuple[pd.DataFrame, dict, dict]:
     """train.<variant>: align the base model on D_s + utility replay (same steps, batch and optimiser
     for every variant), on every seed; score it; return (metric rows, fit log, aligned state dicts)."""

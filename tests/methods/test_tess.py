@@ -2,8 +2,8 @@
 (share 0 is the closed benchmark, train/val texts never hold an unseen paraphrase), the lexicon extractor
 (determinism, negation, hedges), the minilm_head extractor (against scikit-learn's logistic regression;
 cross-fitted; never reads test labels), the gated prefix (shapes; the prefix never enters the flatten
-head), no future leakage, the LLM backend against a stub server, one train node per variant, the relative
-gains, user data with only level-A texts (window length from the files), bad user tables and bad
+head), no future leakage, the LLM backend against a stub server, the variants' inputs, the relative
+gains (per seed, paired), user data with only level-A texts (window length from the files), bad user tables and bad
 parameters. The --env=test run itself is covered by tests/methods/test_all_pipelines.py; its report is
 checked here through the shared ``test_env_run`` fixture."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from pipelines.core.params import ParameterError, validate
+from pipelines.core.params import validate
 from pipelines.core.schemas import InputDataError
 from pipelines.tess.params import Params
 from tests.conftest import ROOT
@@ -320,7 +320,7 @@ def test_test_ground_truth_never_reaches_non_oracle_variants(synth):
     """Scrambling the test windows' ground-truth labels changes only the oracle's test predictions."""
     from pipelines.tess.data import render_texts
     from pipelines.tess.extract import extract_lexicon
-    from pipelines.tess.train import train_variant
+    from pipelines.tess.train import predict_variant, train_variant
 
     w, gt, _ = synth
     p = params({"data": {"n_windows": 300}, "extractor": {"backend": "lexicon"}, "train": {"epochs": 1}})
@@ -334,54 +334,75 @@ def test_test_ground_truth_never_reaches_non_oracle_variants(synth):
     assert (gt2.loc[test, "shift"] != gt.loc[test, "shift"]).any()
     for v in ("tess", "tess_nogate", "shuffled", "oracle"):
         kw = {} if v == "oracle" else {"extractions": lex}
-        a, _ = train_variant(p, w, gt=gt, variant=v, **kw)
-        b, _ = train_variant(p, w, gt=gt2, variant=v, **kw)
+        a, _ = predict_variant(p, w, gt=gt, variant=v, **kw)
+        b, _ = predict_variant(p, w, gt=gt2, variant=v, **kw)
         pa, pb = np.stack(a.pred.to_numpy()), np.stack(b.pred.to_numpy())
         if v == "oracle":
             assert not np.allclose(pa, pb)
         else:
             np.testing.assert_array_equal(pa, pb, err_msg=v)
     # the seen condition: the same fitted model, the closed-vocabulary test extractions
-    a, _ = train_variant(p, w, gt=gt, variant="tess", extractions=lex)
+    a, _ = predict_variant(p, w, gt=gt, variant="tess", extractions=lex)
     assert set(a.variant) == {"tess", "tess_seen"}
     assert a.groupby("variant").size().nunique() == 1
+    # the node's long table holds both conditions' rows; its artifacts the open rendering's predictions
+    table, arts = train_variant(p, w, gt=gt, variant="tess", extractions=lex)
+    assert set(table.variant) == {"tess", "tess_seen"}
+    assert {"test_mse", "test_mae", "gate_auroc", "gate_mean"} <= set(table.metric)
+    assert set(arts) == {f"seed{s}" for s in p.seeds} and arts[f"seed{p.seeds[0]}"]["gate"].shape[1] == 4
 
 
 # ------------------------------------------------------------------------------------------ pipeline
-def test_one_train_node_per_variant_and_single_node_selection():
-    from pipelines.tess.pipeline import create_pipeline
+def test_variant_inputs_and_single_node_selection():
+    from pipelines.core.registry import load_pipeline
     from pipelines.tess.train import plan
 
-    pipe = create_pipeline()
+    pipe = load_pipeline("tess")
     names = {n.name for n in pipe.nodes}
     variants = list(plan(params()))
-    assert {f"tess.train.{v}" for v in variants} <= names
-    assert sum(n.startswith("tess.train.") for n in names) == len(variants) + 1     # + the shared head fit
     expected = {"naive", "seasonal_naive", "dlinear", "patchtst", "tfidf_ridge", "minilm_ridge", "fusion_A",
                 "xattn_A", "tess", "tess_nogate", "oracle", "shuffled", "tess_lexicon", "tess_prototype",
                 "fusion_D", "xattn_D", "tess_D"}
     assert set(variants) == expected
+    assert "tess.data.extractor_head" in names          # the shared minilm_head fit
     one = pipe.only_nodes("tess.train.tess_lexicon")
     assert [n.name for n in one.nodes] == ["tess.train.tess_lexicon"]
     assert set(one.inputs()) == {"params:tess", "tess.windows", "tess.primitives_gt", "tess.extractions_lexicon"}
-    assert set(one.outputs()) == {"tess.predictions_tess_lexicon", "tess.fit_log_tess_lexicon"}
-    assert "tess.predictions_patchtst" in pipe.only_nodes("tess.train.tfidf_ridge").inputs()
+    assert set(one.outputs()) == {"tess.results_tess_lexicon", "tess.tess_lexicon_artifacts_tensors"}
+    assert "tess.patchtst_artifacts_tensors" in pipe.only_nodes("tess.train.tfidf_ridge").inputs()
     # the backend list follows the parameters: lexicon as the main backend makes minilm_head a variant
     from pipelines.tess.train import backend_variants
     assert backend_variants(params({"extractor": {"backend": "lexicon"}})) == {
         "tess": "lexicon", "tess_minilm_head": "minilm_head", "tess_prototype": "prototype"}
 
 
-def test_gain_is_core_relative_gain_on_shared_seeds():
+def test_gains_are_core_relative_gains_per_seed_paired():
     from pipelines.core.metrics import relative_gain
-    from pipelines.tess.evaluate import gain
+    from pipelines.core.spec import Results, SeedValues
+    from pipelines.tess.spec import SPEC
 
-    t = pd.DataFrame({"variant": ["a", "a", "b", "b", "c"], "seed": [0, 1, 0, 1, 0],
-                      "test_mse": [0.5, 0.7, 1.0, 1.0, 2.0]})
-    assert gain(t, "a", "b") == pytest.approx(relative_gain(method=0.6, baseline=1.0)) == pytest.approx(0.4)
-    assert gain(t, "a", "c") == pytest.approx(0.75)               # single-seed c: compared on seed 0
-    assert np.isnan(gain(t, "a", "missing"))
-
+    p = params({"seeds": [0, 1]})
+    mse = {"naive": [2.0, 2.0], "seasonal_naive": [1.5, 1.5], "dlinear": [1.0, 1.2], "patchtst": [1.1, 1.0],
+           "tess": [0.5, 0.7], "tess_nogate": [0.6, 0.7], "oracle": [0.4]}
+    tables = {}
+    for v in SPEC.variants(p):
+        r = Results(v)
+        for s, x in enumerate(mse.get(v, [3.0])):
+            r.add(s, test_mse=x)
+        tables[v] = r.table()
+    values = SeedValues(tables)
+    point, per_seed = {}, {}
+    for d in SPEC.declarations(p):
+        if not getattr(d, "inputs", ()):                  # those reading the data tables are tested end to end
+            for k, x in d.compute(values, p, values.variants, {}).items():
+                (per_seed if isinstance(x, dict) else point)[k] = x
+    # best unimodal by mean (patchtst 1.05 < dlinear 1.1), then paired seed by seed
+    assert per_seed["relative_gain.test_mse.tess_vs_best_unimodal"] == pytest.approx(
+        {0: relative_gain(method=0.5, baseline=1.1), 1: relative_gain(method=0.7, baseline=1.0)})
+    assert per_seed["relative_gain.test_mse.oracle_vs_tess"] == pytest.approx({0: 0.2})   # single seed: seed 0
+    assert per_seed["rel_impr_vs_best_unimodal"] == pytest.approx(
+        {s: 100 * x for s, x in per_seed["relative_gain.test_mse.tess_vs_best_unimodal"].items()})
+    assert np.isnan(point["relative_gain.test_mse.tess_vs_tfidf_ridge.seen_paraphrases"])   # no seen rendering
 
 
 # ------------------------------------------------------------------------------------------ LLM backend
@@ -460,9 +481,10 @@ def test_user_data_with_level_a_only_runs_every_variant(tmp_path):
     """The README's own-data path with level-A texts only (L = 64, H = 16 from the files, not 96 / 24)."""
     from pipelines.tess.data import generate_windows, label_primitives, render_texts
     from pipelines.tess.embed import embed_texts
-    from pipelines.tess.evaluate import report
+    from pipelines.core.spec import make_report
     from pipelines.tess.extract import extract_lexicon
     from pipelines.tess.head import extract_minilm_head
+    from pipelines.tess.spec import SPEC
     from pipelines.tess.train import plan, train_variant, variant_inputs
 
     *_, wp, tp = _user_files(tmp_path)
@@ -479,15 +501,18 @@ def test_user_data_with_level_a_only_runs_every_variant(tmp_path):
     assert set(emb) == {"A"}
     data["text_emb_tensors"] = emb
     data["extractions_minilm_head"] = extract_minilm_head(emb, gt, w, p)
+    data["extractions_llm"] = pd.DataFrame()
+    data["labeller_json"] = info
     outputs = {}
     for v in plan(p):
-        kw = {arg: (data[ds] if ds in data else outputs[ds]) for arg, ds in variant_inputs(v, p).items()
-              if arg not in ("p", "windows")}
-        outputs[f"predictions_{v}"], outputs[f"fit_log_{v}"] = train_variant(p, w, variant=v, **kw)
+        kw = {arg: (data[ds] if ds in data else outputs[ds]) for arg, ds in variant_inputs(p, v).items()
+              if arg != "windows"}
+        outputs[f"results_{v}"], outputs[f"{v}_artifacts_tensors"] = train_variant(p, w, variant=v, **kw)
     for v in ("tess_D", "fusion_D", "xattn_D"):                     # no level-D texts: skipped, not failed
-        assert len(outputs[f"predictions_{v}"]) == 0
-    assert len(outputs["predictions_tess"]) and "tess_seen" not in set(outputs["predictions_tess"].variant)
-    rep = report(p, w, gt, texts, info, **outputs, **{k: v for k, v in data.items() if k.startswith("extractions_")})
+        assert len(outputs[f"results_{v}"]) == 0
+    assert len(outputs["results_tess"]) and "tess_seen" not in set(outputs["results_tess"].variant)
+    rep = make_report("tess", p=p, **{f"r__{v}": outputs[f"results_{v}"] for v in plan(p)},
+                      **{f"i__{k}": data[ds] for k, ds in SPEC.inputs_map().items()})
     assert (rep["history_used"], rep["horizon_used"]) == (64, 16)
     assert (rep["metrics"]["history_used"], rep["metrics"]["horizon_used"]) == (64, 16)
     assert "tess_D" not in rep["variants"] and "tess" in rep["variants"]
@@ -528,29 +553,6 @@ def test_missing_user_file_names_the_dataset(tmp_path):
 
     with pytest.raises(InputDataError, match=r"dataset 'tess\.user_windows': cannot read"):
         generate_windows(_files_params(tmp_path / "nope.parquet", tmp_path / "texts.parquet"))
-
-
-# ------------------------------------------------------------------------------------------ parameters
-@pytest.mark.parametrize("override,key", [
-    ({"model": {"d_model": "big"}}, "tess.model.d_model"),
-    ({"train": {"lr": -0.1}}, "tess.train.lr"),
-    ({"train": {"epochs": True}}, "tess.train.epochs"),
-    ({"data": {"reliability": 1.5}}, "tess.data.reliability"),
-    ({"data": {"unseen_paraphrase_share": 1.5}}, "tess.data.unseen_paraphrase_share"),
-    ({"extractor": {"backend": "gpt"}}, "tess.extractor.backend"),
-    ({"extractor": {"head": {"folds": 1}}}, "tess.extractor.head.folds"),
-    ({"model": {"dmodel": 3}}, "tess.model.dmodel"),
-])
-def test_bad_parameters_name_the_key(override, key):
-    with pytest.raises(ParameterError, match=rf"^parameter {key.replace('.', '[.]')}:"):
-        params(override)
-
-
-def test_missing_key_names_the_key():
-    raw = merged()
-    del raw["train"]["epochs"]
-    with pytest.raises(ParameterError, match=r"parameter tess\.train\.epochs: missing key"):
-        validate(Params, raw, "tess")
 
 
 # ------------------------------------------------------------------------------------------ the test-env report

@@ -1,7 +1,7 @@
 """Tests of `wbmm`: the operator against independent references (per-window F.conv2d, a brute-force loop,
 F.conv2d for the im2col baseline), the re-parameterisation, the interleaved timing and the intervals of
 the speed metrics on known numbers, the port of the training loop onto core's fit (against the old loop),
-the pipeline's variant nodes, bad parameters and bad user images. Float comparisons between different
+the variant and benchmark nodes, the report through core, the method's parameter rules and bad user images. Float comparisons between different
 code paths are made in float64, or against a float32 error bound scaled to the reduction length."""
 import math
 
@@ -245,7 +245,8 @@ def test_too_few_rounds_give_an_unbounded_interval_and_an_inconclusive_claim():
 def test_report_verdicts_follow_the_intervals():
     """Through build_report: an interval wholly above the threshold holds, wholly below fails, one that
     straddles it is inconclusive; the training-speed ratio pairs the interleaved step rounds."""
-    from pipelines.wbmm.evaluate import report
+    from pipelines.core.spec import Results, make_report
+    from pipelines.wbmm.train import columns
 
     claims = [{"id": "rf", "text": "", "metric": "speedup.fwd.wbmm_w7_vs_dw_k7.min", "op": ">=", "threshold": 1.0},
               {"id": "head", "text": "", "metric": "speedup.fwd.wbmm_w14_vs_dw_k5.median", "op": ">=",
@@ -263,13 +264,17 @@ def test_report_verdicts_follow_the_intervals():
     load = rng.uniform(1, 2, 15)
     speed = pd.DataFrame([{"variant": v, "round": r, "seconds": s * load[r], "batch_size": 64}
                           for v, s in (("wbmm_d3", 0.05), ("dw13_d3", 0.1), ("dw7_d3", 0.07)) for r in range(15)])
-    fits = {f"fit_{v}": pd.DataFrame([{"variant": v, "seed": 0, "test_acc": a, "fit_imgs_per_s": 1.0}])
+    fits = {f"r__{v}": Results(v).add(0, test_acc=a, fit_imgs_per_s=1.0).table()
             for v, a in (("wbmm_d3", 95.0), ("dw13_d3", 94.0), ("dw7_d3", 93.0))}
-    rep = report(p, bench, {"clock": "wall"}, speed, **fits)
+    arts = {"bench": {"bench": columns(bench), "env": {"clock": "wall"}}, "speed": {"speed": columns(speed)}}
+    rep = make_report("wbmm", p=p, **fits, r__operator_speed=Results("operator_speed").table(),
+                      r__train_speed=Results("train_speed").table(), a__operator_speed=arts["bench"],
+                      a__train_speed=arts["speed"], **{f"i__{k}": v for k, v in arts.items()})
     verdicts = {c["id"]: c["verdict"] for c in rep["claims"]}
     assert verdicts == {"rf": "holds", "head": "holds", "mid": "inconclusive", "train": "holds", "acc": "holds"}
     assert rep["metrics"]["ratio.train_imgs_per_s.wbmm_d3_vs_dw13_d3"] == pytest.approx(2.0)
-    assert {"wbmm_d3", "dw13_d3", "dw7_d3", "dw_k7", "wbmm_w14"} <= set(rep["variants"])
+    assert rep["metrics_ci"]["ratio.train_imgs_per_s.wbmm_d3_vs_dw13_d3"] == pytest.approx([2.0, 2.0])
+    assert rep["bench_env"] == {"clock": "wall"}
 
 
 def test_time_group_interleaves_rounds_and_repeats_short_calls():
@@ -344,14 +349,15 @@ def test_train_variant_through_core_fit_reproduces_the_old_loop():
     p = params(acc={**TINY_ACC, "epochs": 2})
     images = make_images(p)
     table, states = train_variant(images, p, variant="wbmm_d3")
-    assert list(table.columns[:2]) == ["variant", "seed"] and table["variant"].tolist() == ["wbmm_d3"]
+    assert set(table["variant"]) == {"wbmm_d3"} and set(table["seed"]) == {0}
+    got = dict(zip(table["metric"], table["value"]))
     acc, ref = _old_loop(p.acc.variants["wbmm_d3"], images["0"], p, 0)
-    assert table["test_acc"].iloc[0] == acc
+    assert got["test_acc"] == acc
     torch.testing.assert_close(states["seed0"], dict(ref))
-    assert table["fit_imgs_per_s"].iloc[0] > 0 and table["n_params"].iloc[0] > 0
+    assert got["fit_imgs_per_s"] > 0 and got["n_params"] > 0
     # deterministic given its inputs and seeds (what --only-missing-outputs relies on)
     again, _ = train_variant(images, p, variant="wbmm_d3")
-    assert again["test_acc"].iloc[0] == acc
+    assert dict(zip(again["metric"], again["value"]))["test_acc"] == acc
 
 
 def test_train_speed_interleaves_the_nets():
@@ -366,23 +372,27 @@ def test_train_speed_interleaves_the_nets():
 
 
 # ------------------------------------------------------------------------------------------ pipeline
-def test_one_train_node_per_configured_variant(monkeypatch):
-    from pipelines.wbmm import pipeline as pl
+def test_one_train_node_per_configured_variant_and_one_per_benchmark(monkeypatch):
+    from pipelines.core import registry
+    from pipelines.core.registry import load_pipeline
 
-    names = {n.name for n in pl.create_pipeline().nodes}
-    assert {f"wbmm.train.{v}" for v in ACC["variants"]} == {n for n in names if ".train." in n}
-    assert {"wbmm.evaluate.operator_speed", "wbmm.evaluate.train_speed", "wbmm.evaluate.report",
-            "wbmm.evaluate.plots", "wbmm.data.images", "wbmm.data.bench_grid"} <= names
+    names = {n.name for n in load_pipeline("wbmm").nodes}
+    assert {f"wbmm.train.{v}" for v in [*ACC["variants"], "operator_speed", "train_speed"]} == {
+        n for n in names if ".train." in n}
+    assert {"wbmm.data.images", "wbmm.data.bench_grid"} <= names
     # the variant list comes from the run's parameters (env + --params)
-    monkeypatch.setattr(pl, "method_config", lambda m: {"acc": {"variants": {"a1": ["w7"], "b2": ["dw5"]}}})
-    pipe = pl.create_pipeline()
-    assert {n.name for n in pipe.nodes if ".train." in n.name} == {"wbmm.train.a1", "wbmm.train.b2"}
+    raw = raw_params(acc={"variants": {"a1": ["w7"], "b2": ["dw5"]}}, pairs={"matched_rf": [[7, 7]],
+                     "matched_params": [[7, 13]], "headline": [14, 5]})
+    monkeypatch.setattr(registry, "method_config", lambda m: raw)
+    pipe = load_pipeline("wbmm")
+    assert {n.name for n in pipe.nodes if ".train." in n.name} == {
+        "wbmm.train.a1", "wbmm.train.b2", "wbmm.train.operator_speed", "wbmm.train.train_speed"}
     one = pipe.only_nodes("wbmm.train.b2")  # what `kedro run --nodes=wbmm.train.b2` selects
     [node] = one.nodes
     assert set(node.inputs) == {"wbmm.images_tensors", "params:wbmm"}
-    assert set(node.outputs) == {"wbmm.fit_b2", "wbmm.nets_b2_model"}
-    [rep] = [n for n in pipe.nodes if n.name == "wbmm.evaluate.report"]
-    assert {"wbmm.fit_a1", "wbmm.fit_b2", "wbmm.bench_results", "wbmm.train_speed"} <= set(rep.inputs)
+    assert set(node.outputs) == {"wbmm.results_b2", "wbmm.b2_artifacts_tensors"}
+    [bench] = pipe.only_nodes("wbmm.train.operator_speed").nodes
+    assert set(bench.inputs) == {"wbmm.bench_grid", "params:wbmm"} and "gpu" in bench.tags
 
 
 # ---------------------------------------------------------------------------------- bad parameters
@@ -399,7 +409,6 @@ def test_one_train_node_per_configured_variant(monkeypatch):
     ({"acc": {"epochs": 0}}, r"wbmm\.acc\.epochs"),
     ({"bench": {"modes": ["bwd"]}}, r"wbmm\.bench\.modes"),
     ({"threads": "auto", "bench": {"clock": "cpu"}}, r"wbmm\.bench: .*threads: 1"),
-    ({"typo_key": 1}, r"wbmm\.typo_key"),
 ])
 def test_bad_parameter_names_the_key(over, key):
     with pytest.raises(ParameterError, match=key):
@@ -487,7 +496,7 @@ def test_report_of_the_test_env_run(test_env_run):
     timing = [c for c in report["claims"] if not c["metric"].startswith(("diff.", "variants."))]
     assert [c["id"] for c in timing][:2] == ["wbmm_time_flat_in_window", "wbmm_gflops_rise_with_window"]
     for c in timing:  # every timing claim carries its interval, and its verdict follows from it
-        assert f"{c['metric']}.ci_low" in report["metrics"] and "ci" in c, c["id"]
+        assert c["metric"] in report["metrics_ci"] and "ci" in c, c["id"]
         assert c["verdict"] in {"holds", "fails", "inconclusive"}
     assert {"speedup_heatmap.png", "latency_float32_c4_h28.png", "train_throughput.png"} <= set(report["artifacts"])
     assert report["bench_env"]["threads"] == report["threads"] and report["bench_env"]["rounds"] == 8

@@ -91,7 +91,10 @@ class SeedValues:
         frames = [t for t in tables.values() if t is not None and len(t)]
         self.table = (pd.concat(frames, ignore_index=True) if frames
                       else pd.DataFrame(columns=list(RESULT_COLUMNS)))
-        self.variants = list(tables)
+        # a table may hold rows of more variants than its key (one node timing several side by side, or
+        # a second condition of one fit): they follow the key, in the order they appear
+        self.variants = list(dict.fromkeys(x for k, t in tables.items()
+                                           for x in [k, *([] if t is None else dict.fromkeys(t["variant"]))]))
         final = self.table[self.table["step"].isna()]
         self._final: dict[str, dict[str, dict[int, float]]] = {}
         for v, s, k, x in zip(final["variant"], final["seed"], final["metric"], final["value"]):
@@ -331,10 +334,12 @@ class Data:
 
 @dataclass(frozen=True)
 class Train:
-    """``train_variant(*inputs, p, variant)``: one node ``train.<variant>`` per planned variant."""
+    """``train_variant(*inputs, p, variant)``: one node ``train.<variant>`` per planned variant. ``inputs``
+    may be ``inputs(p, variant)`` (variants reading different datasets); a mapping ``{kwarg: dataset}``
+    calls ``train_variant(**inputs, p=p, variant=variant)``."""
 
     func: Callable[..., Any]
-    inputs: Sequence[str] = ()
+    inputs: Sequence[str] | Mapping[str, str] | Callable[[Any, str], Sequence[str] | Mapping[str, str]] = ()
     artifacts: Literal["tensors", "json"] | None = None
     gpu: bool = True
 
@@ -429,8 +434,9 @@ class Method:
         arts = {v: f"{v}_artifacts_{self.train.artifacts}" for v in trained} if self.train.artifacts else {}
         for v in trained:
             outs = [results[v], arts[v]] if arts else results[v]
-            nodes.append(node(bind_variant(self.train.func, v), [*names(list(self.train.inputs)), P], outs,
-                              name=f"train.{v}", tags=tags))
+            ins = self.train.inputs(p, v) if callable(self.train.inputs) else self.train.inputs
+            ins = {**names(ins), "p": P} if isinstance(ins, Mapping) else [*names(list(ins)), P]
+            nodes.append(node(bind_variant(self.train.func, v), ins, outs, name=f"train.{v}", tags=tags))
         gathered = {"p": P, **{f"r__{v}": results[v] for v in planned},
                     **{f"a__{v}": a for v, a in arts.items()},
                     **{f"i__{k}": ds for k, ds in self.inputs_map().items()}}

@@ -1,7 +1,7 @@
-"""Evaluate stage of TESS: test MSE/MAE (RevIN scale) per variant and seed, the card's derived metrics
-(gains vs the best unimodal / raw-text baselines, gate AUROC, extraction accuracy, over-attention ratio,
-MSE by text level), the seen- vs unseen-paraphrase comparison, the report with the declared claims
-(``evaluate.report``) and the figures (``evaluate.plots``)."""
+"""Evaluate stage of TESS: each variant's long table (test MSE/MAE on the RevIN scale, gate AUROC, per
+seed), the card's derived metrics as declarations (gains vs the best unimodal / raw-text baselines per
+seed, paired; gate AUROC, extraction accuracy, over-attention ratio, MSE by text level; the seen- vs
+unseen-paraphrase comparison), the report's extra fields and the figures (``evaluate.plots``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,20 +9,12 @@ import pandas as pd
 
 from pipelines.core.metrics import relative_gain
 from pipelines.core.plots import bar_plot, confusion_matrix, line_plot, reliability_diagram
-from pipelines.core.report import build_report
+from pipelines.core.spec import Fn, Gain, Results
 from pipelines.tess.lexicon import LABELS, PRIMITIVES
 from pipelines.tess.params import Params
-from pipelines.tess.train import RAW_TEXT, SEEN, UNIMODAL, backend_variants, normalise
+from pipelines.tess.train import RAW_TEXT, SEEN, UNIMODAL, backend_variants, has_seen_condition, normalise
 
 LEVELS = ["A", "B", "C", "D", "E"]
-
-
-def split_outputs(outputs: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The variant nodes' ``predictions_<v>`` and ``fit_log_<v>`` tables, each concatenated."""
-    preds = [d for k, d in outputs.items() if k.startswith("predictions_") and len(d)]
-    logs = [d for k, d in outputs.items() if k.startswith("fit_log_") and len(d)]
-    return (pd.concat(preds, ignore_index=True) if preds else pd.DataFrame(columns=["variant", "seed", "window_id", "pred"]),
-            pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=["variant", "seed"]))
 
 
 def per_seed_metrics(preds: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
@@ -37,23 +29,6 @@ def per_seed_metrics(preds: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame
         rows.append({"variant": variant, "seed": int(seed), "test_mse": float((err ** 2).mean()),
                      "test_mae": float(np.abs(err).mean())})
     return pd.DataFrame(rows, columns=["variant", "seed", "test_mse", "test_mae"])
-
-
-def gain(table: pd.DataFrame, method: str, baseline: str, metric: str = "test_mse") -> float:
-    """core.metrics.relative_gain of ``method`` over ``baseline`` (lower is better), on the seeds both ran
-    with (single-seed ablations compare on that seed); NaN when either did not run."""
-    pa = table[table.variant == method].set_index("seed")[metric]
-    pb = table[table.variant == baseline].set_index("seed")[metric]
-    shared = pa.index.intersection(pb.index)
-    if len(shared) == 0:
-        return float("nan")
-    return relative_gain(method=float(pa.loc[shared].mean()), baseline=float(pb.loc[shared].mean()),
-                         lower_is_better=True)
-
-
-def best_of(table: pd.DataFrame, names) -> str | None:
-    means = table[table.variant.isin(names)].groupby("variant")["test_mse"].mean()
-    return str(means.idxmin()) if len(means) else None
 
 
 def macro_accuracy(true: np.ndarray, pred: np.ndarray) -> float:
@@ -108,127 +83,224 @@ def extraction_accuracy(extr: pd.DataFrame, gt: pd.DataFrame, texts: pd.DataFram
     return out
 
 
-def report(p: Params, windows: pd.DataFrame, gt: pd.DataFrame, texts: pd.DataFrame, label_info: dict,
-           **outputs: pd.DataFrame) -> dict:
-    """The report: per-seed rows of every variant (and of the ``<variant>_seen`` closed-vocabulary rows),
-    the derived metrics and the claims. ``outputs``: ``predictions_<v>``, ``fit_log_<v>`` of every variant
-    node and ``extractions_<backend>`` of every backend that ran."""
-    first = p.seeds[0]
-    preds, logs = split_outputs(outputs)
-    extractions = {k[len("extractions_"):]: d for k, d in outputs.items() if k.startswith("extractions_")}
+def results_table(windows: pd.DataFrame, variant: str, preds: pd.DataFrame, logs: pd.DataFrame,
+                  texts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The long table of one variant node: per (variant, seed) of its rows (``<variant>`` and
+    ``<variant>_seen``), test MSE / MAE, fit time and the cross-attention ratio from its fit log, the learned
+    gate's AUROC and mean; for ``tess`` also the gate's AUROC on the randomly rendered texts."""
     table = per_seed_metrics(preds, windows)
-    extra_cols = [c for c in ("attn_cue_ratio", "train_seconds", "epochs") if c in logs]
-    if extra_cols:
+    extra_cols = [c for c in ("attn_cue_ratio", "train_seconds") if c in logs]
+    if extra_cols and len(table):
         table = table.merge(logs[["variant", "seed", *extra_cols]], on=["variant", "seed"], how="left")
     gates = gate_table(preds)
     if len(gates):
         g = gates.groupby(["variant", "seed"]).apply(
             lambda d: pd.Series({"gate_auroc": auroc(d["gate"].to_numpy(), d["correct"].to_numpy()),
                                  "gate_mean": float(d["gate"].mean())}), include_groups=False).reset_index()
+        if variant == "tess" and texts is not None:
+            rnd = set(texts.loc[(texts.level == "A") & ~texts.from_truth.astype(bool), "window_id"])
+            sub = gates[(gates.variant == "tess") & gates.window_id.isin(rnd)]
+            g["gate_auroc_on_random_texts"] = [
+                auroc(d["gate"].to_numpy(), d["correct"].to_numpy()) if v == "tess" else float("nan")
+                for v, s in zip(g["variant"], g["seed"]) for d in [sub[sub.seed == s]]]
         table = table.merge(g, on=["variant", "seed"], how="left")
+    parts = []
+    for v in dict.fromkeys(table["variant"]):
+        res = Results(v)
+        for r in table[table.variant == v].to_dict("records"):
+            res.add(r["seed"], **{k: x for k, x in r.items() if k not in ("variant", "seed")
+                                  and not (isinstance(x, float) and np.isnan(x))})
+        parts.append(res.table())
+    return pd.concat(parts, ignore_index=True) if parts else Results(variant).table()
 
-    best_uni, best_txt = best_of(table, UNIMODAL), best_of(table, RAW_TEXT)
-    best_base = best_of(table, (*UNIMODAL, *RAW_TEXT))
-    metrics: dict[str, float | str | None] = {
-        "relative_gain.test_mse.tess_vs_best_unimodal": gain(table, "tess", best_uni),
-        "relative_gain.test_mse.tess_vs_best_raw_text": gain(table, "tess", best_txt),
-        "relative_gain.test_mse.tess_vs_best_baseline": gain(table, "tess", best_base),
-        "relative_gain.test_mse.tess_vs_patchtst": gain(table, "tess", "patchtst"),
-        "relative_gain.test_mse.tess_vs_tess_nogate": gain(table, "tess", "tess_nogate"),
-        "relative_gain.test_mse.oracle_vs_tess": gain(table, "oracle", "tess"),
-        "relative_gain.test_mse.shuffled_vs_patchtst": gain(table, "shuffled", "patchtst"),
-        # the two vocabulary conditions: the same fitted models on the two renderings of the test texts
-        "relative_gain.test_mse.tess_vs_tfidf_ridge.seen_paraphrases": gain(table, "tess" + SEEN, "tfidf_ridge" + SEEN),
-        "relative_gain.test_mse.tess_vs_tfidf_ridge.unseen_paraphrases": gain(table, "tess", "tfidf_ridge"),
-        "relative_gain.test_mse.tess_vs_minilm_ridge.seen_paraphrases": gain(table, "tess" + SEEN, "minilm_ridge" + SEEN),
-        "relative_gain.test_mse.tess_vs_minilm_ridge.unseen_paraphrases": gain(table, "tess", "minilm_ridge"),
-    }
-    for v in backend_variants(p):
-        if v != "tess":
-            metrics[f"relative_gain.test_mse.{v}_vs_tess"] = gain(table, v, "tess")
-    # what unseen paraphrases cost each text-reading variant: relative MSE increase over its seen condition
-    for v in sorted({v[:-len(SEEN)] for v in table.variant if v.endswith(SEEN)}):
-        metrics[f"unseen_paraphrase_cost.test_mse.{v}"] = -gain(table, v, v + SEEN)
-    metrics["rel_impr_vs_best_unimodal"] = 100 * metrics["relative_gain.test_mse.tess_vs_best_unimodal"]
-    metrics["rel_impr_vs_best_textfusion"] = 100 * metrics["relative_gain.test_mse.tess_vs_best_raw_text"]
-    # over-attention: TESS's advantage over the best raw-text neural model at level A vs at level D (first seed)
-    one = table[table.seed == first]
-    best_a, best_d = best_of(one, ("fusion_A", "xattn_A")), best_of(one, ("fusion_D", "xattn_D"))
-    metrics["gap.test_mse.tess_vs_raw_text_at_A"] = gain(one, "tess", best_a) if best_a else float("nan")
-    metrics["gap.test_mse.tess_vs_raw_text_at_D"] = gain(one, "tess_D", best_d) if best_d else float("nan")
-    metrics["gap_a_minus_gap_d"] = metrics["gap.test_mse.tess_vs_raw_text_at_A"] - metrics["gap.test_mse.tess_vs_raw_text_at_D"]
+
+def prediction_tensors(preds: pd.DataFrame, variant: str) -> dict:
+    """``{"seed<s>": {"window_id", "pred", ("gate", "correct")}}`` of the variant's own rows (not its seen
+    condition): what the ridge baselines (PatchTST's) and the plots read."""
+    import torch
+
+    out = {}
+    if not len(preds):
+        return out
+    for seed, d in preds[preds.variant == variant].groupby("seed", sort=False):
+        t = {"window_id": torch.tensor(d["window_id"].to_numpy().astype("int64")),
+             "pred": torch.from_numpy(np.stack(d["pred"].to_numpy()))}
+        if "gate" in d and d["gate"].map(lambda g: isinstance(g, np.ndarray | list)).all():
+            t["gate"] = torch.from_numpy(np.stack(d["gate"].to_numpy()))
+            t["correct"] = torch.from_numpy(np.stack(d["correct"].to_numpy()))
+        out[f"seed{int(seed)}"] = t
+    return out
+
+
+# ------------------------------------------------------------------------------------ derived metrics
+def _rel(method: str, baseline: str, **kw) -> Gain:
+    return Gain("test_mse", method, baseline, lower_is_better=True, relative=True, **kw)
+
+
+BEST = {"unimodal": UNIMODAL, "raw_text": RAW_TEXT, "baseline": (*UNIMODAL, *RAW_TEXT)}
+SEEN_GAINS = {f"relative_gain.test_mse.tess_vs_{b}.seen_paraphrases": ("tess" + SEEN, b + SEEN)
+              for b in ("tfidf_ridge", "minilm_ridge")}
+
+
+def _best(label: str) -> Gain:
+    return Gain("test_mse", "tess", best_of=BEST[label], label=label, lower_is_better=True, relative=True)
+
+
+def seen_gains(values, p: Params) -> dict:
+    """The closed-vocabulary condition: TESS vs each ridge baseline on the seen-only test rendering, per
+    seed (NaN when the run has no seen rendering, e.g. user data)."""
+    out = {}
+    for name, (m, b) in SEEN_GAINS.items():
+        ok = values.has(m, "test_mse") and values.has(b, "test_mse")
+        out[name] = _rel(m, b, name=name).compute(values, p, values.variants, {})[name] if ok else float("nan")
+    return out
+
+
+def unseen_costs(values, p: Params) -> dict:
+    """What unseen paraphrases cost each text-reading variant: its relative MSE increase over its seen
+    condition, per seed."""
+    out = {}
+    for v in values.variants:
+        if v.endswith(SEEN) and values.has(v, "test_mse") and values.has(v[:-len(SEEN)], "test_mse"):
+            o = v[:-len(SEEN)]
+            g = _rel(o, v, name="g").compute(values, p, values.variants, {})["g"]
+            out[f"unseen_paraphrase_cost.test_mse.{o}"] = {s: -x for s, x in g.items()}
+    return out
+
+
+def _cost_names(p: Params, planned) -> list[str]:
+    return [f"unseen_paraphrase_cost.test_mse.{v}" for v in planned if has_seen_condition(v, p)]
+
+
+def rel_impr(values, p: Params) -> dict:
+    """The card's percentages: 100 × the relative gains over the best unimodal / raw-text baseline."""
+    out = {}
+    for name, label in (("rel_impr_vs_best_unimodal", "unimodal"), ("rel_impr_vs_best_textfusion", "raw_text")):
+        g = next(iter(_best(label).compute(values, p, values.variants, {}).values()), {})
+        out[name] = {s: 100 * x for s, x in g.items()}
+    return out
+
+
+def _first_seed_mse(values, v: str, seed: int) -> float | None:
+    return values.per_seed(v, "test_mse").get(seed) if values.has(v, "test_mse") else None
+
+
+def _first_seed_gain(values, method: str, candidates, seed: int) -> float:
+    """Relative gain of ``method`` over the best of ``candidates`` on the first seed (NaN if missing)."""
+    m = _first_seed_mse(values, method, seed)
+    cands = {c: x for c in candidates if (x := _first_seed_mse(values, c, seed)) is not None}
+    if m is None or not cands:
+        return float("nan")
+    return relative_gain(method=m, baseline=min(cands.values()), lower_is_better=True)
+
+
+def text_levels(values, p: Params) -> dict:
+    """Over-attention: TESS's advantage over the best raw-text neural model at level A vs at level D, and MSE
+    by text level (first seed: the level-D runs are single-seed)."""
+    first = p.seeds[0]
+    out = {"gap.test_mse.tess_vs_raw_text_at_A": _first_seed_gain(values, "tess", ("fusion_A", "xattn_A"), first),
+           "gap.test_mse.tess_vs_raw_text_at_D": _first_seed_gain(values, "tess_D", ("fusion_D", "xattn_D"), first)}
+    out["gap_a_minus_gap_d"] = out["gap.test_mse.tess_vs_raw_text_at_A"] - out["gap.test_mse.tess_vs_raw_text_at_D"]
     for model in ("tess", "fusion", "xattn"):
         for lv in LEVELS:
             v = "tess" if (model == "tess" and lv == "A") else f"{model}_{lv}"
-            row = one[one.variant == v]
-            if len(row):
-                metrics[f"mse_by_text_level.{model}.{lv}"] = float(row["test_mse"].iloc[0])
-    # extraction accuracy (macro, level A, test windows) of every backend that ran, in both conditions
+            x = _first_seed_mse(values, v, first)
+            if x is not None:
+                out[f"mse_by_text_level.{model}.{lv}"] = x
+    return out
+
+
+def _text_level_names(p: Params, planned) -> list[str]:
+    lv = [f"mse_by_text_level.{m}.{lv}" for m in ("tess", "fusion", "xattn") for lv in LEVELS]
+    return ["gap.test_mse.tess_vs_raw_text_at_A", "gap.test_mse.tess_vs_raw_text_at_D", "gap_a_minus_gap_d", *lv]
+
+
+def gate_metrics(values, p: Params) -> dict:
+    """TESS's gate: AUROC against extraction correctness (all texts; the randomly rendered ones) and its
+    mean, per seed."""
+    out = {}
+    for k in ("gate_auroc", "gate_mean", "gate_auroc_on_random_texts"):
+        out[k] = values.per_seed("tess", k) if values.has("tess", k) else float("nan")
+    return out
+
+
+EXTRACTIONS = {f"extractions_{b}": f"extractions_{b}" for b in ("minilm_head", "lexicon", "prototype", "llm")}
+
+
+def extraction_metrics(values, p: Params, windows, gt, texts, label_info, **extractions) -> dict:
+    """Extraction accuracy (macro, level A, test windows) of every backend that ran, in both vocabulary
+    conditions; the measured unseen-paraphrase share; the window lengths used."""
+    out = {}
     test_ids = set(windows.loc[windows.split == "test", "window_id"])
     main = p.extractor.backend
-    for backend, extr in extractions.items():
+    for key, extr in extractions.items():
+        if extr is None or len(extr) == 0:           # a backend that did not run (llm off)
+            continue
+        backend = key[len("extractions_"):]
         for cond, kw in (("", {}), (".seen_paraphrases", {"rendering": "seen"}), (".unseen_slots", {"unseen_only": True})):
             acc = extraction_accuracy(extr, gt, texts, test_ids, **kw)
             for prim, v in acc.items():
-                metrics[f"extract_acc.{backend}.{prim}{cond}"] = v
+                out[f"extract_acc.{backend}.{prim}{cond}"] = v
                 if backend == main and cond == "":
-                    metrics[f"extract_acc_{prim}"] = v               # the card's names, main backend
-            metrics[f"extract_acc.{backend}.mean{cond}"] = float(np.mean(list(acc.values())))
-    if len(gates):
-        tg = gates[gates.variant == "tess"]
-        metrics["gate_auroc"] = auroc(tg["gate"].to_numpy(), tg["correct"].to_numpy())
-        metrics["gate_mean"] = float(tg["gate"].mean()) if len(tg) else float("nan")
-        rnd = set(texts.loc[(texts.level == "A") & ~texts.from_truth.astype(bool), "window_id"])
-        sub = tg[tg.window_id.isin(rnd)]
-        metrics["gate_auroc_on_random_texts"] = auroc(sub["gate"].to_numpy(), sub["correct"].to_numpy())
-    else:
-        metrics["gate_auroc"] = metrics["gate_mean"] = float("nan")
-    # the open vocabulary as rendered: share of (test window, primitive) phrases at level A that are unseen
+                    out[f"extract_acc_{prim}"] = v               # the card's names, main backend
+            out[f"extract_acc.{backend}.mean{cond}"] = float(np.mean(list(acc.values())))
+            if backend == main and cond == "":
+                out["extract_acc_mean"] = out[f"extract_acc.{backend}.mean"]
     unseen_cols = [f"unseen_{prim}" for prim in PRIMITIVES if f"unseen_{prim}" in texts]
     if unseen_cols:
         ta = texts[(texts.level == "A") & texts.window_id.isin(test_ids)]
-        metrics["unseen_paraphrase_share_measured"] = float(ta[unseen_cols].astype(float).to_numpy().mean())
+        out["unseen_paraphrase_share_measured"] = float(ta[unseen_cols].astype(float).to_numpy().mean())
+    out["history_used"], out["horizon_used"] = int(label_info["history_used"]), int(label_info["horizon_used"])
+    return out
+
+
+def _extraction_names(p: Params, planned) -> list[str]:
+    return ["extract_acc_mean", *(f"extract_acc_{prim}" for prim in PRIMITIVES), "history_used", "horizon_used",
+            "unseen_paraphrase_share_measured"]
+
+
+def derived(p: Params) -> list:
+    """The card's derived metrics: relative MSE gains per seed, paired (single-seed ablations compare on the
+    first seed), and what needs more than a pair of variants."""
+    out = [_best(label) for label in BEST]
+    out += [_rel("tess", "patchtst"), _rel("tess", "tess_nogate"), _rel("oracle", "tess"),
+            _rel("shuffled", "patchtst"), _rel("patchtst", "naive")]
+    out += [_rel("tess", b, name=f"relative_gain.test_mse.tess_vs_{b}.unseen_paraphrases")
+            for b in ("tfidf_ridge", "minilm_ridge")]
+    out += [_rel(v, "tess") for v in backend_variants(p) if v != "tess"]
+    out += [Fn(seen_gains, list(SEEN_GAINS), needs_=["tess"]),
+            Fn(unseen_costs, _cost_names),
+            Fn(rel_impr, ["rel_impr_vs_best_unimodal", "rel_impr_vs_best_textfusion"], needs_=["tess"]),
+            Fn(text_levels, _text_level_names),
+            Fn(gate_metrics, ["gate_auroc", "gate_mean", "gate_auroc_on_random_texts"], needs_=["tess"]),
+            Fn(extraction_metrics, _extraction_names,
+               inputs=["windows", "gt", "texts", "label_info", *EXTRACTIONS])]
+    return out
+
+
+def report_extra(p: Params, values, artifacts: dict, label_info: dict) -> dict:
+    best = {}
+    for key, names in (("best_unimodal", UNIMODAL), ("best_raw_text", RAW_TEXT),
+                       ("best_baseline", (*UNIMODAL, *RAW_TEXT))):
+        cands = [v for v in names if values.has(v, "test_mse")]
+        if cands:
+            best[key] = min(cands, key=lambda v: values.mean(v, "test_mse"))
     L, H = int(label_info["history_used"]), int(label_info["horizon_used"])
-    metrics["history_used"], metrics["horizon_used"] = L, H
-    metrics["best_unimodal"], metrics["best_raw_text"], metrics["best_baseline"] = best_uni, best_txt, best_base
-
-    rows = table.drop(columns=[c for c in ("epochs",) if c in table]).to_dict("records")
-    rows = [{k: v for k, v in r.items() if not (isinstance(v, float) and np.isnan(v))} for r in rows]
-    numeric = {k: (float("nan") if v is None else v) for k, v in metrics.items() if not isinstance(v, str)}
-    artifacts = [f"{k}.png" for k in figure_names(p, table, extractions, len(gates) > 0)]
-    return build_report("tess", p, rows, numeric, artifacts=artifacts,
-                        extra={"best_variants": {k: v for k, v in metrics.items() if isinstance(v, str)},
-                               "history_used": L, "horizon_used": H,
-                               "data_source": p.data.source, "labeller": label_info})
+    return {"best_variants": best, "history_used": L, "horizon_used": H, "data_source": p.data.source,
+            "labeller": label_info}
 
 
-def figure_names(p: Params, table: pd.DataFrame, extractions: dict, has_gates: bool) -> list[str]:
-    names = []
-    if p.eval.forecast_plots:
-        names.append("forecasts")
-    if any(v in set(table.variant) for v in ("tess", "tess_D", "fusion_A", "xattn_A")):
-        names.append("mse_vs_text_level")
-    if any(v.endswith(SEEN) for v in table.variant):
-        names.append("paraphrase_conditions")
-    if has_gates:
-        names.append("gate_reliability")
-    if p.extractor.backend in extractions and len(extractions[p.extractor.backend]):
-        names += [f"confusion_{prim}" for prim in PRIMITIVES]
-    return names
-
-
-def plots(p: Params, windows: pd.DataFrame, gt: pd.DataFrame, report: dict, **outputs: pd.DataFrame) -> dict:
-    """The figures the report lists: forecasts, MSE by text level, the two vocabulary conditions, the gate's
-    reliability diagram and the main extractor's confusion matrices (test windows, level A)."""
+# --------------------------------------------------------------------------------------------- plots
+def make_plots(p: Params, values, artifacts: dict, windows: pd.DataFrame, gt: pd.DataFrame, **extractions) -> dict:
+    """Forecasts, MSE by text level, the two vocabulary conditions, the gate's reliability diagram and the
+    main extractor's confusion matrices (test windows, level A)."""
     import matplotlib.pyplot as plt
 
-    preds, _ = split_outputs(outputs)
-    extractions = {k[len("extractions_"):]: d for k, d in outputs.items() if k.startswith("extractions_")}
-    wanted = {a[:-len(".png")] for a in report["artifacts"]}
     first = p.seeds[0]
+    variants = set(values.variants)
     figs = {}
     a = normalise(windows)
-    if "forecasts" in wanted:
+    if p.eval.forecast_plots:
         test = a.idx["test"].numpy()[:p.eval.forecast_plots]
         fig, axes = plt.subplots(len(test), 1, figsize=(8, 2.2 * len(test)), squeeze=False)
         L, H = a.x.shape[1], a.y.shape[1]
@@ -238,35 +310,37 @@ def plots(p: Params, windows: pd.DataFrame, gt: pd.DataFrame, report: dict, **ou
             ax.plot(range(L), a.x[i], color="0.5", lw=1, label="history")
             ax.plot(range(L, L + H), a.y[i], "k", lw=1.5, label="truth")
             for v, c in (("patchtst", "C0"), ("tess", "C3"), ("oracle", "C2")):
-                d = preds[(preds.variant == v) & (preds.seed == first) & (preds.window_id == wid)]
-                if len(d):
-                    ax.plot(range(L, L + H), d["pred"].iloc[0], color=c, lw=1.2, label=v)
+                t = (artifacts.get(v) or {}).get(f"seed{first}")
+                if t is not None:
+                    hit = (t["window_id"] == int(wid)).nonzero()
+                    if len(hit):
+                        ax.plot(range(L, L + H), t["pred"][int(hit[0, 0])], color=c, lw=1.2, label=v)
             ax.set_xlim(max(0, L - 48), L + H)
             ax.set_title(f"window {wid}: {', '.join(gti.loc[wid, list(PRIMITIVES)])}", fontsize=8)
         axes[0, 0].legend(fontsize=7, ncol=5)
         fig.tight_layout()
         figs["forecasts"] = fig
-    m = report["metrics"]
-    if "mse_vs_text_level" in wanted:
+    if variants & {"tess", "tess_D", "fusion_A", "xattn_A"}:
+        m = text_levels(values, p)
         series = {model: [m.get(f"mse_by_text_level.{model}.{lv}", np.nan) for lv in LEVELS]
                   for model in ("tess", "fusion", "xattn")}
-        series = {k: [np.nan if v is None else v for v in vals] for k, vals in series.items()}
         figs["mse_vs_text_level"] = line_plot(LEVELS, series, "text level (A = narrative + distractors … E = direction only)",
                                               "test MSE (RevIN scale)", "MSE vs text compression (first seed)")
-    if "paraphrase_conditions" in wanted:
-        var = report["variants"]
-        names = [v[:-len(SEEN)] for v in var if v.endswith(SEEN)]
-        labels, values = [], []
+    names = [v[:-len(SEEN)] for v in values.variants if v.endswith(SEEN) and values.has(v, "test_mse")]
+    if names:
+        labels, vals = [], []
         for v in names:
             labels += [f"{v} (seen)", f"{v} (unseen share {p.data.unseen_paraphrase_share:g})"]
-            values += [var[v + SEEN]["test_mse"], var[v]["test_mse"]]
-        figs["paraphrase_conditions"] = bar_plot(labels, values, ylabel="test MSE (RevIN scale)",
+            vals += [values.mean(v + SEEN, "test_mse"), values.mean(v, "test_mse")]
+        figs["paraphrase_conditions"] = bar_plot(labels, vals, ylabel="test MSE (RevIN scale)",
                                                  title="Seen-only vs unseen test paraphrases (same fitted models)")
-    if "gate_reliability" in wanted:
-        g = gate_table(preds)
-        tg = g[(g.variant == "tess") & (g.seed == first)]
-        figs["gate_reliability"] = reliability_diagram(tg["gate"], tg["correct"], title="TESS gate vs extraction correctness")
-    extr = extractions.get(p.extractor.backend)
+    t = (artifacts.get("tess") or {}).get(f"seed{first}")
+    if t is not None and "gate" in t:
+        g, c = t["gate"].numpy(), t["correct"].numpy()
+        figs["gate_reliability"] = reliability_diagram(pd.Series(np.concatenate([g[:, k] for k in range(g.shape[1])])),
+                                                       pd.Series(np.concatenate([c[:, k] for k in range(c.shape[1])])),
+                                                       title="TESS gate vs extraction correctness")
+    extr = extractions.get(f"extractions_{p.extractor.backend}")
     if extr is not None and len(extr):
         test_ids = set(windows.loc[windows.split == "test", "window_id"])
         e = extr[(extr.level == "A") & extr.window_id.isin(test_ids)]
@@ -274,14 +348,12 @@ def plots(p: Params, windows: pd.DataFrame, gt: pd.DataFrame, report: dict, **ou
             e = e[e.rendering == "open"]
         gti = gt.set_index("window_id")
         for prim in PRIMITIVES:
-            if f"confusion_{prim}" not in wanted:
-                continue
             ep = e[e.primitive == prim]
             labs = LABELS[prim]
-            t = gti.loc[ep.window_id, prim].map({lab: i for i, lab in enumerate(labs)}).to_numpy()
+            tr = gti.loc[ep.window_id, prim].map({lab: i for i, lab in enumerate(labs)}).to_numpy()
             pr = ep["label"].map({lab: i for i, lab in enumerate(labs)}).to_numpy()
             cm = np.zeros((len(labs), len(labs)))
-            np.add.at(cm, (t, pr), 1)
+            np.add.at(cm, (tr, pr), 1)
             figs[f"confusion_{prim}"] = confusion_matrix(cm, labs, f"{p.extractor.backend} extractor, {prim} "
                                                                    "(test, level A)")
     return figs

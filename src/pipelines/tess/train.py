@@ -1,9 +1,9 @@
 """Train stage of TESS: one function, ``train_variant``, trains any variant (the method, its ablations, every
 baseline) on the seeds ``plan`` gives it, with the same backbone, budget, optimiser and early stopping
-(card: Model, Baselines). The pipeline builds one ``train.<variant>`` node per variant from it.
+(card: Model, Baselines). Core builds one ``train.<variant>`` node per variant from it (spec.py).
 
-Every variant returns its predictions (test windows; PatchTST also the train and val windows, which
-TF-IDF + ridge and MiniLM + ridge fit their residual on) and a fit log. The variants that read text also
+Every variant returns its long results table and its predictions as tensors (test windows; PatchTST also
+the train and val windows, which TF-IDF + ridge and MiniLM + ridge fit their residual on). The variants that read text also
 predict the closed-vocabulary test rendering with the same fitted model (``<variant>_seen`` rows): the train
 and val texts of the two renderings are identical, so a second fit would be the same fit."""
 from __future__ import annotations
@@ -214,28 +214,42 @@ def has_seen_condition(variant: str, p: Params) -> bool:
     return variant in backend_variants(p) or variant in ("tfidf_ridge", "minilm_ridge", "fusion_A")
 
 
-def variant_inputs(variant: str, p: Params | None = None) -> dict[str, str]:
-    """The datasets the ``train.<variant>`` node reads (``p`` first, so Kedro types it as Params)."""
-    base = {"p": "params:tess", "windows": "windows"}
+def variant_inputs(p: Params, variant: str) -> dict[str, str]:
+    """The datasets the ``train.<variant>`` node reads, by argument of :func:`train_variant` (core adds
+    ``p``); the ridge baselines read PatchTST's predictions (its artifacts), ``tess`` the texts too (its
+    gate's AUROC on the randomly rendered texts)."""
+    base = {"windows": "windows"}
     fam = family(variant)
     if fam in UNIMODAL:
         return base
     if fam == "tfidf_ridge":
-        return {**base, "texts": "texts", "texts_seen": "texts_seen", "base": "predictions_patchtst"}
+        return {**base, "texts": "texts", "texts_seen": "texts_seen", "base": "patchtst_artifacts_tensors"}
     if fam == "minilm_ridge":
-        return {**base, "emb": "text_emb_tensors", "base": "predictions_patchtst"}
+        return {**base, "emb": "text_emb_tensors", "base": "patchtst_artifacts_tensors"}
     if fam == "neural_text":
         return {**base, "emb": "text_emb_tensors"}
     backend = backend_of(variant, p)
-    out = {**base, "gt": "primitives_gt"}
+    out = {**base, "gt": "primitives_gt", **({"texts": "texts"} if variant == "tess" else {})}
     return out if backend is None else {**out, "extractions": f"extractions_{backend}"}
 
 
 # ------------------------------------------------------------------------------------------------ variants
 def train_variant(p: Params, windows: pd.DataFrame, variant: str, gt: pd.DataFrame | None = None,
                   texts: pd.DataFrame | None = None, texts_seen: pd.DataFrame | None = None, emb: dict | None = None,
-                  base: pd.DataFrame | None = None,
-                  extractions: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  base: dict | None = None, extractions: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
+    """The node ``train.<variant>``: the variant's long results table (its rows and those of its
+    ``<variant>_seen`` condition: test MSE / MAE, fit time, attention and gate diagnostics per seed) and its
+    test predictions as tensors (PatchTST's: every window, the ridge baselines' base)."""
+    from pipelines.tess.evaluate import prediction_tensors, results_table
+
+    preds, logs = predict_variant(p, windows, variant, gt, texts, texts_seen, emb, base, extractions)
+    return results_table(windows, variant, preds, logs, texts), prediction_tensors(preds, variant)
+
+
+def predict_variant(p: Params, windows: pd.DataFrame, variant: str, gt: pd.DataFrame | None = None,
+                    texts: pd.DataFrame | None = None, texts_seen: pd.DataFrame | None = None,
+                    emb: dict | None = None, base: dict | None = None,
+                    extractions: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train one variant on its seeds; returns (predictions, fit log). Each seed starts from
     ``node_setup(p, seed)``, so a variant node gives the same result alone, resumed or in a full run."""
     seeds = plan(p)[variant]
@@ -361,14 +375,15 @@ def _ridge_on_residual(X: np.ndarray, resid: np.ndarray, base: np.ndarray, y: np
     return best
 
 
-def _text_ridge(variant: str, a: Arrays, seed: int, base: pd.DataFrame, texts: pd.DataFrame | None,
+def _text_ridge(variant: str, a: Arrays, seed: int, base: dict, texts: pd.DataFrame | None,
                 texts_seen: pd.DataFrame | None, emb: dict | None, p: Params) -> tuple[list[dict], dict]:
     """TF-IDF of the level-A text, or the minilm_head extractor's input for it (the mean of its clauses'
     MiniLM embeddings, as MiniLM gives them: a first run standardised them, as the head does, and the
     unbounded ridge read-out then blew up on unseen paraphrases) → ridge on PatchTST's residual (same
     seed), alpha chosen on val."""
-    b = base[base["seed"] == seed].set_index("window_id").loc[a.ids, "pred"]
-    base_all = np.stack(b.to_numpy()).astype("float32")
+    b = base[f"seed{seed}"]                       # PatchTST's predictions of every window, same seed
+    pos = {int(w): i for i, w in enumerate(b["window_id"].tolist())}
+    base_all = b["pred"].numpy()[[pos[int(w)] for w in a.ids]].astype("float32")
     y = a.y.numpy()
     tr, va, te = (a.idx[s].numpy() for s in ("train", "val", "test"))
     seen_X = None

@@ -2,8 +2,9 @@
 interval: speedups t_DW / t_WBMM (matched receptive field, matched parameters, the w=14 vs k=5 headline)
 and the training-step ratio are medians of per-round ratios (``core.metrics.ratio_ci``); the scaling slopes
 of time in k² and w² are medians of per-round log-log slopes (``median_ci``); the GFLOP/s ratio is a
-constant times a time ratio. Each metric ``<name>`` comes with ``<name>.ci_low`` / ``<name>.ci_high``, so
-core's claims evaluator reports holds / fails / inconclusive.
+constant times a time ratio. Each such metric keeps its own interval (a ``core.stats.Estimate``), from
+which core's claims evaluator reports holds / fails / inconclusive; the accuracy differences are per seed,
+paired (``core.spec.Diff``).
 
 Grid summaries (``min`` / ``max`` / ``median`` over the configs, all of them or those with H ≥ 28) apply
 the same monotone function to the per-config values and to the per-config interval ends, with each
@@ -24,7 +25,8 @@ from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
 from pipelines.core.metrics import median_ci, ratio_ci  # noqa: E402
 from pipelines.core.plots import bar_plot  # noqa: E402
-from pipelines.core.report import build_report  # noqa: E402
+from pipelines.core.spec import Diff, Fn  # noqa: E402
+from pipelines.core.stats import Estimate  # noqa: E402
 from pipelines.wbmm.bench import KEYS, op_flops, padded  # noqa: E402
 from pipelines.wbmm.params import Params  # noqa: E402
 
@@ -113,21 +115,27 @@ def summarise_grid(out: dict[str, float], prefix: str, estimate: Callable[[Cfg, 
             _put(out, f"{prefix}.{agg}{suffix}", tuple(float(fn(col)) for col in cols))
 
 
-def bench_metrics(bench: pd.DataFrame, p: Params) -> tuple[list[dict], dict[str, float]]:
-    """Variant rows (one per op, metric names ``<mode>_ms_<config>``: median ms) and derived metrics,
-    every timing ratio / slope with its interval."""
-    conf = p.bench.confidence
-    t = series(bench)
-    summ = summary(bench)
-    configs: list[Cfg] = sorted({k[:4] for k in t})
-    modes = [m for m in p.bench.modes if any(k[6] == m for k in t)]
-
+def op_rows(bench: pd.DataFrame, p: Params, summ: pd.DataFrame | None = None) -> list[dict]:
+    """Variant rows, one per op (metric names ``<mode>_ms_<config>``: median ms)."""
+    summ = summary(bench) if summ is None else summ
     rows: dict[str, dict] = {}
     for r in summ.itertuples():
         if r.op in OPS:
             name = op_variant(r.op, int(r.param))
             rows.setdefault(name, {"variant": name, "seed": p.seeds[0]})[
                 f"{r.mode}_ms_{cfg_name(r.dtype, int(r.batch), int(r.channels), int(r.size))}"] = r.ms
+    return list(rows.values())
+
+
+def bench_metrics(bench: pd.DataFrame, p: Params) -> tuple[list[dict], dict[str, float]]:
+    """Variant rows (one per op, metric names ``<mode>_ms_<config>``: median ms) and derived metrics,
+    every timing ratio / slope with its interval (``<name>.ci_low`` / ``<name>.ci_high``)."""
+    conf = p.bench.confidence
+    t = series(bench)
+    summ = summary(bench)
+    configs: list[Cfg] = sorted({k[:4] for k in t})
+    modes = [m for m in p.bench.modes if any(k[6] == m for k in t)]
+    rows = op_rows(bench, p, summ)
 
     m: dict[str, float] = {}
     for r in summ[summ["mode"] == "fwd"].itertuples():
@@ -184,57 +192,96 @@ def bench_metrics(bench: pd.DataFrame, p: Params) -> tuple[list[dict], dict[str,
             f = op_flops("wbmm", 14, *cfg[1:]) / op_flops("wbmm", 7, *cfg[1:])
             return ratio(("wbmm", 7, "fwd"), ("wbmm", 14, "fwd"), f)(cfg, c)
         summarise_grid(m, "gflops_ratio.wbmm_w14_vs_w7", gflops_ratio, configs, conf)
-    return list(rows.values()), m
+    return rows, m
 
 
 # ----------------------------------------------------------------------------------------- tiny nets
-def acc_metrics(fits: Mapping[str, pd.DataFrame], speed: pd.DataFrame,
-                p: Params) -> tuple[list[dict], dict[str, float]]:
-    """Per-seed rows of the tiny nets (from their train.<variant> nodes), the accuracy differences of
-    seed means, and the training-speed ratios from the interleaved step benchmark, with intervals."""
-    acc = pd.concat([fits[v] for v in fits], ignore_index=True) if fits else pd.DataFrame()
-    rows = [{k: (int(v) if k == "seed" else v) for k, v in r.items()} for r in acc.to_dict("records")]
+def speed_metrics(speed: pd.DataFrame, p: Params) -> dict[str, float]:
+    """The training-speed numbers from the interleaved step benchmark, with intervals: images/s of each
+    net, and the method's images/s ratio over each baseline (t_other / t_method, paired by round)."""
     m: dict[str, float] = {}
     conf = p.bench.confidence
     method = next(iter(p.acc.variants))  # the first variant is the method, the rest are its baselines
-    means = acc.groupby("variant")["test_acc"].mean() if len(acc) else pd.Series(dtype=float)
     step = {v: g.sort_values("round")["seconds"].to_numpy(float) for v, g in speed.groupby("variant")}
     batch = {v: float(g["batch_size"].iloc[0]) for v, g in speed.groupby("variant")}
     for v, s in step.items():
         _put(m, f"train_step.imgs_per_s.{v}", med_ci(batch[v] / s, conf))
     for other in p.acc.variants:
-        if other == method:
-            continue
-        if method in step and other in step:  # images/s ratio = t_other / t_method, paired by round
+        if other != method and method in step and other in step:
             _put(m, f"ratio.train_imgs_per_s.{method}_vs_{other}", rat_ci(step[other], step[method], conf))
-        if method in means and other in means:
-            m[f"diff.test_acc.{method}_minus_{other}"] = float(means[method] - means[other])
-    return rows, m
+    return m
 
 
-# -------------------------------------------------------------------------------------------- report
-def figure_names(bench: pd.DataFrame) -> list[str]:
-    cfgs = sorted({(r.dtype, int(r.channels), int(r.size)) for r in bench[["dtype", "channels", "size"]]
-                   .drop_duplicates().itertuples()})
-    return ([f"latency_{d}_c{c}_h{h}" for d, c, h in cfgs]
-            + ["speedup_heatmap", "wbmm_gflops_vs_window", "accuracy", "train_throughput"])
+# ---------------------------------------------------------------------------------- derived metrics
+def estimates(m: Mapping[str, float]) -> dict[str, object]:
+    """``<name>`` with ``<name>.ci_low`` / ``<name>.ci_high`` → one ``Estimate`` (its own interval: an
+    order-statistic one over interleaved rounds, not over seeds); other names stay point values."""
+    out: dict[str, object] = {}
+    for k, v in m.items():
+        if k.endswith((".ci_low", ".ci_high")):
+            continue
+        lo, hi = m.get(f"{k}.ci_low"), m.get(f"{k}.ci_high")
+        out[k] = Estimate(float(v), float(lo), float(hi), n=0) if lo is not None and hi is not None else float(v)
+    return out
 
 
-def report(p: Params, bench: pd.DataFrame, bench_env: dict, train_speed: pd.DataFrame,
-           **fits: pd.DataFrame) -> dict:
-    """``evaluate.report``: gathers the operator benchmark, the training-step benchmark and every
-    ``train.<variant>`` node's ``fit_<variant>`` table."""
-    fits = {k.removeprefix("fit_"): v for k, v in fits.items()}
-    op_rows, m_bench = bench_metrics(bench, p)
-    acc_rows, m_acc = acc_metrics(fits, train_speed, p)
+def _bench_frame(bench: Mapping) -> pd.DataFrame:
+    return pd.DataFrame(bench["bench"])
+
+
+def _speed_frame(speed: Mapping) -> pd.DataFrame:
+    return pd.DataFrame(speed["speed"])
+
+
+def operator_speed(values, p: Params, bench: Mapping) -> dict:
+    return estimates(bench_metrics(_bench_frame(bench), p)[1])
+
+
+def train_speed_metrics(values, p: Params, speed: Mapping) -> dict:
+    return estimates(speed_metrics(_speed_frame(speed), p))
+
+
+SUMMARIES = ("min", "max", "median")
+
+
+def _bench_names(p: Params, planned) -> list[str]:
+    """The grid summaries a claim may name (per-config names depend on the grid)."""
+    b = p.bench
+    suffixes = ["", f"_h_ge{LARGE}"] if any(h >= LARGE for h in b.sizes) else [""]
+    prefixes = [f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}" for mode in b.modes
+                for w, k in {*map(tuple, p.pairs.matched_rf), *map(tuple, p.pairs.matched_params),
+                             tuple(p.pairs.headline)}]
+    for mode in b.modes:
+        prefixes += [f"slope_dw_time_vs_k2.{mode}", f"slope_dw_time_vs_k2_k_le13.{mode}",
+                     f"slope_wbmm_time_vs_w2.{mode}"]
+        if {13, 17} <= set(b.dw_kernels):
+            prefixes.append(f"jump_dw_k13_to_k17.{mode}")
+    if {7, 14} <= set(b.windows) and "fwd" in b.modes:
+        prefixes.append("gflops_ratio.wbmm_w14_vs_w7")
+    return [f"{x}.{agg}{sfx}" for x in prefixes for agg in SUMMARIES for sfx in suffixes]
+
+
+def _speed_names(p: Params, planned) -> list[str]:
+    method, *others = list(p.acc.variants)
+    return ([f"train_step.imgs_per_s.{v}" for v in p.acc.variants]
+            + [f"ratio.train_imgs_per_s.{method}_vs_{o}" for o in others])
+
+
+def derived(p: Params) -> list:
+    method, *others = list(p.acc.variants)
+    return [Fn(operator_speed, _bench_names, needs_=["operator_speed"], inputs=["bench"]),
+            Fn(train_speed_metrics, _speed_names, needs_=["train_speed"], inputs=["speed"]),
+            *(Diff("test_acc", method, o) for o in others)]
+
+
+def report_extra(p: Params, values, artifacts: Mapping) -> dict:
+    bench_env = (artifacts.get("operator_speed") or {}).get("env", {})
     clock = bench_env.get("clock", "wall")
-    extra = {"bench_env": bench_env,
-             "timing_note": f"speed numbers come from {p.bench.rounds} (operators) and {p.acc.speed_rounds} "
-                            f"(training step) interleaved rounds on the '{clock}' clock; ratios are medians of "
-                            f"per-round ratios with {p.bench.confidence:.0%} intervals (grid summaries: joint, "
-                            "Bonferroni); compare ratios, not absolute times (machine and load dependent)"}
-    return build_report("wbmm", p, op_rows + acc_rows, {**m_bench, **m_acc},
-                        artifacts=[f"{n}.png" for n in figure_names(bench)], extra=extra)
+    return {"bench_env": bench_env,
+            "timing_note": f"speed numbers come from {p.bench.rounds} (operators) and {p.acc.speed_rounds} "
+                           f"(training step) interleaved rounds on the '{clock}' clock; ratios are medians of "
+                           f"per-round ratios with {p.bench.confidence:.0%} intervals (grid summaries: joint, "
+                           "Bonferroni); compare ratios, not absolute times (machine and load dependent)"}
 
 
 # --------------------------------------------------------------------------------------------- plots
@@ -309,20 +356,22 @@ def gflops_figure(summ: pd.DataFrame):
     return fig
 
 
-def plots(p: Params, bench: pd.DataFrame, train_speed: pd.DataFrame, report: dict) -> dict:
-    """``evaluate.plots``: the figures named in the report's artifacts."""
+def make_plots(p: Params, values, artifacts: Mapping) -> dict:
+    """``evaluate.plots``: latency per config, the speedup heatmap, WBMM's GFLOP/s, the nets' accuracy and
+    training throughput."""
+    bench = _bench_frame(artifacts["operator_speed"])
     summ = summary(bench)
     configs = sorted({(r.dtype, int(r.batch), int(r.channels), int(r.size)) for r in summ.itertuples()})
     figures = {}
     for dtype, c, h in sorted({(d, c, h) for d, _, c, h in configs}):
         figures[f"latency_{dtype}_c{c}_h{h}"] = latency_figure(summ, dtype, c, h)
-    figures["speedup_heatmap"] = speedup_heatmap(report["metrics"], p, configs)
+    figures["speedup_heatmap"] = speedup_heatmap(bench_metrics(bench, p)[1], p, configs)
     figures["wbmm_gflops_vs_window"] = gflops_figure(summ)
-    nets = [v for v in p.acc.variants if v in report["variants"]]
-    figures["accuracy"] = bar_plot(nets, [report["variants"][v]["test_acc"] for v in nets],
-                                   [report["variants_std"][v]["test_acc"] for v in nets],
+    nets = [v for v in p.acc.variants if values.has(v, "test_acc")]
+    accs = [np.asarray(list(values.per_seed(v, "test_acc").values()), float) for v in nets]
+    figures["accuracy"] = bar_plot(nets, [float(a.mean()) for a in accs], [float(a.std()) for a in accs],
                                    ylabel="test accuracy (%)", title="tiny nets, mean ± std over seeds")
-    mets = report["metrics"]
+    mets = speed_metrics(_speed_frame(artifacts["train_speed"]), p)
     speed = [v for v in p.acc.variants if f"train_step.imgs_per_s.{v}" in mets]
     val = np.asarray([_num(mets[f"train_step.imgs_per_s.{v}"]) for v in speed], float)
     err = np.asarray([[val[i] - _num(mets[f"train_step.imgs_per_s.{v}.ci_low"]) for i, v in enumerate(speed)],

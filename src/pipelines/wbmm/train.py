@@ -1,18 +1,24 @@
-"""The accuracy check of the paper's §4 at toy scale, one node per variant (``train.<variant>``): the same
+"""The train nodes of `wbmm`. The accuracy check of the paper's §4 at toy scale, one node per variant
+(``train.<variant>``): the same
 tiny net with WBMM/DW3 alternation vs UniRepLKNet-like DW13/DW3 (matched parameters) and DW7/DW3 (matched
 FLOPs and receptive field), trained with the same budget through ``core.training.fit`` (AdamW, one-cycle,
 same epochs, batch and seeds). Each node also records its own per-step throughput; the speed *claim* uses
-the interleaved training-step benchmark (``bench.train_speed``), where the variants run side by side."""
+the interleaved training-step benchmark (``bench.train_speed``), where the variants run side by side.
+The two interleaved speed benchmarks are one node each (``train.operator_speed``: its table holds the row
+of every timed op; ``train.train_speed``), because what each compares must run in one process."""
 from __future__ import annotations
 
 import statistics
 import time
+
+import json
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from pipelines.core.runtime import node_setup
+from pipelines.core.spec import Results
 from pipelines.core.training import StepInfo, fit
 from pipelines.wbmm.model import build_net
 from pipelines.wbmm.ops import WBMM
@@ -87,14 +93,47 @@ def train_one(pattern: list[str], data: dict, p: Params, seed: int, device: torc
     return row, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-def train_variant(images: dict, p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
-    """The node ``train.<variant>``: every seed of one variant; its per-seed rows and state dicts."""
-    rows, states = [], {}
+OPERATOR_SPEED, TRAIN_SPEED = "operator_speed", "train_speed"   # the interleaved benchmarks' nodes
+
+
+def planned(p: Params) -> list[str]:
+    """The train nodes: every tiny-net variant (the first is the method), then the two speed benchmarks."""
+    return [*p.acc.variants, OPERATOR_SPEED, TRAIN_SPEED]
+
+
+def variant_inputs(p: Params, variant: str) -> list[str]:
+    return ["bench_grid"] if variant == OPERATOR_SPEED else ["images_tensors"]
+
+
+def columns(df: pd.DataFrame) -> dict[str, list]:
+    """A table as plain column lists (what the tensors dataset stores besides tensors)."""
+    return {c: df[c].tolist() for c in df.columns}
+
+
+def train_variant(data, p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
+    """The node ``train.<variant>``: a tiny net on every seed (its long table and state dicts), or one of
+    the two interleaved benchmarks (``operator_speed``: every timed op's row and the per-round samples;
+    ``train_speed``: the per-round training-step samples of every net)."""
+    if variant == OPERATOR_SPEED:
+        from pipelines.wbmm.bench import run_benchmark
+        from pipelines.wbmm.evaluate import op_rows
+
+        bench, env = run_benchmark(data, p)
+        parts = []
+        for row in op_rows(bench, p):
+            parts.append(Results(row.pop("variant")).add(row.pop("seed"), **row).table())
+        table = pd.concat(parts, ignore_index=True) if parts else Results(variant).table()
+        return table, {"bench": columns(bench), "env": json.loads(json.dumps(env, default=str))}
+    if variant == TRAIN_SPEED:
+        from pipelines.wbmm.bench import train_speed
+
+        return Results(variant).table(), {"speed": columns(train_speed(data, p))}
+    res, states = Results(variant), {}
     for seed in p.seeds:
         device = node_setup(p, seed)
         clock = timing_clock(p.bench.clock, device, torch.get_num_threads())
-        row, state = train_one(p.acc.variants[variant], images[str(seed)], p, seed, device, clock,
+        row, state = train_one(p.acc.variants[variant], data[str(seed)], p, seed, device, clock,
                                desc=f"{variant} seed {seed}")
-        rows.append({"variant": variant, "seed": seed, **row})
+        res.add(seed, **row)
         states[f"seed{seed}"] = state
-    return pd.DataFrame(rows), states
+    return res.table(), states

@@ -1,8 +1,8 @@
 """Tests of `engram`: the closed-form estimator against independent references (numpy least squares and
 pinv, autograd for the natural-gradient step), its constraints to numerical precision, the linear
 arithmetic on a trained MLP (compose then erase returns W; erase{a,b} = W − E_a − E_b; the composition of
-every engram equals W on the data's span), the iterative baselines' budget and lr rule, the pipeline's
-variant nodes, bad parameters and bad user tables. The end-to-end --env=test run is covered for every
+every engram equals W on the data's span), the iterative baselines' budget and lr rule, the results
+table and the derived metrics declared on it, bad parameters and bad user tables. The end-to-end --env=test run is covered for every
 pipeline by tests/methods/test_all_pipelines.py."""
 from __future__ import annotations
 
@@ -135,13 +135,16 @@ def trained():
     from pipelines.engram.data import make_dataset
     from pipelines.engram.train import covariances, train_original
 
+    from pipelines.engram.train import train_variant
+
     p = params()
     data = make_dataset(p)
-    states, table = train_original(data, p)
-    covs = covariances(data, states, p)
+    original = train_original(data, p)
+    covs = covariances(data, original, p)
+    _, detail = train_variant(data, original, covs, p, variant="original")
     net = build_mlp(data["n_features"], p.model.hidden, data["n_classes"])
-    net.load_state_dict(states["0"])
-    return p, data, states, table, covs, weights_of(net)
+    net.load_state_dict(original["states"]["0"])
+    return p, data, original, pd.DataFrame(detail), covs, weights_of(net)
 
 
 def test_compose_then_erase_returns_the_original_weights(trained):
@@ -196,8 +199,16 @@ def test_engram_variant_table_reports_exact_identities(trained):
     from pipelines.engram.train import train_variant
 
     p, data, states, _, covs, _ = trained
-    df = train_variant(data, states, covs, p, variant="engram")
+    table, detail = train_variant(data, states, covs, p, variant="engram")
+    df = pd.DataFrame(detail)
     s = df[df.kind == "summary"].set_index("metric").value
+    # the results table carries the summary metrics, the per-class ones and the α-sweep curve
+    final = table[table.step.isna()].set_index("metric").value
+    assert final["forget_acc"] == s["forget_acc"] and final["edit_time_s"] == s["edit_time_s"]
+    assert {f"forget_acc_class{c}" for c in range(data["n_classes"])} <= set(final.index)
+    assert set(table.variant) == {"engram"}
+    alpha = table[table.metric == "alpha_forget_acc"]
+    assert alpha.step.tolist() == sorted(alpha.step.tolist()) and alpha.step.iloc[0] == 0
     assert s["arithmetic_max_logit_diff"] < 1e-9 and s["restore_vs_erase_a_max_logit_diff"] < 1e-9
     assert s["roundtrip_max_abs_weight_diff"] < 1e-12
     assert 0 <= s["forget_acc"] <= 1 and s["edit_time_s"] > 0
@@ -236,15 +247,6 @@ def test_forget_retain_is_sample_weighted():
 
 
 # ------------------------------------------------------------------------------ pipeline and bad input
-def test_one_train_node_per_variant():
-    from pipelines.engram.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {"engram.train.original", *(f"engram.train.{v}" for v in
-                     ("engram", "engram_last_layer", "no_pinv", "random_edit", "random_edit_data_norm", "retrain",
-                      "grad_ascent", "neggrad_plus", "finetune_retain"))}
-
-
 @pytest.mark.parametrize("over,key", [
     ({"engram": {"rcond": -1.0}}, r"engram\.engram\.rcond"),
     ({"engram": {"arithmetic_pair": [3, 3]}}, r"engram\.engram\.arithmetic_pair"),
@@ -302,10 +304,43 @@ def test_user_table_is_read_with_the_constant_appended(tmp_path):
 
 
 def test_claim_on_a_variant_not_planned_names_the_claim():
+    from pipelines.engram.spec import SPEC
+
     claim = {"id": "x_vs_random", "text": "t", "metric": "control.forget_acc.random_edit_minus_engram", "op": ">=",
              "threshold": 0.5}
-    with pytest.raises(ParameterError, match=r"claim 'x_vs_random'.*\['random_edit'\]"):
-        params(claims=[claim])
-    params(claims=[claim], variants=["engram", "random_edit"])   # planned: accepted
-    with pytest.raises(ParameterError, match=r"\['neggrad_plus'\]"):
+    with pytest.raises(ParameterError, match=r"claim 'x_vs_random'.*control\.forget_acc"):
+        SPEC.check(params(claims=[claim]))
+    SPEC.check(params(claims=[claim], variants=["engram", "random_edit"]))   # planned: accepted
+    with pytest.raises(ParameterError, match=r"'neggrad_plus'"):
         params(claims=[{**claim, "metric": "variants.neggrad_plus.forget_acc"}])
+    # the original model is always planned (train.original)
+    SPEC.check(params(claims=[{**claim, "metric": "variants.original.test_acc"}]))
+
+
+def test_derived_metrics_are_per_seed_and_paired():
+    """Speed-ups are per-seed ratios, the control a per-seed difference, the common-class metrics per-seed
+    means over the classes every variant forgot, gaps to retraining paired by seed."""
+    from pipelines.core.spec import Results, SeedValues, compute_derived
+    from pipelines.engram.spec import SPEC
+
+    p = params(seeds=[0, 1], variants=["engram", "random_edit", "retrain", "grad_ascent"])
+    t = {"engram": (0.01, 0.02), "random_edit": (0.01, 0.01), "retrain": (1.0, 3.0), "grad_ascent": (2.0, 1.0)}
+    tables = {"original": Results("original").add(0, test_acc=0.9).add(1, test_acc=0.9).table()}
+    for v, ts in t.items():
+        r = Results(v)
+        for s, x in enumerate(ts):
+            classes = range(10) if v in ("engram", "random_edit") else (3, 5)
+            r.add(s, edit_time_s=x, forget_acc=0.1 * (s + 1) if v == "engram" else 0.8,
+                  **{f"forget_acc_class{c}": 0.01 * c + s for c in classes},
+                  **{f"retain_acc_class{c}": 0.9 for c in classes})
+        tables[v] = r.table()
+    values = SeedValues(tables)
+    point, per_seed = compute_derived(SPEC, p, values, list(tables), {})
+    assert per_seed["speedup.edit_time.engram_vs_retrain"] == {0: 100.0, 1: 150.0}
+    # the fastest iterative variant by its mean time (retrain 2.0 s vs grad_ascent 1.5 s), paired per seed
+    assert per_seed["speedup.edit_time.engram_vs_fastest_iterative"] == pytest.approx({0: 200.0, 1: 50.0})
+    assert per_seed["control.forget_acc.random_edit_minus_engram"] == pytest.approx({0: 0.7, 1: 0.6})
+    assert point["common.n_classes"] == 2.0
+    assert per_seed["common.engram.forget_acc"] == pytest.approx({0: 0.04, 1: 1.04})
+    assert per_seed["gap_to_retrain.forget_acc.engram"] == pytest.approx({0: 0.0, 1: 0.0})
+    assert "common.original.forget_acc" not in per_seed

@@ -1,8 +1,7 @@
-"""The report and plots of `engram`: every variant's long table (train.py) → per-seed rows (forget /
-retain accuracy, edit time, the engram's identities), derived comparisons on the classes every variant
-forgot, metric histories (the original model's training curve, the α sweep, the unlearning baselines'
-curves) and the figures: class × edit accuracy heatmaps, forgetting vs retention, the engram cosine
-matrices, the α and rcond sweeps, composition, arithmetic and edit times."""
+"""The derived metrics and plots of `engram`: speed-ups, the random-edit control and the comparisons on
+the classes every variant forgot (per seed, paired: spec.py declares them), and the figures from every
+variant's detail table (train.py): class × edit accuracy heatmaps, forgetting vs retention, the engram
+cosine matrices, the α and rcond sweeps, composition, arithmetic, edit times and training curves."""
 from __future__ import annotations
 
 import math
@@ -14,7 +13,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipelines.core.report import build_report  # noqa: E402
 from pipelines.engram.params import Params  # noqa: E402
 
 ITERATIVE = ("retrain", "grad_ascent", "neggrad_plus", "finetune_retain")
@@ -28,81 +26,87 @@ def _plot_seed(p: Params) -> int:
     return p.plot_seed if p.plot_seed is not None else p.seeds[0]
 
 
-def summary_rows(results: dict[str, pd.DataFrame]) -> list[dict]:
-    rows = []
-    for v, df in results.items():
-        s = df[df.kind == "summary"]
-        for seed, g in s.groupby("seed", sort=True):
-            rows.append({"variant": v, "seed": int(seed), **dict(zip(g.metric, g.value.astype(float), strict=True))})
-    return rows
+def summary_rows(values) -> list[dict]:
+    """Per-seed rows ``{variant, seed, <metric>: value}`` of the results tables (core.spec.SeedValues)."""
+    return values.rows()
 
 
-def common_classes(results: dict[str, pd.DataFrame]) -> list[int]:
+def detail_frames(artifacts: dict) -> dict[str, pd.DataFrame]:
+    """Each variant's detail table (train.py) from its JSON columns."""
+    return {v: pd.DataFrame(a) for v, a in artifacts.items()}
+
+
+def _classes(values, v: str, metric: str = "forget_acc") -> set[int]:
+    pre = f"{metric}_class"
+    return {int(k[len(pre):]) for k in values.metrics(v) if k.startswith(pre)}
+
+
+def common_classes(values) -> list[int]:
     """The classes every edit variant forgot (the baselines may cover a subset of them)."""
-    sets = [set(df[(df.kind == "per_class")].cls.unique().tolist()) for v, df in results.items() if v != "original"]
+    sets = [_classes(values, v) for v in values.variants if v != "original"]
     return sorted(set.intersection(*sets)) if sets else []
 
 
+def _common(values, v: str, k: str, classes: list[int]) -> dict[int, float]:
+    """Per seed, ``k`` (forget_acc / retain_acc) averaged over ``classes``."""
+    per = [values.per_seed(v, f"{k}_class{c}") for c in classes]
+    seeds = sorted(set.intersection(*(set(d) for d in per)))
+    return {s: float(np.mean([d[s] for d in per])) for s in seeds}
+
+
+def common_metrics(values, p: Params) -> dict:
+    """``common.n_classes`` and, per seed, each edit variant's forget / retain accuracy on the classes
+    every variant forgot (``common.<v>.<k>``) and its gap to retraining (``gap_to_retrain.<k>.<v>``)."""
+    classes = common_classes(values)
+    out: dict = {"common.n_classes": float(len(classes))}
+    if not classes:
+        return out
+    edits = [v for v in values.variants if v != "original"]
+    for v in edits:
+        for k in ("forget_acc", "retain_acc"):
+            out[f"common.{v}.{k}"] = _common(values, v, k, classes)
+    if "retrain" in edits:
+        from pipelines.core.spec import paired
+
+        for v in edits:
+            if v == "retrain":
+                continue
+            for k in ("retain_acc", "forget_acc"):
+                a, b = out[f"common.{v}.{k}"], out[f"common.retrain.{k}"]
+                out[f"gap_to_retrain.{k}.{v}"] = {s: a[s] - b[s] for s in paired(a, b)}
+    return out
+
+
+def common_names(p: Params, planned) -> list[str]:
+    edits = [v for v in planned if v != "original"]
+    names = ["common.n_classes", *(f"common.{v}.{k}" for v in edits for k in ("forget_acc", "retain_acc"))]
+    if "retrain" in edits:
+        names += [f"gap_to_retrain.{k}.{v}" for v in edits if v != "retrain" for k in ("retain_acc", "forget_acc")]
+    return names
+
+
+def fastest_iterative_speedup(values, p: Params) -> dict:
+    """``speedup.edit_time.engram_vs_fastest_iterative``: per seed, the edit time of the fastest iterative
+    variant (retraining or an unlearning baseline; chosen by its mean over seeds) over the engram's."""
+    its = [v for v in ITERATIVE if v in values.variants]
+    if not its:
+        return {}
+    fastest = min(its, key=lambda v: values.mean(v, "edit_time_s"))
+    t_eng, t_it = values.per_seed("engram", "edit_time_s"), values.per_seed(fastest, "edit_time_s")
+    from pipelines.core.spec import paired
+
+    return {"speedup.edit_time.engram_vs_fastest_iterative":
+            {s: t_it[s] / t_eng[s] if t_eng[s] > 0 else math.nan for s in paired(t_eng, t_it)}}
+
+
+def fastest_names(p: Params, planned) -> list[str]:
+    return ["speedup.edit_time.engram_vs_fastest_iterative"] if any(v in planned for v in ITERATIVE) else []
+
+
 def _per_class_means(df: pd.DataFrame, classes: list[int]) -> pd.DataFrame:
-    """Per seed, forget and retain accuracy averaged over ``classes``."""
+    """Per seed, forget and retain accuracy averaged over ``classes`` (a detail table)."""
     d = df[(df.kind == "per_class") & df.cls.isin(classes)]
     return d.pivot_table(index="seed", columns="metric", values="value", aggfunc="mean")
-
-
-def derived_metrics(results: dict[str, pd.DataFrame], rows: list[dict], p: Params) -> dict[str, float]:
-    m: dict[str, float] = {}
-    mean = pd.DataFrame(rows).groupby("variant").mean(numeric_only=True)
-
-    def get(v: str, k: str) -> float:
-        return float(mean.loc[v, k]) if v in mean.index and k in mean.columns and not pd.isna(mean.loc[v, k]) else math.nan
-
-    t_eng = get("engram", "edit_time_s")
-    for v in ITERATIVE:
-        if v in mean.index and t_eng > 0:
-            m[f"speedup.edit_time.engram_vs_{v}"] = get(v, "edit_time_s") / t_eng
-    its = [get(v, "edit_time_s") for v in ITERATIVE if v in mean.index]
-    if its and t_eng > 0:
-        m["speedup.edit_time.engram_vs_fastest_iterative"] = min(its) / t_eng
-    if "random_edit" in mean.index and "engram" in mean.index:
-        m["control.forget_acc.random_edit_minus_engram"] = get("random_edit", "forget_acc") - get("engram", "forget_acc")
-    classes = common_classes(results)
-    m["common.n_classes"] = float(len(classes))
-    for v, df in results.items():
-        if v == "original" or not classes:
-            continue
-        pc = _per_class_means(df, classes)
-        for k in ("forget_acc", "retain_acc"):
-            if k in pc:
-                m[f"common.{v}.{k}"] = float(pc[k].mean())
-    if "common.retrain.retain_acc" in m:
-        for v in results:
-            if f"common.{v}.retain_acc" in m and v != "retrain":
-                m[f"gap_to_retrain.retain_acc.{v}"] = m[f"common.{v}.retain_acc"] - m["common.retrain.retain_acc"]
-                m[f"gap_to_retrain.forget_acc.{v}"] = m[f"common.{v}.forget_acc"] - m["common.retrain.forget_acc"]
-    return m
-
-
-def histories(results: dict[str, pd.DataFrame], p: Params) -> dict[str, dict]:
-    """Curves with steps: the original model's test accuracy per epoch (mean over seeds), the α sweep of
-    the engram (step = round(100 α)), the unlearning baselines' train-forget/retain accuracy per step
-    (first seed, first class, chosen lr)."""
-    out: dict[str, dict] = {}
-    for v, df in results.items():
-        h = df[df.kind == "history"]
-        series: dict[str, list] = {}
-        first = h[h.seed == p.seeds[0]] if v in ITERATIVE else h
-        for name, g in first.groupby("metric", sort=True):
-            s = g.groupby("cls").value.mean().sort_index()
-            series[name] = [(int(k), float(x)) for k, x in s.items()]
-        if v == "engram":
-            a = df[df.kind == "alpha"].copy()
-            a["step"] = (a.edit.astype(float) * 100).round().astype(int)
-            for name, g in a.groupby("metric", sort=True):
-                s = g.groupby("step").value.mean().sort_index()
-                series[f"alpha_{name}"] = [(int(k), float(x)) for k, x in s.items()]
-        if series:
-            out[v] = series
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -302,14 +306,14 @@ def _curves(results: dict[str, pd.DataFrame], p: Params, eng_summary: dict, base
     return fig
 
 
-def make_plots(p: Params, **results: pd.DataFrame) -> dict:
+def make_plots(p: Params, values, artifacts: dict) -> dict:
+    results = detail_frames(artifacts)
     seed = _plot_seed(p)
     C = int(results["original"][results["original"].kind == "class_acc"].cls.max()) + 1
-    rows = summary_rows(results)
+    rows = summary_rows(values)
     figs = {"class_edit_accuracy": _heatmaps(results, seed, C),
-            "forget_vs_retain": _forget_vs_retain(results, common_classes(results), rows),
+            "forget_vs_retain": _forget_vs_retain(results, common_classes(values), rows),
             "edit_time": _times(rows)}
-    hist = histories(results, p)
     if "engram" in results:
         eng = results["engram"]
         summ = {r["seed"]: r for r in rows if r["variant"] == "engram"}
@@ -319,12 +323,12 @@ def make_plots(p: Params, **results: pd.DataFrame) -> dict:
                      "arithmetic": _arithmetic(results, seed, p.engram.arithmetic_pair, C)})
     eng_mean = pd.DataFrame([r for r in rows if r["variant"] == "engram"]).mean(numeric_only=True).to_dict() \
         if "engram" in results else {}
-    figs["training_curves"] = _curves(results, p, eng_mean, hist.get("original", {}).get("test_acc", []))
+    base = results["original"]
+    h = base[(base.kind == "history") & (base.metric == "test_acc")]
+    base_hist = [(int(k), float(x)) for k, x in h.groupby("cls").value.mean().sort_index().items()]
+    figs["training_curves"] = _curves(results, p, eng_mean, base_hist)
     return figs
 
 
-def report(p: Params, plots: dict, **results: pd.DataFrame) -> dict:
-    rows = summary_rows(results)
-    metrics = derived_metrics(results, rows, p)
-    return build_report("engram", p, rows, metrics, artifacts=plots, histories=histories(results, p),
-                        extra={"common_classes": common_classes(results)})
+def report_extra(p: Params, values, artifacts: dict) -> dict:
+    return {"common_classes": common_classes(values)}

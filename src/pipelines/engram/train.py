@@ -1,11 +1,15 @@
-"""The nodes of `engram`'s train stage: the original MLP (``train.original``), the layer statistics of the
-original model (``data.covariances``), and one ``train.<variant>`` node per edit variant.
+"""The nodes of `engram`'s train stage: the original MLP (``data.original``, the model every edit starts
+from), the layer statistics of the original model (``data.covariances``), and one ``train.<variant>`` node
+per variant (``train.original`` evaluates the original model).
 
-Every variant writes a long table ``(seed, kind, edit, cls, metric, value)``:
-  kind ``summary``   one per-seed metric (forget_acc, retain_acc, edit_time_s, …) → the report's rows;
+Every variant collects a detail table ``(seed, kind, edit, cls, metric, value)``:
+  kind ``summary``   one per-seed metric (forget_acc, retain_acc, edit_time_s, …) → the results table;
+  kind ``per_class`` forget / retain accuracy of erasing class ``cls`` → the results table (``*_class<c>``);
   kind ``class_acc`` test accuracy of class ``cls`` after edit ``edit`` (the class × edit heatmaps);
   kind ``alpha`` / ``rcond`` / ``compose`` / ``cos`` / ``history`` the sweeps, the cosine matrices and the
-  curves the plots and metric histories read.
+  curves the plots read (the curves are also the results table's histories).
+``train_variant`` returns the core results table (core.spec.Results) and the detail table (JSON, for the
+plots).
 Gradient training (the original model, retraining and the three iterative unlearning baselines) goes
 through ``core.training.fit``; the engram edits are closed-form (no optimiser)."""
 from __future__ import annotations
@@ -77,9 +81,10 @@ def train_mlp(x: torch.Tensor, y: torch.Tensor, n_classes: int, p: Params, seed:
 
 
 # ------------------------------------------------------------------------------------------ original
-def train_original(dataset: dict, p: Params) -> tuple[dict, pd.DataFrame]:
-    """The original MLP of every seed (the model every edit starts from) and its metrics and curves."""
-    rows, states = Rows(), {}
+def train_original(dataset: dict, p: Params) -> dict:
+    """``data.original``: the original MLP of every seed (the model every edit starts from) with what its
+    training recorded (seconds, test accuracy per epoch, training loss per epoch)."""
+    states, records = {}, {}
     C = dataset["n_classes"]
     for seed in p.seeds:
         node_setup(p, seed)
@@ -88,30 +93,39 @@ def train_original(dataset: dict, p: Params) -> tuple[dict, pd.DataFrame]:
         net, curve, losses = train_mlp(xtr, ytr, C, p, seed, "engram.original", monitor=(xte, yte))
         secs = time.perf_counter() - t0
         states[str(seed)] = net.state_dict()
-        W = weights_of(net)
-        acc = per_class_accuracy(W, xte, yte, C)
-        counts = torch.bincount(yte, minlength=C).double()
-        test_acc = float((acc * counts).sum() / counts.sum())
-        train_acc = float((logits(W, xtr).argmax(1) == ytr).double().mean())
-        fr = [forget_retain(acc, counts, c) for c in range(C)]
-        for k, v in {"test_acc": test_acc, "train_acc": train_acc, "train_time_s": secs,
-                     "forget_acc": float(np.mean([f for f, _ in fr])), "retain_acc": float(np.mean([r for _, r in fr])),
-                     "n_train_class_min": float(torch.bincount(ytr).min()),
-                     "n_train_class_max": float(torch.bincount(ytr).max())}.items():
-            rows.add(seed, "summary", k, v)
-        for c in range(C):
-            rows.add(seed, "class_acc", "acc", float(acc[c]), edit="original", cls=c)
-        for e, v in enumerate(curve):
-            rows.add(seed, "history", "test_acc", v, edit="epoch", cls=e + 1)
-        for e, v in enumerate(losses):
-            rows.add(seed, "history", "train_loss", v, edit="epoch", cls=e + 1)
-        log.info("engram.original seed %s: test acc %.4f", seed, test_acc)
-    return states, rows.frame()
+        records[str(seed)] = {"train_time_s": float(secs), "test_acc": [float(v) for v in curve],
+                              "train_loss": [float(v) for v in losses]}
+    return {"states": states, "training": records}
+
+
+def evaluate_original(rows: Rows, seed: int, original_model: dict, dataset: dict, p: Params) -> None:
+    """``train.original``: the original model's metrics and curves of one seed."""
+    C = dataset["n_classes"]
+    xtr, ytr, xte, yte = _split(dataset, seed)
+    rec = original_model["training"][str(seed)]
+    W = _weights(original_model, seed, dataset, p)
+    acc = per_class_accuracy(W, xte, yte, C)
+    counts = torch.bincount(yte, minlength=C).double()
+    test_acc = float((acc * counts).sum() / counts.sum())
+    train_acc = float((logits(W, xtr).argmax(1) == ytr).double().mean())
+    fr = [forget_retain(acc, counts, c) for c in range(C)]
+    for k, v in {"test_acc": test_acc, "train_acc": train_acc, "train_time_s": rec["train_time_s"],
+                 "forget_acc": float(np.mean([f for f, _ in fr])), "retain_acc": float(np.mean([r for _, r in fr])),
+                 "n_train_class_min": float(torch.bincount(ytr).min()),
+                 "n_train_class_max": float(torch.bincount(ytr).max())}.items():
+        rows.add(seed, "summary", k, v)
+    for c in range(C):
+        rows.add(seed, "class_acc", "acc", float(acc[c]), edit="original", cls=c)
+    for e, v in enumerate(rec["test_acc"]):
+        rows.add(seed, "history", "test_acc", v, edit="epoch", cls=e + 1)
+    for e, v in enumerate(rec["train_loss"]):
+        rows.add(seed, "history", "train_loss", v, edit="epoch", cls=e + 1)
+    log.info("engram.original seed %s: test acc %.4f", seed, test_acc)
 
 
 def _weights(original: dict, seed: int, dataset: dict, p: Params) -> list[torch.Tensor]:
     net = build_mlp(dataset["n_features"], p.model.hidden, dataset["n_classes"])
-    net.load_state_dict(original[str(seed)])
+    net.load_state_dict(original["states"][str(seed)])
     return weights_of(net)
 
 
@@ -419,12 +433,16 @@ def run_iterative(variant: str, rows: Rows, seed: int, W: list[torch.Tensor], da
         rows.add(seed, "summary", k, v)
 
 
-def train_variant(dataset: dict, original_model: dict, covariances: dict, p: Params, variant: str) -> pd.DataFrame:
-    """One edit variant on every seed (the long table of the module docstring)."""
+def train_variant(dataset: dict, original_model: dict, covariances: dict, p: Params, variant: str):
+    """One variant on every seed: the results table (per-seed metrics, per-class forget / retain
+    accuracies, curves) and the detail table of the module docstring (JSON columns, for the plots)."""
     rows = Rows()
     C = dataset["n_classes"]
     for seed in p.seeds:
         node_setup(p, seed)
+        if variant == "original":
+            evaluate_original(rows, seed, original_model, dataset, p)
+            continue
         data = _split(dataset, seed)
         W = _weights(original_model, seed, dataset, p)
         covs = covariances[str(seed)]
@@ -435,7 +453,33 @@ def train_variant(dataset: dict, original_model: dict, covariances: dict, p: Par
         else:
             run_iterative(variant, rows, seed, W, dataset, data, C, p)
         log.info("engram.%s seed %s done", variant, seed)
-    return rows.frame()
+    detail = rows.frame()
+    return results_table(variant, detail), {c: detail[c].tolist() for c in COLUMNS}
 
 
-__all__ = ["covariances", "train_original", "train_variant"]
+def results_table(variant: str, detail: pd.DataFrame):
+    """The core long table of one variant from its detail table: the per-seed summary metrics, the
+    per-class forget / retain accuracies (``forget_acc_class<c>``, ``retain_acc_class<c>``: the report
+    compares variants on the classes all of them forgot), and the curves: the original model's per-epoch
+    test accuracy and loss, the iterative baselines' train-forget / retain accuracy per step, the engram's
+    α sweep (``alpha_forget_acc`` / ``alpha_retain_acc``, step = round(100 α))."""
+    from pipelines.core.spec import Results
+
+    res = Results(variant)
+    for seed, g in detail.groupby("seed", sort=True):
+        s = g[g.kind == "summary"]
+        res.add(seed, **dict(zip(s.metric, s.value.astype(float), strict=True)))
+        pc = g[g.kind == "per_class"]
+        res.add(seed, **{f"{m}_class{int(c)}": float(v) for m, c, v in zip(pc.metric, pc.cls, pc.value, strict=True)})
+        h = g[g.kind == "history"]
+        for name, hg in h.groupby("metric", sort=True):
+            hg = hg.sort_values("cls")
+            res.history(seed, name, hg.value.astype(float), steps=hg.cls)
+        a = g[g.kind == "alpha"]
+        for name, ag in a.groupby("metric", sort=True):
+            steps = (ag.edit.astype(float) * 100).round().astype(int)
+            res.history(seed, f"alpha_{name}", ag.value.astype(float), steps=steps)
+    return res.table()
+
+
+__all__ = ["covariances", "results_table", "train_original", "train_variant"]

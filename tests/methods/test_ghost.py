@@ -1,7 +1,8 @@
 """Tests of `ghost`: balanced-truncation scores against the Hankel singular values from scipy's Lyapunov
 solvers on an LTI system, the GHOST score against the brute-force output error of removing a channel,
 Taylor / Fisher against finite differences, 0% pruning, masking vs hard truncation, the selection rules,
-the corpus generator, one train node per variant, bad parameters and bad user files. The end-to-end
+the corpus generator, the derived metrics declared on the results tables, bad parameters and bad user
+files. The end-to-end
 --env=test run is covered by tests/methods/test_all_pipelines.py (its report is checked here through the
 shared ``test_env_run`` fixture)."""
 import copy
@@ -287,16 +288,6 @@ def test_user_corpus_is_checked_and_bad_files_name_dataset_and_column(tmp_path):
 
 
 # ------------------------------------------------------------------ pipeline and parameters
-def test_one_train_node_per_variant():
-    from pipelines.ghost.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    p = parse(env_raw("base"))
-    assert names == {f"ghost.train.{v}" for v in p.variants}
-    for env in ("test", "full"):
-        parse(env_raw(env))
-
-
 @pytest.mark.parametrize("path,value,key", [
     (("prune", "rhos"), [0.5, 1.0], r"ghost\.prune\.rhos"),
     (("model", "n_groups"), 3, r"ghost\.model: .*n_groups"),
@@ -326,12 +317,60 @@ def test_report_of_the_test_env_run(test_env_run):
 
 
 def test_claims_must_name_planned_variants_and_ratios():
+    from pipelines.ghost.spec import SPEC
+
     raw = copy.deepcopy(env_raw("base"))
     raw["eval"]["main_variants"] = ["dense", "ghost", "taylor", "fisher"]
-    # core's MethodParams check (any variants.<v>.* claim) or ghost's own (derived metrics) names the claim
-    with pytest.raises(ParameterError, match="claim '(state_matters|ghost_beats_random_at_half)'.*'random'"):
+    # core's MethodParams check (any variants.<v>.* claim or gate) names it
+    with pytest.raises(ParameterError, match="(claim|gate) '(state_matters|state_carries_information)'.*'random'"):
         parse(raw)
     raw = copy.deepcopy(env_raw("base"))
     raw["eval"]["decode_rhos"] = [0.5]
     with pytest.raises(ParameterError, match="claim 'pruned_decode_faster'.*rho075"):
-        parse(raw)
+        SPEC.check(parse(raw))
+    raw = copy.deepcopy(env_raw("base"))
+    raw["prune"]["rhos"] = [0.5]
+    raw["eval"]["decode_rhos"] = [0.5]
+    with pytest.raises(ParameterError, match="variant 'random' produces no metric 'delta_ppl_rho075'"):
+        SPEC.check(parse(raw))
+    raw = copy.deepcopy(env_raw("base"))
+    raw["eval"]["loo_seqs"] = 0
+    with pytest.raises(ParameterError, match="claim 'ghost_ranks_like_leave_one_out'.*spearman_vs_loo"):
+        SPEC.check(parse(raw))
+    SPEC.check(parse(env_raw("base")))
+
+
+def test_derived_metrics_are_per_seed_and_paired():
+    """Margins and ratios pair GHOST with each baseline seed by seed (the best gradient method chosen by its
+    mean); the heavy tail is the worst case over seeds and ratios; the decode speed-up keeps its own interval."""
+    from pipelines.core.spec import Results, SeedValues, compute_derived
+    from pipelines.ghost.spec import SPEC
+
+    raw = copy.deepcopy(env_raw("base"))
+    raw["prune"].update(rhos=[0.75], extra_rhos=[])
+    raw["eval"]["decode_rhos"] = [0.75]
+    raw["claims"] = [c for c in raw["claims"] if "rho050" not in c["metric"]]
+    p = parse(raw)
+    d = {"ghost": (0.1, 0.3), "random": (2.0, 1.0), "taylor": (0.5, 0.1), "fisher": (0.2, 0.3)}
+    tables = {"dense": Results("dense").add(0, test_ppl=40.0, delta_ppl=0.0).add(1, test_ppl=40.0, delta_ppl=0.0)}
+    for v, xs in d.items():
+        r = Results(v)
+        for s, x in enumerate(xs):
+            r.add(s, delta_ppl_rho075=x, top_half_mass_min_rho075=0.9 + 0.01 * s, calib_time_s_rho075=1.0 + s)
+        tables[v] = r
+    values = SeedValues({v: r.table() for v, r in tables.items()})
+    timing = {"speedup": {"rho075": {"ratio": 1.3, "ci_low": 1.2, "ci_high": 1.4, "rounds": 9}}}
+    loo = {"delta_nll": torch.zeros(0)}
+    blob = {"history": torch.tensor([3.0, 2.0]), "dense_val_nll": torch.tensor(3.5)}
+    point, per_seed = compute_derived(SPEC, p, values, list(tables),
+                                      {"timing": timing, "loo": loo, "model_blob": blob, "artifacts": {}})
+    assert per_seed["margin.delta_ppl_rho075.ghost_minus_half_random"] == pytest.approx({0: -0.9, 1: -0.2})
+    # Taylor's mean (0.3) beats Fisher's (0.25)? no: Fisher is the better gradient method, paired per seed
+    assert per_seed["margin.delta_ppl_rho075.ghost_minus_1p2_best_gradient"] == pytest.approx({0: 0.1 - 0.24, 1: 0.3 - 0.36})
+    assert per_seed["ratio.delta_ppl_rho075.ghost_vs_random"] == pytest.approx({0: 0.05, 1: 0.3})
+    assert point["heavy_tail.ghost_top_half_mass_min"] == pytest.approx(0.9)
+    assert per_seed["calib_speedup.ghost_vs_best_gradient"] == pytest.approx({0: 1.0, 1: 1.0})
+    est = point["decode_speedup.rho075"]
+    assert (est.value, est.lo, est.hi, est.n) == (1.3, 1.2, 1.4, 9)
+    assert per_seed["dense_ppl_over_vocab"] == {0: 40.0 / 256, 1: 40.0 / 256}
+    assert point["train_final_loss"] == 2.5 and point["dense_val_nll"] == 3.5

@@ -1,6 +1,7 @@
 """The shared evaluate work of `ghost`: the leave-one-channel-out oracle on layer 0, the decode benchmark
-(dense vs hard-truncated models, interleaved in ONE node so that load hits every model alike), the report
-with the card's claims, and the plots (perplexity vs pruning ratio, kept-channel maps, score histograms)."""
+(dense vs hard-truncated models, interleaved in ONE node so that load hits every model alike), the derived
+metrics the card's claims read (per seed, paired, where they are per-seed; spec.py declares them), and the
+plots (perplexity vs pruning ratio, kept-channel maps, score histograms)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,6 @@ import pandas as pd
 import torch
 
 from pipelines.core.metrics import interleaved_timing, ratio_ci
-from pipelines.core.report import build_report
 from pipelines.core.runtime import node_setup
 from pipelines.core.seqmodels import generate
 from pipelines.ghost import model as M
@@ -89,25 +89,52 @@ def decode_timing(corpus: dict[str, torch.Tensor], model_blob: dict, ghost_score
     return out
 
 
-# ------------------------------------------------------------------------------------------- report
-def gather(results: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    return pd.concat([r for r in results.values() if not r.empty], ignore_index=True)
+# ------------------------------------------------------------------------------------------- derived
+BASELINES = ("random", "weight_magnitude", "taylor", "fisher", "activation_magnitude")
+GRADIENT = ("taylor", "fisher")
 
 
-def report_rows(table: pd.DataFrame) -> list[dict]:
-    """One row per variant × seed with the metrics of each ratio as ``<metric>_rho050`` etc."""
-    rows = []
-    for (variant, seed), d in table.groupby(["variant", "seed"], sort=False):
-        row: dict = {"variant": variant, "seed": int(seed)}
-        for rec in d.to_dict("records"):
-            suffix = "" if variant == "dense" else "_" + rho_key(rec["rho"])
-            for k in ("test_ppl", "delta_ppl", "calib_time_s", "state_bytes_per_seq", "kept_fraction",
-                      "top_half_mass_min", "mqar_acc"):
-                v = rec.get(k)
-                if v is not None and not (isinstance(v, float) and math.isnan(v)):
-                    row[f"{k}{suffix}"] = float(v)
-        rows.append(row)
-    return rows
+def all_rhos(p: Params) -> list[float]:
+    return sorted(set(p.prune.rhos) | set(p.prune.extra_rhos))
+
+
+def _best(values, candidates, metric: str) -> str | None:
+    """The candidate with the lowest mean of ``metric`` (None: none produced it)."""
+    have = [v for v in candidates if v in values.variants and values.has(v, metric)]
+    return min(have, key=lambda v: values.mean(v, metric)) if have else None
+
+
+def margins(values, p: Params) -> dict:
+    """Per seed, paired: ``margin.<k>.ghost_minus_half_<base>`` = ghost − ½·base, and
+    ``margin.<k>.ghost_minus_1p2_best_gradient`` = ghost − 1.2·(the better of Taylor and Fisher, by its
+    mean), for every pruning ratio's ``delta_ppl``."""
+    from pipelines.core.spec import paired
+
+    out: dict = {}
+    for rho in all_rhos(p):
+        k = f"delta_ppl_{rho_key(rho)}"
+        if not values.has("ghost", k):
+            continue
+        g = values.per_seed("ghost", k)
+        for base in BASELINES:
+            if base in values.variants and values.has(base, k):
+                b = values.per_seed(base, k)
+                out[f"margin.{k}.ghost_minus_half_{base}"] = {s: g[s] - 0.5 * b[s] for s in paired(g, b)}
+        best = _best(values, GRADIENT, k)
+        if best is not None:
+            b = values.per_seed(best, k)
+            out[f"margin.{k}.ghost_minus_1p2_best_gradient"] = {s: g[s] - 1.2 * b[s] for s in paired(g, b)}
+    return out
+
+
+def margin_names(p: Params, planned) -> list[str]:
+    out = []
+    for rho in all_rhos(p):
+        k = f"delta_ppl_{rho_key(rho)}"
+        out += [f"margin.{k}.ghost_minus_half_{b}" for b in BASELINES if b in planned]
+        if set(GRADIENT) & set(planned):
+            out.append(f"margin.{k}.ghost_minus_1p2_best_gradient")
+    return out
 
 
 def spearman_vs_loo(scores: dict, loo: dict, seed: str) -> float:
@@ -121,73 +148,106 @@ def spearman_vs_loo(scores: dict, loo: dict, seed: str) -> float:
     return float(spearmanr(first.flatten().numpy(), loo["delta_nll"].flatten().numpy()).statistic)
 
 
-def derived_metrics(mean: dict[str, dict[str, float]], scores: dict[str, dict], loo: dict, timing: dict,
-                    p: Params) -> dict[str, float]:
-    def get(v: str, k: str) -> float:
-        return float(mean.get(v, {}).get(k, math.nan))
-
-    out: dict[str, float] = {}
-    for rho in sorted(set(p.prune.rhos) | set(p.prune.extra_rhos)):
-        k = f"delta_ppl_{rho_key(rho)}"
-        g = get("ghost", k)
-        for base in ("random", "weight_magnitude", "taylor", "fisher", "activation_magnitude"):
-            b = get(base, k)
-            if not math.isnan(b):
-                out[f"ratio.{k}.ghost_vs_{base}"] = g / b if b != 0 else math.nan
-                out[f"margin.{k}.ghost_minus_half_{base}"] = g - 0.5 * b
-        grad = [get(v, k) for v in ("taylor", "fisher") if not math.isnan(get(v, k))]
-        if grad:
-            out[f"margin.{k}.ghost_minus_1p2_best_gradient"] = g - 1.2 * min(grad)
+def rank_correlations(values, p: Params, loo: dict, artifacts: dict) -> dict:
+    """``spearman_vs_loo.<v>``: layer-0 scores of the first seed vs the leave-one-out oracle (one seed:
+    the oracle is computed once)."""
     seed0 = str(p.seeds[0])
-    for v, sc in scores.items():
-        if v != "dense":
-            out[f"spearman_vs_loo.{v}"] = spearman_vs_loo(sc, loo, seed0)
-    # heavy tail: the least concentrated layer over every seed and ratio GHOST pruned at
-    tails = [float(M.top_half_mass(s)) for sd in scores.get("ghost", {}).values() for e in sd.values()
-             for s in e["scores"]]
-    out["heavy_tail.ghost_top_half_mass_min"] = min(tails) if tails else math.nan
-    # calibration cost (process CPU time), gradient methods over GHOST, at the largest main ratio
+    return {f"spearman_vs_loo.{v}": spearman_vs_loo(sc, loo, seed0) for v, sc in artifacts.items() if v != "dense"}
+
+
+def spearman_names(p: Params, planned) -> list[str]:
+    return [f"spearman_vs_loo.{v}" for v in planned if v != "dense"] if p.eval.loo_seqs > 0 else []
+
+
+def heavy_tail(values, p: Params) -> dict:
+    """``heavy_tail.ghost_top_half_mass_min``: the least concentrated layer over every seed and ratio
+    GHOST pruned at (a worst case over seeds: one value)."""
+    tails = [x for k, d in values.metrics("ghost").items() if k.startswith("top_half_mass_min_") for x in d.values()]
+    return {"heavy_tail.ghost_top_half_mass_min": min(tails) if tails else math.nan}
+
+
+def calib_speedup(values, p: Params) -> dict:
+    """``calib_speedup.ghost_vs_best_gradient``: per seed, the calibration time of the faster gradient
+    method (by its mean) over GHOST's, at the largest main ratio."""
+    from pipelines.core.spec import paired
+
     k = f"calib_time_s_{rho_key(max(p.prune.rhos))}"
-    grad_t = [get(v, k) for v in ("taylor", "fisher") if not math.isnan(get(v, k))]
-    if grad_t and get("ghost", k) > 0:
-        out["calib_speedup.ghost_vs_best_gradient"] = min(grad_t) / get("ghost", k)
+    best = _best(values, GRADIENT, k)
+    if best is None or not values.has("ghost", k):
+        return {}
+    g, b = values.per_seed("ghost", k), values.per_seed(best, k)
+    return {"calib_speedup.ghost_vs_best_gradient": {s: b[s] / g[s] if g[s] > 0 else math.nan for s in paired(g, b)}}
+
+
+def calib_names(p: Params, planned) -> list[str]:
+    return ["calib_speedup.ghost_vs_best_gradient"] if set(GRADIENT) & set(planned) else []
+
+
+def decode_metrics(values, p: Params, timing: dict) -> dict:
+    """The decode benchmark (one interleaved measurement): speed-ups with their order-statistic interval
+    over rounds, tokens per second, state bytes, and the truncation check."""
+    from pipelines.core.stats import Estimate
+
+    out: dict = {}
     for name, s in timing.get("speedup", {}).items():
-        out[f"decode_speedup.{name}"] = s["ratio"]
-        out[f"decode_speedup.{name}.ci_low"] = s["ci_low"]
-        out[f"decode_speedup.{name}.ci_high"] = s["ci_high"]
+        out[f"decode_speedup.{name}"] = Estimate(s["ratio"], s["ci_low"], s["ci_high"], n=s["rounds"])
     for name, v in timing.get("decode_tok_per_s", {}).items():
-        out[f"decode_tok_per_s.{name}"] = v
+        out[f"decode_tok_per_s.{name}"] = float(v)
     for name, v in timing.get("state_bytes_per_seq", {}).items():
         out[f"state_bytes_per_seq.{name}"] = float(v)
     if "truncation_max_abs_logit_diff" in timing:
-        out["truncation_max_abs_logit_diff"] = timing["truncation_max_abs_logit_diff"]
+        out["truncation_max_abs_logit_diff"] = float(timing["truncation_max_abs_logit_diff"])
     return out
 
 
-def report(p: Params, model_blob: dict, loo: dict, timing: dict, plots: dict, **outputs) -> dict:
-    """``outputs``: ``results_<variant>`` tables and ``scores_<variant>`` dicts of the train nodes."""
-    from pipelines.core.report import aggregate_seeds
+def decode_names(p: Params, planned) -> list[str]:
+    ks = ["dense", *(rho_key(r) for r in p.eval.decode_rhos)]
+    return [*(f"decode_speedup.{rho_key(r)}" for r in p.eval.decode_rhos), *(f"decode_tok_per_s.{k}" for k in ks),
+            *(f"state_bytes_per_seq.{k}" for k in ks), "truncation_max_abs_logit_diff"]
 
-    results = {k[len("results_"):]: v for k, v in outputs.items() if k.startswith("results_")}
-    scores = {k[len("scores_"):]: v for k, v in outputs.items() if k.startswith("scores_")}
-    rows = report_rows(gather(results))
-    mean, _, _ = aggregate_seeds(rows)
-    metrics = derived_metrics(mean, scores, loo, timing, p)
-    metrics["dense_val_nll"] = float(model_blob["dense_val_nll"])
+
+def model_metrics(values, p: Params, model_blob: dict) -> dict:
+    """The one SSM LM: its validation NLL and final training loss (mean of the last 20 steps)."""
     hist = model_blob["history"].tolist()
-    metrics["train_final_loss"] = float(np.mean(hist[-20:])) if hist else math.nan
-    return build_report("ghost", p, rows, metrics, artifacts=plots,
-                        histories={"run": {"train_loss": hist}},
-                        extra={"decode_timing": timing})
+    return {"dense_val_nll": float(model_blob["dense_val_nll"]),
+            "train_final_loss": float(np.mean(hist[-20:])) if hist else math.nan}
+
+
+def dense_ppl_over_vocab(values, p: Params) -> dict:
+    """``dense_ppl_over_vocab``: per seed, the dense model's test perplexity as a fraction of the uniform
+    model's (vocab_size): the gate that the LM learned its corpus at any vocabulary size."""
+    return {"dense_ppl_over_vocab": {s: x / p.data.vocab_size for s, x in values.per_seed("dense", "test_ppl").items()}}
+
+
+def report_extra(p: Params, values, artifacts: dict, timing: dict) -> dict:
+    return {"decode_timing": timing}
 
 
 # ------------------------------------------------------------------------------------------- plots
-def make_plots(p: Params, model_blob: dict, loo: dict, **outputs) -> dict:
+def ratio_table(values, p: Params) -> pd.DataFrame:
+    """One row per variant × seed × ratio (variant, seed, rho, test_ppl, delta_ppl) from the results tables."""
+    rows = []
+    for v in values.variants:
+        ms = values.metrics(v)
+        if v == "dense":
+            rows += [{"variant": v, "seed": s, "rho": 0.0, "test_ppl": x, "delta_ppl": ms["delta_ppl"][s]}
+                     for s, x in ms.get("test_ppl", {}).items()]
+            continue
+        for rho in all_rhos(p):
+            k = rho_key(rho)
+            rows += [{"variant": v, "seed": s, "rho": rho, "test_ppl": x, "delta_ppl": ms[f"delta_ppl_{k}"][s]}
+                     for s, x in ms.get(f"test_ppl_{k}", {}).items()]
+    return pd.DataFrame(rows, columns=["variant", "seed", "rho", "test_ppl", "delta_ppl"]).sort_values(
+        ["variant", "seed", "rho"], kind="stable").reset_index(drop=True)
+
+
+def make_plots(p: Params, values, scores: dict, model_blob: dict, loo: dict) -> dict:
     import matplotlib.pyplot as plt
 
-    results = {k[len("results_"):]: v for k, v in outputs.items() if k.startswith("results_")}
-    scores = {k[len("scores_"):]: v for k, v in outputs.items() if k.startswith("scores_")}
-    table = gather(results)
+    table = ratio_table(values, p)
+    table["variant"] = pd.Categorical(table["variant"], categories=values.variants, ordered=True)
+    table = table.sort_values(["variant", "seed", "rho"], kind="stable")
+    table["variant"] = table["variant"].astype(str)
     figs = {}
     dense = table[table.variant == "dense"]
     dense_ppl = float(dense.test_ppl.mean()) if len(dense) else math.nan

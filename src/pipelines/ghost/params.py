@@ -142,52 +142,6 @@ class Params(MethodParams):
                              f"calibration sequences exceed data.n_calib ({self.data.n_calib})")
         return self
 
-    @model_validator(mode="after")
-    def _claims_planned(self):
-        """Every claim must name a metric this run produces (its variants, ratios, oracle and benchmark), so a
-        run that drops a variant stops here, before any node runs, instead of in the report."""
-        for c in self.claims:
-            problem = self.unplanned(c.metric)
-            if problem:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run without it declares its "
-                                 "own claims in an env (conf/<env>/parameters_ghost.yml)")
-        return self
-
-    def unplanned(self, metric: str) -> str | None:
-        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
-        import re
-
-        parts = metric.split(".")
-        rhos = {f"rho{int(round(r * 100)):03d}" for r in [*self.prune.rhos, *self.prune.extra_rhos]}
-        need: list[str] = []
-        if parts[0] == "variants" and len(parts) == 3:
-            need = [parts[1]]
-            m = re.search(r"_(rho\d{3})$", parts[2])
-            if m and m.group(1) not in rhos:
-                return f"names ratio {m.group(1)}, which prune.rhos / extra_rhos do not run"
-        elif parts[0] == "margin" and len(parts) == 3:
-            m = re.search(r"_(rho\d{3})$", parts[1])
-            if m and m.group(1) not in rhos:
-                return f"names ratio {m.group(1)}, which prune.rhos / extra_rhos do not run"
-            if parts[2].endswith("best_gradient"):
-                if not {"taylor", "fisher"} & set(self.variants):
-                    return "needs taylor or fisher among the variants"
-            else:
-                need = [parts[2].split("_minus_half_")[-1]]
-        elif parts[0] == "spearman_vs_loo":
-            if self.eval.loo_seqs == 0:
-                return "needs the leave-one-out oracle (eval.loo_seqs > 0)"
-            need = parts[1:2]
-        elif parts[0] == "decode_speedup":
-            if parts[1] not in {f"rho{int(round(r * 100)):03d}" for r in self.eval.decode_rhos}:
-                return f"names {parts[1]}, which eval.decode_rhos does not time"
-        elif parts[0] == "calib_speedup" and not {"taylor", "fisher"} & set(self.variants):
-            return "needs taylor or fisher among the variants"
-        missing = [v for v in need if v not in self.variants]
-        if missing:
-            return f"needs variant(s) {missing}, which eval.main_variants / ablation_variants do not list"
-        return None
-
     @property
     def variants(self) -> list[str]:
         return [*self.eval.main_variants, *self.eval.ablation_variants]

@@ -65,8 +65,9 @@ def variant_plan(p: Params, variant: str) -> list[tuple[int, int, list[float]]]:
 
 def prune_variant(corpus: dict[str, torch.Tensor], model_blob: dict, p: Params,
                   variant: str) -> tuple[pd.DataFrame, dict]:
-    """One pruning method over its seeds and ratios → (a row per seed × ratio: test_ppl, delta_ppl,
-    calib_time_s, state_bytes_per_seq, ...; the scores and keep masks by seed and ratio)."""
+    """One pruning method over its seeds and ratios → (the results table: per seed, test_ppl, delta_ppl,
+    calib_time_s, state_bytes_per_seq, ... of each ratio as ``<metric>_rho050`` etc., and for ``dense``
+    the SSM LM's training curve; the scores and keep masks by seed and ratio)."""
     rows, saved = [], {}
     device = node_setup(p)
     dense = M.load_model(model_blob).to(device)
@@ -94,4 +95,24 @@ def prune_variant(corpus: dict[str, torch.Tensor], model_blob: dict, p: Params,
                          if variant != "dense" else math.nan, **extra})
             saved.setdefault(str(seed), {})[f"{rho:g}"] = {"keep": torch.stack(keeps).cpu(),
                                                             "scores": torch.stack(scores)}
-    return pd.DataFrame(rows), saved
+    return results_table(variant, rows, model_blob, p), saved
+
+
+REPORTED = ("test_ppl", "delta_ppl", "calib_time_s", "state_bytes_per_seq", "kept_fraction", "top_half_mass_min",
+            "mqar_acc")
+
+
+def results_table(variant: str, rows: list[dict], model_blob: dict, p: Params) -> pd.DataFrame:
+    """The core long table of one variant: each ratio's metrics (dense: unsuffixed) per seed; ``dense``
+    also carries the one SSM LM's training loss per step (first seed: one model per run)."""
+    from pipelines.core.spec import Results
+    from pipelines.ghost.evaluate import rho_key
+
+    res = Results(variant)
+    for r in rows:
+        suffix = "" if variant == "dense" else "_" + rho_key(r["rho"])
+        res.add(r["seed"], **{f"{k}{suffix}": float(r[k]) for k in REPORTED
+                              if r.get(k) is not None and not (isinstance(r[k], float) and math.isnan(r[k]))})
+    if variant == "dense":
+        res.history(p.seeds[0], "train_loss", model_blob["history"].tolist())
+    return res.table()

@@ -1,7 +1,7 @@
 """The block-diffusion LM and the prefix-attention policies of LoSA (card "Mechanism", steps 1-5).
 
 ``BlockDiffusionLM`` is core's TinyTransformer (bidirectional config) whose blocks route attention through
-a pluggable policy (``_Block.attend`` overridden). Training uses one stream [clean prefix | noised block]
+a pluggable policy (``Block.attend`` overridden). Training uses one stream [clean prefix | noised block]
 with the prefix causal and the block bidirectional over prefix + block. Decoding fills the KV cache with
 the prefix once, then denoises the answer block in T steps; at every step and layer a policy computes the
 block queries' prefix attention (dense; Quest per-query pages; SparseD fixed per-head pages; LoSA reuse
@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import KVCache, TinyConfig, TinyTransformer, _Block
+from pipelines.core.seqmodels import Block, KVCache, TinyConfig, TinyTransformer
 
 
 # ----------------------------------------------------------------------------------------- model
-class PolicyBlock(_Block):
+class PolicyBlock(Block):
     """A transformer block whose attention a policy may take over (``policy(layer, q, k, v, x_in)``)."""
 
     def __init__(self, c: TinyConfig, layer_idx: int):

@@ -1,9 +1,8 @@
 """Typed parameters of `losa`: node functions take `Params` as a type hint, Kedro validates it before
-any node runs, and a bad value (or a claim naming a variant or budget this run does not plan) stops the
-command with one line naming the key."""
+any node runs, and a bad value stops the command with one line naming the key (a claim naming a variant or
+budget this run does not plan is stopped by core's check of the spec, before any node runs)."""
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -115,7 +114,6 @@ class Params(MethodParams):
     variants: list[Variant] = Field(min_length=1)
     timing: Timing
     locality: Locality = Locality()
-    em_gate: float = Field(default=80.0, ge=0, le=100)   # dense EM (%) needed before EM comparisons count
 
     @field_validator("variants")
     @classmethod
@@ -124,8 +122,6 @@ class Params(MethodParams):
         reserved = {"p", "timing", "plots", "bdlm"} & set(names)
         if reserved:
             raise ValueError(f"variant name(s) {sorted(reserved)} are reserved (report inputs)")
-        if len(set(names)) != len(names):
-            raise ValueError(f"variant names must be unique (one train.<name> node each): {names}")
         return v
 
     @model_validator(mode="after")
@@ -143,11 +139,6 @@ class Params(MethodParams):
         kinds = {v.kind for v in self.variants}
         if "dense" not in kinds:
             raise ValueError("variants: a 'dense' variant is needed (the reference of every error)")
-        for c in self.claims:
-            problem = self.unplanned(c.metric)
-            if problem:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run with other variants or "
-                                 "budgets declares its own claims in an env (see src/pipelines/losa/README.md)")
         return self
 
     def budgets_of(self, v: Variant) -> list[int]:
@@ -155,20 +146,3 @@ class Params(MethodParams):
 
     def variant(self, name: str) -> Variant | None:
         return next((v for v in self.variants if v.name == name), None)
-
-    def unplanned(self, metric: str) -> str | None:
-        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
-        names = [v.name for v in self.variants]
-        parts = metric.split(".")
-        if parts[0] == "variants":
-            if len(parts) < 3 or parts[1] not in names:
-                return f"names a variant that is not in variants {names}"
-            m = re.search(r"_b(\d+)$", parts[2])
-            if m and int(m.group(1)) not in self.budgets_of(self.variant(parts[1])):
-                return f"names budget {m.group(1)}, which variant '{parts[1]}' does not decode"
-            return None
-        for b in re.findall(r"\.b(\d+)(?:\.|$)", metric):
-            if int(b) not in set(self.decode.budgets) | set(self.timing.budgets) | \
-                    {x for v in self.variants for x in (v.budgets or [])}:
-                return f"names budget {b}, which no variant decodes"
-        return None

@@ -143,9 +143,10 @@ def summarise(blocks: torch.Tensor, evals: torch.Tensor, n_prefix: int, stats: l
 
 
 def decode_variant(tasks: dict, bdlm: dict, p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
-    """``train.<variant>``: every (eval seed, budget) decoded with the shared base model. Returns one row
-    per (seed, budget) with the metrics and the decoded blocks (flattened; the report compares them with
-    dense's), and the traces (first seed) by budget."""
+    """``train.<variant>``: every (eval seed, budget) decoded with the shared base model. Returns the
+    results table (per seed, each budget's metrics as ``<metric>_b<budget>``, dense's unsuffixed; dense also
+    carries the base model's training curves) and the artifacts: the traces (first seed) by budget and the
+    decoded blocks by seed and budget (flattened; the report compares them with dense's)."""
     spec = p.variant(variant)
     if spec is None:
         raise ValueError(f"unknown losa variant {variant!r} (variants: {[v.name for v in p.variants]})")
@@ -167,4 +168,23 @@ def decode_variant(tasks: dict, bdlm: dict, p: Params, variant: str) -> tuple[pd
                 traces[str(budget or n_prefix)] = tr
             log.info("losa.%s budget %s seed %d: EM %.1f%% density %.1f%% err %.3f", variant, budget, seed,
                      m["answer_em"], m["kv_density"], m["attn_out_rel_err"])
-    return pd.DataFrame(rows), traces
+    blocks = {}
+    for r in rows:
+        blocks.setdefault(str(r["seed"]), {})[str(r["budget"])] = r["blocks"]
+    return results_table(p, variant, rows, bdlm), {"traces": traces, "blocks": blocks}
+
+
+def results_table(p: Params, variant: str, rows: list[dict], bdlm: dict) -> pd.DataFrame:
+    from pipelines.core.spec import Results
+    from pipelines.losa.evaluate import METRICS
+
+    res = Results(variant)
+    dense = p.variant(variant).kind == "dense"
+    for r in rows:
+        suffix = "" if dense else f"_b{int(r['budget'])}"
+        res.add(r["seed"], **{f"{m}{suffix}": float(r[m]) for m in METRICS if m in r and pd.notna(r[m])})
+    if dense:
+        steps = bdlm["log"]["step"].long().tolist()
+        res.history(p.seeds[0], "base_model_loss", bdlm["log"]["loss"].tolist(), steps=steps)
+        res.history(p.seeds[0], "base_model_masked_acc", bdlm["log"]["masked_acc"].tolist(), steps=steps)
+    return res.table()

@@ -290,20 +290,9 @@ def test_block_means_pool_like_per_net_rows():
 
 
 # ------------------------------------------------------------------------ pipeline shape and bad input
-def test_one_train_node_per_variant():
-    from pipelines.ntk_feynman.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {f"ntk_feynman.train.{v}" for v in
-                     ("recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh", "mc_gelu",
-                      "mc_dntk_relu", "mc_dntk_tanh", "mc_ddntk_relu", "mc_ddntk_tanh", "mc_ntk2_relu",
-                      "mc_ntk2_tanh", "mc_dntk2_relu", "mc_dntk2_tanh", "mc_multi_relu", "mc_multi_tanh",
-                      "mc_ddntk2_relu", "mc_ddntk2_tanh")}
-
-
 def test_theory_variants_differ_only_where_they_should():
     from pipelines.ntk_feynman.data import make_inputs
-    from pipelines.ntk_feynman.train import train_variant
+    from pipelines.ntk_feynman.train import variant_stats
 
     p = Params.model_validate(RAW)
     inputs = make_inputs(p)
@@ -311,7 +300,7 @@ def test_theory_variants_differ_only_where_they_should():
     xa, xb = np.asarray(inputs["pair"])
     assert np.allclose(xa, inputs["x"][0]) and xb @ xb == pytest.approx(xa @ xa)
     assert xa @ xb / (xa @ xa) == pytest.approx(0.5)                  # data.pair_cosine default
-    rec, abl, inf = (train_variant(inputs, p, variant=v) for v in ("recursion", "no_interlayer", "infinite_width"))
+    rec, abl, inf = (variant_stats(inputs, p, variant=v) for v in ("recursion", "no_interlayer", "infinite_width"))
     np.testing.assert_allclose(rec[["K", "Theta", "K_12"]].fillna(0), inf[["K", "Theta", "K_12"]].fillna(0))
     assert (inf[list(TENSORS)] == 0).all().all() and (inf[["K1", "Theta1"]] == 0).all().all()
     l2 = rec.layer == 2                                     # inter-layer terms start at layer 3
@@ -352,17 +341,24 @@ def test_bad_parameter_names_the_key(patch, key):
         validate(Params, {**RAW, **patch}, "ntk_feynman")
 
 
+def check(raw: dict):
+    """The params validated, then the core's check that every claim and gate names a metric this run produces."""
+    from pipelines.ntk_feynman.spec import SPEC
+
+    p = validate(Params, raw, "ntk_feynman")
+    SPEC.check(p)
+    return p
+
+
 def test_claims_must_name_planned_variants():
     claim = {"id": "c", "text": "t", "metric": "dntk_agreement_excess.relu", "op": "<=", "threshold": 0.1}
-    with pytest.raises(ParameterError, match=r"claim 'c'.*needs variant\(s\) \['mc_dntk_relu'\]"):
-        validate(Params, {**RAW, "dntk": DNTK_RAW, "claims": [claim]}, "ntk_feynman")
-    ok = validate(Params, {**RAW, "dntk": DNTK_RAW, "claims": [claim],
-                           "variants": [*RAW["variants"], "mc_dntk_relu"]}, "ntk_feynman")
+    with pytest.raises(ParameterError, match=r"claim 'c': metric 'dntk_agreement_excess.relu' is produced by no variant"):
+        check({**RAW, "dntk": DNTK_RAW, "claims": [claim]})
+    ok = check({**RAW, "dntk": DNTK_RAW, "claims": [claim], "variants": [*RAW["variants"], "mc_dntk_relu"]})
     assert ok.dntk_activations() == ["relu"] and "relu" in ok.mc_activations()
     abl = {**claim, "metric": "dntk_interlayer_error_ratio.relu"}
-    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['no_interlayer'\]"):
-        validate(Params, {**RAW, "dntk": DNTK_RAW, "claims": [abl],
-                          "variants": ["recursion", "mc_relu", "mc_dntk_relu"]}, "ntk_feynman")
+    with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
+        check({**RAW, "dntk": DNTK_RAW, "claims": [abl], "variants": ["recursion", "mc_relu", "mc_dntk_relu"]})
 
 
 def test_bad_user_inputs_name_dataset_and_column(tmp_path):
@@ -529,6 +525,18 @@ def test_report_of_the_test_env_run(test_env_run):
               "multi_ddntk_interlayer_error_ratio.relu", "multi_dntk_extrap_excess.P.L4.relu"):
         assert k in report["metrics"], k
     assert {"multi_input_dntk.png", "multi_input_ddntk.png"} <= set(report["artifacts"])
+    # the core spec: the gates, the comparisons that join a variant's row, and every derived metric declared
+    assert [g["id"] for g in report["gates"]] == ["mc_resolves_relu_tensors", "mc_resolves_relu_dntk",
+                                                  "mc_resolves_relu_ddntk"]
+    assert {"relu.mean_abs_rel_err", "relu.mean_abs_rel_err_n16"} <= set(report["variants"]["infinite_width"])
+    assert report["variants"]["infinite_width"]["relu.mean_abs_rel_err"] == pytest.approx(1.0)
+    assert {"mean_ntk_shift_n4", "mean_ntk_shift_n16", "V_n16"} <= set(report["variants"]["mc_relu"])
+    assert set(report["variants"]["mc_ntk2_relu"]) == {"runtime_s"}
+    from pipelines.core.registry import method_config
+    from pipelines.ntk_feynman.spec import metric_names
+
+    p = validate(Params, method_config("ntk_feynman", env="test"), "ntk_feynman")
+    assert set(report["metrics"]) <= set(metric_names(p, p.variants))
 
 
 # ------------------------------------------------------------------------ ddNTK (R, S, T, U)
@@ -655,10 +663,9 @@ def test_ddntk_variant_needs_its_block_and_claims_name_it():
     with pytest.raises(ParameterError, match=r"ntk_feynman\.ddntk\.widths"):
         validate(Params, {**RAW, "ddntk": {**dd, "widths": [8, 4]}}, "ntk_feynman")
     claim = {"id": "c", "text": "t", "metric": "ddntk_layer2_max_abs_z.relu", "op": "<=", "threshold": 3.5}
-    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['mc_ddntk_relu'\]"):
-        validate(Params, {**RAW, "ddntk": dd, "claims": [claim]}, "ntk_feynman")
-    ok = validate(Params, {**RAW, "ddntk": dd, "claims": [claim], "variants": [*RAW["variants"], "mc_ddntk_relu"]},
-                  "ntk_feynman")
+    with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
+        check({**RAW, "ddntk": dd, "claims": [claim]})
+    ok = check({**RAW, "ddntk": dd, "claims": [claim], "variants": [*RAW["variants"], "mc_ddntk_relu"]})
     assert ok.ddntk_activations() == ["relu"] and "ddntk_relu" not in ok.mc_activations()
 
 
@@ -903,8 +910,9 @@ def test_ntk2_variant_needs_its_block_and_claims_name_it():
     ok = {**RAW, "ntk2": {"widths": [4, 8], "nets_per_seed": [20, 20], "blocks_per_seed": 2, "chunk_elems": 100_000}}
     Params.model_validate({**ok, "variants": [*RAW["variants"], "mc_ntk2_relu"]})
     claim = {"id": "c", "text": "t", "metric": "ntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
-    with pytest.raises(Exception, match="mc_ntk2_relu"):
-        Params.model_validate({**ok, "claims": [claim]})
+    with pytest.raises(ParameterError, match="ntk2_extrap_excess.relu' is produced by no variant or derived-metric declaration"):
+        check({**ok, "claims": [claim]})
+    check({**ok, "claims": [claim], "variants": [*RAW["variants"], "mc_ntk2_relu"]})
 
 
 @pytest.mark.parametrize("kind,c_w,c_b", [("tanh", 1.3, 0.2), ("relu", 2.0, 0.1)])
@@ -1092,8 +1100,8 @@ def test_dntk2_variant_needs_its_block_and_claims_name_it():
     assert ok.dntk2_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
     assert ok.dntk_activations() == [] and ok.ntk2_activations() == []
     claim = {"id": "c", "text": "t", "metric": "dntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
-    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['mc_dntk2_relu'\]"):
-        validate(Params, {**RAW, "dntk2": DNTK2_RAW, "claims": [claim]}, "ntk_feynman")
+    with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
+        check({**RAW, "dntk2": DNTK2_RAW, "claims": [claim]})
 
 
 def test_dntk2_pooled_blocks_match_direct_pooling():
@@ -1122,12 +1130,12 @@ def test_ddntk2_variant_needs_its_block_and_claims_name_it():
     assert ok.ddntk2_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
     assert ok.ddntk_activations() == [] and ok.dntk2_activations() == []
     claim = {"id": "c", "text": "t", "metric": "ddntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
-    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['mc_ddntk2_relu'\]"):
-        validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "claims": [claim]}, "ntk_feynman")
+    with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
+        check({**RAW, "ddntk2": DNTK2_RAW, "claims": [claim]})
     abl = {**claim, "metric": "ddntk2_interlayer_error_ratio.relu"}
-    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['no_interlayer'\]"):
-        validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "claims": [abl],
-                          "variants": ["recursion", "mc_relu", "mc_ddntk2_relu"]}, "ntk_feynman")
+    with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
+        check({**RAW, "ddntk2": DNTK2_RAW, "claims": [abl],
+                          "variants": ["recursion", "mc_relu", "mc_ddntk2_relu"]})
 
 
 def test_ddntk2_pooled_blocks_match_direct_pooling():
@@ -1136,7 +1144,7 @@ def test_ddntk2_pooled_blocks_match_direct_pooling():
     from pipelines.ntk_feynman import ddntk2
     from pipelines.ntk_feynman.data import make_inputs
     from pipelines.ntk_feynman.train import (DDNTK2_COLUMNS, ddntk2_block_row, ddntk2_pooled_blocks,
-                                             ddntk2_quantity_names, train_variant)
+                                             ddntk2_quantity_names, variant_stats)
 
     X = np.random.default_rng(3).normal(size=(2, 5))
     stats = ddntk2.sample_two_input_ddntk("tanh", X, 4, 3, 40, 1.0, 0.0, 1.0, 1.0, seed=2)
@@ -1153,7 +1161,7 @@ def test_ddntk2_pooled_blocks_match_direct_pooling():
                                np.concatenate([ref[f"{t}_se"].ravel() for t in "RSTU"]), rtol=1e-8)
     p = Params.model_validate({**RAW, "ddntk2": DNTK2_RAW})
     inputs = make_inputs(p)
-    rec, abl, inf = (train_variant(inputs, p, variant=v) for v in ("recursion", "no_interlayer", "infinite_width"))
+    rec, abl, inf = (variant_stats(inputs, p, variant=v) for v in ("recursion", "no_interlayer", "infinite_width"))
     spec = p.activations["relu"]
     want = ddntk2.two_input_ddntk("relu", spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w,
                                   np.asarray(inputs["pair"]), p.net.depth,

@@ -364,8 +364,10 @@ def test_multi_claims_need_their_variant():
     from pipelines.ntk_feynman.params import Params
 
     claim = {"id": "c", "text": "t", "metric": "multi_extrap_excess.relu", "op": "<=", "threshold": 0.1}
-    with pytest.raises(ParameterError, match=r"needs variant\(s\) \['mc_multi_relu'\]"):
-        validate(Params, {**RAW, "multi": MULTI_RAW, "claims": [claim]}, "ntk_feynman")
+    from pipelines.ntk_feynman.spec import SPEC
+
+    with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
+        SPEC.check(validate(Params, {**RAW, "multi": MULTI_RAW, "claims": [claim]}, "ntk_feynman"))
     ok = validate(Params, {**RAW, "multi": MULTI_RAW, "claims": [claim],
                            "variants": [*RAW["variants"], "mc_multi_relu"]}, "ntk_feynman")
     assert ok.multi_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
@@ -385,7 +387,7 @@ def test_multi_inputs_tables_and_pooling():
     nrm = np.linalg.norm(Xm, axis=1)
     np.testing.assert_allclose(nrm / nrm[0], [1.0, 1.3, 0.8])
     np.testing.assert_allclose((Xm @ Xm.T / np.outer(nrm, nrm))[np.triu_indices(3, 1)], [0.5, 0.2, -0.3], atol=1e-12)
-    rec = train.train_variant(inputs, p, variant="recursion")
+    rec = train.variant_stats(inputs, p, variant="recursion")
     ref = multi.multi_input_ntk_tensors("tanh", 1.0, 0.0, 1.0, 1.0, Xm, 3, quad=Quad(48, 12.0))[2]
     row = rec[(rec.activation == "tanh") & (rec.layer == 3) & (rec.input == 0)].iloc[0]
     assert row["mi.B_12_31"] == pytest.approx(ref["B"][1, 6], rel=1e-12)
@@ -437,6 +439,7 @@ def test_multi_d_prefixes_do_not_clash_and_claims_need_their_variant():
     from pipelines.core.params import ParameterError, validate
     from pipelines.ntk_feynman import train
     from pipelines.ntk_feynman.params import Params, variant_prefix
+    from pipelines.ntk_feynman.spec import SPEC
 
     p = _md_params()
     assert p.multi_activations() == [] and p.mc_activations() == ["relu", "tanh"]
@@ -450,15 +453,15 @@ def test_multi_d_prefixes_do_not_clash_and_claims_need_their_variant():
         claim = {"id": "c", "text": "t", "metric": metric, "op": "<=", "threshold": 0.1}
         raw = {**RAW, "multi": MULTI_RAW, "multi_dntk": MD_RAW, "multi_ddntk": MD_RAW, "claims": [claim],
                "variants": [*RAW["variants"], "mc_multi_relu", "mc_multi_tanh"]}
-        with pytest.raises(ParameterError, match=rf"needs variant\(s\) \[.*'{need}'"):
-            validate(Params, raw, "ntk_feynman")
+        with pytest.raises(ParameterError, match=f"'{metric}' is produced by no variant or derived-metric declaration"):
+            SPEC.check(validate(Params, raw, "ntk_feynman"))
+        SPEC.check(validate(Params, {**raw, "variants": [*raw["variants"], need]}, "ntk_feynman"))
 
 
 def test_full_env_four_inputs_new_variants_and_base_claims(monkeypatch):
     """--env=full: the multi block has M = 4 (six cosines) and builds those inputs, plans the four new variants
     (one train node each), and appends its own claims to base's (extra_claims)."""
     from pipelines.core.registry import method_config
-    from pipelines.ntk_feynman import pipeline
     from pipelines.ntk_feynman.data import make_inputs
     from pipelines.ntk_feynman.params import Params
 
@@ -479,8 +482,9 @@ def test_full_env_four_inputs_new_variants_and_base_claims(monkeypatch):
     nrm = np.linalg.norm(Xm, axis=1)
     np.testing.assert_allclose(nrm / nrm[0], p.multi.norm_ratios)
     np.testing.assert_allclose((Xm @ Xm.T / np.outer(nrm, nrm))[np.triu_indices(4, 1)], p.multi.cosines, atol=1e-12)
-    monkeypatch.setattr(pipeline, "method_config", lambda m: full)
-    names = {n.name for n in pipeline.create_pipeline().only_nodes_with_tags("train").nodes}
+    from pipelines.ntk_feynman.spec import SPEC
+
+    names = {n.name for n in SPEC.pipeline(p).only_nodes_with_tags("train").nodes}
     assert {f"ntk_feynman.train.{v}" for v in new} <= names
     assert not any(v.startswith("mc_multi_d") for v in base["variants"])        # not in the base default run
     test = method_config("ntk_feynman", env="test")["variants"]                  # repeats base's list (replaces)
@@ -498,7 +502,7 @@ def test_multi_d_variants_tables_pool_to_the_library_estimates():
     p = _md_params()
     inputs = make_inputs(p)
     Xm = np.asarray(inputs["multi"])
-    out = {v: train.train_variant(inputs, p, variant=v) for v in p.variants}
+    out = {v: train.variant_stats(inputs, p, variant=v) for v in p.variants}
     quad = Quad(48, 12.0)
     rec = out["recursion"]
     row = rec[(rec.activation == "relu") & (rec.layer == 3) & (rec.input == 0)].iloc[0]
@@ -509,7 +513,7 @@ def test_multi_d_variants_tables_pool_to_the_library_estimates():
     ref = multi_ddntk.multi_input_ddntk("tanh", 1.0, 0.0, 1.0, 1.0, Xm, 3, quad=quad)[2]
     assert row["mdd.S_1233"] == pytest.approx(ref["S"][0, 1, 2, 2], rel=1e-12)
     assert np.isnan(rec[rec.activation == "tanh"]["md.P_1111"]).all()          # only planned activations
-    assert not any(c.startswith("md") for c in train.train_variant(
+    assert not any(c.startswith("md") for c in train.variant_stats(
         inputs, _without_md(p), variant="infinite_width").columns)
     for kind, v, fn, pooled in (("multi_dntk", "mc_multi_dntk_relu", multi.sample_multi_dntk,
                                  multi.pooled_multi_dntk),

@@ -291,8 +291,8 @@ class Fn(Derived):
     ``{name: {seed: value}}`` (per-seed, an interval follows), ``{name: Estimate}`` or ``{name: float}``
     (a point value). ``names`` lists what it produces (or ``names(p, planned)`` computes it), so claims on
     them are checked before the run; ``needs`` the variants it reads (inactive when one is not planned);
-    ``inputs`` the report inputs (spec.report_inputs) it reads, or ``"artifacts"``: the train nodes'
-    artifacts by variant (``Train(..., artifacts=...)``)."""
+    ``inputs`` the report inputs (spec.report_inputs) it reads, or ``"artifacts"`` (the train artifacts by
+    variant). A per-seed name ``variants.<v>.<metric>`` joins variant v's rows (see :func:`variant_rows`)."""
 
     func: Callable[..., Mapping[str, Any]]
     names_: Sequence[str] | Callable[[Any, Sequence[str]], Sequence[str]] = ()
@@ -524,8 +524,23 @@ def make_report(method: str, plots: Mapping[str, Any] | Iterable[str] = (), **kw
     point, per_seed = compute_derived(spec, p, values, planned, {**inputs, "artifacts": arts})
     extra = dict(spec.extra(p, values, arts, **_accepted(spec.extra, inputs))) if spec.extra else {}
     hist = values.histories()
-    return build_report(method, p, values.rows(), point, artifacts=plots, extra=extra,
-                        histories=hist or None, derived_per_seed=per_seed)
+    return build_report(method, p, variant_rows(values.rows(), per_seed, planned), point, artifacts=plots,
+                        extra=extra, histories=hist or None, derived_per_seed=per_seed)
+
+
+def variant_rows(rows: list[dict[str, Any]], per_seed: dict[str, dict[int, float]],
+                 planned: Sequence[str]) -> list[dict[str, Any]]:
+    """A per-seed declaration named ``variants.<v>.<metric>`` (a comparison that belongs to variant v, e.g.
+    its error against another variant) joins v's rows, as if v had produced it; ``per_seed`` loses it."""
+    for name in [n for n in per_seed if n.count(".") >= 2 and n.split(".")[0] == "variants"
+                 and n.split(".")[1] in planned]:
+        _, v, metric = name.split(".", 2)
+        left = dict(per_seed.pop(name))
+        for r in rows:
+            if r["variant"] == v and r["seed"] in left:
+                r[metric] = left.pop(r["seed"])
+        rows += [{"variant": v, "seed": s, metric: x} for s, x in left.items()]
+    return rows
 
 
 # ------------------------------------------------------------------------------------- registry

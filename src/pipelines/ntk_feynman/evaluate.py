@@ -7,13 +7,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.report import build_report
 from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, ntk2
 from pipelines.ntk_feynman.params import (DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params,
                                           variant_prefix)
 from pipelines.ntk_feynman.theory import VERTEX_KEYS
 from pipelines.ntk_feynman.train import (ddntk2_pooled_blocks, ddntk2_quantity_names, multi_d_pooled_blocks,
-                                         multi_d_quantity_names)
+                                         multi_d_quantity_names, n_prev, pooled_rows, stats_frame)
 
 QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
 THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Theta1": "Theta1", "K1": "K1"}
@@ -80,19 +79,6 @@ def _ddntk(cmp: pd.DataFrame) -> pd.DataFrame:
 
 def _dntk(cmp: pd.DataFrame) -> pd.DataFrame:
     return cmp[cmp.quantity.isin(DNTK_TENSORS)]
-
-
-def n_prev(layer: int, width: int, n0: int) -> int:
-    """The width that multiplies a layer's covariances: the previous layer's (n0 for layer 1)."""
-    return n0 if layer == 1 else width
-
-
-def pooled_rows(blocks: pd.DataFrame, n0: int, by: tuple[str, ...] = ("input", "width", "layer")) -> pd.DataFrame:
-    rows = []
-    for key, d in blocks.groupby(list(by), sort=True):
-        key = dict(zip(by, key))
-        rows.append({**key, **mc.pooled_blocks(d, n_prev(int(key["layer"]), int(key["width"]), n0))})
-    return pd.DataFrame(rows)
 
 
 # per sampler kind: its comparison quantities (given the multi block's M) and its pooled estimates with batch-mean
@@ -420,53 +406,32 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
     return out
 
 
-def variant_rows(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame], n0: int) -> list[dict]:
-    """Report rows: per seed for the MC variants (final-layer estimates per width, the mean-NTK shift), one
-    row for each theory variant (final-layer values per activation and their error against the pooled MC)."""
+def variant_comparisons(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame],
+                        n0: int) -> dict[str, dict[int, float]]:
+    """The variant metrics that compare with another variant (train.results_table has the rest), per seed, named
+    ``variants.<v>.<metric>`` (they join v's rows): the MC variants' mean-NTK shift against the recursion's
+    Theta per seed, the theory variants' errors against the pooled MC (the first seed's row)."""
     theories, sims = _split(outputs)
     L, wide = p.net.depth, max(p.mc.widths)
-    rows = []
+    out: dict[str, dict[int, float]] = {}
     for act, blocks in sims.items():
         per_seed = pooled_rows(blocks[blocks.layer == L], n0, by=("seed", "input", "width", "layer"))
         th = theories["recursion"]
         for seed, d in per_seed.groupby("seed"):
-            row = {"variant": f"mc_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
             for r in d.itertuples():
                 pre = "" if r.input == 0 else f"x{r.input}."
                 theta = float(th[(th.activation == act) & (th.input == r.input) & (th.layer == L)].Theta.iloc[0])
-                for t in TENSORS:
-                    row[f"{pre}{t}_n{r.width}"] = float(getattr(r, t))
-                row[f"{pre}mean_ntk_shift_n{r.width}"] = float(r.width * (r.mean_ntk - theta))
-            rows.append(row)
-    for act, blocks in _sims(outputs, "dntk").items():
-        for seed, bs in blocks[blocks.layer == L].groupby("seed"):
-            row = {"variant": f"mc_dntk_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
-            for width, d in bs.groupby("width"):
-                est = dntk.pooled_dntk(d, int(width), n_prev(L, int(width), n0))
-                for q in DNTK_TENSORS:
-                    row[f"{q}_n{width}"] = est[q]
-            rows.append(row)
-    for act, blocks in _sims(outputs, "ddntk").items():
-        for seed, bs in blocks[blocks.layer == L].groupby("seed"):
-            row = {"variant": f"mc_ddntk_{act}", "seed": int(seed), "runtime_s": float(blocks.runtime_s.iloc[0])}
-            for width, d in bs.groupby("width"):
-                est = ddntk.pooled_ddntk(d, int(width), n_prev(L, int(width), n0))
-                for q in DDNTK_TENSORS:
-                    row[f"{q}_L{L}_n{width}"] = est[q]
-            rows.append(row)
+                out.setdefault(f"variants.mc_{act}.{pre}mean_ntk_shift_n{r.width}", {})[int(seed)] = \
+                    float(r.width * (r.mean_ntk - theta))
     for v, t in theories.items():
-        row = {"variant": v, "seed": int(p.seeds[0]), "runtime_s": float(t.runtime_s.iloc[0])}
         for act in t.activation.unique():
-            last = t[(t.activation == act) & (t.layer == L) & (t.input == 0)].iloc[0]
-            for q in ("K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"):
-                row[f"{act}.{q}"] = float(last[q])
             if act in sims:
                 e = rel_errors(cmp[cmp.activation == act], p, v)
-                for w, s in e.groupby("width").err_vs_mc:
-                    row[f"{act}.mean_abs_rel_err_n{w}"] = float(s.mean())
+                row = {f"{act}.mean_abs_rel_err_n{w}": float(s.mean()) for w, s in e.groupby("width").err_vs_mc}
                 row[f"{act}.mean_abs_rel_err"] = row[f"{act}.mean_abs_rel_err_n{wide}"]
-        rows.append(row)
-    return rows
+                for k, x in row.items():
+                    out[f"variants.{v}.{k}"] = {int(p.seeds[0]): x}
+    return out
 
 
 def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) -> dict[str, dict]:
@@ -527,15 +492,43 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
     return h
 
 
-def report(inputs: dict, comparison: pd.DataFrame, plots: dict, p: Params, **outputs: pd.DataFrame) -> dict:
-    n0 = int(inputs["n0"])
-    rows = variant_rows(comparison, p, outputs, n0)
-    metrics = derived_metrics(comparison, p)
+_CMP: list = []   # (artifacts, inputs, comparison) of the last call: the report node's Fn and extra share it
+
+
+def comparison(p: Params, artifacts: dict, inputs: dict) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """(statistics tables by variant, the comparison) from the train nodes' JSON artifacts."""
+    if _CMP and _CMP[0][0] is artifacts and _CMP[0][1] is inputs:
+        return _CMP[0][2], _CMP[0][3]
+    outputs = {v: stats_frame(a) for v, a in artifacts.items()}
+    cmp = compare(inputs, p, **outputs)
+    _CMP[:] = [(artifacts, inputs, outputs, cmp)]
+    return outputs, cmp
+
+
+def comparison_metrics(values, p: Params, artifacts: dict, inputs: dict) -> dict:
+    """The derived metrics (point values of the pooled comparison, what the claims read) and the variant metrics
+    that compare with another variant (variants.<v>.<metric>, per seed)."""
+    outputs, cmp = comparison(p, artifacts, inputs)
+    metrics = derived_metrics(cmp, p)
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]
     if bad:
         raise FloatingPointError(f"ntk_feynman.evaluate.report: non-finite derived metric(s) {bad[:5]}")
-    return build_report("ntk_feynman", p, rows, metrics, artifacts=plots, histories=histories(comparison, p, outputs),
-                        extra={"inputs": {"n0": n0, "sq_norm": inputs["sq_norm"], "source": inputs["source"]}})
+    return {**metrics, **variant_comparisons(cmp, p, outputs, int(inputs["n0"]))}
+
+
+def plots(p: Params, values, artifacts: dict, inputs: dict) -> dict:
+    return make_plots(comparison(p, artifacts, inputs)[1], p)
+
+
+def report_extra(p: Params, values, artifacts: dict, inputs: dict) -> dict:
+    """The inputs' summary and the metric histories (layer profiles, curves against the width: read from the
+    comparison, so they are here and not in the train nodes' tables)."""
+    from pipelines.core.report import history_series
+
+    outputs, cmp = comparison(p, artifacts, inputs)
+    h = histories(cmp, p, outputs)
+    return {"inputs": {"n0": int(inputs["n0"]), "sq_norm": inputs["sq_norm"], "source": inputs["source"]},
+            "histories": {v: {k: history_series(x) for k, x in hv.items()} for v, hv in h.items()}}
 
 
 # ------------------------------------------------------------------------------------------- plots

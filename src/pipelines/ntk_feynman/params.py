@@ -285,8 +285,6 @@ class Params(MethodParams):
                              "mc_multi_dntk_<activation> or mc_multi_ddntk_<activation> "
                              "with an "
                              f"activation of {sorted(acts)}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a variant is listed twice in {v}")
         if "recursion" not in v:
             raise ValueError("'recursion' (the method) must be listed")
         return v
@@ -296,36 +294,6 @@ class Params(MethodParams):
         if self.multi is not None and not self.data.inputs_path and self.multi.n_inputs > self.data.n0:
             raise ValueError(f"multi.n_inputs: {self.multi.n_inputs} inputs at prescribed cosines need "
                              f"data.n0 >= {self.multi.n_inputs}, got {self.data.n0}")
-        return self
-
-    @model_validator(mode="after")
-    def _claims_name_planned_variants(self):
-        """A claim's metric must come from variants this run computes (checked before any node runs, not at
-        the report): ``<name>.<act>`` needs ``mc_<act>``, ``dntk_<name>.<act>`` needs ``mc_dntk_<act>``, and
-        the interlayer ratios also need ``no_interlayer``."""
-        planned = set(self.variants)
-        for c in self.claims:
-            m = c.metric
-            parts = m.split(".")
-            if m.startswith("variants."):
-                need = {parts[1]}
-            elif len(parts) >= 2 and parts[1] in self.activations:
-                pre = ("mc_ddntk_" if m.startswith("ddntk_") else "mc_ddntk2_" if m.startswith("ddntk2_")
-                       else "mc_dntk2_" if m.startswith("dntk2_")
-                       else "mc_dntk_" if m.startswith("dntk_")
-                       else "mc_ntk2_" if m.startswith("ntk2_")
-                       else "mc_multi_ddntk_" if m.startswith("multi_ddntk_")
-                       else "mc_multi_dntk_" if m.startswith("multi_dntk_")
-                       else "mc_multi_" if m.startswith("multi_") else "mc_")
-                need = {pre + parts[1]}
-                if "interlayer" in parts[0]:
-                    need.add("no_interlayer")
-            else:
-                need = set()
-            missing = sorted(need - planned)
-            if missing:
-                raise ValueError(f"claim '{c.id}': metric '{m}' needs variant(s) {missing}, which are not in "
-                                 f"variants {self.variants} (declare this run's claims in an env)")
         return self
 
     def mc_activations(self) -> list[str]:

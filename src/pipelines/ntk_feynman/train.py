@@ -1,4 +1,5 @@
-"""One ``train.<variant>`` node per variant (nothing is trained: each computes its statistics).
+"""One ``train.<variant>`` node per variant (nothing is trained: each computes its statistics; its results table
+holds the variant's own final-layer values, its JSON artifact the statistics table the comparison reads).
 
 - ``recursion`` (the method): the first-order layer recursions of V, A, B, D, F (theory.first_order);
 - ``no_interlayer`` (ablation): the same with only the intra-layer term of each recursion;
@@ -346,17 +347,92 @@ def sampler_table(inputs: dict, p: Params, kind: str, activation: str) -> pd.Dat
     return pd.DataFrame(frames)
 
 
-def train_variant(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
-    """The variant's statistics table (with ``runtime_s`` as a column)."""
+def variant_kind(variant: str) -> str | None:
+    """The sampler kind of ``mc_<kind>_<activation>`` (the longest matching: mc_multi_dntk_relu is multi_dntk's,
+    not multi's), "mc" for ``mc_<activation>``, None for a theory variant."""
+    kind = max((k for k in _SAMPLERS if variant.startswith(f"mc_{k}_")), key=len, default=None)
+    return kind if kind is not None else ("mc" if variant.startswith("mc_") else None)
+
+
+def variant_stats(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
+    """The variant's statistics table (with ``runtime_s`` as a column): the theory table of a theory variant,
+    the block means of a sampler."""
     node_setup(p)
     t0 = time.perf_counter()
-    # the longest matching kind: mc_multi_dntk_relu is multi_dntk's, not multi's
-    kind = max((k for k in _SAMPLERS if variant.startswith(f"mc_{k}_")), key=len, default=None)
-    if kind is not None:
-        df = sampler_table(inputs, p, kind, variant[len(kind) + 4:])
-    elif variant.startswith("mc_"):
+    kind = variant_kind(variant)
+    if kind == "mc":
         df = mc_table(inputs, p, variant[3:])
+    elif kind is not None:
+        df = sampler_table(inputs, p, kind, variant[len(kind) + 4:])
     else:
         df = theory_table(inputs, p, variant)
     df["runtime_s"] = time.perf_counter() - t0
     return df
+
+
+def n_prev(layer: int, width: int, n0: int) -> int:
+    """The width that multiplies a layer's covariances: the previous layer's (n0 for layer 1)."""
+    return n0 if layer == 1 else width
+
+
+def pooled_rows(blocks: pd.DataFrame, n0: int, by: tuple[str, ...] = ("input", "width", "layer")) -> pd.DataFrame:
+    rows = []
+    for key, d in blocks.groupby(list(by), sort=True):
+        key = dict(zip(by, key))
+        rows.append({**key, **mc.pooled_blocks(d, n_prev(int(key["layer"]), int(key["width"]), n0))})
+    return pd.DataFrame(rows)
+
+
+THEORY_ROW = ("K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1")
+
+
+def results_table(p: Params, variant: str, df: pd.DataFrame, n0: int) -> pd.DataFrame:
+    """The variant's own metrics (what needs no other variant), the long table: per seed for a sampler (its
+    final-layer estimates per width, pooled over that seed's blocks; ``runtime_s``), one row (the first seed)
+    for a theory variant (its final-layer values per activation). The comparisons with other variants are
+    derived metrics (evaluate.comparison_metrics)."""
+    from pipelines.core.spec import Results
+
+    res, L = Results(variant), p.net.depth
+    runtime = float(df.runtime_s.iloc[0])
+    kind = variant_kind(variant)
+    if kind is None:
+        res.add(int(p.seeds[0]), runtime_s=runtime)
+        for act in df.activation.unique():
+            last = df[(df.activation == act) & (df.layer == L) & (df.input == 0)].iloc[0]
+            res.add(int(p.seeds[0]), **{f"{act}.{q}": float(last[q]) for q in THEORY_ROW})
+        return res.table()
+    for seed in sorted(int(s) for s in df.seed.unique()):
+        res.add(seed, runtime_s=runtime)
+    final = df[df.layer == L]
+    if kind == "mc":
+        for seed, d in pooled_rows(final, n0, by=("seed", "input", "width", "layer")).groupby("seed"):
+            for r in d.itertuples():
+                pre = "" if r.input == 0 else f"x{r.input}."
+                res.add(int(seed), **{f"{pre}{t}_n{r.width}": float(getattr(r, t)) for t in TENSORS})
+    elif kind in ("dntk", "ddntk"):
+        for seed, bs in final.groupby("seed"):
+            for width, d in bs.groupby("width"):
+                if kind == "dntk":
+                    est = dntk.pooled_dntk(d, int(width), n_prev(L, int(width), n0))
+                    res.add(int(seed), **{f"{q}_n{width}": est[q] for q in DNTK_TENSORS})
+                else:
+                    est = ddntk.pooled_ddntk(d, int(width), n_prev(L, int(width), n0))
+                    res.add(int(seed), **{f"{q}_L{L}_n{width}": est[q] for q in DDNTK_TENSORS})
+    return res.table()
+
+
+def stats_json(df: pd.DataFrame) -> dict:
+    """A statistics table as JSON (column order, values exact: floats round-trip through their repr)."""
+    return {"columns": list(df.columns), "data": {c: df[c].tolist() for c in df.columns}}
+
+
+def stats_frame(obj: dict) -> pd.DataFrame:
+    return pd.DataFrame({c: obj["data"][c] for c in obj["columns"]}, columns=obj["columns"])
+
+
+def train_variant(inputs: dict, p: Params, variant: str):
+    """``train.<variant>``: the variant's statistics (variant_stats) as its results table (results_table) and,
+    for the comparison (evaluate), the statistics table itself (JSON)."""
+    df = variant_stats(inputs, p, variant)
+    return results_table(p, variant, df, int(inputs["n0"])), stats_json(df)

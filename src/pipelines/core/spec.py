@@ -107,7 +107,7 @@ class SeedValues:
     def rows(self) -> list[dict[str, Any]]:
         """Wide rows ``{"variant", "seed", <metric>: value}`` (the report's per-seed table)."""
         out = []
-        for v in self.variants:
+        for v in dict.fromkeys([*self.variants, *self._final]):   # also rows a node made for other variants
             seeds = sorted({s for d in self._final.get(v, {}).values() for s in d})
             for s in seeds:
                 row = {"variant": v, "seed": s}

@@ -341,6 +341,7 @@ class Method:
     extra: Callable[..., Mapping[str, Any]] | None = None
     report_inputs: Sequence[str] | Mapping[str, str] = ()   # datasets (or {kwarg: dataset}) evaluate reads
     produces: Callable[[Any, str], Iterable[str]] | None = None   # metric names variant v's table has
+    reports: Callable[[Any], Iterable[str]] | None = None   # row variants of nodes that report others than their own
     description: str = ""
     extensions: Mapping[str, Any] = field(default_factory=dict)
 
@@ -361,12 +362,13 @@ class Method:
         if twice:
             raise ParameterError(f"parameter {self.name}.variants: {twice} listed twice")
         derived = self.derived_names(p, planned)
+        reported = {*planned, *(self.reports(p) if self.reports else ())}
         for kind, items in (("gate", p.gates), ("claim", p.claims)):
             for c in items:
                 parts = c.metric.split(".")
                 if parts[0] == "variants" and len(parts) >= 3:
                     v, metric = parts[1], ".".join(parts[2:])
-                    if v not in planned:
+                    if v not in reported:
                         raise ParameterError(
                             f"{kind} '{c.id}': metric '{c.metric}' names variant '{v}', which this run does not "
                             f"plan (variants: {planned}); a run without it declares its own {kind}s in an env")

@@ -81,7 +81,8 @@ class SeedValues:
         frames = [t for t in tables.values() if t is not None and len(t)]
         self.table = (pd.concat(frames, ignore_index=True) if frames
                       else pd.DataFrame(columns=list(RESULT_COLUMNS)))
-        self.variants = list(tables)
+        # the nodes' variants, then the row variants of nodes that report others than their own
+        self.variants = list(dict.fromkeys([*tables, *self.table["variant"]]))
         final = self.table[self.table["step"].isna()]
         self._final: dict[str, dict[str, dict[int, float]]] = {}
         for v, s, k, x in zip(final["variant"], final["seed"], final["metric"], final["value"]):
@@ -361,8 +362,8 @@ class Method:
         twice = sorted({v for v in planned if planned.count(v) > 1})
         if twice:
             raise ParameterError(f"parameter {self.name}.variants: {twice} listed twice")
-        derived = self.derived_names(p, planned)
-        reported = {*planned, *(self.reports(p) if self.reports else ())}
+        reported = list(dict.fromkeys([*planned, *(self.reports(p) if self.reports else ())]))
+        derived = self.derived_names(p, reported)
         for kind, items in (("gate", p.gates), ("claim", p.claims)):
             for c in items:
                 parts = c.metric.split(".")

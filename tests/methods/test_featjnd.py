@@ -305,35 +305,56 @@ def test_estimator_dual_ascent_runs_once_per_step_and_is_deterministic():
     assert 0 <= a["flip_rate_val"] <= 1 and a["state"]["scale"].item() == pytest.approx(a["scale"])
 
 
-# ------------------------------------------------------------------ pipeline: one node per variant
+# ------------------------------------------------------------------ pipeline: one node per split
 
-def test_one_train_node_per_variant_and_node_selection(monkeypatch):
+def test_one_train_node_per_split_after_the_shared_backbone(monkeypatch):
     from kedro.validation.type_extractor import TypeExtractor
 
-    from pipelines.core.registry import method_config
-    from pipelines.featjnd import pipeline as P
+    from pipelines.core.registry import load_pipeline, method_config
 
-    pipe = P.create_pipeline()
+    pipe = load_pipeline("featjnd")
     variants = method_config("featjnd")["variants"]
     assert variants == ["estimator_s1", "estimator_s2"]
-    train = {n.name for n in pipe.only_nodes_with_tags("train").nodes}
-    assert train == {"featjnd.train.backbone", *(f"featjnd.train.{v}" for v in variants)}
-    assert {f"featjnd.evaluate.{v}" for v in variants} | {"featjnd.evaluate.report", "featjnd.evaluate.plots"} \
-        <= {n.name for n in pipe.nodes}
-    # `kedro run --nodes=featjnd.train.estimator_s1` retrains that variant alone, from the saved inputs
+    assert {n.name for n in pipe.only_nodes_with_tags("train").nodes} == {f"featjnd.train.{v}" for v in variants}
+    assert {"featjnd.data.make_images", "featjnd.data.backbone"} <= {n.name for n in pipe.nodes}
+    # `kedro run --nodes=featjnd.train.estimator_s1` refits and measures that variant alone, from the saved inputs
     one = pipe.only_nodes("featjnd.train.estimator_s1")
-    assert [n.name for n in one.nodes] == ["featjnd.train.estimator_s1"]
     assert one.inputs() == {"featjnd.images_tensors", "featjnd.backbone_model", "params:featjnd"}
-    assert one.outputs() == {"featjnd.estimator_s1_model"}
-    # Kedro validates params:featjnd through the node functions' `p: Params` hints
+    assert one.outputs() == {"featjnd.results_estimator_s1", "featjnd.estimator_s1_artifacts_tensors"}
     assert TypeExtractor({"featjnd": pipe}).extract_types_from_pipelines() == {"featjnd": Params}
-    # the variants come from the run's parameters
-    monkeypatch.setattr(P, "method_config", lambda m: {"variants": ["estimator_s2"]})
-    small = P.create_pipeline()
-    assert {n.name for n in small.only_nodes_with_tags("train").nodes} == {"featjnd.train.backbone",
-                                                                           "featjnd.train.estimator_s2"}
-    [report] = [n for n in small.nodes if n.name == "featjnd.evaluate.report"]
-    assert set(report.inputs) == {"params:featjnd", "featjnd.plots", "featjnd.results_estimator_s2"}
+    raw = {**method_config("featjnd"), "variants": ["estimator_s2"]}
+    raw["claims"] = [c for c in raw["claims"] if "s1" not in c["metric"]]
+    raw["gates"] = [{**g, "metric": g["metric"].replace("s1_", "s2_")} for g in raw["gates"]]
+    monkeypatch.setattr("pipelines.core.registry.method_config", lambda m, *a, **k: raw)
+    small = load_pipeline("featjnd")
+    assert {n.name for n in small.only_nodes_with_tags("train").nodes} == {"featjnd.train.estimator_s2"}
+
+
+def test_derived_gaps_are_paired_per_seed_and_extremes_keep_the_seed_mean():
+    from pipelines.core.spec import Results, SeedValues
+    from pipelines.featjnd.evaluate import derived_metrics, derived_names
+
+    p = Params.model_validate({**BASE, "seeds": [0, 1, 2], "variants": ["estimator_s1"],
+                               "evaluation": {"snr_db": [0.0, -5.0]}})
+    acc = {"featjnd": [0.9, 0.8, 0.7], "gauss": [0.85, 0.8, 0.6], "shuffled": [0.88, 0.7, 0.69],
+           "shuffled_all": [0.86, 0.79, 0.61], "inverse": [0.5, 0.5, 0.5], "sal_inv": [0.6, 0.6, 0.6],
+           "perm_step": [0.1, 0.2, 0.3], "uniform_step": [0.3, 0.2, 0.1]}
+    tables = {}
+    for v, xs in acc.items():
+        r = Results(v)
+        for seed, x in enumerate(xs):
+            r.add(seed, s1_acc_snr0=x, s1_acc_snrm5=x - 0.1, s1_auc_acc_vs_snr=x - 0.05, s1_qacc_mean=x,
+                  s1_qacc_mean_dither=x, s1_jnd_bgfg_ratio=1.0 + 0.01 * seed)
+        tables[v] = r.table()
+    out = derived_metrics(SeedValues(tables), p)
+    assert set(out) == set(derived_names(p, ["estimator_s1"]))
+    gap = out["gap_pts.s1_acc_snr0.featjnd_vs_gauss"]
+    assert gap == pytest.approx({0: 5.0, 1: 0.0, 2: 10.0})
+    shuffled = out["min_gap_pts.s1_acc_snr_le0.featjnd_vs_shuffled"]
+    assert shuffled.value == pytest.approx(np.mean([2.0, 10.0, 1.0]))
+    assert shuffled.lo < shuffled.value < shuffled.hi
+    dev = out["abs_dev_from_1.s1_jnd_bgfg_ratio.shuffled"]
+    assert dev.value == pytest.approx(0.01) and dev.lo == 0.0 and dev.hi > 0.01
 
 
 # ------------------------------------------------------------------ parameters
@@ -356,7 +377,6 @@ CLAIM_S2 = {"id": "c", "text": "t", "metric": "gap_pts.s2_acc_snr0.featjnd_vs_ga
     ({"threads": True}, r"featjnd\.threads"),
     ({"variants": []}, r"featjnd\.variants"),
     ({"variants": ["estimator_s3"]}, r"featjnd\.variants"),
-    ({"variants": ["estimator_s1", "estimator_s1"]}, r"featjnd\.variants: .*duplicates"),
     ({"variants": ["estimator_s1"], "claims": [CLAIM_S2]}, r"featjnd\.variants: .*claim 'c' reads split s2"),
 ])
 def test_bad_parameter_names_the_key(patch, key):

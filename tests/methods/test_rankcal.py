@@ -450,36 +450,43 @@ def test_inconsistent_parameters_name_the_key(key, value, pattern):
         parse(raw)
 
 
-@pytest.mark.parametrize("env", ["base", "test", "full"])
-def test_env_parameters_are_valid_and_claims_declared(env):
-    p = parse(env_raw(env))
-    assert len(p.claims) >= 10
-    assert "threads" not in env_raw(env)   # `auto`: the platform picks
-
-
 # ----------------------------------------------------------------- claims must name planned variants
 @pytest.mark.parametrize("edit,pattern", [
-    (lambda r: r["data"].update(datasets=["diabetes"]) or r.update(rank_disagreement_datasets=["diabetes"]),
-     r"claim 'pl_lin_calibrated_when_well_specified': metric 'variants\.pl_truth\.pl_lin\.max_ece_db' "
-     r"names dataset 'pl_truth', which is not in data\.datasets \['diabetes'\]"),
-    (lambda r: r["data"].update(datasets=["iris", "wine", "pl_truth"]) or r.update(rank_disagreement_datasets=["iris"]),
-     r"claim 'pl_lin_miscalibrated_when_misspecified': .*names dataset 'mallows_truth'"),
     (lambda r: r["models"].update(variants=["pl_lin", "ib_pl", "rpc_bt", "neural_pl", "neural_pl_ts"]),
-     r"claim 'ib_mallows_calibrated_on_mallows': .*names model 'ib_mallows'"),
-    (lambda r: r["rlhf"].update(enabled=False), r"claim 'rm_calibration_tracks_accuracy': .*rlhf\.enabled: false"),
+     r"claim 'ib_mallows_calibrated_on_mallows': .*names model 'ib_mallows', which is not in models\.variants"),
     (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "variants.digits5.rankings_as_classes.nll",
                                    "op": "<=", "threshold": 1.0}), r"claim 'x': .*m <= models\.rac_max_m = 4"),
     (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "variants.demo.q_mid.ece_pair_db",
                                    "op": "<=", "threshold": 1.0}), r"claim 'x': .*demo predictor 'q_mid'"),
-    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "rank_disagreement.iris",
-                                   "op": "<=", "threshold": 1.0}), r"claim 'x': .*not in rank_disagreement_datasets"),
 ])
-def test_claims_naming_unplanned_variants_are_refused_before_the_run(edit, pattern):
+def test_claims_naming_models_the_run_does_not_fit_are_refused(edit, pattern):
     raw = copy.deepcopy(base_raw())
     edit(raw)
     with pytest.raises(ParameterError, match=r"^parameter rankcal: Value error, " + pattern) as exc:
         parse(raw)
     assert "\n" not in str(exc.value) and "parameters_rankcal.yml" in str(exc.value)
+
+
+@pytest.mark.parametrize("edit,pattern", [
+    (lambda r: r["data"].update(datasets=["diabetes"]) or r.update(rank_disagreement_datasets=["diabetes"]),
+     r"claim 'pl_lin_calibrated_when_well_specified': metric 'variants\.pl_truth\.pl_lin\.max_ece_db' "
+     r"names variant 'pl_truth', which this run does not plan"),
+    (lambda r: r["data"].update(datasets=["iris", "wine", "pl_truth"]) or r.update(rank_disagreement_datasets=["iris"]),
+     r"claim 'pl_lin_miscalibrated_when_misspecified': .*names variant 'mallows_truth'"),
+    (lambda r: r["rlhf"].update(enabled=False),
+     r"gate 'reward_models_learn': metric 'rlhf\.best_accuracy' is produced by no variant or derived-metric"),
+    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "rank_disagreement.iris",
+                                   "op": "<=", "threshold": 1.0}), r"claim 'x': metric 'rank_disagreement\.iris' is "
+                                                                   r"produced by no variant"),
+])
+def test_claims_naming_unplanned_datasets_or_studies_are_refused_before_the_run(edit, pattern):
+    from pipelines.rankcal.spec import SPEC
+
+    raw = copy.deepcopy(base_raw())
+    edit(raw)
+    with pytest.raises(ParameterError, match=pattern) as exc:
+        SPEC.check(parse(raw))
+    assert "\n" not in str(exc.value)
 
 
 def test_dataset_list_override_that_keeps_the_claimed_datasets_is_valid():
@@ -500,60 +507,75 @@ def test_cli_refuses_a_run_whose_claims_name_datasets_it_does_not_run(e2e_projec
     assert "Traceback" not in res.output and "Running node" not in res.output
 
 
-# ----------------------------------------------------------------- one node per variant
+# ----------------------------------------------------------------- one node per dataset
 def _pipeline_for(monkeypatch, raw: dict):
-    import pipelines.rankcal.pipeline as P
+    from pipelines.core.registry import load_pipeline
 
-    monkeypatch.setattr(P, "method_config", lambda method: raw)
-    return P.create_pipeline()
+    monkeypatch.setattr("pipelines.core.registry.method_config", lambda method, *a, **k: raw)
+    return load_pipeline("rankcal")
 
 
-def test_one_train_node_per_variant_and_reward_model(monkeypatch):
-    raw = base_raw()
+def test_one_train_node_per_dataset_the_demo_and_each_reward_model(monkeypatch):
+    raw = copy.deepcopy(base_raw())
+    raw["data"]["datasets"] = [*raw["data"]["datasets"], "file:toy"]
+    raw["data"]["user_dir"] = "nowhere"
     pipe = _pipeline_for(monkeypatch, raw)
     names = {n.name for n in pipe.only_nodes_with_tags("train").nodes}
-    assert names == {f"rankcal.train.{v}" for v in raw["models"]["variants"]} | {
+    assert names == {"rankcal.train.demo", "rankcal.train.file_toy"} | {
+        f"rankcal.train.{d}" for d in base_raw()["data"]["datasets"]} | {
         f"rankcal.train.rm_{r['name']}" for r in raw["rlhf"]["models"]}
     assert {n.name for n in pipe.nodes} - names == {
-        "rankcal.data.label_rankings", "rankcal.evaluate.calibration", "rankcal.evaluate.hierarchy_demo",
-        "rankcal.evaluate.plots", "rankcal.evaluate.report"}
-    # --nodes=rankcal.train.<v>: one variant alone, its inputs loaded from the catalog
-    one = pipe.only_nodes("rankcal.train.pl_lin")
-    assert [n.name for n in one.nodes] == ["rankcal.train.pl_lin"]
-    assert one.inputs() == {"rankcal.datasets", "params:rankcal"}
-    assert one.outputs() == {"rankcal.predictions_pl_lin_tensors"}
-    ts = pipe.only_nodes("rankcal.train.neural_pl_ts")   # reads neural_pl's output, fits T only
-    assert ts.inputs() == {"rankcal.predictions_neural_pl_tensors", "params:rankcal"}
+        "rankcal.data.label_rankings", "rankcal.evaluate.plots", "rankcal.evaluate.report"}
 
 
-def test_pipeline_follows_the_planned_variants(monkeypatch):
+def test_pipeline_follows_the_planned_datasets_and_study(monkeypatch):
     raw = copy.deepcopy(base_raw())
-    raw["models"]["variants"] = ["pl_lin", "uniform"]
+    raw["data"]["datasets"] = ["pl_truth"]
+    raw["rank_disagreement_datasets"] = ["pl_truth"]
     raw["rlhf"]["enabled"] = False
+    raw["claims"], raw["gates"] = [], []
     names = {n.name for n in _pipeline_for(monkeypatch, raw).only_nodes_with_tags("train").nodes}
-    assert names == {"rankcal.train.pl_lin", "rankcal.train.uniform"}
+    assert names == {"rankcal.train.pl_truth", "rankcal.train.demo"}
 
 
-def test_variant_nodes_are_deterministic_and_temperature_scaling_reads_neural_pl():
-    from pipelines.rankcal.data import make_datasets
-    from pipelines.rankcal.train import temperature_scale, train_variant
-
+def _small() -> Params:
     raw = copy.deepcopy(env_raw("test"))
     raw["data"]["datasets"] = ["pl_truth", "mallows_truth"]
     raw["rank_disagreement_datasets"] = ["pl_truth"]
-    p = parse(raw)
+    return parse(raw)
+
+
+def test_model_fits_are_deterministic_and_temperature_scaling_reads_neural_pl():
+    from pipelines.rankcal.data import make_datasets
+    from pipelines.rankcal.train import fit_dataset
+
+    p = _small()
     df = make_datasets(p)
-    a = train_variant(df, p, variant="neural_pl")
-    b = train_variant(df, p, variant="neural_pl")
-    for ds in a:
-        for key, t in a[ds]["0"].items():
-            assert torch_equal(t, b[ds]["0"][key]), (ds, key)
-    ts = temperature_scale(a, p)
-    e, t = a["pl_truth"]["0"], ts["pl_truth"]["0"]
+    d = df[(df.dataset == "pl_truth") & (df.seed == 0)]
+    a, b = fit_dataset(d, p, 0), fit_dataset(d, p, 0)
+    assert list(a) == p.models.variants
+    for model in a:
+        for key, t in a[model].items():
+            assert torch_equal(t, b[model][key]), (model, key)
+    e, t = a["neural_pl"], a["neural_pl_ts"]
     T = float(t["temperature"])
     assert T != 1.0 and len(e["scores_hold"]) == 40   # 20% of the 200 training rows held out
     np.testing.assert_allclose(t["Q"].numpy(), R.pl_table(e["scores"].numpy() / T), rtol=1e-12)
     assert t["Q"].dtype == e["Q"].dtype and str(t["Q"].dtype) == "torch.float64"
+
+
+def test_dataset_node_reports_every_model_as_its_own_variant():
+    from pipelines.rankcal.data import make_datasets
+    from pipelines.rankcal.train import train_variant
+
+    p = _small()
+    table, arts = train_variant(make_datasets(p), p, variant="pl_truth")
+    assert list(dict.fromkeys(table["variant"])) == [f"pl_truth.{m}" for m in p.models.variants]
+    assert table["value"].notna().all() and table["step"].isna().all()
+    temps = table[table.metric == "temperature"]
+    assert set(temps["variant"]) == {"pl_truth.neural_pl_ts"}
+    assert set(arts["Q"]) == set(p.models.variants) and arts["m"] == 4 and len(arts["y"]) == 150
+    assert set(arts["bootstrap"]) == {f"pl_truth.{m}" for m in p.models.variants}
 
 
 def torch_equal(a, b) -> bool:
@@ -569,7 +591,11 @@ def test_report_of_the_test_env_run(test_env_run):
         assert "ece_pair_db" in v[f"pl_truth.{model}"] and "ece_top1_conf_db" in v[f"pl_truth.{model}"]
     assert {"demo.q_sub", "demo.q_top", "demo.truth"} <= set(v)
     assert [c["id"] for c in report["claims"]] == [c["id"] for c in base_raw()["claims"]]
+    assert [g["id"] for g in report["gates"]] == ["estimators_pass_the_truth", "reward_models_learn"]
     assert "rlhf.spearman_acc_neg_ece_pair_db" in report["metrics"]
+    assert set(report["bootstrap_ci"]["ci"]) == {f"{d}.{m}" for d in ("pl_truth", "mallows_truth")
+                                                 for m in base_raw()["models"]["variants"]} | {
+        f"linnerud.{m}" for m in base_raw()["models"]["variants"]}
     assert {"reliability_pl_truth.png", "hierarchy_demo.png", "rlhf_accuracy_vs_ece.png"} <= set(report["artifacts"])
     # the counterexamples are flagged even at the test env's n = 3000
     assert v["demo.q_top"]["ece_pair_db"] > 0.05 > v["demo.q_sub"]["ece_pair_db"]

@@ -396,23 +396,18 @@ def test_training_through_core_fit_equals_the_hand_written_loop(objective, sourc
         np.testing.assert_allclose(sd[k].double().numpy(), ref[k].double().numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_one_train_node_per_trained_model_and_selection():
-    from pipelines.core.registry import method_config
+def test_one_train_node_trains_every_model_and_times_the_decoders_side_by_side():
+    from pipelines.core.registry import load_pipeline, method_config
     from pipelines.wedlm.params import trained_variants
-    from pipelines.wedlm.pipeline import create_pipeline
 
-    pipe = create_pipeline()
-    variants = trained_variants(method_config("wedlm"))
-    assert variants == ["wedlm", "ar_only"]  # conf/base trains the AR-only baseline too
-    names = {n.name for n in pipe.only_nodes_with_tags("train").nodes}
-    assert names == {f"wedlm.train.{v}" for v in variants}
-    one = pipe.only_nodes("wedlm.train.ar_only")
-    assert [n.name for n in one.nodes] == ["wedlm.train.ar_only"]
-    assert set(one.outputs()) == {"wedlm.ar_only_model", "wedlm.fit_log_ar_only", "wedlm.decodes_ar_only",
-                                  "wedlm.traces_ar_only_json"}
-    assert {n.name for n in pipe.nodes} >= {"wedlm.data.tasks", "wedlm.evaluate.timing", "wedlm.evaluate.plots",
+    pipe = load_pipeline("wedlm")
+    p = _params(method_config("wedlm"))
+    assert trained_variants(p) == ["wedlm", "ar_only"]  # conf/base trains the AR-only baseline too
+    assert {n.name for n in pipe.only_nodes_with_tags("train").nodes} == {"wedlm.train.wedlm"}
+    assert {n.name for n in pipe.nodes} == {"wedlm.data.tasks", "wedlm.train.wedlm", "wedlm.evaluate.plots",
                                             "wedlm.evaluate.report"}
-    assert trained_variants({"train": {"ar_only_seeds": []}}) == ["wedlm"]
+    assert trained_variants(_params({**method_config("wedlm"), "train": {**method_config("wedlm")["train"],
+                                                                         "ar_only_seeds": []}})) == ["wedlm"]
 
 
 def test_variant_node_trains_decodes_and_timing_is_interleaved():
@@ -420,7 +415,7 @@ def test_variant_node_trains_decodes_and_timing_is_interleaved():
     main decoder on the same prompt groups, round by round; the ratios carry an interval around them."""
     from pipelines.wedlm.data import make_tasks
     from pipelines.wedlm.evaluate import _speed_ratios, measure_speed
-    from pipelines.wedlm.train import train_variant
+    from pipelines.wedlm.train import train_model as train_variant
 
     p = _params(_tiny_raw(ar_only_seeds=[0]))
     test, tasks = make_tasks(p)

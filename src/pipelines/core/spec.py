@@ -120,7 +120,7 @@ class SeedValues:
     def rows(self) -> list[dict[str, Any]]:
         """Wide rows ``{"variant", "seed", <metric>: value}`` (the report's per-seed table)."""
         out = []
-        for v in self.variants:
+        for v in dict.fromkeys([*self.variants, *self._final]):   # also rows a node made for other variants
             seeds = sorted({s for d in self._final.get(v, {}).values() for s in d})
             for s in seeds:
                 row = {"variant": v, "seed": s}
@@ -362,6 +362,7 @@ class Method:
     report_inputs: Sequence[str] | Mapping[str, str] = ()   # datasets (or {kwarg: dataset}) evaluate reads
     produces: Callable[[Any, str], Iterable[str]] | None = None   # metric names variant v's table has
     results_from: Mapping[str, str] = field(default_factory=dict)   # {variant: long table} not from train_variant
+    reports: Callable[[Any], Iterable[str]] | None = None   # row variants of nodes that report others than their own
     description: str = ""
     extensions: Mapping[str, Any] = field(default_factory=dict)
 
@@ -386,13 +387,14 @@ class Method:
         twice = sorted({v for v in planned if planned.count(v) > 1})
         if twice:
             raise ParameterError(f"parameter {self.name}.variants: {twice} listed twice")
-        derived = self.derived_names(p, planned)
+        reported = list(dict.fromkeys([*planned, *(self.reports(p) if self.reports else ())]))
+        derived = self.derived_names(p, reported)
         for kind, items in (("gate", p.gates), ("claim", p.claims)):
             for c in items:
                 parts = c.metric.split(".")
                 if parts[0] == "variants" and len(parts) >= 3:
                     v, metric = parts[1], ".".join(parts[2:])
-                    if v not in planned:
+                    if v not in reported:
                         raise ParameterError(
                             f"{kind} '{c.id}': metric '{c.metric}' names variant '{v}', which this run does not "
                             f"plan (variants: {planned}); a run without it declares its own {kind}s in an env")

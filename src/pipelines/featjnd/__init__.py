@@ -1,4 +1,1 @@
-"""FeatJND: task-aligned just-noticeable-difference maps for deep features at a split point"""
-from pipelines.featjnd.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]
+"""FeatJND: task-aligned just-noticeable-difference maps for deep features at a split point (the contract: spec.py)."""

@@ -1,12 +1,13 @@
 """Evaluation of `featjnd` (card, Experiments): E1 matched-distortion test against Gaussian, shuffled,
 inverse and saliency-inverse maps; E2 attribution (bg/fg tolerance ratio, rank agreement with
 gradient×input and occlusion); E3 token-wise dynamic quantization with FeatJND / permuted / uniform /
-saliency-inverse step allocations at the same noise budget. One node per estimator variant
-(`evaluate.estimator_<split>`), then the plots and the report gather them.
+saliency-inverse step allocations at the same noise budget, measured in the estimator variant's node
+(`train.estimator_<split>` fits the estimator, then calls :func:`evaluate_variant`); the derived gaps
+(declared in spec.py) and the plots read the gathered tables.
 
 The E1/E3 controls (gauss, shuffled, shuffled_all, inverse, sal_inv, perm_step, uniform_step) have nothing to
 fit: they are built from the variant's J (or the frozen head's gradient) and share its noise draw z and
-dither u (common random numbers), so they are measured in the variant's evaluate node, not in train nodes."""
+dither u (common random numbers), so they are measured in the variant's node: one table row variant per map / allocation."""
 from __future__ import annotations
 
 import math
@@ -15,7 +16,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.report import build_report
+from pipelines.core.spec import paired
+from pipelines.core.stats import Estimate, t_interval
 from pipelines.core.runtime import node_setup
 from pipelines.featjnd import ops
 from pipelines.featjnd.model import SPLITS, JNDEstimator, flip_rate, sample_noise
@@ -76,7 +78,7 @@ def occlusion_drop(head, fn: torch.Tensor, patch: int) -> torch.Tensor:
 
 def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params, variant: str
                      ) -> tuple[pd.DataFrame, dict]:
-    """Node `evaluate.estimator_<split>`: E1–E3 at the variant's split point for every seed: long table
+    """E1–E3 at the variant's split point for every seed (in `train.estimator_<split>`): long table
     (seed, split, variant, metric, value; `variant` there is the map / allocation) and the saved maps."""
     split = split_of(variant)
     ev, e = p.evaluation, p.estimator
@@ -176,46 +178,81 @@ def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params,
     return pd.DataFrame(rows), maps
 
 
-# ----------------------------------------------------------------------------------------------- report
+# ----------------------------------------------------------------------------------------------- derived
 
-def variant_rows(results: pd.DataFrame) -> list[dict]:
-    """Long results → one row per (variant, seed) with split-prefixed metric names (same names across
-    variants, so MLflow's Compare lines them up)."""
-    rows = []
-    for (variant, seed), d in results.groupby(["variant", "seed"]):
-        row = {"variant": variant, "seed": int(seed)}
-        row.update({f"{s}_{m}": v for s, m, v in zip(d["split"], d["metric"], d["value"])})
-        rows.append(row)
-    return rows
+OTHERS_E1 = ("gauss", "shuffled", "shuffled_all", "inverse", "sal_inv")
+OTHERS_E3 = ("uniform_step", "perm_step", "sal_inv")
 
 
-def derived_metrics(results: pd.DataFrame, snrs: list[float]) -> dict[str, float]:
-    """Seed-mean gaps in accuracy points that the claims read (per split)."""
-    mean = results.groupby(["split", "variant", "metric"])["value"].mean()
+def _splits(p: Params) -> list[str]:
+    return [sp for sp in SPLITS if f"estimator_{sp}" in p.variants]
 
-    def pts(split: str, metric: str, a: str, b: str) -> float:
-        return 100.0 * (mean[(split, a, metric)] - mean[(split, b, metric)])
 
-    out: dict[str, float] = {}
-    for sp in SPLITS:
-        if sp not in results["split"].unique():
-            continue
-        out[f"gap_pts.{sp}_auc_acc_vs_snr.featjnd_vs_gauss"] = pts(sp, "auc_acc_vs_snr", "featjnd", "gauss")
-        out[f"gap_pts.{sp}_auc_acc_vs_snr.gauss_vs_inverse"] = pts(sp, "auc_acc_vs_snr", "gauss", "inverse")
+def derived_names(p: Params, planned) -> list[str]:
+    """Every derived metric of the planned splits (what the claims may name)."""
+    out = []
+    low = [s for s in p.evaluation.snr_db if s <= 0]
+    for sp in _splits(p):
+        out += [f"gap_pts.{sp}_auc_acc_vs_snr.featjnd_vs_gauss", f"gap_pts.{sp}_auc_acc_vs_snr.gauss_vs_inverse"]
+        out += [f"gap_pts.{sp}_acc_snr{snr_tag(s)}.featjnd_vs_{o}" for s in p.evaluation.snr_db for o in OTHERS_E1]
+        out.append(f"max_abs_gap_pts.{sp}_acc_snr.shuffled_all_vs_gauss")
+        if low:
+            out.append(f"min_gap_pts.{sp}_acc_snr_le0.featjnd_vs_shuffled")
+        out.append(f"abs_dev_from_1.{sp}_jnd_bgfg_ratio.shuffled")
+        out += [f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{o}" for sfx in ("", "_dither") for o in OTHERS_E3]
+    return out
+
+
+def _abs_estimate(est: Estimate, centre: float = 0.0) -> Estimate:
+    """|x − centre| of an estimate: its interval is the range of |x − centre| over x's interval."""
+    value = abs(est.value - centre)
+    if not est.has_interval:
+        return Estimate(value, n=est.n)
+    lo, hi = est.lo - centre, est.hi - centre
+    return Estimate(value, 0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)), est.n)
+
+
+def _extreme(ests: list[Estimate], pick) -> Estimate:
+    """max / min over several quantities: the value of the extreme mean, and the interval of the extreme
+    bounds (holds when every quantity's interval is on the claimed side, fails when one is wholly off it)."""
+    value = pick(e.value for e in ests)
+    if not all(e.has_interval for e in ests):
+        return Estimate(value, n=min(e.n for e in ests))
+    return Estimate(value, pick(e.lo for e in ests), pick(e.hi for e in ests), min(e.n for e in ests))
+
+
+def derived_metrics(values, p: Params) -> dict:
+    """The gaps in accuracy points that the claims read (per split), per seed and paired: method − control
+    on the same seed (common random numbers). The max / min over SNRs and |ratio − 1| keep the seed-mean
+    value (their intervals follow from the per-SNR seed intervals)."""
+    snrs = p.evaluation.snr_db
+    out: dict = {}
+
+    def pts(metric: str, a: str, b: str) -> dict[int, float]:
+        xa, xb = values.per_seed(a, metric), values.per_seed(b, metric)
+        return {s: 100.0 * (xa[s] - xb[s]) for s in paired(xa, xb)}
+
+    def est(by_seed: dict[int, float]) -> Estimate:
+        return t_interval([by_seed[s] for s in sorted(by_seed)])
+
+    for sp in _splits(p):
+        out[f"gap_pts.{sp}_auc_acc_vs_snr.featjnd_vs_gauss"] = pts(f"{sp}_auc_acc_vs_snr", "featjnd", "gauss")
+        out[f"gap_pts.{sp}_auc_acc_vs_snr.gauss_vs_inverse"] = pts(f"{sp}_auc_acc_vs_snr", "gauss", "inverse")
         for s in snrs:
             t = f"acc_snr{snr_tag(s)}"
-            for other in ("gauss", "shuffled", "shuffled_all", "inverse", "sal_inv"):
-                out[f"gap_pts.{sp}_{t}.featjnd_vs_{other}"] = pts(sp, t, "featjnd", other)
-        out[f"max_abs_gap_pts.{sp}_acc_snr.shuffled_all_vs_gauss"] = max(
-            abs(pts(sp, f"acc_snr{snr_tag(s)}", "shuffled_all", "gauss")) for s in snrs)
+            for other in OTHERS_E1:
+                out[f"gap_pts.{sp}_{t}.featjnd_vs_{other}"] = pts(f"{sp}_{t}", "featjnd", other)
+        out[f"max_abs_gap_pts.{sp}_acc_snr.shuffled_all_vs_gauss"] = _extreme(
+            [_abs_estimate(est(pts(f"{sp}_acc_snr{snr_tag(s)}", "shuffled_all", "gauss"))) for s in snrs], max)
         low = [s for s in snrs if s <= 0]
         if low:
-            out[f"min_gap_pts.{sp}_acc_snr_le0.featjnd_vs_shuffled"] = min(
-                pts(sp, f"acc_snr{snr_tag(s)}", "featjnd", "shuffled") for s in low)
-        out[f"abs_dev_from_1.{sp}_jnd_bgfg_ratio.shuffled"] = abs(mean[(sp, "shuffled", "jnd_bgfg_ratio")] - 1)
+            out[f"min_gap_pts.{sp}_acc_snr_le0.featjnd_vs_shuffled"] = _extreme(
+                [est(pts(f"{sp}_acc_snr{snr_tag(s)}", "featjnd", "shuffled")) for s in low], min)
+        out[f"abs_dev_from_1.{sp}_jnd_bgfg_ratio.shuffled"] = _abs_estimate(
+            est(values.per_seed("shuffled", f"{sp}_jnd_bgfg_ratio")), 1.0)
         for sfx in ("", "_dither"):
-            for other in ("uniform_step", "perm_step", "sal_inv"):
-                out[f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{other}"] = pts(sp, f"qacc_mean{sfx}", "featjnd",
+            for other in OTHERS_E3:
+                out[f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{other}"] = pts(f"{sp}_qacc_mean{sfx}", "featjnd",
                                                                                 other)
     return out
 
@@ -288,22 +325,26 @@ def _training_plot(estimators: dict[str, dict]):
     return fig
 
 
-def _gather(prefix: str, inputs: dict) -> dict[str, object]:
-    """``{"results_estimator_s1": x, ...}`` → ``{"s1": x, ...}`` for one kind of gathered input."""
-    return {split_of(k.removeprefix(prefix)): v for k, v in inputs.items() if k.startswith(prefix)}
+def _long(values) -> pd.DataFrame:
+    """The gathered tables as (variant, seed, split, metric, value): metric names without their split."""
+    t = values.table[values.table["step"].isna()]
+    t = t[t["metric"].str.match(r"^s\d_")]
+    return pd.DataFrame({"variant": t["variant"], "seed": t["seed"], "split": t["metric"].str[:2],
+                         "metric": t["metric"].str[3:], "value": t["value"]})
 
 
-def make_plots(p: Params, **inputs) -> dict:
+def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
     """Node `evaluate.plots`: per split the J-map grid, accuracy vs SNR and accuracy vs quantization budget;
-    the estimators' training curves. Gathers ``results_<variant>``, ``maps_<variant>``, ``model_<variant>``."""
+    the estimators' training curves (the artifacts of `train.estimator_<split>`)."""
     from pipelines.core.plots import line_plot
 
     ev = p.evaluation
-    results, maps, models = _gather("results_", inputs), _gather("maps_", inputs), _gather("model_", inputs)
+    long = _long(values)
+    arts = {split_of(v): a for v, a in artifacts.items()}
     figures = {}
-    for sp in sorted(results):
-        d = results[sp]
-        figures[f"jnd_maps_{sp}"] = _jnd_grid(maps[sp], sp, ev.plot_examples)
+    for sp in sorted(arts):
+        d = long[long.split == sp]
+        figures[f"jnd_maps_{sp}"] = _jnd_grid(arts[sp]["maps"], sp, ev.plot_examples)
         series, errors = {}, {}
         for v in E1_MAPS:
             vals = [d[(d.variant == v) & (d.metric == f"acc_snr{snr_tag(s)}")]["value"] for s in ev.snr_db]
@@ -311,13 +352,5 @@ def make_plots(p: Params, **inputs) -> dict:
         figures[f"acc_vs_snr_{sp}"] = line_plot(ev.snr_db, series, "SNR (dB), energy matched per image",
                                                 "test accuracy", f"{sp.upper()}: accuracy vs SNR", errors)
         figures[f"qacc_vs_budget_{sp}"] = _quant_plot(d, sp, ev.quant_steps)
-    figures["estimator_training"] = _training_plot(dict(sorted(models.items())))
+    figures["estimator_training"] = _training_plot({sp: arts[sp]["estimators"] for sp in sorted(arts)})
     return figures
-
-
-def make_report(p: Params, plots: dict, **results: pd.DataFrame) -> dict:
-    """Node `evaluate.report`: the variants table (the method and every control, metrics prefixed by the
-    split), the derived gaps and the claims, from the evaluate nodes' tables by variant."""
-    table = pd.concat([results[v] for v in p.variants], ignore_index=True)
-    metrics = derived_metrics(table, p.evaluation.snr_db)
-    return build_report("featjnd", p, variant_rows(table), metrics, artifacts=[f"{k}.png" for k in plots])

@@ -101,11 +101,9 @@ class Params(MethodParams):
     @field_validator("variants")
     @classmethod
     def _variants(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("variants has duplicates")
         # a claim on a split whose estimator is not run would only fail at the report: refuse it here
         have = {split_of(x) for x in v}
-        for c in info.data.get("claims") or []:
+        for c in [*(info.data.get("claims") or []), *(info.data.get("gates") or [])]:
             m = re.search(r"(?:^|\.)(s\d)_", c.metric)
             if m and m.group(1) not in have:
                 raise ValueError(f"claim '{c.id}' reads split {m.group(1)}, but estimator_{m.group(1)} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -116,3 +117,21 @@ def train_estimator(images: dict, backbones: dict, p: Params, variant: str) -> d
                               "scale": float(s), "flip_rate_val": float(flip_val),
                               "train_flip_rate_last_epoch": float(history[-1, 2]), "history": history}
     return out
+
+
+def train_variant(images: dict, backbones: dict, p: Params, variant: str):
+    """Node `train.estimator_<split>`: the estimator at the variant's split point (every seed), then E1–E3
+    with its fit-free controls (evaluate.evaluate_variant: they share the estimator's noise draws). Returns
+    the long table, one row variant per map / allocation with split-prefixed metrics
+    (``featjnd``: ``s1_acc_snr0``, ...), and the artifacts: the estimators (state, scale, training history)
+    and the saved maps."""
+    from pipelines.core.spec import Results
+    from pipelines.featjnd.evaluate import evaluate_variant
+
+    estimators = train_estimator(images, backbones, p, variant)
+    long, maps = evaluate_variant(images, backbones, estimators, p, variant)
+    res = {v: Results(v) for v in dict.fromkeys(long["variant"])}
+    for (v, seed), d in long.groupby(["variant", "seed"], sort=False):
+        res[v].add(int(seed), **{f"{s}_{m}": x for s, m, x in zip(d["split"], d["metric"], d["value"])})
+    return pd.concat([r.table() for r in res.values()], ignore_index=True), {"estimators": estimators,
+                                                                             "maps": maps}

@@ -1,92 +1,77 @@
-"""Calibration metrics of every label-ranking model (all notions of the hierarchy, debiased, with
-bootstrap CIs), the disagreement between sub-ranking and top-k orderings of the models, the RLHF
-correlation, reliability diagrams and the report. The evaluate nodes gather the variants' outputs:
-``**predictions`` are the ``train.<model>`` tables by model, ``**reward_models`` the ``train.rm_<name>``
-frames."""
+"""What the report and plots derive from the train nodes' tables: the disagreement between sub-ranking and
+top-k orderings of the models and the RLHF correlation (both declared as ``Fn`` in spec.py), the reliability
+diagrams, the hierarchy-demo and RLHF figures, and the report's bootstrap CIs."""
 from __future__ import annotations
 
 import math
-import zlib
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.report import build_report
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import ranking as R
-from pipelines.rankcal.data import unpack
-from pipelines.rankcal.params import Params
+from pipelines.rankcal.params import DEMO_VARIANTS, Params, node_variant
 
 # the six "popular" models ranked against each other (not the TS copy or the uniform anchor)
 RANKED_MODELS = ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl")
-NON_METRIC = ("variant", "seed", "dataset", "model")
 
 
-def test_rankings(datasets: pd.DataFrame) -> dict[str, dict[str, tuple[np.ndarray, int]]]:
-    """``{dataset: {seed: (test permutation indices, m)}}`` from the data table."""
-    out: dict = {}
-    for (name, seed), d in datasets[datasets.split == "test"].groupby(["dataset", "seed"], sort=False):
-        _, o, m = unpack(d)
-        out.setdefault(str(name), {})[str(seed)] = (R.perm_index(o), m)
-    return out
-
-
-def by_dataset(predictions: dict[str, dict]) -> dict[str, dict[str, dict]]:
-    """``{dataset: {seed: {model: entry}}}`` from the variants' ``{dataset: {seed: entry}}``, models in
-    the order of ``models.variants``."""
-    out: dict = {}
-    for model, tables in predictions.items():
-        for ds, seeds in tables.items():
-            for seed, entry in seeds.items():
-                out.setdefault(ds, {}).setdefault(seed, {})[model] = entry
-    return out
-
-
-def calibration_table(datasets: pd.DataFrame, p: Params, **predictions: dict) -> tuple[pd.DataFrame, dict]:
-    """One row per dataset × model × seed with every ECE (plain and ``_db``), ``max_ece_db`` and the
-    proper scores; bootstrap 95% CIs for the plot seed."""
-    e = p.ece
-    truth = test_rankings(datasets)
-    rows, cis = [], {}
-    for ds, seeds in by_dataset(predictions).items():
-        for seed, models in seeds.items():
-            y, m = truth[ds][seed]
-            n_boot = e.n_bootstrap if int(seed) == p.plot_seed else 0
-            for model, entry in models.items():
-                Q = entry["Q"].double().numpy()
-                # one stream per (seed, dataset, model) for the redraws and the bootstrap
-                rng = np.random.default_rng([int(seed), zlib.crc32(f"{ds}.{model}".encode())])
-                ece, ci = C.calibration_metrics(Q, y, m, n_bins=e.n_bins, n_debias=e.n_debias, n_bootstrap=n_boot,
-                                                full_cw_max_m=e.full_cw_max_m, rng=rng)
-                db = [v for k, v in ece.items() if k.endswith("_db")]
-                row = {"variant": f"{ds}.{model}", "dataset": ds, "model": model, "seed": int(seed), **ece,
-                       "max_ece_db": max(db), **C.proper_scores(Q, y, m), "n_test": len(y)}
-                if "temperature" in entry:
-                    row["temperature"] = float(entry["temperature"])
-                if "theta_mean" in entry:
-                    row["theta_mean"] = float(entry["theta_mean"])
-                rows.append(row)
-                if ci:
-                    cis[f"{ds}.{model}"] = {k: [lo, hi] for k, (lo, hi) in ci.items()}
-    return pd.DataFrame(rows), {"seed": p.plot_seed, "level": 0.95, "n_bootstrap": e.n_bootstrap, "ci": cis}
-
-
-def rank_disagreement(metrics: pd.DataFrame, dataset: str) -> float:
+def rank_disagreement(values, ds: str) -> float:
     """Kendall τ between the models' orderings by seed-mean ece_pair_db and by ece_top1_conf_db."""
     from scipy.stats import kendalltau
 
-    d = metrics[(metrics.dataset == dataset) & metrics.model.isin(RANKED_MODELS)]
-    if d.empty:
+    models = [m for m in RANKED_MODELS if values.has(f"{ds}.{m}", "ece_pair_db")]
+    if len(models) < 3:
         return math.nan
-    mean = d.groupby("model")[["ece_pair_db", "ece_top1_conf_db"]].mean()
-    if len(mean) < 3:
-        return math.nan
+    mean = {k: [float(np.mean(list(values.per_seed(f"{ds}.{m}", k).values()))) for m in models]
+            for k in ("ece_pair_db", "ece_top1_conf_db")}
     return float(kendalltau(mean["ece_pair_db"], mean["ece_top1_conf_db"]).statistic)
 
 
-def gather_reward_models(reward_models: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    frames = [f for f in reward_models.values() if not f.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["variant", "seed", "ts"])
+def rank_disagreement_metrics(values, p: Params) -> dict[str, float]:
+    """``rank_disagreement.<ds>`` of each listed dataset and their minimum (point values: one ordering of
+    the models' seed means)."""
+    dis = {ds: rank_disagreement(values, ds) for ds in p.rank_disagreement_datasets}
+    out = {f"rank_disagreement.{ds}": v for ds, v in dis.items()}
+    finite = [v for v in dis.values() if not math.isnan(v)]
+    out["rank_disagreement.min"] = min(finite) if finite else math.nan
+    return out
+
+
+def rank_disagreement_names(p: Params, planned) -> list[str]:
+    return [*(f"rank_disagreement.{ds}" for ds in p.rank_disagreement_datasets), "rank_disagreement.min"]
+
+
+def gather_reward_models(values) -> pd.DataFrame:
+    """One row per reward model × size × seed × {raw, temperature-scaled} (rm, seed, ts, n_pairs and its
+    metrics), from the ``train.rm_<name>`` tables' ``n<size>[_ts].<metric>`` entries."""
+    rows: dict[tuple, dict] = {}
+    for v in values.variants:
+        if not v.startswith("rm_"):
+            continue
+        for key, by_seed in values.metrics(v).items():
+            tag, metric = key.split(".", 1)
+            ts = tag.endswith("_ts")
+            n = int(tag.removesuffix("_ts")[1:])
+            for seed, x in by_seed.items():
+                r = rows.setdefault((v, n, ts, seed), {"rm": f"{v.removeprefix('rm_')}_n{n}", "seed": seed,
+                                                       "ts": ts, "n_pairs": n})
+                r[metric] = x
+    return pd.DataFrame(list(rows.values())) if rows else pd.DataFrame(columns=["rm", "seed", "ts"])
+
+
+def rlhf_metrics(values, p: Params) -> dict[str, float]:
+    return rlhf_summary(gather_reward_models(values))
+
+
+def rlhf_names(p: Params, planned) -> list[str]:
+    if not p.rlhf.enabled:
+        return []
+    return ["rlhf.spearman_acc_neg_ece_pair_db", "rlhf.n_reward_models",
+            *(f"rlhf.spearman_acc_neg_ece_pair_db.seed{s}" for s in p.seeds), "rlhf.median_ece_pair_db.raw",
+            "rlhf.median_ece_pair_db.ts", "rlhf.ts_rel_change_median_ece_pair_db",
+            "rlhf.ts_abs_rel_change_median_ece_pair_db", "rlhf.ts_max_abs_accuracy_change",
+            "rlhf.oracle_accuracy", "rlhf.best_accuracy"]
 
 
 def rlhf_summary(rlhf: pd.DataFrame) -> dict[str, float]:
@@ -144,12 +129,12 @@ def reliability_figure(title: str, tables: dict[str, np.ndarray], y: np.ndarray,
     return fig
 
 
-def demo_figure(demo: pd.DataFrame):
+def demo_figure(values):
     import matplotlib.pyplot as plt
 
-    d = demo[demo.seed == demo.seed.min()].set_index("variant")
-    qs = {v: d.loc[v, [f"q_{i}" for i in range(6)]].to_numpy(float) for v in d.index}
-    P = qs["demo.truth"]
+    seed = min(values.per_seed("demo.truth", "q_0"))
+    d = {v: {k: x[seed] for k, x in values.metrics(f"demo.{v}").items()} for v in DEMO_VARIANTS}
+    qs = {v: np.array([d[v][f"q_{i}"] for i in range(6)]) for v in DEMO_VARIANTS}
     _, plut = R.pair_lut(3)
     rows = (plut == 0).astype(float)
     top = np.stack([(R.perms(3)[:, 0] == j).astype(float) for j in range(3)])
@@ -157,13 +142,13 @@ def demo_figure(demo: pd.DataFrame):
     for ax, (name, A, labels) in zip(axes, (("pairwise marginals P(i≻j)", rows, ["a≻b", "a≻c", "b≻c"]),
                                             ("top-1 marginals P(i first)", top, ["a", "b", "c"]))):
         for k, (v, q) in enumerate(qs.items()):
-            ax.bar(np.arange(3) + 0.27 * (k - 1), A @ q, width=0.27, label=v.split(".")[1])
+            ax.bar(np.arange(3) + 0.27 * (k - 1), A @ q, width=0.27, label=v)
         ax.set_xticks(range(3), labels)
         ax.set_title(name, fontsize=9)
     axes[0].legend(fontsize=8)
     fig.suptitle("Q_sub matches P pairwise but not top-1; Q_top the reverse "
-                 f"(ece_pair_db: sub {d.loc['demo.q_sub', 'ece_pair_db']:.3f}, top {d.loc['demo.q_top', 'ece_pair_db']:.3f}; "
-                 f"ece_top1_cw_db: sub {d.loc['demo.q_sub', 'ece_top1_cw_db']:.3f}, top {d.loc['demo.q_top', 'ece_top1_cw_db']:.3f})",
+                 f"(ece_pair_db: sub {d['q_sub']['ece_pair_db']:.3f}, top {d['q_top']['ece_pair_db']:.3f}; "
+                 f"ece_top1_cw_db: sub {d['q_sub']['ece_top1_cw_db']:.3f}, top {d['q_top']['ece_top1_cw_db']:.3f})",
                  fontsize=8)
     fig.tight_layout()
     return fig
@@ -182,38 +167,24 @@ def rlhf_figure(rlhf: pd.DataFrame):
     return fig
 
 
-def make_plots(datasets: pd.DataFrame, demo: pd.DataFrame, p: Params, **outputs) -> dict:
-    """Reliability diagrams per dataset (plot seed), the hierarchy demo and the RLHF scatter.
-    ``outputs``: the models' tables by model and the reward models' frames as ``rm_<name>``."""
-    reward_models = {k: v for k, v in outputs.items() if k.startswith("rm_")}
-    predictions = {k: v for k, v in outputs.items() if not k.startswith("rm_")}
-    truth = test_rankings(datasets)
+def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
+    """Reliability diagrams per dataset (plot seed), the hierarchy demo and the RLHF scatter."""
     figures = {}
-    for ds, seeds in by_dataset(predictions).items():
-        seed = str(p.plot_seed) if str(p.plot_seed) in seeds else next(iter(seeds))
-        y, m = truth[ds][seed]
-        tables = {model: e["Q"].double().numpy() for model, e in seeds[seed].items()}
-        figures[f"reliability_{ds}"] = reliability_figure(ds, tables, y, m, p.ece.n_bins)
-    figures["hierarchy_demo"] = demo_figure(demo)
-    rlhf = gather_reward_models(reward_models)
+    for ds in p.data.datasets:
+        a = artifacts.get(node_variant(ds)) or {}
+        if a.get("Q"):
+            tables = {model: Q.double().numpy() for model, Q in a["Q"].items()}
+            figures[f"reliability_{ds}"] = reliability_figure(ds, tables, a["y"].numpy(), int(a["m"]),
+                                                              p.ece.n_bins)
+    if "demo" in values.variants:
+        figures["hierarchy_demo"] = demo_figure(values)
+    rlhf = gather_reward_models(values)
     if not rlhf.empty:
         figures["rlhf_accuracy_vs_ece"] = rlhf_figure(rlhf)
     return figures
 
 
-def report(metrics: pd.DataFrame, bootstrap: dict, demo: pd.DataFrame, plots: dict, p: Params,
-           **reward_models: pd.DataFrame) -> dict:
-    rows = []
-    for frame in (metrics, demo):
-        for rec in frame.to_dict("records"):
-            rows.append({k: v for k, v in rec.items() if k in ("variant", "seed")
-                         or (k not in NON_METRIC and isinstance(v, int | float) and not math.isnan(v))})
-    derived: dict[str, float] = {}
-    dis = {ds: rank_disagreement(metrics, ds) for ds in p.rank_disagreement_datasets}
-    for ds, v in dis.items():
-        derived[f"rank_disagreement.{ds}"] = v
-    finite = [v for v in dis.values() if not math.isnan(v)]
-    derived["rank_disagreement.min"] = min(finite) if finite else math.nan
-    derived.update(rlhf_summary(gather_reward_models(reward_models)))
-    return build_report("rankcal", p, rows, derived, artifacts=[f"{k}.png" for k in plots],
-                        extra={"bootstrap_ci": bootstrap})
+def report_extra(p: Params, values, artifacts: dict[str, dict]) -> dict:
+    """The bootstrap 95% CIs of every ``<dataset>.<model>`` (plot seed)."""
+    cis = {k: ci for ds in p.data.datasets for k, ci in ((artifacts.get(node_variant(ds)) or {}).get("bootstrap") or {}).items()}
+    return {"bootstrap_ci": {"seed": p.plot_seed, "level": 0.95, "n_bootstrap": p.ece.n_bootstrap, "ci": cis}}

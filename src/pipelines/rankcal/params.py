@@ -1,6 +1,7 @@
 """Typed parameters of `rankcal`: node functions take `Params` as a type hint; Kedro validates it before
-any node runs, and a bad value, or a claim naming a dataset, model or study the run does not plan, stops
-the command with one line naming the key or the claim."""
+any node runs, and a bad value, or a claim naming a model the run does not fit, stops the command with one
+line naming the key or the claim (core checks that a claim names a planned dataset, the demo or a declared
+derived metric)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -15,6 +16,11 @@ BUILTIN_M = {"iris": 3, "wine": 3, "digits5": 5, "diabetes": 4, "linnerud": 3}
 DEMO_VARIANTS = ("truth", "q_sub", "q_top")
 MODELS = ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl", "neural_pl_ts",
           "uniform")
+
+
+def node_variant(dataset: str) -> str:
+    """The train node (variant) of a dataset: ``train.<dataset>``, ``file:<name>`` as ``file_<name>``."""
+    return dataset.replace(":", "_", 1)
 
 
 class Synthetic(Strict):
@@ -41,8 +47,6 @@ class Data(Strict):
                 raise ValueError(f"unknown dataset {name!r}: use one of {BUILTIN_DATASETS} or 'file:<name>'")
             if "." in name:  # variants are named <dataset>.<model>
                 raise ValueError(f"dataset {name!r}: a name may not contain '.'")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a dataset is listed twice in {v}")
         return v
 
     @model_validator(mode="after")
@@ -142,14 +146,6 @@ class Rlhf(Strict):
             raise ValueError("every training size must be >= 10 pairs")
         return v
 
-    @field_validator("models")
-    @classmethod
-    def _unique(cls, v: list[RewardModel]) -> list[RewardModel]:
-        names = [r.name for r in v]
-        if len(set(names)) != len(names):
-            raise ValueError(f"reward model names must be unique (one train.rm_<name> node each): {names}")
-        return v
-
 
 class Params(MethodParams):
     data: Data
@@ -161,13 +157,13 @@ class Params(MethodParams):
     plot_seed: int = 0
 
     @model_validator(mode="after")
-    def _claims_planned(self):
-        """Every claim's metric must come from what this run plans (its datasets, models and studies),
-        so that a run on other datasets stops here, before any node runs, instead of in the report."""
-        for c in self.claims:
+    def _claims_name_run_models(self):
+        """A claim or gate on ``variants.<dataset>.<model>.<metric>`` names a model this run fits on that
+        dataset, or a demo predictor (core checks the dataset, the demo and the derived metrics)."""
+        for c in [*self.gates, *self.claims]:
             problem = self.unplanned(c.metric)
             if problem:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run on other datasets "
+                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run with other models "
                                  "declares its own claims in an env (conf/<env>/parameters_rankcal.yml, "
                                  "see src/pipelines/rankcal/README.md)")
         return self
@@ -183,29 +179,20 @@ class Params(MethodParams):
         return self
 
     def unplanned(self, metric: str) -> str | None:
-        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
+        """Why ``metric`` names a model or demo predictor this run does not produce (None: it is planned,
+        as far as the models go)."""
         parts = metric.split(".")
-        if parts[0] == "variants":
-            if len(parts) < 4:
-                return "should read variants.<dataset>.<model>.<metric> or variants.demo.<predictor>.<metric>"
-            ds, model = parts[1], parts[2]
-            if ds == "demo":
-                return None if model in DEMO_VARIANTS else f"names demo predictor '{model}' (one of {DEMO_VARIANTS})"
-            if ds not in self.data.datasets:
-                return f"names dataset '{ds}', which is not in data.datasets {self.data.datasets}"
-            if model not in self.models.variants:
-                return f"names model '{model}', which is not in models.variants {self.models.variants}"
-            m = self.data.synthetic.m if ds in ("pl_truth", "mallows_truth") else BUILTIN_M.get(ds)
-            if model == "rankings_as_classes" and m is not None and m > self.models.rac_max_m:
-                return (f"names rankings_as_classes on '{ds}' (m = {m}), which runs only for "
-                        f"m <= models.rac_max_m = {self.models.rac_max_m}")
+        if parts[0] != "variants" or len(parts) < 3 or parts[1] not in [*self.data.datasets, "demo"]:
             return None
-        if parts[0] == "rlhf" and not self.rlhf.enabled:
-            return "comes from the RLHF study, which is disabled (rlhf.enabled: false)"
-        if parts[0] == "rank_disagreement" and len(parts) == 2:
-            if parts[1] == "min" and not self.rank_disagreement_datasets:
-                return "needs at least one dataset in rank_disagreement_datasets"
-            if parts[1] != "min" and parts[1] not in self.rank_disagreement_datasets:
-                return (f"names dataset '{parts[1]}', which is not in rank_disagreement_datasets "
-                        f"{self.rank_disagreement_datasets}")
+        if len(parts) < 4:
+            return "should read variants.<dataset>.<model>.<metric> or variants.demo.<predictor>.<metric>"
+        ds, model = parts[1], parts[2]
+        if ds == "demo":
+            return None if model in DEMO_VARIANTS else f"names demo predictor '{model}' (one of {DEMO_VARIANTS})"
+        if model not in self.models.variants:
+            return f"names model '{model}', which is not in models.variants {self.models.variants}"
+        m = self.data.synthetic.m if ds in ("pl_truth", "mallows_truth") else BUILTIN_M.get(ds)
+        if model == "rankings_as_classes" and m is not None and m > self.models.rac_max_m:
+            return (f"names rankings_as_classes on '{ds}' (m = {m}), which runs only for "
+                    f"m <= models.rac_max_m = {self.models.rac_max_m}")
         return None

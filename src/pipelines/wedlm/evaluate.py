@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from pipelines.core.metrics import interleaved_timing, ratio_ci
-from pipelines.core.report import build_report
+from pipelines.core.stats import Estimate, t_interval
 from pipelines.core.runtime import node_setup
 from pipelines.wedlm.data import layout_prompt, vocab_of
 from pipelines.wedlm.decode import decode_ar, decode_parallel
@@ -297,16 +297,55 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
     return figs
 
 
-def _gather(outputs: dict, prefix: str) -> dict:
-    """``{variant: output}`` from the evaluate nodes' keyword inputs named ``<prefix>_<variant>``."""
-    return {k[len(prefix) + 1:]: v for k, v in outputs.items() if k.startswith(prefix + "_")}
-
-
 def _tables(p: Params, decodes: pd.DataFrame, timing: pd.DataFrame):
     regimes = list(p.data.regimes)
     rows = _variant_rows(decodes, timing, regimes)
     mean = pd.DataFrame(rows).groupby("variant").mean(numeric_only=True).to_dict("index")
     return regimes, rows, mean, _curve(decodes, "frontier"), _curve(decodes, "sweep")
+
+
+# ------------------------------------------------------------------------------------- derived metrics
+def timing_table(values) -> pd.DataFrame:
+    """The per-round tokens/s of every decoder (``tokens_per_sec_rounds_<regime>`` curves of the table)
+    as (variant, seed, regime, round, tokens, seconds) with seconds = 1 (what _speed_ratios reads)."""
+    t = values.table
+    t = t[t["step"].notna() & t["metric"].str.startswith("tokens_per_sec_rounds_")]
+    return pd.DataFrame({"variant": t["variant"].to_numpy(), "seed": t["seed"].to_numpy(),
+                         "regime": t["metric"].str.removeprefix("tokens_per_sec_rounds_").to_numpy(),
+                         "round": t["step"].astype(int).to_numpy(), "tokens": t["value"].to_numpy(),
+                         "seconds": 1.0})
+
+
+def speed_ratios(values, p: Params) -> dict[str, float]:
+    """The wall-clock ratios with their order-statistic intervals (``.ci_low`` / ``.ci_high``)."""
+    return _speed_ratios(timing_table(values), list(p.data.regimes))
+
+
+def speed_ratio_names(p: Params, planned) -> list[str]:
+    pairs = [(a, "ar") for a in WEDLM_VARIANTS] + [("wedlm_fast", "blockwise")]
+    return [f"ratio.tokens_per_sec_{r}.{a}_vs_{b}{sfx}" for a, b in pairs for r in p.data.regimes
+            for sfx in ("", ".ci_low", ".ci_high")]
+
+
+def _max_estimate(values, metric: str) -> Estimate:
+    """The largest seed mean over the WeDLM decoders; interval: the largest lower and upper bounds of their
+    seed intervals (it holds below a threshold when every decoder's interval does)."""
+    ests = [t_interval([x for _, x in sorted(values.per_seed(v, metric).items())]) for v in WEDLM_VARIANTS]
+    value = max(e.value for e in ests)
+    if not all(e.has_interval for e in ests):
+        return Estimate(value, n=min(e.n for e in ests))
+    return Estimate(value, max(e.lo for e in ests), max(e.hi for e in ests), min(e.n for e in ests))
+
+
+def max_wedlm(values, p: Params) -> dict[str, Estimate]:
+    out = {f"max_wedlm_tokens_per_forward_{r}": _max_estimate(values, f"tokens_per_forward_{r}")
+           for r in p.data.regimes}
+    out["max_wedlm_p_cache"] = _max_estimate(values, "p_cache")
+    return out
+
+
+def max_wedlm_names(p: Params, planned) -> list[str]:
+    return [*(f"max_wedlm_tokens_per_forward_{r}" for r in p.data.regimes), "max_wedlm_p_cache"]
 
 
 def _speed_plot(metrics: dict[str, float], regimes: list[str]):
@@ -335,40 +374,19 @@ def _speed_plot(metrics: dict[str, float], regimes: list[str]):
     return fig
 
 
-def make_plots(p: Params, timing: pd.DataFrame, **outputs) -> dict:
+def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
     """``evaluate.plots``: the speed–quality frontier per regime, p_cache against τ, a decode trace, the
-    training losses, the wall-clock speed-ups with their intervals (and the sweep). ``outputs``:
-    ``decodes_<v>``, ``fit_log_<v>`` and ``traces_<v>`` of every trained variant."""
-    decodes = pd.concat(list(_gather(outputs, "decodes").values()), ignore_index=True)
-    regimes, _, mean, frontier, sweep = _tables(p, decodes, timing)
-    traces: dict = {}
-    for tr in _gather(outputs, "traces").values():
-        for regime, by_variant in tr.items():
-            traces.setdefault(regime, {}).update(by_variant)
-    logs = [df for df in _gather(outputs, "fit_log").values() if len(df)]
-    figs = _plots(mean, frontier, sweep, traces, pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(),
-                  regimes)
-    figs["wallclock_speedup"] = _speed_plot(_speed_ratios(timing, regimes), regimes)
+    training losses, the wall-clock speed-ups with their intervals (and the sweep)."""
+    a = artifacts["wedlm"]
+    regimes = list(p.data.regimes)
+    mean = {v: {k: values.mean(v, k) for k in values.metrics(v)} for v in values.table["variant"].unique()}
+    figs = _plots(mean, pd.DataFrame(a["frontier"]), pd.DataFrame(a["sweep"]), a["traces"],
+                  pd.DataFrame(a["fit_log"]), regimes)
+    figs["wallclock_speedup"] = _speed_plot(speed_ratios(values, p), regimes)
     return figs
 
 
-def report(p: Params, timing: pd.DataFrame, plots: dict, **decodes: pd.DataFrame) -> dict:
-    """``evaluate.report``: the variants table (every decoder of the ``wedlm`` weights and the separately
-    trained ``ar_only``), the derived ratios the claims read (count-based: exact; wall clock: with an
-    interval), the τ frontier (and sweep) as report extras. ``decodes``: ``{variant: decodes table}``."""
-    regimes, rows, mean, frontier, sweep = _tables(p, pd.concat(list(decodes.values()), ignore_index=True),
-                                                   timing)
-    metrics: dict[str, float] = {}
-    if "ar" in mean:
-        for r in regimes:
-            for v in WEDLM_VARIANTS:
-                metrics[f"delta.exact_match_{r}.{v}_minus_ar"] = mean[v][f"exact_match_{r}"] - mean["ar"][f"exact_match_{r}"]
-    for r in regimes:
-        tpf = {v: mean[v][f"tokens_per_forward_{r}"] for v in WEDLM_VARIANTS}
-        metrics[f"ratio.tokens_per_forward_{r}.wedlm_fast_vs_wedlm"] = tpf["wedlm_fast"] / tpf["wedlm"]
-        metrics[f"ratio.tokens_per_forward_{r}.wedlm_fast_vs_blockwise"] = tpf["wedlm_fast"] / tpf["blockwise"]
-        metrics[f"max_wedlm_tokens_per_forward_{r}"] = max(tpf.values())
-    metrics["max_wedlm_p_cache"] = max(mean[v]["p_cache"] for v in WEDLM_VARIANTS)
-    metrics.update(_speed_ratios(timing, regimes))
-    extra = {"frontier": frontier.to_dict("records"), "sweep": sweep.to_dict("records") if len(sweep) else []}
-    return build_report("wedlm", p, rows, metrics, artifacts=plots, extra=extra)
+def report_extra(p: Params, values, artifacts: dict[str, dict]) -> dict:
+    """The τ frontier (and sweep) as report extras."""
+    a = artifacts["wedlm"]
+    return {"frontier": a["frontier"], "sweep": a["sweep"]}

@@ -98,10 +98,10 @@ class Eval(Strict):
         return self
 
 
-def trained_variants(raw: dict) -> list[str]:
-    """The models this run trains, one ``train.<variant>`` node each, from the raw ``params:wedlm``:
+def trained_variants(p) -> list[str]:
+    """The models this run trains (all in ``train.wedlm``, so that their decoders are timed side by side):
     ``wedlm`` (one model per seed, decoded four ways) and ``ar_only`` when ``train.ar_only_seeds`` is set."""
-    return ["wedlm"] + (["ar_only"] if (raw.get("train") or {}).get("ar_only_seeds") else [])
+    return ["wedlm"] + (["ar_only"] if p.train.ar_only_seeds else [])
 
 
 class Params(MethodParams):

@@ -1,9 +1,12 @@
-"""One node per trained model (``train.<variant>``): ``wedlm`` (dual-stream causal mask recovery + AR
-auxiliary loss, paper §3; one model per seed, later decoded four ways) and ``ar_only`` (next-token loss
-only, the backbone baseline; ``train.ar_only_seeds``). Each node trains its seeds with core's training
-loop on batches sampled on the fly from the seeded tasks, then decodes the test set with its weights."""
+"""One train node, ``train.wedlm``: it trains the models — ``wedlm`` (dual-stream causal mask recovery + AR
+auxiliary loss, paper §3; one model per seed, decoded four ways) and ``ar_only`` (next-token loss only, the
+backbone baseline; ``train.ar_only_seeds``) — each seed with core's training loop on batches sampled on the
+fly from the seeded tasks, decodes the test set with each model's weights, then times every decoder side by
+side in the same process (interleaved rounds: evaluate.measure_speed). Its table reports one row variant per
+decoder (``ar``, ``wedlm``, ``wedlm_fast``, ``blockwise``, ``ar_only``)."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 
@@ -16,7 +19,7 @@ from pipelines.core.training import StepInfo, fit
 from pipelines.wedlm.data import training_batch, vocab_of
 from pipelines.wedlm.evaluate import decode_test
 from pipelines.wedlm.model import ar_loss_from_logits, build_model, dual_stream_batch, wedlm_loss
-from pipelines.wedlm.params import Params
+from pipelines.wedlm.params import Params, trained_variants
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +99,9 @@ def train_one(p: Params, chain: np.ndarray, seed: int, objective: str, dev: torc
     return {k: val.detach().cpu() for k, val in model.state_dict().items()}, history
 
 
-def train_variant(tasks: dict, test: pd.DataFrame, p: Params, variant: str) -> tuple[dict, pd.DataFrame,
-                                                                                      pd.DataFrame, dict]:
-    """``train.<variant>``: train ``variant`` (``wedlm`` on ``seeds``, ``ar_only`` on
+def train_model(tasks: dict, test: pd.DataFrame, p: Params, variant: str) -> tuple[dict, pd.DataFrame,
+                                                                                    pd.DataFrame, dict]:
+    """Train one model ``variant`` (``wedlm`` on ``seeds``, ``ar_only`` on
     ``train.ar_only_seeds``) and decode the test set with each seed's weights. Returns the state dicts
     ``{"seed<k>": ...}``, the loss log, the decodes (one row per item and decoder config) and the decode
     traces of the first seed."""
@@ -119,3 +122,41 @@ def train_variant(tasks: dict, test: pd.DataFrame, p: Params, variant: str) -> t
         if seed == seeds[0]:
             traces = tr
     return models, pd.DataFrame(logs), pd.concat(decodes, ignore_index=True), traces
+
+
+def _plain(x):
+    """JSON-plain copy (the artifacts are loaded weights-only: no numpy scalars)."""
+    return json.loads(json.dumps(x, default=float))
+
+
+def train_variant(tasks: dict, test: pd.DataFrame, p: Params, variant: str):
+    """``train.wedlm``: every trained model (:func:`train_model`), the decoders' interleaved wall clock, and
+    the long table: per decoder and seed the count-based metrics and wall clock (evaluate._variant_rows),
+    and the per-round tokens/s of each regime as a curve over the timing rounds
+    (``tokens_per_sec_rounds_<regime>``, what the paired speed ratios are computed from). Artifacts: the
+    weights, the fit log, the decode traces of the first seed, the τ frontier (and sweep)."""
+    from pipelines.core.spec import Results
+    from pipelines.wedlm.evaluate import _tables, measure_speed
+
+    models, logs, decodes, traces = {}, [], [], {}
+    for v in trained_variants(p):
+        models[v], log_v, dec, tr = train_model(tasks, test, p, v)
+        logs.append(log_v)
+        decodes.append(dec)
+        for regime, by_variant in tr.items():
+            traces.setdefault(regime, {}).update(by_variant)
+    timing = measure_speed(p, test, **models)
+    regimes, rows, _, frontier, sweep = _tables(p, pd.concat(decodes, ignore_index=True), timing)
+    res: dict[str, Results] = {}
+    for row in rows:
+        res.setdefault(row["variant"], Results(row["variant"])).add(
+            row["seed"], **{k: x for k, x in row.items() if k not in ("variant", "seed")})
+    t = timing.assign(tps=timing.tokens / timing.seconds)
+    for (v, seed, regime), d in t.groupby(["variant", "seed", "regime"], sort=False):
+        d = d.sort_values("round")
+        res.setdefault(v, Results(v)).history(int(seed), f"tokens_per_sec_rounds_{regime}", d["tps"], d["round"])
+    logs = [df for df in logs if len(df)]
+    arts = {"models": models, "fit_log": _plain(pd.concat(logs, ignore_index=True).to_dict("records") if logs else []),
+            "traces": _plain(traces), "frontier": _plain(frontier.to_dict("records")),
+            "sweep": _plain(sweep.to_dict("records") if len(sweep) else [])}
+    return pd.concat([r.table() for r in res.values()], ignore_index=True), arts

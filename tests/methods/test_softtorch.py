@@ -200,12 +200,22 @@ def test_hard_threshold_has_zero_gradient_and_soft_does_not():
         assert (float(g) != 0) == nonzero
 
 
-def test_one_train_node_per_variant():
-    from pipelines.softtorch.pipeline import create_pipeline
+def test_speed_metrics_from_interleaved_rounds(raw):
+    """The speed-ups are medians of paired per-round ratios with their order-statistic interval; the
+    medians per (method, n) are point values."""
+    import pandas as pd
 
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {f"softtorch.train.{v}" for v in
-                     ("hard", "neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")}
+    from pipelines.softtorch.evaluate import speed_metrics
+    from pipelines.softtorch.params import Params
+
+    p = Params.model_validate({**raw, "speed": {**raw["speed"], "ratio_n_ot": 8, "ratio_n_quadratic": 8}})
+    rows = [{"n": 8, "method": m, "round": i, "seconds": t * (i + 1)} for i in range(11)
+            for m, t in (("ot", 1.0), ("neuralsort", 0.5), ("softsort", 0.2), ("fast_soft_sort", 0.01))]
+    out = speed_metrics(None, p, pd.DataFrame(rows))
+    assert out["fwdbwd_ms.ot.n8"] == pytest.approx(6000.0)
+    est = out["speedup.fast_soft_sort_vs_ot"]
+    assert est.value == pytest.approx(100.0) and est.lo == pytest.approx(100.0) and est.n == 11
+    assert out["speedup.fast_soft_sort_vs_softsort"].value == pytest.approx(20.0)
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -1,4 +1,1 @@
-"""BiMU: metaplastic Bayesian binary NN with bounded-memory updates for online continual and active learning"""
-from pipelines.bimu.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]
+"""BiMU: metaplastic Bayesian binary NN with bounded-memory updates for online continual and active learning (the contract: spec.py)."""

@@ -7,64 +7,56 @@ import numpy as np
 
 from pipelines.bimu.params import Params
 from pipelines.core.plots import line_plot
-from pipelines.core.report import build_report
-
-def _rows(results: dict[str, dict]) -> list[dict]:
-    return [{"variant": v, **f} for v, res in results.items() for f in res["final"]]
-
-
-def _mean(results, v, metric) -> float:
-    return float(np.mean([f[metric] for f in results[v]["final"]]))
+from pipelines.core.spec import Diff, Fn, paired
 
 
 def labels_to_reach(curve: dict, target: float, metric: str = "bal_acc") -> float:
-    """Labels (mean over seeds) the first checkpoint at or above ``target`` had used; the final count when
-    the target is never reached (so savings against it are a lower bound)."""
-    acc = np.asarray(curve[metric]).mean(1)
-    labels = np.asarray(curve["n_labels"]).mean(1)
+    """Labels the first checkpoint at or above ``target`` had used (``curve[metric]`` and
+    ``curve["n_labels"]`` per checkpoint, one seed; a (checkpoint, seed) array is averaged over seeds); the
+    final count when the target is never reached (so savings against it are a lower bound)."""
+    acc, labels = np.asarray(curve[metric], dtype=float), np.asarray(curve["n_labels"], dtype=float)
+    acc, labels = (acc.mean(1), labels.mean(1)) if acc.ndim == 2 else (acc, labels)
     hit = np.flatnonzero(acc >= target - 1e-12)
     return float(labels[hit[0]] if len(hit) else labels[-1])
 
 
-def derived_metrics(results: dict[str, dict]) -> dict[str, float]:
-    m, have = {}, set(results)
-    if {"bimu", "bayesbinn"} <= have:
-        ratio = lambda k: _mean(results, "bimu", k) / max(_mean(results, "bayesbinn", k), 1e-12)  # noqa: E731
-        diff = lambda k: _mean(results, "bimu", k) - _mean(results, "bayesbinn", k)               # noqa: E731
-        m["ratio.frac_saturated.bimu_vs_bayesbinn"] = ratio("frac_saturated")
-        m["ratio.mean_bernoulli_var.bimu_vs_bayesbinn"] = ratio("mean_bernoulli_var")
-        m["diff.acc_mean_last5.bimu_vs_bayesbinn"] = diff("acc_mean_last5")
-        m["diff.acc_mean_seen.bimu_vs_bayesbinn"] = diff("acc_mean_seen")
-        m["diff.ood_auc_epistemic_min.bimu_vs_bayesbinn"] = diff("ood_auc_epistemic_min")
-    if {"al_vr", "al_random"} <= have:
-        m["diff.bal_acc.al_vr_vs_al_random"] = _mean(results, "al_vr", "bal_acc") - _mean(results, "al_random",
-                                                                                            "bal_acc")
-        target = float(np.asarray(results["al_vr"]["curve"]["bal_acc"][-1]).mean())
-        m["label_savings_x.bal_acc.al_vr_vs_al_random"] = (
-            labels_to_reach(results["al_random"]["curve"], target) / max(_mean(results, "al_vr", "n_labels"), 1))
-    for v in ("al_entropy", "al_epistemic"):
-        if {v, "al_random"} <= have:
-            m[f"diff.bal_acc.{v}_vs_al_random"] = _mean(results, v, "bal_acc") - _mean(results, "al_random", "bal_acc")
-    if {"al_vr", "al_all"} <= have:
-        m["diff.bal_acc.al_all_vs_al_vr"] = _mean(results, "al_all", "bal_acc") - _mean(results, "al_vr", "bal_acc")
-    return m
+def guarded_ratio(metric: str, a: str = "bimu", b: str = "bayesbinn"):
+    """``ratio.<metric>.<a>_vs_<b>`` per seed, a / max(b, 1e-12) (a share of saturated weights may be 0)."""
+    name = f"ratio.{metric}.{a}_vs_{b}"
+
+    def ratio(values, p: Params) -> dict:
+        xa, xb = values.per_seed(a, metric), values.per_seed(b, metric)
+        return {name: {s: xa[s] / max(xb[s], 1e-12) for s in paired(xa, xb)}}
+
+    ratio.__name__ = f"ratio_{metric}"
+    return Fn(ratio, [name], needs_=[a, b])
 
 
-def histories(results: dict[str, dict]) -> dict[str, dict]:
-    """Seed-mean quantities over stream time: per task (step = task index) or per checkpoint (stream step)."""
+def label_savings(values, p: Params) -> dict:
+    """Per seed: the labels random querying needed to first reach VR's final balanced accuracy (its total
+    when never reached), over VR's labels, from the labels-to-accuracy checkpoints."""
+    vr_acc, vr_labels = values.per_seed("al_vr", "bal_acc"), values.per_seed("al_vr", "n_labels")
     out = {}
-    for v, res in results.items():
-        if res["family"] == "continual":
-            out[v] = {k: [(t + 1, float(np.mean(row))) for t, row in enumerate(series)]
-                      for k, series in res["per_task"].items()}
-        else:
-            c = res["curve"]
-            out[v] = {k: [(s, float(np.mean(row))) for s, row in zip(c["step"], c[k])]
-                      for k in ("bal_acc", "acc_mix", "n_labels")}
+    for s in paired(vr_acc, values.per_seed("al_random", "bal_acc")):
+        curve = {k: values.history("al_random", k, seed=s)["value"] for k in ("bal_acc", "n_labels")}
+        out[s] = labels_to_reach(curve, vr_acc[s]) / max(vr_labels[s], 1)
+    return {"label_savings_x.bal_acc.al_vr_vs_al_random": out}
+
+
+def derived() -> list:
+    """The comparisons the claims name, per seed and paired: BiMU vs learning-speed-matched BayesBiNN; the
+    query rules vs random and query-all at equal budget."""
+    out = [guarded_ratio("frac_saturated"), guarded_ratio("mean_bernoulli_var")]
+    out += [Diff(k, "bimu", "bayesbinn", name=f"diff.{k}.bimu_vs_bayesbinn")
+            for k in ("acc_mean_last5", "acc_mean_seen", "ood_auc_epistemic_min")]
+    out += [Diff("bal_acc", v, "al_random", name=f"diff.bal_acc.{v}_vs_al_random")
+            for v in ("al_vr", "al_entropy", "al_epistemic")]
+    out += [Fn(label_savings, ["label_savings_x.bal_acc.al_vr_vs_al_random"], needs_=["al_vr", "al_random"]),
+            Diff("bal_acc", "al_all", "al_vr", name="diff.bal_acc.al_all_vs_al_vr")]
     return out
 
 
-def make_plots(p: Params, **results: dict) -> dict:
+def make_plots(p: Params, values, results: dict[str, dict]) -> dict:
     cont = {v: r for v, r in results.items() if r["family"] == "continual"}
     act = {v: r for v, r in results.items() if r["family"] == "active"}
     figs = {}
@@ -94,7 +86,5 @@ def make_plots(p: Params, **results: dict) -> dict:
     return figs
 
 
-def report(p: Params, plots: dict, **results: dict) -> dict:
-    extra = {"acc_matrix": {v: r["acc_matrix"] for v, r in results.items() if r["family"] == "continual"}}
-    return build_report("bimu", p, _rows(results), derived_metrics(results), artifacts=plots,
-                        histories=histories(results), extra=extra)
+def report_extra(p: Params, values, results: dict[str, dict]) -> dict:
+    return {"acc_matrix": {v: r["acc_matrix"] for v, r in results.items() if r["family"] == "continual"}}

@@ -2,7 +2,6 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -112,13 +111,3 @@ class Params(MethodParams):
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
         return known_names(v, VARIANTS)
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        for c in self.claims:
-            named = set(re.split(r"\.|_vs_", c.metric))     # variants.<v>.<m> or <gain>.<m>.<a>_vs_<b>
-            missing = [v for v in VARIANTS if v in named and v not in self.variants]
-            if missing:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' needs variant(s) {missing}, which this "
-                                 f"run does not plan (variants: {self.variants})")
-        return self

@@ -259,9 +259,31 @@ def train_active(stream: dict, p: Params, variant: str) -> dict:
     return {"family": "active", "variant": variant, "final": final, "seeds": list(seeds), "curve": curve}
 
 
-def train_variant(stream: dict, p: Params, variant: str) -> dict:
+def train_variant(stream: dict, p: Params, variant: str):
+    """One variant's long results table (per seed: the final metrics; the per-task quantities, step = task
+    index, or the labels-to-accuracy curve, step = stream step, as histories) and its raw arrays for the
+    plots (accuracy matrix, per-task series or curve, and the λ snapshots after every task)."""
     if variant in CONTINUAL:
-        return train_continual(stream, p, variant)
-    if variant in ACTIVE:
-        return train_active(stream, p, variant)
-    raise ValueError(f"unknown variant {variant!r}")
+        raw = train_continual(stream, p, variant)
+    elif variant in ACTIVE:
+        raw = train_active(stream, p, variant)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    return results_table(raw), {k: v for k, v in raw.items() if k != "final"}
+
+
+def results_table(raw: dict):
+    from pipelines.core.spec import Results
+
+    res = Results(raw["variant"])
+    for i, f in enumerate(raw["final"]):
+        seed = f["seed"]
+        res.add(seed, **{k: v for k, v in f.items() if k != "seed"})
+        if raw["family"] == "continual":
+            for k, series in raw["per_task"].items():
+                res.history(seed, k, [row[i] for row in series], steps=range(1, len(series) + 1))
+        else:
+            c = raw["curve"]
+            for k in ("bal_acc", "acc_mix", "n_labels"):
+                res.history(seed, k, [row[i] for row in c[k]], steps=c["step"])
+    return res.table()

@@ -78,16 +78,12 @@ class Params(MethodParams):
         return known_names(v, VARIANTS)
 
     @model_validator(mode="after")
-    def _claims_planned(self):
-        """A claim on the digit study or on a variant must name something this run plans (checked before
-        any node runs); a run without them declares its own claims in an env."""
-        for c in self.claims:
-            parts = c.metric.split(".")
-            if parts[0] == "sort" and not self.digits.enabled:
+    def _claims_need_digits(self):
+        """A claim on the digit study needs it enabled (checked before any node runs); a run without it
+        declares its own claims in an env."""
+        for c in [*self.gates, *self.claims]:
+            if c.metric.split(".")[0] == "sort" and not self.digits.enabled:
                 raise ValueError(f"claim '{c.id}': metric '{c.metric}' needs digits.enabled: true")
-            if parts[0] in ("variants", "toy_min_success") and len(parts) > 1 and parts[1] not in self.variants:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', "
-                                 f"which is not in variants {self.variants}")
         return self
 
     def digit_seeds(self) -> list[int]:

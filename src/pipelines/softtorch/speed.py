@@ -1,12 +1,12 @@
-"""`evaluate.speed`: forward+backward time of soft sort vs n for every method, measured side by side in
+"""`data.speed`: forward+backward time of soft sort vs n for every method, measured side by side in
 one process with core's interleaved timer (each round runs every method once, in a rotated order, so
 load bursts hit all alike); the speed ratios come from paired per-round ratios (core.metrics.ratio_ci).
-This stays one node because the ratios are only meaningful when measured interleaved."""
-import numpy as np
+This stays one node because the ratios are only meaningful when measured interleaved (the metrics:
+evaluate.speed_metrics)."""
 import pandas as pd
 import torch
 
-from pipelines.core.metrics import interleaved_timing, ratio_ci
+from pipelines.core.metrics import interleaved_timing
 from pipelines.core.runtime import node_setup
 from pipelines.softtorch import softops as so
 from pipelines.softtorch.params import Params
@@ -40,21 +40,3 @@ def speed_benchmark(p: Params) -> pd.DataFrame:
         for m, t in times.items():
             rows += [{"n": n, "method": m, "round": i, "seconds": float(v)} for i, v in enumerate(t)]
     return pd.DataFrame(rows)
-
-
-def speed_metrics(df: pd.DataFrame, p: Params) -> dict:
-    out = {}
-    for (n, m), d in df.groupby(["n", "method"]):
-        out[f"fwdbwd_ms.{m}.n{n}"] = float(np.median(d["seconds"]) * 1e3)
-
-    def ratio(slow, n):
-        a = df[(df.n == n) & (df.method == slow)].sort_values("round")["seconds"].to_numpy()
-        b = df[(df.n == n) & (df.method == "fast_soft_sort")].sort_values("round")["seconds"].to_numpy()
-        if len(a) == 0 or len(b) == 0:
-            raise ValueError(f"softtorch.evaluate.speed: no timings of {slow} / fast_soft_sort at n = {n}")
-        return ratio_ci(a, b).as_metrics(f"speedup.fast_soft_sort_vs_{slow}")
-
-    out.update(ratio("ot", p.speed.ratio_n_ot))
-    out.update(ratio("neuralsort", p.speed.ratio_n_quadratic))
-    out.update(ratio("softsort", p.speed.ratio_n_quadratic))
-    return out

@@ -1,10 +1,8 @@
 """One `train.<variant>` node per relaxation method: the accuracy of the relaxation vs softness, the four
 toy problems (median regression, top-3 feature selection, threshold filtering, interval rule) and the
 "learn to sort digits" case study, all with that method (``hard`` = the hard primitives, zero or
-subgradients). Output: a long table (seed, metric, step, value); step = -1 for scalars, ≥ 0 for
-histories."""
+subgradients). Output: the variant's long table (core.spec.Results)."""
 import numpy as np
-import pandas as pd
 import torch
 
 from pipelines.core.runtime import node_setup
@@ -156,8 +154,12 @@ def sort_digits(data: dict, p: Params, variant: str, seed: int) -> tuple[dict, l
             "sort_spearman": float((1 - 6 * d2 / (n * (n * n - 1))).mean())}, hist
 
 
-def train_variant(digits: dict, p: Params, variant: str) -> pd.DataFrame:
-    rows = []
+def train_variant(digits: dict, p: Params, variant: str):
+    """The variant's long table: per seed, the accuracy table, the toys and (on the digit seeds) the
+    sorter's test metrics, with its training loss as the history ``sort_loss``."""
+    from pipelines.core.spec import Results
+
+    res = Results(variant)
     for seed in p.seeds:
         node_setup(p, seed)
         metrics = {**accuracy(p, variant, seed), **toys(p, variant, seed)}
@@ -165,6 +167,6 @@ def train_variant(digits: dict, p: Params, variant: str) -> pd.DataFrame:
             node_setup(p, seed)
             dm, hist = sort_digits(digits[str(seed)], p, variant, seed)
             metrics.update(dm)
-            rows += [{"seed": seed, "metric": "history.sort_loss", "step": i, "value": v} for i, v in enumerate(hist)]
-        rows += [{"seed": seed, "metric": k, "step": -1, "value": float(v)} for k, v in metrics.items()]
-    return pd.DataFrame(rows)
+            res.history(seed, "sort_loss", hist)
+        res.add(seed, **metrics)
+    return res.table()

@@ -1,6 +1,8 @@
-"""The report (variants table of every variant's headline setting, derived gains and ratios, claims) and
-the figures: newsvendor cost vs test contamination, robustness–accuracy frontiers over each variant's
-hyper-parameter grid, the Huber blow-up against the finite credal objective, and solve times."""
+"""Derived metrics over the raw rows of every solved setting (the grids: costs at each ε of the Huber
+blow-up, orders against their cap; solve-time summaries) and the figures: newsvendor cost vs test
+contamination, robustness–accuracy frontiers over each variant's hyper-parameter grid, the Huber blow-up
+against the finite credal objective, and solve times. The per-seed gains and ratios against ERM are
+declarations in spec.py."""
 from __future__ import annotations
 
 import math
@@ -8,24 +10,16 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import relative_gain
-from pipelines.core.report import build_report
-from pipelines.credal_dro.params import Params
+from pipelines.credal_dro.params import Params, tasks_of
+from pipelines.credal_dro.train import PREFIX
 
-PREFIX = {"newsvendor": "nv", "regression": "reg", "classification": "cls"}
-COMMON = ("objective", "wall_s", "solve_s", "cpu_s", "finite_flag", "finite_full_support", "inaccurate", "bulk_coverage_test")
-TASK_METRICS = {
-    "newsvendor": ("order_qty", "worst_env_cost"),   # + every cost_<env>
-    "regression": ("mae_shifted_clean", "mae_shifted_contam", "worst_env_mae", "w_norm"),
-    "classification": ("acc", "worst_group_acc", "acc_majority", "acc_minority", "w_norm",
-                       "bulk_coverage_majority", "bulk_coverage_minority"),
-}
 CLEAN = {"newsvendor": "cost_clean", "regression": "mae_shifted_clean", "classification": "acc"}
 WORST = {"newsvendor": "worst_env_cost", "regression": "mae_shifted_contam", "classification": "worst_group_acc"}
 
 
-def gather(metrics: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    frames = [f for f in metrics.values() if len(f)]
+def gather(artifacts: dict[str, list[dict]]) -> pd.DataFrame:
+    """Every variant's raw rows (one per task × seed × setting) as one frame, in the variants' order."""
+    frames = [pd.DataFrame(rows) for rows in artifacts.values() if rows]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -33,76 +27,72 @@ def _finite(x) -> bool:
     return isinstance(x, int | float | np.floating | np.integer) and math.isfinite(float(x))
 
 
-def variant_rows(allr: pd.DataFrame) -> list[dict]:
-    """One row per variant × seed: the headline setting's metrics, prefixed by experiment, plus the
-    clean-cost gap to ERM of the same seed (newsvendor)."""
-    main = allr[allr["main"]]
-    erm = main[(main.variant == "erm") & (main.task == "newsvendor")].set_index("seed")["cost_clean"]
-    rows: dict[tuple[str, int], dict] = {}
-    for r in main.to_dict("records"):
-        task, pre = r["task"], PREFIX[r["task"]]
-        keys = list(COMMON) + list(TASK_METRICS[task])
-        if task == "newsvendor":
-            keys += [k for k in r if k.startswith("cost_") and k != "cost_calib"]
-        row = rows.setdefault((r["variant"], r["seed"]), {"variant": r["variant"], "seed": r["seed"]})
-        for k in keys:
-            if _finite(r.get(k)):
-                row[f"{pre}_{k}"] = float(r[k])
-        if task == "newsvendor" and r["seed"] in erm.index:
-            row["nv_clean_gap_vs_erm"] = (r["cost_clean"] - erm[r["seed"]]) / erm[r["seed"]]
-    return list(rows.values())
+def _tag(e: float) -> str:
+    return f"eps{round(100 * e):02d}"
 
 
-def _mean(allr: pd.DataFrame, task: str, variant: str, col: str, **where) -> float:
-    d = allr[(allr.task == task) & (allr.variant == variant)]
-    for k, v in where.items():
-        d = d[np.isclose(d[k], v)] if isinstance(v, float) else d[d[k] == v]
-    return float(d[col].mean()) if len(d) and col in d else float("nan")
+def huber_variants(p: Params) -> list[str]:
+    """The Huber variants, by support inflation κ."""
+    return [v for _, v in sorted((s.kappa, v) for v, s in p.variants.items() if s.kind == "huber")]
 
 
-def derived(allr: pd.DataFrame, p: Params) -> dict[str, float]:
-    variants = list(p.variants)
-    method = variants[0]
+def grid_names(p: Params, planned) -> list[str]:
+    method, hub = list(p.variants)[0], [v for v in huber_variants(p) if v in planned]
+    if not hub:
+        return []
+    out = []
+    for e in p.newsvendor.grids.eps:
+        out += [f"ratio.nv_cost_clean_{_tag(e)}.{v}_vs_{method}" for v in hub]
+        out += [f"nv_order_{k}_{_tag(e)}.{v}" for v in [method, *hub] for k in ("over_cap", "qty")]
+    return out
+
+
+def grid_metrics(values, p: Params, artifacts: dict) -> dict:
+    """Per seed, over the ε grid of the newsvendor: Huber-κ's clean cost over bulk-credal's (at the headline
+    α), and each one's order quantity and order over its cap b/(h + b)·sup(support) (1: the cap binds)."""
+    allr = gather(artifacts)
+    nv, method = p.newsvendor, list(p.variants)[0]
+    hub = [v for v in huber_variants(p) if v in artifacts]
+    d = allr[allr.task == "newsvendor"] if len(allr) else allr
+    m: dict[str, dict[int, float]] = {}
+    for e in nv.grids.eps:
+        tag = _tag(e)
+        at = {}
+        for v in [method, *hub]:
+            g = d[(d.variant == v) & np.isclose(d.eps, e)]
+            if v == method:
+                g = g[np.isclose(g.alpha, nv.alpha)]
+            at[v] = g
+            if len(g):   # order / (b/(h + b) · sup of the support): 1 when the cap x_c binds
+                cap = nv.b / (nv.h + nv.b) * g.support_hi
+                m[f"nv_order_over_cap_{tag}.{v}"] = dict(zip(g.seed.astype(int), g.order_qty / cap, strict=True))
+                m[f"nv_order_qty_{tag}.{v}"] = dict(zip(g.seed.astype(int), g.order_qty, strict=True))
+        c = at[method].groupby("seed").cost_clean.mean()
+        for v in hub:
+            h_ = at[v].groupby("seed").cost_clean.mean()
+            ratio = {int(s): float(h_[s] / c[s]) for s in sorted(set(c.index) & set(h_.index))
+                     if _finite(c[s]) and _finite(h_[s])}
+            if ratio:
+                m[f"ratio.nv_cost_clean_{tag}.{v}_vs_{method}"] = ratio
+    return m
+
+
+def solve_names(p: Params, planned) -> list[str]:
+    out = ["n_solves", "n_inaccurate_solves"]
+    if any(p.variants[v].kind == "credal" for v in planned):
+        out += [f"credal.{k}" for k in ("max_wall_s", "median_wall_s", "max_solver_s", "max_cpu_s", "all_finite",
+                                        "n_solves", "n_inaccurate")]
+    out += [f"{pre}.mean_wall_s.{v}" for task, pre in PREFIX.items() for v in planned
+            if task in tasks_of(p.variants[v])]
+    return out
+
+
+def solve_summary(values, p: Params, artifacts: dict) -> dict[str, float]:
+    """Over every solve (all seeds, tasks, settings): the credal solves' wall / solver / CPU times, finiteness
+    and inaccurate count, every variant's mean wall time per task."""
+    allr = gather(artifacts)
     m: dict[str, float] = {}
-    main = allr[allr["main"]]
-    nv_envs = sorted(c[5:] for c in allr.columns if c.startswith("cost_") and c != "cost_calib")
-    # (a) gains over ERM (positive: better), method on every environment, every variant on clean / worst
-    for v in variants:
-        if v == "erm":
-            continue
-        envs = nv_envs if v == method else ["clean"]
-        for e in envs + ["worst_env"]:
-            col = "worst_env_cost" if e == "worst_env" else f"cost_{e}"
-            a = _mean(main, "newsvendor", v, col)
-            b = _mean(main, "newsvendor", "erm", col)
-            if _finite(a) and _finite(b):
-                m[f"relative_gain.nv_{col}.{v}_vs_erm"] = relative_gain(method=a, baseline=b)
-        a, b = _mean(main, "newsvendor", v, "cost_clean"), _mean(main, "newsvendor", "erm", "cost_clean")
-        if _finite(a) and _finite(b):
-            m[f"clean_gap.nv_cost_clean.{v}_vs_erm"] = (a - b) / b
-    # (a) vacuity: the Huber objective against its support, and the ε beyond h/(h + b)
-    hub = sorted((s.kappa, v) for v, s in p.variants.items() if s.kind == "huber")
-    for (k0, v0), (k1, v1) in zip(hub, hub[1:], strict=False):
-        m[f"ratio.nv_objective.{v1}_vs_{v0}"] = (_mean(main, "newsvendor", v1, "objective")
-                                                 / _mean(main, "newsvendor", v0, "objective"))
-    if hub:
-        for e in p.newsvendor.grids.eps:
-            tag = f"eps{round(100 * e):02d}"
-            c = _mean(allr, "newsvendor", method, "cost_clean", eps=e, alpha=p.newsvendor.alpha)
-            for _, v in hub:
-                h_ = _mean(allr, "newsvendor", v, "cost_clean", eps=e)
-                if _finite(c) and _finite(h_):
-                    m[f"ratio.nv_cost_clean_{tag}.{v}_vs_{method}"] = h_ / c
-            for v in [method] + [v for _, v in hub]:
-                d = allr[(allr.task == "newsvendor") & (allr.variant == v) & np.isclose(allr.eps, e)]
-                if v == method:
-                    d = d[np.isclose(d.alpha, p.newsvendor.alpha)]
-                if len(d):   # order / (b/(h + b) · sup of the support): 1 when the cap x_c binds
-                    cap = p.newsvendor.b / (p.newsvendor.h + p.newsvendor.b) * d.support_hi
-                    m[f"nv_order_over_cap_{tag}.{v}"] = float((d.order_qty / cap).mean())
-                    m[f"nv_order_qty_{tag}.{v}"] = float(d.order_qty.mean())
-    # every credal solve (all credal-kind variants, all tasks, grids included)
-    cr = allr[allr.kind == "credal"]
+    cr = allr[allr.kind == "credal"] if len(allr) else allr
     if len(cr):
         m["credal.max_wall_s"] = float(cr.wall_s.max())
         m["credal.median_wall_s"] = float(cr.wall_s.median())
@@ -113,30 +103,16 @@ def derived(allr: pd.DataFrame, p: Params) -> dict[str, float]:
         m["credal.n_inaccurate"] = float(cr.inaccurate.sum())
     m["n_solves"] = float(len(allr))
     m["n_inaccurate_solves"] = float(allr.inaccurate.sum()) if len(allr) else 0.0
-    # (b) and (c): competitiveness against ERM
-    for v in variants:
-        if v == "erm":
-            continue
-        for col in ("mae_shifted_contam", "mae_shifted_clean"):
-            a, b = _mean(main, "regression", v, col), _mean(main, "regression", "erm", col)
-            if _finite(a) and _finite(b):
-                m[f"ratio.reg_{col}.{v}_vs_erm"] = a / b
-        for col in ("worst_group_acc", "acc"):
-            a, b = _mean(main, "classification", v, col), _mean(main, "classification", "erm", col)
-            if _finite(a) and _finite(b):
-                m[f"diff.cls_{col}.{v}_minus_erm"] = a - b
     for task, pre in PREFIX.items():
-        for v in variants:
+        for v in artifacts:
             t = allr[(allr.task == task) & (allr.variant == v)]
             if len(t):
                 m[f"{pre}.mean_wall_s.{v}"] = float(t.wall_s.mean())
     return m
 
 
-def report(p: Params, plots: dict, **metrics: pd.DataFrame) -> dict:
-    allr = gather(metrics)
-    return build_report("credal_dro", p, variant_rows(allr), derived(allr, p), artifacts=list(plots),
-                        extra={"n_settings_solved": int(len(allr))})
+def report_extra(p: Params, values, artifacts: dict) -> dict:
+    return {"n_settings_solved": int(sum(len(rows) for rows in artifacts.values()))}
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -250,8 +226,8 @@ def solve_times(allr: pd.DataFrame, p: Params):
     return fig
 
 
-def make_plots(p: Params, **metrics: pd.DataFrame) -> dict:
-    allr = gather(metrics)
+def make_plots(p: Params, values, artifacts: dict[str, list[dict]]) -> dict:
+    allr = gather(artifacts)
     figs = {"nv_cost_vs_eps_t": cost_vs_eps_t(allr, p), "huber_vacuity": huber_vacuity(allr, p),
             "solve_times": solve_times(allr, p)}
     for task in PREFIX:

@@ -1,18 +1,22 @@
 """One node per variant (``train.<variant>``): for every seed and every experiment the variant applies to,
 solve its headline setting and (``grid: true``) its frontier grid, then score each decision on the test
-environments. Output: one row per (task, seed, setting) with the decision's metrics, objective value,
-solve times and flags (``finite_flag``: the solved objective is finite; ``finite_full_support``: the
-objective stays finite without a support bound — 0 for Huber, whose value grows without bound in κ).
+environments. Output: the long results table of the headline settings, and the raw rows (the artifacts),
+one per (task, seed, setting) with the decision's metrics, objective value, solve times and flags
+(``finite_flag``: the solved objective is finite; ``finite_full_support``: the objective stays finite
+without a support bound — 0 for Huber, whose value grows without bound in κ).
 
 Hyper-parameters that baselines choose (Wasserstein / KL radius ρ) are picked on the clean calibration
 split, never on test data; the credal (ε, α) and Huber (ε, κ) headline settings are fixed in the
 parameters before any run."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
+from pipelines.core.spec import Results
 from pipelines.credal_dro import model as M
 from pipelines.credal_dro.data import env_demand
 from pipelines.credal_dro.params import Params, Variant, tasks_of
@@ -233,9 +237,51 @@ def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> 
     return rows
 
 
+PREFIX = {"newsvendor": "nv", "regression": "reg", "classification": "cls"}
+COMMON = ("objective", "wall_s", "solve_s", "cpu_s", "finite_flag", "finite_full_support", "inaccurate", "bulk_coverage_test")
+TASK_METRICS = {
+    "newsvendor": ("order_qty", "worst_env_cost"),   # + every cost_<env>
+    "regression": ("mae_shifted_clean", "mae_shifted_contam", "worst_env_mae", "w_norm"),
+    "classification": ("acc", "worst_group_acc", "acc_majority", "acc_minority", "w_norm",
+                       "bulk_coverage_majority", "bulk_coverage_minority"),
+}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, int | float | np.floating | np.integer) and math.isfinite(float(x))
+
+
+def results_table(variant: str, rows: list[dict]):
+    """The long table of one variant: per seed, the headline setting's metrics of every experiment, prefixed
+    by experiment (``nv_``, ``reg_``, ``cls_``); non-finite values are left out."""
+    res = Results(variant)
+    for r in rows:
+        if not r["main"]:
+            continue
+        task, pre = r["task"], PREFIX[r["task"]]
+        keys = list(COMMON) + list(TASK_METRICS[task])
+        if task == "newsvendor":
+            keys += [k for k in r if k.startswith("cost_") and k != "cost_calib"]
+        res.add(r["seed"], **{f"{pre}_{k}": float(r[k]) for k in keys if _finite(r.get(k))})
+    return res.table()
+
+
+def _plain(x):
+    """JSON-able scalars (the raw rows are the variant's artifacts)."""
+    if isinstance(x, np.bool_ | bool):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x
+
+
 def train_variant(nv_samples: pd.DataFrame, nv_envs: pd.DataFrame, regression: pd.DataFrame,
-                  classification: pd.DataFrame, p: Params, variant: str) -> pd.DataFrame:
-    """The node ``train.<variant>``: every seed × every experiment the variant applies to."""
+                  classification: pd.DataFrame, p: Params, variant: str):
+    """The node ``train.<variant>``: every seed × every experiment the variant applies to. Returns the long
+    results table (headline settings) and the raw rows, one per (task, seed, setting), grids included
+    (the grid metrics, solve-time summaries and plots read them)."""
     spec = p.variants[variant]
     rows: list[dict] = []
     for seed in p.seeds:
@@ -246,4 +292,4 @@ def train_variant(nv_samples: pd.DataFrame, nv_envs: pd.DataFrame, regression: p
             rows += run_regression(regression, p, variant, seed)
         if "classification" in tasks_of(spec):
             rows += run_classification(classification, p, variant, seed)
-    return pd.DataFrame(rows)
+    return results_table(variant, rows), [{k: _plain(v) for k, v in r.items()} for r in rows]

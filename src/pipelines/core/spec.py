@@ -278,7 +278,8 @@ class Fn(Derived):
     ``{name: {seed: value}}`` (per-seed, an interval follows), ``{name: Estimate}`` or ``{name: float}``
     (a point value). ``names`` lists what it produces (or ``names(p, planned)`` computes it), so claims on
     them are checked before the run; ``needs`` the variants it reads (inactive when one is not planned);
-    ``inputs`` the report inputs (spec.report_inputs) it reads."""
+    ``inputs`` the report inputs (spec.report_inputs) it reads, or ``"artifacts"``: the train nodes'
+    artifacts by variant."""
 
     func: Callable[..., Mapping[str, Any]]
     names_: Sequence[str] | Callable[[Any, Sequence[str]], Sequence[str]] = ()
@@ -493,7 +494,7 @@ def make_report(method: str, plots: Mapping[str, Any] | Iterable[str] = (), **kw
     spec = load_spec(method)
     p, values, arts, inputs = _split(spec, kw)
     planned = values.variants
-    point, per_seed = compute_derived(spec, p, values, planned, inputs)
+    point, per_seed = compute_derived(spec, p, values, planned, {"artifacts": arts, **inputs})
     extra = dict(spec.extra(p, values, arts, **_accepted(spec.extra, inputs))) if spec.extra else {}
     hist = values.histories()
     return build_report(method, p, values.rows(), point, artifacts=plots, extra=extra,

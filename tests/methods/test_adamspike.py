@@ -191,11 +191,26 @@ def test_stages_on_the_quadratic_follow_the_anatomy():
     assert np.mean(lab[50:e.onset] == 2) > 0.9
 
 
-def test_one_train_node_per_variant():
-    from pipelines.adamspike.pipeline import create_pipeline
+def test_results_table_and_artifacts_round_trip_the_per_step_analysis():
+    """train_variant's long table holds the analysis of each seed's run (what the old report computed from
+    the per-step table), and the tensors artifact gives the same per-step table back (plots, pooled study)."""
+    from pipelines.adamspike.evaluate import analyse, results_table, runs_from_artifacts, steps_artifact
+    from pipelines.adamspike.train import COLUMNS, run_quad
+    from pipelines.core.spec import SeedValues
 
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert "adamspike.train.adam_b1_09_b2_0999" in names and "adamspike.train.quad_gd" in names
+    p = Params.model_validate({**RAW, "seeds": [0, 1], "quad": {"steps": 600}, "history_points": 50})
+    cfg = p.configs["quad_adam"]
+    run = pd.concat([run_quad(p, cfg, s) for s in p.seeds], ignore_index=True)[COLUMNS]
+    values = SeedValues({"quad_adam": results_table(p, "quad_adam", run)})
+    ref = analyse(run[run["seed"] == 0], cfg, p)["row"]
+    got = values.metrics("quad_adam")
+    assert got["n_spikes"] == {0: ref["n_spikes"], 1: ref["n_spikes"]}
+    assert got["max_eta_lambda_precond"][0] == ref["max_eta_lambda_precond"]
+    hist = values.histories()["quad_adam"]
+    assert {"log10_loss", "stage", "eta_lambda_grad", "log10_loss_seed1"} <= set(hist)
+    assert len(hist["log10_loss"]["step"]) <= 50
+    back = runs_from_artifacts({"quad_adam": steps_artifact(run)})["quad_adam"]
+    pd.testing.assert_frame_equal(back, run)
 
 
 @pytest.mark.parametrize(("raw", "match"), [

@@ -209,11 +209,44 @@ def test_strict_variant_never_relaxes():
     assert all(float(v.abs().max()) == 0.0 for k, v in state.items() if k.endswith(".U"))
 
 
-def test_one_train_node_per_variant():
-    from pipelines.recm.pipeline import create_pipeline
+def test_train_variant_table_and_the_derived_metrics():
+    """train_variant's long table (metrics per ε, the strict net's layer gaps, histories) and the
+    declarations on it: per-seed paired ratios / gains, the point-valued excess over min(CR, RPP) + std."""
+    from pipelines.core.spec import SeedValues, compute_derived
+    from pipelines.recm.evaluate import data_gaps, fits_table, histories_table, layer_gaps_table
+    from pipelines.recm.data import make_data
+    from pipelines.recm.spec import SPEC
+    from pipelines.recm.train import train_variant
 
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {f"recm.train.{v}" for v in ("recm", "strict", "unconstrained", "cr", "rpp", "fixed_0p5")}
+    raw = copy.deepcopy(RAW)
+    raw.update(seeds=[0, 1], data={"eps": [0.0, 0.2], "n_train": 128, "n_test": 32},
+               model={"channels": 2, "hidden": 1}, train={"steps": 6, "log_every": 2, "equiv_test_inputs": 4},
+               variants={v: {"kind": v} for v in ("recm", "strict", "cr", "rpp")})
+    p = Params.model_validate(raw)
+    df = make_data(p)
+    gaps = data_gaps(df, p)
+    tables = {}
+    for v in p.variants:
+        tables[v], states = train_variant(df, gaps, p, v)
+        assert set(states) == {"eps0", "eps0p2"} and set(states["eps0"]) == {"seed0", "seed1"}
+    values = SeedValues(tables)
+    assert set(values.per_seed("strict", "layer_gap_l1.eps0p2")) == {0, 1}
+    assert len(layer_gaps_table(values, p)) == 2 * 2 * 2
+    assert "theta_l0.eps0" not in values.histories()["strict"] and "theta_l0.eps0" in values.histories()["recm"]
+    assert set(histories_table(values, p)["recm"]["eps0p2"]) == {"0", "1"}
+    assert set(fits_table(values, p)["recm"]["eps"]) == {0.0, 0.2}
+    point, per_seed = compute_derived(SPEC, p, values, list(p.variants), {"gaps": gaps})
+    te = {v: values.per_seed(v, "test_mse.eps0") for v in ("recm", "cr")}
+    assert per_seed["ratio.test_mse.eps0.recm_over_cr"] == {s: te["recm"][s] / te["cr"][s] for s in (0, 1)}
+    g = per_seed["relative_gain.test_mse.eps0p2.recm_vs_strict"]
+    assert per_seed["relative_gain.test_mse.recm_vs_strict.min_eps_ge0p2"] == g
+    assert set(per_seed["spearman.max_final_theta_vs_symmetry_gap"]) == {0, 1}
+    m = np.array(list(values.per_seed("recm", "test_mse.eps0p2").values()))
+    best = min((np.array(list(values.per_seed(b, "test_mse.eps0p2").values())) for b in ("cr", "rpp")),
+               key=lambda a: a.mean())
+    ref = (m.mean() - best.mean() - np.sqrt((m.std() ** 2 + best.std() ** 2) / 2)) / best.mean()
+    assert point["excess.test_mse.recm_over_best_of_cr_rpp_plus_std.max_eps_ge0p2"] == pytest.approx(ref)
+    assert point["symmetry_gap_linear.eps0"] == float(gaps["symmetry_gap_linear"].iloc[0])
 
 
 # --------------------------------------------------------------------------- bad input

@@ -12,7 +12,6 @@ from pipelines.adamspike.anatomy import (RULES, STAGES, alarms, detect_spikes, e
                                          rule_conditions, score_alarms, stage_labels, step_sign_accuracy,
                                          thin_steps)
 from pipelines.adamspike.params import Params, Variant
-from pipelines.core.report import build_report
 
 RULE_PREFIX = {"lambda_grad": "predictor", "lambda_precond": "precond_rule", "lambda_raw": "raw_rule",
                "loss_up": "loss_up_rule"}
@@ -83,11 +82,40 @@ def analyse_all(p: Params, runs: dict[str, pd.DataFrame]) -> dict[str, dict[int,
     return {v: {int(s): analyse(d, p.configs[v], p) for s, d in df.groupby("seed")} for v, df in runs.items()}
 
 
-def spike_events(p: Params, **runs: pd.DataFrame) -> pd.DataFrame:
+def steps_artifact(run: pd.DataFrame) -> dict:
+    """A variant's per-step table (every seed, columns ``train.COLUMNS``) as tensors (the plots' input)."""
+    import torch
+
+    return {"steps": {c: torch.from_numpy(run[c].to_numpy().copy()) for c in run.columns}}
+
+
+def runs_from_artifacts(artifacts: dict[str, dict]) -> dict[str, pd.DataFrame]:
+    """``{variant: per-step table}`` back from the variants' artifacts."""
+    from pipelines.adamspike.train import COLUMNS
+
+    return {v: pd.DataFrame({c: t.numpy() for c, t in a["steps"].items()})[COLUMNS] for v, a in artifacts.items()}
+
+
+def results_table(p: Params, variant: str, run: pd.DataFrame):
+    """The long table of one variant: per seed its metrics row, and its per-step curves (``history_points``
+    steps: an even grid plus every spike): every quantity of the first seed, the loss of the other seeds
+    (``log10_loss_seed<s>``)."""
+    from pipelines.core.spec import Results
+
+    res = Results(variant)
+    by_seed = analyse_all(p, {variant: run})[variant]
+    for k, (seed, a) in enumerate(sorted(by_seed.items())):
+        res.add(seed, **a["row"])
+        for name, h in _histories(p, variant, a, first=k == 0).items():
+            res.history(seed, name, h["value"], h["step"])
+    return res.table()
+
+
+def spike_events(p: Params, analysed: dict[str, dict[int, dict]]) -> pd.DataFrame:
     """One row per detected spike: where it starts, is detected, peaks and recovers, its size, and the lead
     of each alarm rule that caught it (tracked runs)."""
     rows = []
-    for v, by_seed in analyse_all(p, runs).items():
+    for v, by_seed in analysed.items():
         for seed, a in by_seed.items():
             strict = {e.detect for e in a["strict"]}
             for i, e in enumerate(a["events"]):
@@ -104,39 +132,46 @@ def spike_events(p: Params, **runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def _histories(p: Params, analysed: dict[str, dict[int, dict]]) -> dict[str, dict]:
-    """Per variant: every per-step quantity of its first seed (``log10_loss``, ...) and the loss of the other
-    seeds (``log10_loss_seed<s>``), as MLflow curves."""
-    out = {}
-    for v, by_seed in analysed.items():
-        h = {}
-        for k, (seed, a) in enumerate(sorted(by_seed.items())):
-            run = a["run"]
-            idx = thin_steps(len(run), a["events"], p.history_points)
-            steps = run["step"].to_numpy()[idx]
+def _histories(p: Params, v: str, a: dict, first: bool) -> dict[str, dict]:
+    """One (variant, seed) run's MLflow curves: every per-step quantity for the first seed (``log10_loss``,
+    ...), only the loss (``log10_loss_seed<s>``) for the others."""
+    run = a["run"]
+    idx = thin_steps(len(run), a["events"], p.history_points)
+    steps = run["step"].to_numpy()[idx]
 
-            def series(col, transform=lambda z: z):
-                vals = transform(np.asarray(col, float)[idx])
-                return {"step": steps.tolist(), "value": vals.tolist()}
+    def series(col, transform=lambda z: z):
+        vals = transform(np.asarray(col, float)[idx])
+        return {"step": steps.tolist(), "value": vals.tolist()}
 
-            if k:
-                h[f"log10_loss_seed{seed}"] = series(run["log10_loss"])
-                continue
-            h["log10_loss"] = series(run["log10_loss"])
-            h["stage"] = series(a["stages"])
-            h["log10_sum_g2"] = series(run["log10_sum_g2"])
-            h["log10_sum_v"] = series(run["log10_sum_v"])
-            with np.errstate(divide="ignore"):
-                h["log10_decoupling_ratio"] = series(run["decoupling_ratio"], np.log10)
-            if _tracked(p.configs[v]):
-                h["eta_lambda_max_precond"] = series(run["eta_lambda_max_precond"])
-                h["eta_lambda_max_precond_threshold"] = series(np.full(len(run), a["threshold"]))
-                # +inf (gᵀu ≤ 0: the step raises the loss at first order) shown capped at 1e3
-                h["eta_lambda_grad"] = series(run["eta_lambda_grad"], lambda z: np.minimum(z, 1e3))
-                h["eta_lambda_max_raw"] = series(run["eta_lambda_max_raw"])
-                h["cos_grad_topeig"] = series(run["cos_grad_topeig"])
-        out[v] = h
-    return out
+    if not first:
+        return {f"log10_loss_seed{int(run['seed'].iloc[0])}": series(run["log10_loss"])}
+    h = {"log10_loss": series(run["log10_loss"]), "stage": series(a["stages"]),
+         "log10_sum_g2": series(run["log10_sum_g2"]), "log10_sum_v": series(run["log10_sum_v"])}
+    with np.errstate(divide="ignore"):
+        h["log10_decoupling_ratio"] = series(run["decoupling_ratio"], np.log10)
+    if _tracked(p.configs[v]):
+        h["eta_lambda_max_precond"] = series(run["eta_lambda_max_precond"])
+        h["eta_lambda_max_precond_threshold"] = series(np.full(len(run), a["threshold"]))
+        # +inf (gᵀu ≤ 0: the step raises the loss at first order) shown capped at 1e3
+        h["eta_lambda_grad"] = series(run["eta_lambda_grad"], lambda z: np.minimum(z, 1e3))
+        h["eta_lambda_max_raw"] = series(run["eta_lambda_max_raw"])
+        h["cos_grad_topeig"] = series(run["cos_grad_topeig"])
+    return h
+
+
+def pooled_names(p: Params, planned) -> list[str]:
+    if not any(v in planned for v in p.headline_variants):
+        return []
+    return [n for rule in RULES for n in (
+        f"pooled.{RULE_PREFIX[rule]}_precision", f"pooled.{RULE_PREFIX[rule]}_recall",
+        "pooled.median_lead_steps" if rule == "lambda_grad" else f"pooled.{RULE_PREFIX[rule]}_median_lead")]
+
+
+def pooled(values, p: Params, artifacts: dict[str, dict]) -> dict[str, float]:
+    """The predictor study pooled over the headline variants and seeds (a point value each: alarms, spikes
+    and leads are summed over the runs, not averaged per seed)."""
+    heads = {v: a for v, a in artifacts.items() if v in p.headline_variants}
+    return _pooled(p, analyse_all(p, runs_from_artifacts(heads)))
 
 
 def _pooled(p: Params, analysed) -> dict[str, float]:
@@ -164,16 +199,13 @@ def _pooled(p: Params, analysed) -> dict[str, float]:
     return m
 
 
-def report(p: Params, plots: dict, spike_table: pd.DataFrame, **runs: pd.DataFrame) -> dict:
-    analysed = analyse_all(p, runs)
-    rows = [{"variant": v, "seed": s, **a["row"]} for v, by in analysed.items() for s, a in by.items()]
-    metrics = _pooled(p, analysed)
-    events = spike_table.to_dict(orient="records")
-    return build_report("adamspike", p, rows, metrics, artifacts=plots, histories=_histories(p, analysed),
-                        extra={"spike_events": events[:500], "n_spike_events": len(events)})
+def report_extra(p: Params, values, artifacts: dict[str, dict]) -> dict:
+    """The spike-event table (first 500 rows) and its length, beside the contract's report fields."""
+    events = spike_events(p, analyse_all(p, runs_from_artifacts(artifacts))).to_dict(orient="records")
+    return {"spike_events": events[:500], "n_spike_events": len(events)}
 
 
-def plots(p: Params, **runs: pd.DataFrame) -> dict:
+def plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
     from pipelines.adamspike.figures import make_figures
 
-    return make_figures(p, analyse_all(p, runs))
+    return make_figures(p, analyse_all(p, runs_from_artifacts(artifacts)))

@@ -9,7 +9,6 @@ from pydantic import Field, field_validator, model_validator
 from pipelines.core.params import MethodParams, Strict, VariantName
 
 
-
 class Quad(Strict):
     """The 1-D quadratic f(θ) = ½ a θ² (the 'geometry alone cannot explain it' counterexample)."""
 
@@ -87,17 +86,10 @@ class Params(MethodParams):
         unknown = [v for v in self.variants if v not in self.configs]
         if unknown:
             raise ValueError(f"variants: {unknown} not defined under configs (known: {sorted(self.configs)})")
-        if len(set(self.variants)) != len(self.variants):
-            raise ValueError(f"variants: a variant is listed twice in {self.variants}")
         for v in self.headline_variants:
             if v not in self.variants:
                 raise ValueError(f"headline_variants: {v!r} is not in variants {self.variants}")
             c = self.configs[v]
             if c.model != "mlp" or not c.track:
                 raise ValueError(f"headline_variants: {v!r} must be a tracked mlp run (track: true)")
-        for c in self.claims:
-            parts = c.metric.split(".")
-            if parts[0] == "variants" and len(parts) > 2 and parts[1] not in self.variants:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', which is "
-                                 f"not in variants {self.variants}")
         return self

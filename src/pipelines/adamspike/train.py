@@ -173,11 +173,15 @@ def run_mlp(data: pd.DataFrame, p: Params, cfg: Variant, seed: int, variant: str
     return pd.DataFrame({"seed": seed, "step": np.arange(p.mlp.steps), **{c: rec[c] for c in COLUMNS[2:]}})
 
 
-def train_variant(dataset: pd.DataFrame, p: Params, variant: str) -> pd.DataFrame:
-    """Every seed of one variant: a per-step table (columns ``COLUMNS``)."""
+def train_variant(dataset: pd.DataFrame, p: Params, variant: str):
+    """Every seed of one variant: its long results table (per-seed metrics, curves) and, for the plots and
+    the spike-event table, the per-step table (columns ``COLUMNS``) as tensors."""
+    from pipelines.adamspike.evaluate import results_table, steps_artifact
+
     cfg = p.configs[variant]
     frames = []
     for seed in p.seeds:
         node_setup(p, seed)
         frames.append(run_quad(p, cfg, seed) if cfg.model == "quad" else run_mlp(dataset, p, cfg, seed, variant))
-    return pd.concat(frames, ignore_index=True)[COLUMNS]
+    run = pd.concat(frames, ignore_index=True)[COLUMNS]
+    return results_table(p, variant, run), steps_artifact(run)

@@ -9,16 +9,12 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.metrics import relative_gain
-from pipelines.core.report import build_report
 from pipelines.recm.data import arrays, eps_tag, symmetry_gap_linear
 from pipelines.recm.params import Params
 
-SKIP = ("variant", "eps", "seed")
-
-
 # --------------------------------------------------------------------------- symmetry gaps
 def data_gaps(dataset: pd.DataFrame, p: Params) -> pd.DataFrame:
-    """The node ``evaluate.symmetry_gap``: per ε, the best circulant vs best dense linear predictor."""
+    """The node ``data.symmetry_gap``: per ε, the best circulant vs best dense linear predictor."""
     from pipelines.core.runtime import node_setup
 
     node_setup(p)
@@ -75,144 +71,160 @@ def layer_gap(model, x: np.ndarray, y: np.ndarray, batch_size: int) -> list[floa
     return out
 
 
-def layer_gaps(dataset: pd.DataFrame, p: Params, strict_models: dict | None = None) -> pd.DataFrame:
-    """The node ``evaluate.layer_gaps``: the per-layer symmetry gap of the trained strict nets (every ε,
-    seed), measured on the training data (empty when the run has no ``strict`` variant)."""
-    from pipelines.core.runtime import node_setup
+# --------------------------------------------------------------------------- the long tables, read back
+def _eps_list(p: Params) -> list[float]:
+    return [float(e) for e in p.data.eps]
 
-    node_setup(p)
-    strict_models = strict_models or {}
-    from pipelines.recm.params import Variant
-    from pipelines.recm.train import build_model
 
+def fits_table(values, p: Params) -> dict[str, pd.DataFrame]:
+    """``{variant: one row per (ε, seed)}`` with the metrics' plain names (the figures' input)."""
+    out = {}
+    for v in values.variants:
+        ms = values.metrics(v)
+        rows = []
+        for e in _eps_list(p):
+            suffix = "." + eps_tag(e)
+            mine = {k[:-len(suffix)]: d for k, d in ms.items() if k.endswith(suffix)}
+            for seed in sorted({s for d in mine.values() for s in d}):
+                rows.append({"variant": v, "eps": e, "seed": seed,
+                             **{k: d[seed] for k, d in mine.items() if seed in d}})
+        out[v] = pd.DataFrame(rows)
+    return out
+
+
+def layer_gaps_table(values, p: Params) -> pd.DataFrame:
+    """The strict nets' per-layer measured gaps (train.strict), one row per (ε, seed, layer)."""
     rows = []
-    for eps in p.data.eps:
-        x, y = arrays(dataset, eps, "train")
-        tag = eps_tag(eps)
+    ms = values.metrics("strict") if "strict" in values.variants else {}
+    for e in _eps_list(p):
+        tag = eps_tag(e)
         for seed in p.seeds:
-            state = strict_models.get(tag, {}).get(f"seed{seed}")
-            if state is None:
-                continue
-            model = build_model(p, Variant(kind="strict"))
-            model.load_state_dict(state)
-            for i, g in enumerate(layer_gap(model, x, y, p.train.batch_size)):
-                rows.append({"eps": float(eps), "seed": int(seed), "layer": i, "layer_gap": g})
+            i = 0
+            while seed in ms.get(f"layer_gap_l{i}.{tag}", {}):
+                rows.append({"eps": e, "seed": int(seed), "layer": i, "layer_gap": ms[f"layer_gap_l{i}.{tag}"][seed]})
+                i += 1
     return pd.DataFrame(rows, columns=["eps", "seed", "layer", "layer_gap"])
 
 
-# --------------------------------------------------------------------------- the variants table
-def _wide_rows(fits: dict[str, pd.DataFrame], gaps: pd.DataFrame) -> list[dict]:
-    """One row per variant × seed, metrics named ``<metric>.<eps tag>`` (plus ``symmetry_gap_linear``)."""
-    gap = {eps_tag(r.eps): float(r.symmetry_gap_linear) for r in gaps.itertuples()}
-    rows = []
-    for variant, df in fits.items():
-        for seed, d in df.groupby("seed", sort=True):
-            row: dict = {"variant": variant, "seed": int(seed)}
-            for r in d.to_dict("records"):
-                tag = eps_tag(r["eps"])
-                row.update({f"{k}.{tag}": float(v) for k, v in r.items() if k not in SKIP})
-                row[f"symmetry_gap_linear.{tag}"] = gap.get(tag, math.nan)
-            rows.append(row)
-    return rows
+def histories_table(values, p: Params) -> dict[str, dict]:
+    """``{variant: {eps_tag: {seed: {name: series}}}}``: every seed's curves (the figures' input)."""
+    t = values.table[values.table["step"].notna()]
+    out: dict[str, dict] = {}
+    for v in values.variants:
+        for metric in dict.fromkeys(t.loc[t["variant"] == v, "metric"]):
+            name, tag = metric.rsplit(".", 1)
+            for seed in sorted(set(t.loc[(t["variant"] == v) & (t["metric"] == metric), "seed"])):
+                out.setdefault(v, {}).setdefault(tag, {}).setdefault(str(seed), {})[name] = \
+                    values.history(v, metric, int(seed))
+    return out
 
 
-def _mean_std(fits: dict[str, pd.DataFrame], variant: str, metric: str, eps: float) -> tuple[float, float]:
-    df = fits.get(variant)
-    if df is None:
-        return math.nan, math.nan
-    v = df.loc[np.isclose(df["eps"], eps), metric].to_numpy(float)
+# --------------------------------------------------------------------------- derived metrics
+def _big(p: Params) -> list[float]:
+    return [e for e in _eps_list(p) if e >= 0.2 - 1e-12]
+
+
+def gap_points(values, p: Params, gaps: pd.DataFrame) -> dict[str, float]:
+    """The data-level symmetry gap per ε (one value: it is a property of the data, not of a seed)."""
+    return {f"symmetry_gap_linear.{eps_tag(r.eps)}": float(r.symmetry_gap_linear) for r in gaps.itertuples()}
+
+
+def gap_names(p: Params, planned) -> list[str]:
+    return [f"symmetry_gap_linear.{eps_tag(e)}" for e in _eps_list(p)]
+
+
+def theta_tracks_gap(values, p: Params, gaps: pd.DataFrame) -> dict[str, dict[int, float]]:
+    """(2) per seed: Spearman of RECM's max_ℓ final θ_ℓ against ε and against the data gap over the ε grid,
+    and θ / gap per ε (a diagnostic)."""
+    from scipy.stats import spearmanr
+
+    eps_list = _eps_list(p)
+    gap = gap_points(values, p, gaps)
+    g = [gap.get(f"symmetry_gap_linear.{eps_tag(e)}", math.nan) for e in eps_list]
+    th = {e: values.per_seed("recm", f"max_final_theta.{eps_tag(e)}") for e in eps_list}
+    seeds = sorted(set.intersection(*(set(d) for d in th.values())))
+    out: dict[str, dict[int, float]] = {"spearman.max_final_theta_vs_eps": {},
+                                        "spearman.max_final_theta_vs_symmetry_gap": {}}
+    for s in seeds:
+        ts = [th[e][s] for e in eps_list]
+        out["spearman.max_final_theta_vs_eps"][s] = float(spearmanr(eps_list, ts).statistic)
+        out["spearman.max_final_theta_vs_symmetry_gap"][s] = float(spearmanr(g, ts).statistic)
+        for e, t_, g_ in zip(eps_list, ts, g):
+            if g_ > 0:
+                out.setdefault(f"theta_over_gap.{eps_tag(e)}", {})[s] = t_ / g_       # a diagnostic, not a claim
+    return out
+
+
+def theta_names(p: Params, planned) -> list[str]:
+    if len(p.data.eps) < 2:
+        return []
+    return ["spearman.max_final_theta_vs_eps", "spearman.max_final_theta_vs_symmetry_gap",
+            *[f"theta_over_gap.{eps_tag(e)}" for e in _eps_list(p) if e > 0]]
+
+
+def theta_vs_layer_gap(values, p: Params) -> dict[str, dict[int, float]]:
+    """Diagnostics per seed, over the layers × ε of that seed: Spearman of RECM's final θ_ℓ against the strict
+    net's measured layer gap, and how often θ_ℓ ends at or under it."""
+    from scipy.stats import spearmanr
+
+    lg = layer_gaps_table(values, p)
+    rec = values.metrics("recm")
+    out: dict[str, dict[int, float]] = {}
+    for seed, d in lg.groupby("seed"):
+        pairs = []
+        for r in d.itertuples():
+            th = rec.get(f"final_theta_l{r.layer}.{eps_tag(r.eps)}", {})
+            if int(seed) in th and not math.isnan(r.layer_gap):
+                pairs.append((th[int(seed)], float(r.layer_gap)))
+        if len(pairs) >= 3:
+            a = np.array(pairs)
+            out.setdefault("spearman.final_theta_vs_layer_gap", {})[int(seed)] = \
+                float(spearmanr(a[:, 0], a[:, 1]).statistic)
+            out.setdefault("fraction.final_theta_le_layer_gap", {})[int(seed)] = float(np.mean(a[:, 0] <= a[:, 1]))
+    return out
+
+
+def min_gain_vs_strict(values, p: Params) -> dict[str, dict[int, float]]:
+    """(3) per seed: the smallest relative gain over strict among the ε ≥ 0.2."""
+    per = [values.per_seed("recm", f"test_mse.{eps_tag(e)}") for e in _big(p)]
+    base = [values.per_seed("strict", f"test_mse.{eps_tag(e)}") for e in _big(p)]
+    seeds = sorted(set.intersection(*(set(d) for d in per + base)))
+    return {"relative_gain.test_mse.recm_vs_strict.min_eps_ge0p2": {
+        s: min(relative_gain(method=m[s], baseline=b[s]) for m, b in zip(per, base)) for s in seeds}}
+
+
+def _mean_std(values, variant: str, metric: str) -> tuple[float, float]:
+    v = np.array(list(values.per_seed(variant, metric).values()), float)
     return (float(v.mean()), float(v.std())) if len(v) else (math.nan, math.nan)
 
 
-def derived_metrics(fits: dict[str, pd.DataFrame], gaps: pd.DataFrame, lgaps: pd.DataFrame, p: Params) -> dict:
-    """The claims' metrics (the expected outcomes 1–3) and diagnostics."""
-    from scipy.stats import spearmanr
-
+def excess_over_best(values, p: Params) -> dict[str, float]:
+    """(3) for ε ≥ 0.2: RECM's mean test MSE over min(CR, RPP) + 1 std (the pooled population std of the two
+    over seeds), as a relative excess (≤ 0: within one std). One value per ε, not per seed: the claim's
+    tolerance is the seed spread itself."""
     out: dict[str, float] = {}
-    eps_list = [float(e) for e in p.data.eps]
-    for r in gaps.itertuples():
-        out[f"symmetry_gap_linear.{eps_tag(r.eps)}"] = float(r.symmetry_gap_linear)
-    has = set(fits)
-    # (1) at ε = 0
-    if "recm" in has and 0.0 in eps_list:
-        m_recm = _mean_std(fits, "recm", "test_mse", 0.0)[0]
-        for b in ("cr", "strict"):
-            if b in has:
-                out[f"ratio.test_mse.eps0.recm_over_{b}"] = m_recm / _mean_std(fits, b, "test_mse", 0.0)[0]
-    # (2) θ tracks the gap over the ε grid (seed-mean of max_ℓ final θ_ℓ)
-    if "recm" in has and len(eps_list) >= 2:
-        th = [_mean_std(fits, "recm", "max_final_theta", e)[0] for e in eps_list]
-        g = [out.get(f"symmetry_gap_linear.{eps_tag(e)}", math.nan) for e in eps_list]
-        out["spearman.max_final_theta_vs_eps"] = float(spearmanr(eps_list, th).statistic)
-        out["spearman.max_final_theta_vs_symmetry_gap"] = float(spearmanr(g, th).statistic)
-        for e, t_, g_ in zip(eps_list, th, g):
-            if g_ > 0:
-                out[f"theta_over_gap.{eps_tag(e)}"] = t_ / g_          # a diagnostic, not a claim
-    if "recm" in has and not lgaps.empty:
-        f = fits["recm"]
-        pairs = []
-        for r in lgaps.itertuples():
-            d = f[np.isclose(f["eps"], r.eps) & (f["seed"] == r.seed)]
-            if len(d) and not math.isnan(r.layer_gap):
-                pairs.append((float(d[f"final_theta_l{r.layer}"].iloc[0]), float(r.layer_gap)))
-        if len(pairs) >= 3:
-            a = np.array(pairs)
-            out["spearman.final_theta_vs_layer_gap"] = float(spearmanr(a[:, 0], a[:, 1]).statistic)
-            # the theorem's reading in these units (a diagnostic): how often θ_ℓ ends at or under its gap
-            out["fraction.final_theta_le_layer_gap"] = float(np.mean(a[:, 0] <= a[:, 1]))
-    # (3) ε ≥ 0.2: vs the strict CNN and vs the better of CR / RPP
-    big = [e for e in eps_list if e >= 0.2 - 1e-12]
-    if "recm" in has and big:
-        if "strict" in has:
-            gains = [relative_gain(method=_mean_std(fits, "recm", "test_mse", e)[0],
-                                   baseline=_mean_std(fits, "strict", "test_mse", e)[0]) for e in big]
-            for e, gn in zip(big, gains):
-                out[f"relative_gain.test_mse.{eps_tag(e)}.recm_vs_strict"] = gn
-            out["relative_gain.test_mse.recm_vs_strict.min_eps_ge0p2"] = min(gains)
-        if {"cr", "rpp"} <= has:
-            excess = []
-            for e in big:
-                m, s = _mean_std(fits, "recm", "test_mse", e)
-                best = min((_mean_std(fits, b, "test_mse", e) for b in ("cr", "rpp")), key=lambda t: t[0])
-                pooled = math.sqrt((s ** 2 + best[1] ** 2) / 2)
-                # m <= best + std  <=>  (m - best - std) / best <= 0 (finite with a single seed too)
-                excess.append((m - best[0] - pooled) / best[0])
-                out[f"excess.test_mse.{eps_tag(e)}.recm_over_best_of_cr_rpp_plus_std"] = excess[-1]
-            out["excess.test_mse.recm_over_best_of_cr_rpp_plus_std.max_eps_ge0p2"] = max(excess)
+    excess = []
+    for e in _big(p):
+        m, s = _mean_std(values, "recm", f"test_mse.{eps_tag(e)}")
+        best = min((_mean_std(values, b, f"test_mse.{eps_tag(e)}") for b in ("cr", "rpp")), key=lambda t: t[0])
+        pooled = math.sqrt((s ** 2 + best[1] ** 2) / 2)
+        # m <= best + std  <=>  (m - best - std) / best <= 0 (finite with a single seed too)
+        excess.append((m - best[0] - pooled) / best[0])
+        out[f"excess.test_mse.{eps_tag(e)}.recm_over_best_of_cr_rpp_plus_std"] = excess[-1]
+    out["excess.test_mse.recm_over_best_of_cr_rpp_plus_std.max_eps_ge0p2"] = max(excess)
     return out
 
 
-def histories(hists: dict[str, dict], p: Params) -> dict[str, dict]:
-    """``{variant: {"<name>.<eps tag>": seed-mean series}}`` for build_report: θ_ℓ(t), s_ℓ(t) (RECM's
-    statistic) and the training MSE, with their steps."""
-    out: dict[str, dict] = {}
-    for variant, by_eps in hists.items():
-        for tag, by_seed in by_eps.items():
-            seeds = list(by_seed.values())
-            for name in seeds[0]:
-                if name.startswith("theta_l") and p.variants[variant].kind in ("strict", "unconstrained", "fixed",
-                                                                                "rpp"):
-                    continue                                  # constant: nothing to watch
-                steps = seeds[0][name]["step"]
-                vals = np.array([s[name]["value"] for s in seeds], dtype=float).mean(0) \
-                    if all(len(s[name]["value"]) == len(steps) for s in seeds) else seeds[0][name]["value"]
-                out.setdefault(variant, {})[f"{name}.{tag}"] = {"step": list(steps), "value": [float(v) for v in vals]}
-    return out
+def excess_names(p: Params, planned) -> list[str]:
+    big = _big(p)
+    if not big:
+        return []
+    return [*[f"excess.test_mse.{eps_tag(e)}.recm_over_best_of_cr_rpp_plus_std" for e in big],
+            "excess.test_mse.recm_over_best_of_cr_rpp_plus_std.max_eps_ge0p2"]
 
 
-def split_inputs(kw: dict) -> tuple[dict, dict]:
-    fits = {k[len("fit_"):]: v for k, v in kw.items() if k.startswith("fit_")}
-    hists = {k[len("hist_"):]: v for k, v in kw.items() if k.startswith("hist_")}
-    return fits, hists
-
-
-def report(p: Params, gaps: pd.DataFrame, lgaps: pd.DataFrame, plots: dict, **kw) -> dict:
-    """The node ``evaluate.report``: ``kw`` holds ``fit_<variant>`` tables and ``hist_<variant>`` histories."""
-    fits, hists = split_inputs(kw)
-    rows = _wide_rows(fits, gaps)
-    metrics = derived_metrics(fits, gaps, lgaps, p)
-    extra = {"layer_gaps": lgaps.to_dict("records"), "data_gaps": gaps.to_dict("records")}
-    return build_report("recm", p, rows, metrics, artifacts=plots, extra=extra, histories=histories(hists, p))
+def report_extra(p: Params, values, artifacts: dict, gaps: pd.DataFrame) -> dict:
+    return {"layer_gaps": layer_gaps_table(values, p).to_dict("records"), "data_gaps": gaps.to_dict("records")}
 
 
 # --------------------------------------------------------------------------- figures
@@ -308,6 +320,14 @@ def theta_vs_gap_figure(fits: dict[str, pd.DataFrame], gaps: pd.DataFrame, lgaps
     return fig
 
 
+def _fits_mean(fits: dict[str, pd.DataFrame], variant: str, metric: str, eps: float) -> float:
+    df = fits.get(variant)
+    if df is None or metric not in df:
+        return math.nan
+    v = df.loc[np.isclose(df["eps"], eps), metric].to_numpy(float)
+    return float(v.mean()) if len(v) else math.nan
+
+
 def equiv_figure(fits: dict[str, pd.DataFrame], p: Params):
     import matplotlib.pyplot as plt
 
@@ -316,7 +336,7 @@ def equiv_figure(fits: dict[str, pd.DataFrame], p: Params):
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 4))
     w = 0.8 / len(eps_list)
     for j, e in enumerate(eps_list):
-        vals = [max(_mean_std(fits, v, "equiv_error", e)[0], 1e-16) for v in names]
+        vals = [max(_fits_mean(fits, v, "equiv_error", e), 1e-16) for v in names]
         ax.bar(np.arange(len(names)) + (j - (len(eps_list) - 1) / 2) * w, vals, width=w, label=f"ε = {e:g}")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set(yscale="log", ylabel="equiv_error (deployed net)", title="Equivariance error after training "
@@ -352,9 +372,9 @@ def loss_figure(hists: dict, p: Params):
     return fig
 
 
-def make_plots(p: Params, gaps: pd.DataFrame, lgaps: pd.DataFrame, **kw) -> dict:
+def make_plots(p: Params, values, artifacts: dict, gaps: pd.DataFrame) -> dict:
     """The node ``evaluate.plots``."""
-    fits, hists = split_inputs(kw)
+    fits, hists, lgaps = fits_table(values, p), histories_table(values, p), layer_gaps_table(values, p)
     figs = {"theta_trajectories": theta_figure(hists, p), "test_mse_vs_eps": mse_vs_eps_figure(fits, gaps),
             "theta_vs_symmetry_gap": theta_vs_gap_figure(fits, gaps, lgaps, p),
             "equivariance_error": equiv_figure(fits, p), "training_loss": loss_figure(hists, p)}

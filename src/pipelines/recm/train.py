@@ -256,11 +256,20 @@ def train_one(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.nda
     return row, series, state
 
 
-def train_variant(dataset: pd.DataFrame, p: Params, variant: str) -> tuple[pd.DataFrame, dict, dict]:
-    """The node ``train.<variant>``: every ε × seed of one variant. Returns its rows (one per ε and seed),
-    its histories ``{eps_tag: {seed: {name: series}}}`` and its state dicts ``{eps_tag: {seed: state}}``."""
+CONSTANT_THETA = ("strict", "unconstrained", "fixed", "rpp")   # θ never moves: no θ history
+
+
+def train_variant(dataset: pd.DataFrame, gaps: pd.DataFrame, p: Params, variant: str):
+    """The node ``train.<variant>``: every ε × seed of one variant. Returns its long table (per seed the
+    metrics ``<metric>.<eps tag>``, the data-level ``symmetry_gap_linear.<eps tag>``, for the strict CNN
+    each layer's measured gap ``layer_gap_l<ℓ>.<eps tag>``; the histories ``<name>.<eps tag>``) and its
+    state dicts ``{eps_tag: {"seed<s>": state}}``."""
+    from pipelines.core.spec import Results
+    from pipelines.recm.evaluate import layer_gap
+
     spec = p.variants[variant]
-    rows, hists, states = [], {}, {}
+    gap = {eps_tag(r.eps): float(r.symmetry_gap_linear) for r in gaps.itertuples()}
+    res, states = Results(variant), {}
     for eps in p.data.eps:
         x_tr, y_tr = arrays(dataset, eps, "train")
         x_te, y_te = arrays(dataset, eps, "test")
@@ -269,7 +278,17 @@ def train_variant(dataset: pd.DataFrame, p: Params, variant: str) -> tuple[pd.Da
             device = node_setup(p, seed)
             row, series, state = train_one(x_tr, y_tr, x_te, y_te, p, spec, seed, device,
                                            desc=f"{variant} {tag} seed {seed}")
-            rows.append({"variant": variant, "eps": float(eps), "seed": seed, **row})
-            hists.setdefault(tag, {})[str(seed)] = series
+            res.add(seed, **{f"{k}.{tag}": v for k, v in row.items()})
+            res.add(seed, **{f"symmetry_gap_linear.{tag}": gap.get(tag, math.nan)})
+            if spec.kind == "strict":
+                # the layers' measured symmetry gap at the trained strict net (CPU, from its saved state)
+                model = build_model(p, Variant(kind="strict"))
+                model.load_state_dict(state)
+                res.add(seed, **{f"layer_gap_l{i}.{tag}": g
+                                 for i, g in enumerate(layer_gap(model, x_tr, y_tr, p.train.batch_size))})
+            for name, s in series.items():
+                if name.startswith("theta_l") and spec.kind in CONSTANT_THETA:
+                    continue
+                res.history(seed, f"{name}.{tag}", s["value"], s["step"])
             states.setdefault(tag, {})[f"seed{seed}"] = state
-    return pd.DataFrame(rows), hists, states
+    return res.table(), states

@@ -12,8 +12,8 @@ from tests.conftest import ROOT
 def test_discovery_finds_method_folders_only():
     names = discover_methods()
     assert "tess" in names and "core" not in names
-    expected = sorted(p.parent.name for p in (ROOT / "src" / "pipelines").glob("*/pipeline.py")
-                      if p.parent.name != "core")
+    expected = sorted({p.parent.name for p in (ROOT / "src" / "pipelines").glob("*/*.py")
+                       if p.name in ("pipeline.py", "spec.py") and p.parent.name != "core"})
     assert names == expected
 
 

@@ -74,9 +74,9 @@ def test_nightly_matrix_from_the_registry_then_scoreboard():
 
 def test_matrix_source_lists_exactly_the_registered_pipelines():
     """`kedro registry list --json` (the command the nightly runs) against the folders themselves."""
-    expected = sorted(p.parent.name for p in (ROOT / "src" / "pipelines").glob("*/pipeline.py")
-                      if p.parent.name != "core" and (p.parent / "__init__.py").is_file()
-                      and not p.parent.name.startswith(("_", ".")))
+    expected = sorted({p.parent.name for p in (ROOT / "src" / "pipelines").glob("*/*.py")
+                       if p.name in ("pipeline.py", "spec.py") and p.parent.name != "core"
+                       and (p.parent / "__init__.py").is_file() and not p.parent.name.startswith(("_", "."))})
     kedro = Path(sys.executable).with_name("kedro")
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "true"}
     res = subprocess.run([str(kedro), "registry", "list", "--json"], cwd=ROOT, env=env, capture_output=True,

@@ -243,13 +243,6 @@ def test_task_flips_the_declared_fraction():
     assert t["x_train"].shape == (600, 32) and t["y_test"].shape == (200,)
 
 
-def test_one_train_node_per_variant():
-    from pipelines.prism.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {f"prism.train.{v}" for v in RAW["variants"]}
-
-
 def test_bad_parameter_names_the_key():
     raw = copy.deepcopy(RAW)
     raw["methods"]["prism_sgd"]["lr"] = -1

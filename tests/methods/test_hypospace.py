@@ -306,7 +306,7 @@ def test_metric_definitions_on_a_hand_made_proposal_table():
     raw = raw_params()
     raw["domains"]["enabled"] = ["causal"]
     raw["variants"] = ["uniform_valid"]
-    raw["claims"] = []
+    raw["claims"], raw["gates"] = [], []
     p = Params.model_validate(raw)
     obs = pd.DataFrame([{"domain": "causal", "config": "n3_o1", "domain_config": '{"n": 3}', "seed": 0,
                          "obs_id": "s", "obs": "{}", "n_admissible": 3, "space_size": 25, "truth": "a"}])
@@ -314,11 +314,12 @@ def test_metric_definitions_on_a_hand_made_proposal_table():
     props = pd.DataFrame({"seed": 0, "domain": "causal", "config": "n3_o1", "obs_id": "s", "query": range(5),
                           "key": ["a", "a", "z", "", "b"], "parsed": [True, True, True, False, True],
                           "valid": [True, True, False, False, True], "n_budget": 5, "attempts": 1, "text": ""})
-    m = set_metrics(p, causal_obs=obs, causal_admissible=adm, proposals_uniform_valid=props).iloc[0]
+    tables = {"causal_obs": obs, "causal_admissible": adm}
+    m = set_metrics(p, "uniform_valid", props, tables).iloc[0]
     assert m["V"] == 3 / 5 and m["U"] == 3 / 5 and m["R"] == 2 / 3 and m["parse_rate"] == 4 / 5
     props.loc[2, "valid"] = True                   # a "valid" key outside A: validator/enumerator disagree
     with pytest.raises(ValueError, match="observation set s.*disagree"):
-        set_metrics(p, causal_obs=obs, causal_admissible=adm, proposals_uniform_valid=props)
+        set_metrics(p, "uniform_valid", props, tables)
 
 
 # ------------------------------------------------------------------------------------ LLM sampler
@@ -380,7 +381,7 @@ def test_llm_variant_end_to_end_with_the_stub(run_pipeline):
     raw = raw_params()
     assert "llm" not in raw["variants"]
     variants = ",".join([*raw["variants"], "llm", "llm_stratified"])
-    from pipelines.hypospace.pipeline import create_pipeline
+    from pipelines.core.registry import load_pipeline
 
     with stub_server(respond) as s:
         run = run_pipeline("hypospace", "test", ["--params", f"hypospace.variants=[{variants}],"
@@ -388,7 +389,7 @@ def test_llm_variant_end_to_end_with_the_stub(run_pipeline):
                                                   "hypospace.llm.max_sets_per_config=2"])
         prompts = [r["messages"][-1]["content"] for r in s.requests]
     # the run's --params do not leak into pipelines built afterwards in this process
-    assert "hypospace.train.llm" not in {n.name for n in create_pipeline().nodes}
+    assert "hypospace.train.llm" not in {n.name for n in load_pipeline("hypospace").nodes}
     r = run.report
     hinted = sum("exactly" in q for q in prompts)   # llm_stratified names the target stratum
     assert r["variants"]["llm"]["parse_rate"] == 1.0 and 0 <= r["variants"]["llm"]["V"] <= 1
@@ -415,8 +416,14 @@ def test_bad_parameters_name_the_key():
     bad["llm"]["api_key"] = "sk-123"                       # keys never live in a parameters file
     with pytest.raises(ParameterError, match=r"hypospace\.llm\.api_key: unknown key"):
         validate(Params, bad, "hypospace")
-    with pytest.raises(ParameterError, match="claim 'causal_stratified_beats_mode_collapse'.*stratified"):
+    from pipelines.hypospace.spec import SPEC
+
+    with pytest.raises(ParameterError, match="'stratified', which this run does not plan"):   # a gate on it
         validate(Params, {**raw, "variants": ["uniform_valid", "uniform_prior", "mode_collapse"]}, "hypospace")
+    fewer = validate(Params, {**raw, "gates": [], "claims": [{**c, "requires": []} for c in raw["claims"]],
+                              "variants": ["uniform_valid", "uniform_prior", "mode_collapse"]}, "hypospace")
+    with pytest.raises(ParameterError, match="claim 'causal_stratified_beats_mode_collapse'.*stratified"):
+        SPEC.check(fewer)                                   # before any node runs (core: Method.check)
 
 
 def test_bad_user_observation_file_names_dataset_and_column(tmp_path):
@@ -446,10 +453,3 @@ def test_bad_user_observation_file_names_dataset_and_column(tmp_path):
                   "obs": ['{"n": 3}']}).to_csv(f, index=False)
     with pytest.raises(InputDataError, match=r"hypospace\.causal_obs.*set a:.*'obs'"):
         make_domain_data(p, "causal")
-
-
-def test_one_train_node_per_sampler():
-    from pipelines.hypospace.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {f"hypospace.train.{v}" for v in raw_params("base")["variants"]}

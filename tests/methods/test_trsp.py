@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pipelines.core.params import ParameterError, validate
 from pipelines.core.schemas import InputDataError
+from pipelines.core.spec import load_spec
 from pipelines.trsp import algorithms as A
 from pipelines.trsp import measures as Ms
 from pipelines.trsp.data import gadget_points, make_instances
@@ -360,13 +361,6 @@ def test_gc_trsp_is_2_core_within_bound_with_a_free_shuttle(n, k, hubs, jitter, 
 
 
 # ------------------------------------------------------------------ pipeline shape and bad input
-def test_one_train_node_per_variant():
-    from pipelines.trsp.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {f"trsp.train.{v}" for v in raw()["variants"]}
-
-
 @pytest.mark.parametrize("key,value,match", [
     ("metric", "l3", r"trsp\.metric"),
     ("deviation", "unordered", r"trsp\.deviation"),
@@ -399,9 +393,17 @@ def test_claims_must_name_planned_variants_and_instances():
     r["adversarial"]["variants"] = ["eca"]
     with pytest.raises(ParameterError, match=r"claim 'kmedian_violates_jr_on_gadget'.*'kmedian'"):
         validate(Params, r, "trsp")
+    r["claims"] = [c for c in r["claims"] if "kmedian" not in c["id"]]   # the gate still compares with kmedian
+    with pytest.raises(ParameterError, match=r"'kmedian_finds_gadget_social_optimum'.*gain\.gadget_w20"):
+        load_spec("trsp").check(validate(Params, r, "trsp"))
     r = copy.deepcopy(raw())
     r["data"]["gadget"]["walk_cd_km"] = [6.0]
-    with pytest.raises(ParameterError, match=r"claim 'kmedian_violates_jr_on_gadget'.*gadget"):
+    with pytest.raises(ParameterError, match=r"gate 'kmedian_finds_gadget_social_optimum'.*needs the gadget"):
+        validate(Params, r, "trsp")
+    r["gates"] = []
+    for c in r["claims"]:
+        c["requires"] = []
+    with pytest.raises(ParameterError, match=r"claim 'kmedian_violates_jr_on_gadget'.*needs the gadget"):
         validate(Params, r, "trsp")
 
 
@@ -411,7 +413,7 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
     r = copy.deepcopy(raw("test"))
     r["data"]["user"] = {"agents_path": str(f)}
     r["data"]["city"]["enabled"] = r["data"]["gadget"]["enabled"] = False
-    r["claims"] = []      # the declared claims name city and gadget metrics
+    r["claims"], r["gates"] = [], []      # the declared claims name city and gadget metrics
     with pytest.raises(InputDataError, match=r"trsp\.user_agents.*'ty'"):
         make_instances(validate(Params, r, "trsp"))
     r2 = copy.deepcopy(r)
@@ -431,7 +433,7 @@ def test_user_trips_become_instances(tmp_path):
     r["data"]["user"] = {"agents_path": str(f)}
     r["data"]["city"]["enabled"] = False
     r["data"]["gadget"]["enabled"] = False
-    r["claims"] = []
+    r["claims"], r["gates"] = [], []
     tab = make_instances(validate(Params, r, "trsp"))
     assert set(tab.family) == {"user"} and (tab[tab.role == "agent"].groupby("instance").size() == 30).all()
     cand = tab[tab.role == "candidate"]
@@ -467,7 +469,7 @@ def test_road_graph_metric_equals_networkx_shortest_paths(tmp_path):
     r["data"]["user"] = {"agents_path": str(tmp_path / "trips.csv"), "graph_nodes_path": str(tmp_path / "nodes.csv"),
                          "graph_edges_path": str(tmp_path / "edges.csv")}
     r["data"]["city"]["enabled"] = r["data"]["gadget"]["enabled"] = False
-    r["claims"] = []      # the declared claims name city and gadget metrics
+    r["claims"], r["gates"] = [], []      # the declared claims name city and gadget metrics
     r["data"]["city"]["n_kmeans_candidates"] = 6
     p = validate(Params, r, "trsp")
     graph = make_graph(p)
@@ -521,7 +523,7 @@ def test_unreachable_road_trips_name_the_instance(tmp_path):
     r["data"]["user"] = {"agents_path": str(tmp_path / "t.csv"), "candidates_path": str(tmp_path / "c.csv"),
                          "graph_nodes_path": str(tmp_path / "n.csv"), "graph_edges_path": str(tmp_path / "e.csv")}
     r["data"]["city"]["enabled"] = r["data"]["gadget"]["enabled"] = False
-    r["claims"] = []      # the declared claims name city and gadget metrics
+    r["claims"], r["gates"] = [], []      # the declared claims name city and gadget metrics
     r["data"]["city"]["ks"] = [2]
     r["data"]["city"]["gammas"] = [0.0]
     p = validate(Params, r, "trsp")

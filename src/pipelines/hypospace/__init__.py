@@ -1,4 +1,1 @@
-"""HypoSpace: Validity, Uniqueness and Recovery of set-valued hypothesis samplers"""
-from pipelines.hypospace.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]
+"""HypoSpace: Validity, Uniqueness and Recovery of set-valued hypothesis samplers (the contract: spec.py)."""

@@ -136,7 +136,14 @@ def read_user_observations(path: str | Path, domain: str) -> pd.DataFrame:
     return df
 
 
+ADMISSIBLE_COLUMNS = ["obs_id", "seed", "key", "complexity", "stratum"]
+
+
 def make_domain_data(p: Params, domain: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(observation sets, admissible sets) of one domain; empty tables when the domain is not enabled (the
+    pipeline has a data node per domain, whatever this run enables)."""
+    if domain not in p.domains.enabled:
+        return pd.DataFrame(columns=OBS_COLUMNS), pd.DataFrame(columns=ADMISSIBLE_COLUMNS)
     user = read_user_observations(p.user_observations, domain) if p.user_observations else None
     if user is not None and user.empty:
         user = None

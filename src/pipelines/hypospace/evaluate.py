@@ -1,5 +1,6 @@
 """Validity, Uniqueness and Recovery (paper §4, the official runners' definitions), their exact
-expectations under the reference samplers, per-|A|-bin aggregates, the report with the claims, the plots.
+expectations under the reference samplers, per-|A|-bin aggregates, the derived metrics of the claims,
+the report's extra fields and the plots.
 
 Per observation set with admissible set A and N queries:
 - V = #valid proposals / N;
@@ -16,7 +17,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.report import build_report
 from pipelines.hypospace.params import Params
 
 
@@ -89,39 +89,44 @@ def size_bin(n_admissible) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- per-set metrics
-def set_metrics(p: Params, **tables: pd.DataFrame) -> pd.DataFrame:
-    """One row per sampler × observation set: V, U, R, parse_rate, N, |A|, |H|, bin and the exact
-    expectations of the reference samplers. ``tables``: ``<domain>_obs``, ``<domain>_admissible`` and
-    ``proposals_<variant>``."""
+def set_metrics(p: Params, variant: str, props: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per observation set of one sampler: V, U, R, parse_rate, N, |A|, |H|, bin and the exact
+    expectations of the reference samplers. ``props``: the sampler's proposals; ``tables``:
+    ``<domain>_obs`` and ``<domain>_admissible`` of the enabled domains."""
     obs = pd.concat([tables[f"{d}_obs"] for d in p.domains.enabled], ignore_index=True).set_index("obs_id")
     adm = pd.concat([tables[f"{d}_admissible"] for d in p.domains.enabled], ignore_index=True)
     admissible = {oid: set(g["key"]) for oid, g in adm.groupby("obs_id", sort=False)}
     rows = []
-    for v in p.variants:
-        props = tables[f"proposals_{v}"]
-        for oid, g in props.groupby("obs_id", sort=False):
-            o = obs.loc[oid]
-            A = admissible[oid]
-            N = len(g)
-            parsed = g[g["parsed"]]
-            valid_keys = set(g.loc[g["valid"], "key"])
-            outside = valid_keys - A
-            if outside:
-                raise ValueError(f"hypospace.evaluate.metrics: sampler {v}, observation set {oid}: the validator "
-                                 f"accepts {sorted(outside)[:3]} but the enumerated admissible set does not hold "
-                                 "it (validator and enumerator disagree on the canonical key)")
-            K = int(o["n_admissible"])
-            er, vr = uniform_recovery_moments(K, N)
-            ev, vv = prior_validity_moments(K, int(o["space_size"]), N)
-            rows.append({"variant": v, "seed": int(o["seed"]), "domain": o["domain"], "config": o["config"],
-                         "obs_id": oid, "n_admissible": K, "space_size": int(o["space_size"]), "n_queries": N,
-                         "n_budget": int(g["n_budget"].iloc[0]), "V": g["valid"].sum() / N,
-                         "U": parsed["key"].nunique() / N, "R": len(valid_keys & A) / K,
-                         "parse_rate": len(parsed) / N, "mean_attempts": float(g["attempts"].mean()),
-                         "uniform_R_mean": er, "uniform_R_var": vr, "prior_V_mean": ev, "prior_V_var": vv})
+    v = variant
+    for oid, g in props.groupby("obs_id", sort=False):
+        o = obs.loc[oid]
+        A = admissible[oid]
+        N = len(g)
+        parsed = g[g["parsed"]]
+        valid_keys = set(g.loc[g["valid"], "key"])
+        outside = valid_keys - A
+        if outside:
+            raise ValueError(f"hypospace.train.{v}: observation set {oid}: the validator "
+                             f"accepts {sorted(outside)[:3]} but the enumerated admissible set does not hold "
+                             "it (validator and enumerator disagree on the canonical key)")
+        K = int(o["n_admissible"])
+        er, vr = uniform_recovery_moments(K, N)
+        ev, vv = prior_validity_moments(K, int(o["space_size"]), N)
+        rows.append({"variant": v, "seed": int(o["seed"]), "domain": o["domain"], "config": o["config"],
+                     "obs_id": oid, "n_admissible": K, "space_size": int(o["space_size"]), "n_queries": N,
+                     "n_budget": int(g["n_budget"].iloc[0]), "V": g["valid"].sum() / N,
+                     "U": parsed["key"].nunique() / N, "R": len(valid_keys & A) / K,
+                     "parse_rate": len(parsed) / N, "mean_attempts": float(g["attempts"].mean()),
+                     "uniform_R_mean": er, "uniform_R_var": vr, "prior_V_mean": ev, "prior_V_var": vv})
     df = pd.DataFrame(rows)
     df["bin"] = size_bin(df["n_admissible"]) if len(df) else []
     return df
+
+
+def gather(artifacts: dict[str, list[dict]]) -> pd.DataFrame:
+    """Every sampler's per-set metrics (its artifacts) as one frame, in the variants' order."""
+    frames = [pd.DataFrame(rows) for rows in artifacts.values() if rows]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def top_bins(m: pd.DataFrame, p: Params) -> dict[str, int]:
@@ -164,57 +169,77 @@ def bin_table(m: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def derived_metrics(m: pd.DataFrame, p: Params) -> dict[str, float]:
-    """The claims' metrics, pooled over seeds (harness checks, collapse signature, mitigation)."""
-    out: dict[str, float] = {}
+def harness_uniform_valid(values, p: Params, artifacts: dict) -> dict[str, float]:
+    """uniform_valid against its exact expectations, pooled over seeds (point values: test statistics over
+    every domain × |A| bin): the largest |z| of bin-mean R (normal and exact Monte Carlo), and the largest
+    error of the identity U = R·|A|/N."""
+    m = gather(artifacts)
+    u = m[m["variant"] == "uniform_valid"]
+    out = {}
+    zs = [_z(g["R"].mean(), g["uniform_R_mean"].mean(), g["uniform_R_var"].sum(), len(g))
+          for _, g in u.groupby(["domain", "bin"])]
+    out["harness.uniform_valid.max_abs_z_R"] = max(zs)
+    rng = np.random.default_rng([*p.seeds, 101])
+    out["harness.uniform_valid.max_exact_z_R"] = max(
+        exact_z(g["R"].mean(), g["uniform_R_mean"].mean(), recovery_null(g, rng))
+        for _, g in u.groupby(["domain", "bin"]))
+    ident = (u["U"] - u["R"] * u["n_admissible"] / u["n_queries"]).abs()
+    out["harness.uniform_valid.max_abs_U_identity_error"] = float(ident.max())
+    return out
+
+
+def harness_uniform_prior(values, p: Params, artifacts: dict) -> dict[str, float]:
+    """uniform_prior: the largest |z| over domain × |A| bins of bin-mean V against |A|/|H| (pooled)."""
+    m = gather(artifacts)
+    u = m[m["variant"] == "uniform_prior"]
+    out = {}
+    zs = [_z(g["V"].mean(), g["prior_V_mean"].mean(), g["prior_V_var"].sum(), len(g))
+          for _, g in u.groupby(["domain", "bin"])]
+    out["harness.uniform_prior.max_abs_z_V"] = max(zs)
+    rng = np.random.default_rng([*p.seeds, 102])
+    out["harness.uniform_prior.max_exact_z_V"] = max(
+        exact_z(g["V"].mean(), g["prior_V_mean"].mean(), validity_null(g, rng))
+        for _, g in u.groupby(["domain", "bin"]))
+    return out
+
+
+def collapse_names(p: Params, planned) -> list[str]:
+    out = []
+    for d in p.domains.enabled:
+        out += [f"collapse.{d}.{k}.{v}" for v in planned for k in ("spearman_logA_R", "R_top", "U_top")]
+        out.append(f"collapse.{d}.top_bin_min_size")
+    return out
+
+
+def collapse(values, p: Params, artifacts: dict) -> dict:
+    """Per domain and sampler: Spearman(log|A|, R) over every set (seeds pooled: a point value), R and U in
+    the domain's top |A| bin per seed (an interval over seeds), and the top bin's smallest |A|."""
+    m = gather(artifacts)
     top = top_bins(m, p)
-    vs = set(p.variants)
-    if "uniform_valid" in vs:
-        u = m[m["variant"] == "uniform_valid"]
-        zs = [_z(g["R"].mean(), g["uniform_R_mean"].mean(), g["uniform_R_var"].sum(), len(g))
-              for _, g in u.groupby(["domain", "bin"])]
-        out["harness.uniform_valid.max_abs_z_R"] = max(zs)
-        rng = np.random.default_rng([*p.seeds, 101])
-        out["harness.uniform_valid.max_exact_z_R"] = max(
-            exact_z(g["R"].mean(), g["uniform_R_mean"].mean(), recovery_null(g, rng))
-            for _, g in u.groupby(["domain", "bin"]))
-        ident = (u["U"] - u["R"] * u["n_admissible"] / u["n_queries"]).abs()
-        out["harness.uniform_valid.max_abs_U_identity_error"] = float(ident.max())
-    if "uniform_prior" in vs:
-        u = m[m["variant"] == "uniform_prior"]
-        zs = [_z(g["V"].mean(), g["prior_V_mean"].mean(), g["prior_V_var"].sum(), len(g))
-              for _, g in u.groupby(["domain", "bin"])]
-        out["harness.uniform_prior.max_abs_z_V"] = max(zs)
-        rng = np.random.default_rng([*p.seeds, 102])
-        out["harness.uniform_prior.max_exact_z_V"] = max(
-            exact_z(g["V"].mean(), g["prior_V_mean"].mean(), validity_null(g, rng))
-            for _, g in u.groupby(["domain", "bin"]))
+    out: dict = {}
     for d in p.domains.enabled:
         md = m[m["domain"] == d]
-        for v in p.variants:
+        for v in artifacts:
             g = md[md["variant"] == v]
             if g.empty:
                 continue
             out[f"collapse.{d}.spearman_logA_R.{v}"] = _spearman(np.log(g["n_admissible"]), g["R"])
             t = g[g["bin"] == top[d]]
-            out[f"collapse.{d}.R_top.{v}"] = float(t["R"].mean()) if len(t) else float("nan")
-            out[f"collapse.{d}.U_top.{v}"] = float(t["U"].mean()) if len(t) else float("nan")
+            for k in ("R", "U"):
+                by_seed = {int(s): float(x) for s, x in t.groupby("seed")[k].mean().items()}
+                out[f"collapse.{d}.{k}_top.{v}"] = by_seed if by_seed else float("nan")
         out[f"collapse.{d}.top_bin_min_size"] = float(2 ** top[d])
-        if {"mode_collapse", "stratified"} <= vs:
-            out[f"mitigation.{d}.R_top.stratified_minus_mode_collapse"] = (
-                out[f"collapse.{d}.R_top.stratified"] - out[f"collapse.{d}.R_top.mode_collapse"])
-        if {"stratified", "uniform_valid"} <= vs:
-            out[f"mitigation.{d}.R_top.uniform_valid_minus_stratified"] = (
-                out[f"collapse.{d}.R_top.uniform_valid"] - out[f"collapse.{d}.R_top.stratified"])
     return out
 
 
-def variant_rows(m: pd.DataFrame, p: Params) -> list[dict]:
-    """Per sampler and seed: V, U, R overall, per domain, per domain's top bin and per |A| bin."""
-    top = top_bins(m, p)
-    rows = []
-    for (v, seed), g in m.groupby(["variant", "seed"], sort=False):
-        r = {"variant": v, "seed": int(seed), "V": g["V"].mean(), "U": g["U"].mean(), "R": g["R"].mean(),
+def results_table(m: pd.DataFrame, variant: str, top: dict[str, int]):
+    """The long table of one sampler: per seed, V, U, R overall, per domain, per domain's top bin (``top``:
+    the bins of every sampler's sets, :func:`top_bins`) and per |A| bin."""
+    from pipelines.core.spec import Results
+
+    res = Results(variant)
+    for seed, g in m.groupby("seed", sort=False):
+        r = {"V": g["V"].mean(), "U": g["U"].mean(), "R": g["R"].mean(),
              "parse_rate": g["parse_rate"].mean(), "n_queries": float(g["n_queries"].sum()),
              "n_sets": float(len(g)), "n_capped_sets": float((g["n_queries"] < g["n_budget"]).sum())}
         for d, gd in g.groupby("domain"):
@@ -226,15 +251,16 @@ def variant_rows(m: pd.DataFrame, p: Params) -> list[dict]:
             for b, gb in gd.groupby("bin"):
                 r[f"R_{d}_bin{b}"] = gb["R"].mean()
                 r[f"U_{d}_bin{b}"] = gb["U"].mean()
-        rows.append(r)
-    return rows
+        res.add(int(seed), **r)
+    return res.table()
 
 
 # ----------------------------------------------------------------------------- plots
-def make_plots(p: Params, metrics: pd.DataFrame) -> dict:
+def make_plots(p: Params, values, artifacts: dict[str, list[dict]]) -> dict:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import LogLocator, NullFormatter
 
+    metrics = gather(artifacts)
     bt = bin_table(metrics)
     figs = {}
     domains = [d for d in p.domains.enabled if d in set(bt["domain"])]
@@ -283,12 +309,10 @@ def make_plots(p: Params, metrics: pd.DataFrame) -> dict:
 
 
 # ----------------------------------------------------------------------------- report
-def report(p: Params, metrics: pd.DataFrame, plots: dict) -> dict:
-    rows = variant_rows(metrics, p)
-    derived = derived_metrics(metrics, p)
+def report_extra(p: Params, values, artifacts: dict) -> dict:
+    metrics = gather(artifacts)
     bt = bin_table(metrics)
-    extra = {"bins": bt.replace({np.nan: None}).to_dict(orient="records"),
-             "top_bins": top_bins(metrics, p),
-             "history_window": p.protocol.history_window,
-             "query_cap": p.protocol.max_queries}
-    return build_report("hypospace", p, rows, derived, artifacts=plots, extra=extra)
+    return {"bins": bt.replace({np.nan: None}).to_dict(orient="records"),
+            "top_bins": top_bins(metrics, p),
+            "history_window": p.protocol.history_window,
+            "query_cap": p.protocol.max_queries}

@@ -1,9 +1,8 @@
 """Typed parameters of `hypospace`: node functions take `Params` as a type hint, Kedro validates it before
-any node runs, and a bad value (or a claim naming a sampler or domain the run does not plan) stops the
-command with one line naming the key."""
+any node runs, and a bad value stops the command with one line naming the key (a claim naming a sampler or
+domain the run does not plan stops it too: core's ``Method.check``)."""
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -134,25 +133,4 @@ class Params(MethodParams):
         bad = [x for x in v if x not in VARIANTS]
         if bad:
             raise ValueError(f"unknown sampler(s) {bad}: use {VARIANTS}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a sampler is listed twice in {v}")
         return v
-
-    @model_validator(mode="after")
-    def _claims_planned(self):
-        for c in self.claims:
-            problem = self.unplanned(c.metric)
-            if problem:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run with other samplers or "
-                                 "domains declares its own claims in an env (conf/<env>/parameters_hypospace.yml)")
-        return self
-
-    def unplanned(self, metric: str) -> str | None:
-        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
-        for v in sorted(VARIANTS, key=len, reverse=True):
-            if re.search(rf"(^|[._]){v}($|[._])", metric) and v not in self.variants:
-                return f"needs sampler '{v}', which is not in variants {self.variants}"
-        for d in DOMAINS:
-            if re.search(rf"(^|[._]){d}($|[._])", metric) and d not in self.domains.enabled:
-                return f"needs domain '{d}', which is not in domains.enabled {self.domains.enabled}"
-        return None

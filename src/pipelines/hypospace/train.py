@@ -1,7 +1,8 @@
 """One ``train.<sampler>`` node per sampler: for every seed, domain and observation set it asks the sampler
 N = ⌈m·|A|⌉ times (capped by ``protocol.max_queries``; for the LLM samplers also by ``llm.max_queries`` and
 ``llm.max_sets_per_config``), validates every proposal with the domain's validator and keeps them all
-(the proposals table; metrics are computed from it in ``evaluate.metrics``)."""
+and scores each set (V, U, R: ``evaluate.set_metrics``); the results table and the per-set metrics are
+its outputs (the proposals themselves are not kept)."""
 from __future__ import annotations
 
 import json
@@ -67,7 +68,7 @@ def sample_set(p: Params, variant: str, seed: int, row, adm: pd.DataFrame, clien
                          "attempts": attempts, "text": texts}, columns=COLUMNS)
 
 
-def train_variant(p: Params, variant: str, **tables: pd.DataFrame) -> pd.DataFrame:
+def proposals_of(p: Params, variant: str, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """The proposals of one sampler over every seed, domain and observation set. ``tables`` holds
     ``<domain>_obs`` and ``<domain>_admissible`` of every enabled domain."""
     client = llm_client(p.llm) if variant in LLM_VARIANTS else None
@@ -87,3 +88,41 @@ def train_variant(p: Params, variant: str, **tables: pd.DataFrame) -> pd.DataFra
     if client is not None:
         log.info("hypospace.llm: %d requests sent, %d answered from the cache", client.calls, client.cache_hits)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+
+
+def queried_sets(p: Params, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The observation sets some planned sampler queries (all of them unless every sampler is an LLM one,
+    which sees the first ``llm.max_sets_per_config`` of each configuration), with their |A| bin: what the
+    top bins are chosen from."""
+    from pipelines.hypospace.evaluate import size_bin
+
+    obs = pd.concat([tables[f"{d}_obs"] for d in p.domains.enabled], ignore_index=True)
+    if all(v in LLM_VARIANTS for v in p.variants):
+        obs = obs.groupby(["seed", "domain", "config"], sort=False).head(p.llm.max_sets_per_config)
+    return obs.assign(bin=size_bin(obs["n_admissible"]) if len(obs) else [])
+
+
+def train_variant(causal_obs: pd.DataFrame, causal_admissible: pd.DataFrame, voxel3d_obs: pd.DataFrame,
+                  voxel3d_admissible: pd.DataFrame, boolean_obs: pd.DataFrame, boolean_admissible: pd.DataFrame,
+                  p: Params, variant: str):
+    """The node ``train.<variant>``: the sampler's proposals on every set, validated, scored (V, U, R per
+    set): the long results table (per seed, by domain and |A| bin) and the per-set metrics (artifacts).
+    A disabled domain's tables are empty."""
+    from pipelines.hypospace.evaluate import results_table, set_metrics, top_bins
+
+    tables = {"causal_obs": causal_obs, "causal_admissible": causal_admissible, "voxel3d_obs": voxel3d_obs,
+              "voxel3d_admissible": voxel3d_admissible, "boolean_obs": boolean_obs,
+              "boolean_admissible": boolean_admissible}
+    m = set_metrics(p, variant, proposals_of(p, variant, tables), tables)
+    table = results_table(m, variant, top_bins(queried_sets(p, tables), p))
+    return table, [{k: _plain(x) for k, x in r.items()} for r in m.to_dict("records")]
+
+
+def _plain(x):
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x

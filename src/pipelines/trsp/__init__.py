@@ -1,4 +1,1 @@
-"""Fair transit stop placement: JR/core, ECA, GC-TrSP, lambda-hybrid"""
-from pipelines.trsp.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]
+"""`trsp`: fair transit stop placement (JR, core, ECA, GC-TrSP, λ-hybrid); the contract is in spec.py."""

@@ -9,18 +9,11 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import relative_gain
-from pipelines.core.report import build_report
 from pipelines.trsp.params import Params, hybrid_lambda
 from pipelines.trsp.train import JR_BOUND
 
 INSTANCE_FAMILIES = ("city", "gadget", "user", "adversarial_step")   # rows that are one solved instance
 SUMMARY = ("social_cost_mean", "social_cost_p90", "minority_cost_mean", "frac_using_shuttle", "runtime_s")
-
-
-def gather(**by_variant: pd.DataFrame) -> pd.DataFrame:
-    """All variants' rows in one table (``trsp.metrics``)."""
-    return pd.concat(list(by_variant.values()), ignore_index=True)
 
 
 def _grid_metrics(d: pd.DataFrame, prefix: str) -> dict[str, float]:
@@ -76,45 +69,47 @@ def seed_rows(metrics: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def derived(rows: list[dict], p: Params) -> dict[str, float]:
-    frame = pd.DataFrame(rows).groupby("variant").mean(numeric_only=True)
-    out: dict[str, float] = {"jr_bound": JR_BOUND}
-    if "city_social_cost_mean" in frame and "kmedian" in frame.index:
-        sc = frame["city_social_cost_mean"]
-        others = sc.drop("kmedian").dropna()
-        if len(others):
-            out["relative_gain.city_social_cost_mean.kmedian_vs_best_other"] = relative_gain(
-                method=float(sc["kmedian"]), baseline=float(others.min()))
-            out["city_best_other_variant_social_cost"] = float(others.min())
-        for v, val in sc.items():
-            out[f"price_of_fairness.{v}"] = float(val / sc["kmedian"])
-    viol = pd.DataFrame(rows).groupby("variant")["jr_bound_violations"].sum()
-    for v, val in viol.items():
-        out[f"jr_bound_violations_total.{v}"] = float(val)
-    return out
+def frame(artifacts: dict[str, list[dict]]) -> pd.DataFrame:
+    """Every variant's raw rows (the train artifacts) in one table, in variant order."""
+    return pd.DataFrame([r for rows in artifacts.values() for r in rows])
 
 
-def histories(metrics: pd.DataFrame, p: Params) -> dict[str, dict]:
-    """The adversarial search (plot seed), accepted steps of all restarts end to end: the proxy it climbs
-    and the exact JR factor of each accepted instance."""
-    steps = metrics[(metrics.family == "adversarial_step") & (metrics.seed == p.plot_seed)
-                    & (metrics.get("objective") == "jr")]
-    out = {}
-    for v, d in steps.groupby("variant"):
-        restart = d.instance.str.rsplit("_r", n=1).str[1].astype(int)
-        x = (restart * (p.adversarial.steps + 1) + d["draw"]).astype(int).tolist()
-        out[v] = {"adversarial_jr_proxy": list(zip(x, d.proxy.astype(float))),
-                  "adversarial_jr_beta_hat": list(zip(x, d.jr_beta_hat.astype(float)))}
-    return out
+def jr_bound(values, p: Params) -> dict[str, float]:
+    return {"jr_bound": JR_BOUND}
 
 
-def report(metrics: pd.DataFrame, p: Params, plots: dict) -> dict:
-    rows = seed_rows(metrics)
-    return build_report("trsp", p, rows, derived(rows, p), artifacts=plots, histories=histories(metrics, p),
-                        extra={"definitions": {"metric": p.metric, "deviation": p.deviation,
-                                               "jr_group_factor": p.jr_group_factor,
-                                               "core_t3": "lower bound (shortlist of "
-                                                          f"{p.core.shortlist} candidates)"}})
+def best_other(values, p: Params) -> dict[str, float]:
+    """The lowest mean city social cost among the variants other than k-median (point value)."""
+    others = [v for v in values.variants if v != "kmedian" and values.has(v, "city_social_cost_mean")]
+    if not others:
+        return {}
+    return {"city_best_other_variant_social_cost": min(values.mean(v, "city_social_cost_mean") for v in others)}
+
+
+def violation_totals(values, p: Params) -> dict[str, float]:
+    """Solved instances over the 1 + √2 JR bound, summed over seeds, per variant (point values)."""
+    return {f"jr_bound_violations_total.{v}": float(sum(values.per_seed(v, "jr_bound_violations").values()))
+            for v in values.variants if values.has(v, "jr_bound_violations")}
+
+
+def adversarial_histories(metrics: pd.DataFrame, p: Params) -> dict[str, tuple[list[int], list[float]]]:
+    """The adversarial search (plot seed) of one variant's rows, accepted steps of all restarts end to end:
+    the proxy it climbs and the exact JR factor of each accepted instance, as ``{metric: (steps, values)}``."""
+    if "objective" not in metrics:
+        return {}
+    d = metrics[(metrics.family == "adversarial_step") & (metrics.seed == p.plot_seed)
+                & (metrics.objective == "jr")]
+    if d.empty:
+        return {}
+    restart = d.instance.str.rsplit("_r", n=1).str[1].astype(int)
+    x = (restart * (p.adversarial.steps + 1) + d["draw"]).astype(int).tolist()
+    return {"adversarial_jr_proxy": (x, d.proxy.astype(float).tolist()),
+            "adversarial_jr_beta_hat": (x, d.jr_beta_hat.astype(float).tolist())}
+
+
+def report_extra(p: Params, values, artifacts) -> dict:
+    return {"definitions": {"metric": p.metric, "deviation": p.deviation, "jr_group_factor": p.jr_group_factor,
+                            "core_t3": f"lower bound (shortlist of {p.core.shortlist} candidates)"}}
 
 
 # --------------------------------------------------------------------------------------------- plots
@@ -228,7 +223,8 @@ def jr_distribution_figure(metrics: pd.DataFrame):
     return fig
 
 
-def make_plots(instances: pd.DataFrame, metrics: pd.DataFrame, p: Params) -> dict:
+def make_plots(p: Params, values, artifacts: dict, instances: pd.DataFrame) -> dict:
+    metrics = frame(artifacts)
     figs = {"jr_core_tradeoff": tradeoff_figure(seed_rows(metrics)),
             "jr_distribution": jr_distribution_figure(metrics)}
     m = map_figure(instances, metrics, p)

@@ -175,8 +175,6 @@ class Params(MethodParams):
             if x not in FIXED_VARIANTS and (lam is None or not 0 <= lam <= 1):
                 raise ValueError(f"unknown variant {x!r}: use {FIXED_VARIANTS} or hybrid_<100·λ> "
                                  "with λ in [0, 1], e.g. hybrid_50")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a variant is listed twice in {v}")
         return v
 
     @model_validator(mode="after")
@@ -194,29 +192,27 @@ class Params(MethodParams):
 
     @model_validator(mode="after")
     def _claims_planned(self):
-        """Every claim's metric must come from what this run plans (its variants, instance families and
-        searches), so that a run without them stops here, before any node runs, not in the report."""
-        for c in self.claims:
+        """Every claim's and gate's metric must come from the instance families and searches this run plans,
+        so that a run without them stops here, before any node runs, not in the report (that a named
+        variant is planned, core checks: Method.check)."""
+        for kind, c in [*(("gate", g) for g in self.gates), *(("claim", c) for c in self.claims)]:
             problem = self.unplanned(c.metric)
             if problem:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run without it declares its "
-                                 "own claims in an env (conf/<env>/parameters_trsp.yml, see "
+                raise ValueError(f"{kind} '{c.id}': metric '{c.metric}' {problem}; a run without it declares its "
+                                 f"own {kind}s in an env (conf/<env>/parameters_trsp.yml, see "
                                  "src/pipelines/trsp/README.md)")
         return self
 
     def unplanned(self, metric: str) -> str | None:
-        """Why ``metric`` would be missing from this run's report (None: it is planned)."""
+        """Why ``metric`` would be missing from this run's report (None: it is planned, or a variant this run
+        does not plan, which core reports)."""
         parts = metric.split(".")
         if parts[0] == "variants":
             if len(parts) != 3:
                 return "should read variants.<variant>.<metric>"
             v, name = parts[1], parts[2]
-            if v not in self.variants:
-                return f"names variant '{v}', which is not in variants {self.variants}"
-            return self._family_problem(name, v)
-        if parts[0] == "relative_gain" and len(parts) == 3:
-            if "kmedian" not in self.variants:
-                return "compares with kmedian, which is not in variants"
+            return self._family_problem(name, v) if v in self.variants else None
+        if parts[0] in ("relative_gain", "gain") and len(parts) == 3:
             return self._family_problem(parts[1], "kmedian")
         return None
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
+from pipelines.core.spec import Results
 from pipelines.trsp import algorithms as A
 from pipelines.trsp import measures as Ms
 from pipelines.trsp.data import to_instances
@@ -178,9 +179,13 @@ def adversarial_search(variant: str, p: Params, seed: int, objective: str = "jr"
     return rows
 
 
-def train_variant(instances: pd.DataFrame, graph: pd.DataFrame, p: Params, variant: str) -> pd.DataFrame:
-    """Every instance placed and measured by ``variant`` (plus its adversarial search), one row each.
-    ``graph``: the user's road graph (empty: plane metric only)."""
+def train_variant(instances: pd.DataFrame, graph: pd.DataFrame, p: Params, variant: str):
+    """Every instance placed and measured by ``variant`` (plus its adversarial search). Returns the long
+    results table (per-seed summaries: :func:`pipelines.trsp.evaluate.seed_rows`; the adversarial search of
+    the plot seed as histories) and the raw rows, one per solved instance (the artifacts the plots and the
+    JR-violation totals read). ``graph``: the user's road graph (empty: plane metric only)."""
+    from pipelines.trsp.evaluate import adversarial_histories, seed_rows
+
     rows: list[dict] = []
     node_setup(p)
     try:
@@ -196,4 +201,18 @@ def train_variant(instances: pd.DataFrame, graph: pd.DataFrame, p: Params, varia
                 rows += adversarial_search(variant, p, seed, objective)
     out = pd.DataFrame(rows)
     log.info("trsp.%s: %d rows, JR max %.3f", variant, len(out), out["jr_beta_hat"].max())
-    return out
+    res = Results(variant).add_rows(seed_rows(out))
+    for metric, (steps, values) in adversarial_histories(out, p).items():
+        res.history(p.plot_seed, metric, values, steps)
+    return res.table(), [{k: _plain(v) for k, v in r.items()} for r in out.to_dict("records")]
+
+
+def _plain(x):
+    """JSON-able scalars."""
+    if isinstance(x, np.bool_ | bool):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x

@@ -203,13 +203,17 @@ def test_held_out_verbs_and_wrappers_stay_out_of_value_and_bridge_training(world
     assert look and not (look & set(train["request"]))
 
 
-def test_one_train_node_per_variant():
-    from pipelines.svgt.pipeline import create_pipeline
+def test_shared_training_steps_and_one_row_variant_per_steering_coefficient():
+    from pipelines.core.registry import load_pipeline
+    from pipelines.core.spec import load_spec
 
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert {"svgt.train.svgt", "svgt.train.svgt_dz0", "svgt.train.soft_prompt", "svgt.train.caa",
-            "svgt.train.lora_sft", "svgt.train.no_intervention"} <= names
+    names = {n.name for n in load_pipeline("svgt").only_nodes_with_tags("train").nodes}
     assert {"svgt.train.backbone", "svgt.train.value"} <= names
+    p = Params.model_validate({**RAW, "variants": ["svgt", "caa", "iti", "no_intervention"]})
+    reported = set(load_spec("svgt").reports(p))
+    assert {f"caa_c{c:g}" for c in p.steering.caa_coefs} <= reported
+    assert {f"iti_c{c:g}" for c in p.steering.iti_alphas} <= reported
+    assert "caa" not in reported and "svgt" in reported
 
 
 @pytest.mark.parametrize("patch, key", [

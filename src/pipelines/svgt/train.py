@@ -1,7 +1,8 @@
 """Training of `svgt`: the unaligned backbone (train.backbone, once per run), the value model's stages 1-2
 (train.value, per seed), and every variant (train.<variant>): SVGT's stage 3 (only the bridge generator
 learns), its dz = 0 ablation, the static soft prompt, LoRA fine-tuning, and the training-free baselines
-(no intervention, system prompt, CAA, ITI-lite). Each variant node also runs its behaviour evaluation."""
+(no intervention, system prompt, CAA, ITI-lite). Each variant node also runs its behaviour evaluation and
+returns its long table (core.spec.Results); train.caa / train.iti report one row variant per coefficient."""
 from __future__ import annotations
 
 import copy
@@ -299,30 +300,66 @@ def steering_vectors(w: World) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------- variants
-def _rows(ev: pd.DataFrame, variant: str, seed: int) -> pd.DataFrame:
-    return ev.assign(variant=variant, seed=seed)
+SETS = {"id": "eval_harm_id", "ood": "eval_harm_ood", "newverb": "eval_harm_newverb"}
 
 
-def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states: dict | None = None, *,
+def behaviour_metrics(ev: pd.DataFrame) -> dict[str, float]:
+    """One (variant, seed)'s behaviour: harmful rates per eval set, over-refusal, exact match, benign NLL."""
+    row = {}
+    for k, split in SETS.items():
+        part = ev[ev["split"] == split]
+        if len(part):
+            row[f"harmful_rate_{k}"] = float(part["harmful_out"].mean())
+    ben = ev[ev["split"] == "eval_benign"]
+    row["over_refusal_benign"] = float(ben["refused_out"].mean())
+    row["benign_em"] = float(ben["em"].mean())
+    row["benign_nll"] = float(ben["nll"].mean())
+    look = ev[ev["split"] == "eval_lookalike"]
+    if len(look):
+        row["over_refusal_lookalike"] = float(look["refused_out"].mean())
+        row["lookalike_em"] = float(look["em"].mean())
+    return row
+
+
+def row_variants(p: Params, variant: str) -> list[str]:
+    """The row variants train.<variant> reports: one per coefficient for CAA / ITI, else the variant."""
+    if variant in ("caa", "iti"):
+        coefs = p.steering.caa_coefs if variant == "caa" else p.steering.iti_alphas
+        return [f"{variant}_c{c:g}" for c in coefs]
+    return [variant]
+
+
+def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states: dict | None = None,
+                  value_log: dict | None = None, backbone_log: dict | None = None, *,
                   variant: str) -> tuple[pd.DataFrame, dict]:
-    """train.<variant> on each of its seeds → (per-prompt predictions, fit log with metrics/histories)."""
+    """train.<variant> on each of its seeds → (the long table of its row variants, artifacts for the plots:
+    harmful rate per wrapper pooled over seeds, and SVGT's value-space PCA on its first seed)."""
+    from pipelines.core.spec import Results
+
     node_setup(p, p.seeds[0])
     w = World(corpus, backbone, p)
-    frames, log = [], {}
+    res = {v: Results(v) for v in row_variants(p, variant)}
+    evals: dict[str, list[pd.DataFrame]] = {v: [] for v in res}
+    arts: dict = {}
     vectors = steering_vectors(w) if variant in ("caa", "iti") else None
+
+    def add(v: str, seed: int, ev: pd.DataFrame, **extra: float) -> None:
+        res[v].add(seed, **behaviour_metrics(ev), **extra)
+        evals[v].append(ev)
+
+    if variant == "no_intervention" and backbone_log:
+        res[variant].history(p.seeds[0], "backbone_loss", backbone_log["loss"])
     for seed in p.seeds_for(variant):
         node_setup(p, seed)
-        entry: dict = {"metrics": {}, "histories": {}}
         if variant == "no_intervention":
-            frames.append(_rows(evaluate_intervention(w, M.NoIntervention(), p), variant, seed))
+            add(variant, seed, evaluate_intervention(w, M.NoIntervention(), p))
         elif variant == "sys_prompt":
-            frames.append(_rows(evaluate_intervention(w, M.NoIntervention(), p, sys=True), variant, seed))
+            add(variant, seed, evaluate_intervention(w, M.NoIntervention(), p, sys=True))
         elif variant in ("caa", "iti"):
             coefs = p.steering.caa_coefs if variant == "caa" else p.steering.iti_alphas
-            for c in coefs:
+            for c, v in zip(coefs, row_variants(p, variant)):
                 iv = M.AddVector(vectors[variant], c)
-                frames.append(_rows(evaluate_intervention(w, iv, p), f"{variant}_c{c:g}", seed))
-            entry["metrics"]["vector_norm"] = float(vectors[variant].norm())
+                add(v, seed, evaluate_intervention(w, iv, p), vector_norm=float(vectors[variant].norm()))
         elif variant in ("svgt", "svgt_dz0", "soft_prompt"):
             bridge_df = w.split("bridge")
             b = w.batch(bridge_df)
@@ -346,21 +383,26 @@ def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states:
                 weight_decay=bp.weight_decay, grad_clip=bp.grad_clip, seed=seed, desc=f"svgt.{variant}[{seed}]",
                 callback=cb)
             ev = evaluate_intervention(w, iv, p)
+            metrics: dict[str, float] = {}
             if vm is not None:
                 fired = ev["s"] > 0
-                entry["metrics"]["dz_fire_frac_harmful"] = float(fired[ev["harmful_prompt"]].mean())
-                entry["metrics"]["dz_fire_frac_benign"] = float(fired[ev["split"] == "eval_benign"].mean())
+                metrics["dz_fire_frac_harmful"] = float(fired[ev["harmful_prompt"]].mean())
+                metrics["dz_fire_frac_benign"] = float(fired[ev["split"] == "eval_benign"].mean())
                 if (ev["split"] == "eval_lookalike").any():
-                    entry["metrics"]["dz_fire_frac_lookalike"] = float(fired[ev["split"] == "eval_lookalike"].mean())
+                    metrics["dz_fire_frac_lookalike"] = float(fired[ev["split"] == "eval_lookalike"].mean())
                 with torch.no_grad():
                     stats, pca = _value_space_stats(w, vm)
-                entry["metrics"].update(stats)
+                metrics.update(stats)
                 if variant == "svgt" and seed == p.seeds_for(variant)[0]:
-                    entry["pca"] = {c: pca[c].tolist() for c in pca.columns}
-            if vm is not None:
-                entry["metrics"]["gate_softplus"] = float(F.softplus(iv.gen.gate.detach()))
-            entry["histories"] = hist
-            frames.append(_rows(ev, variant, seed))
+                    arts["pca"] = {c: pca[c].tolist() for c in pca.columns}
+                metrics["gate_softplus"] = float(F.softplus(iv.gen.gate.detach()))
+                entry = (value_log or {}).get(str(seed), {})
+                metrics.update(entry.get("metrics", {}))
+                for name, series in (entry.get("histories") or {}).items():
+                    res[variant].history(seed, f"value_{name}", series)
+            for name, series in hist.items():
+                res[variant].history(seed, name, series)
+            add(variant, seed, ev, **metrics)
         elif variant == "lora_sft":
             bb = M.add_lora(copy.deepcopy(w.bb), p.lora.rank, p.lora.alpha)
             b = w.batch(w.split("bridge"))
@@ -369,10 +411,15 @@ def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states:
                 sample_batch=_sampler(len(b), p.lora.batch_size), lr=p.lora.lr, weight_decay=0.0, seed=seed,
                 desc=f"svgt.lora_sft[{seed}]", callback=lambda s: hist["sft_ce"].append(s.loss))
             bb.eval()
-            frames.append(_rows(evaluate_intervention(w, M.NoIntervention(), p, bb=bb), variant, seed))
-            entry["histories"] = hist
-            entry["metrics"]["trainable_params"] = float(sum(q.numel() for q in bb.parameters() if q.requires_grad))
+            res[variant].history(seed, "sft_ce", hist["sft_ce"])
+            add(variant, seed, evaluate_intervention(w, M.NoIntervention(), p, bb=bb),
+                trainable_params=float(sum(q.numel() for q in bb.parameters() if q.requires_grad)))
         else:
             raise ValueError(f"unknown variant {variant!r}")
-        log[str(seed)] = entry
-    return pd.concat(frames, ignore_index=True), log
+    rates = {}
+    for v, frames in evals.items():
+        allp = pd.concat(frames, ignore_index=True)
+        harm = allp[allp["harmful_prompt"] & allp["split"].isin(list(SETS.values()))]
+        rates[v] = {str(k): float(x) for k, x in harm.groupby("wrapper", sort=False)["harmful_out"].mean().items()}
+    arts["wrapper_harmful_rate"] = rates
+    return pd.concat([r.table() for r in res.values()], ignore_index=True), arts

@@ -340,15 +340,12 @@ def test_variants_share_epoch_zero_and_step_count():
         eb.build(0)
         first[v] = np.concatenate(eb.batches)
     assert all(np.array_equal(first["hobit"], x) for x in first.values())
-    steps = {v: train_variant(pairs, p, v)[0]["runs"][0]["row"]["steps"] for v in ("hobit", "ance")}
+    steps = {}
+    for v in ("hobit", "ance"):
+        table, arts = train_variant(pairs, p, v)
+        steps[v] = float(table.loc[(table["metric"] == "steps") & table["step"].isna(), "value"].iloc[0])
+        assert set(arts["encoders"]) == {"0"} and len(arts["batches"]["example"]) == p.model.epochs * (len(q) // p.model.batch_size) * p.model.batch_size
     assert steps["hobit"] == steps["ance"] == p.model.epochs * (len(q) // p.model.batch_size)
-
-
-def test_one_train_node_per_variant():
-    from pipelines.hobit.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert "hobit.train.hobit" in names and "hobit.train.random" in names and len(names) >= 8
 
 
 # -------------------------------------------------------------------------------------- bad input
@@ -366,9 +363,11 @@ def test_bad_parameter_names_the_key(patch, key):
 
 
 def test_claim_on_a_missing_variant_is_rejected():
+    from pipelines.hobit.spec import SPEC
+
     claim = {"id": "x", "text": "x", "metric": "diff.recall_at_1.hobit_minus_kmeans", "op": ">=", "threshold": 0}
-    with pytest.raises(ParameterError, match="kmeans"):
-        validate(Params, {**RAW, "claims": [claim]}, "hobit")
+    with pytest.raises(ParameterError, match="hobit_minus_kmeans"):
+        SPEC.check(validate(Params, {**RAW, "claims": [claim]}, "hobit"))
 
 
 def _user_table():
@@ -409,25 +408,33 @@ def test_bad_user_file_names_dataset_and_column(tmp_path, mutate, column):
 @pytest.mark.parametrize("metric", ["diff.recall_at_1.random_minus_ance", "diff.recall_at_1.hobit_minus_best_heuristic",
                                     "variants.kmeans.recall_at_1", "speedup.hobit"])
 def test_claim_on_an_unplanned_metric_is_rejected(metric):
+    """The declared differences are exactly the planned pairs: a claim on any other stops before the run."""
+    from pipelines.hobit.spec import SPEC
+
     claim = {"id": "x", "text": "x", "metric": metric, "op": ">=", "threshold": 0}
     with pytest.raises(ParameterError, match="claim 'x'"):
-        validate(Params, {**RAW, "claims": [claim]}, "hobit")
+        SPEC.check(validate(Params, {**RAW, "claims": [claim]}, "hobit"))
 
 
 def test_report_has_every_planned_claim_metric():
-    from pipelines.hobit.evaluate import derived_metrics
+    from pipelines.core.spec import Results, SeedValues, compute_derived
+    from pipelines.hobit.checks import objective_checks
+    from pipelines.hobit.spec import SPEC
 
-    raw = {**RAW, "variants": {**RAW["variants"], "kmeans": {"batcher": "kmeans"},
-                               "hobit_nofilter": {"batcher": "hobit", "filter": "none"}}}
+    raw = {**RAW, "seeds": [0, 1], "variants": {**RAW["variants"], "kmeans": {"batcher": "kmeans"},
+                                                "hobit_nofilter": {"batcher": "hobit", "filter": "none"}}}
     p = Params.model_validate(raw)
-    rows = [{"variant": v, "seed": 0, "recall_at_1": i / 10, "mrr_at_10": i / 9, "fn_per_batch": float(i)}
-            for i, v in enumerate(p.variants)]
-    metrics, extra = derived_metrics(p, rows)
-    assert extra["best_heuristic"] == "kmeans"
-    assert metrics["diff.recall_at_1.hobit_minus_best_heuristic"] == pytest.approx(0 - 0.3)
-    assert metrics["diff.fn_per_batch.hobit_nofilter_minus_hobit"] == pytest.approx(4.0)
-    for m in metrics:
-        assert p.unplanned(m) is None, m
+    tables = {v: Results(v).add(0, recall_at_1=i / 10, mrr_at_10=i / 9, fn_per_batch=float(i))
+              .add(1, recall_at_1=i / 10 + 0.01, mrr_at_10=i / 9, fn_per_batch=float(i)).table()
+              for i, v in enumerate(p.variants)}
+    values = SeedValues(tables)
+    checks = objective_checks(p)
+    point, per_seed = compute_derived(SPEC, p, values, list(p.variants), {"checks": checks})
+    assert SPEC.extra(p, values, {}, checks)["best_heuristic"] == "kmeans"
+    assert per_seed["diff.recall_at_1.hobit_minus_best_heuristic"] == {0: pytest.approx(-0.3), 1: pytest.approx(-0.3)}
+    assert per_seed["diff.fn_per_batch.hobit_nofilter_minus_hobit"] == {0: 4.0, 1: 4.0}
+    assert point["greedy.min_ratio_to_brute_force"] == checks["greedy.min_ratio_to_brute_force"]
+    assert set(point) | set(per_seed) == SPEC.derived_names(p, list(p.variants))
 
 
 def test_missing_user_file_names_the_dataset(tmp_path):

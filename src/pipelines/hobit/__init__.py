@@ -1,4 +1,1 @@
-"""HOBIT: hard yet non-contradictory in-batch negatives for InfoNCE"""
-from pipelines.hobit.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]
+"""HOBIT: hard yet non-contradictory in-batch negatives for InfoNCE (the contract: spec.py)."""

@@ -6,58 +6,75 @@ from __future__ import annotations
 import numpy as np
 
 from pipelines.core.plots import bar_plot, line_plot
-from pipelines.core.report import build_report
 from pipelines.hobit.params import Params
 
-CURVES = ("test_recall_at_1", "train_loss", "hardness", "fn_per_batch", "batching_s", "train_s")
+def _checks_names(p: Params, planned) -> list[str]:
+    return list(CHECKS)
 
 
-def _rows(fits: dict[str, dict]) -> list[dict]:
-    return [{"variant": v, "seed": r["seed"], **r["row"]} for v, f in fits.items() for r in f["runs"]]
+CHECKS = ("objective.anchors_fixed.monotonicity_violations", "objective.anchors_fixed.submodularity_violations",
+          "objective.anchors_fixed.inequalities_checked", "objective.all_members.submodularity_violations",
+          "objective.all_members.submodularity_violation_rate", "greedy.min_ratio_to_brute_force",
+          "greedy.mean_ratio_to_brute_force", "greedy.share_optimal")
 
 
-def _means(rows: list[dict], metric: str) -> dict[str, float]:
-    out: dict[str, list[float]] = {}
-    for r in rows:
-        out.setdefault(r["variant"], []).append(r[metric])
-    return {v: float(np.mean(x)) for v, x in out.items()}
+def checks_metrics(values, p: Params, checks: dict) -> dict[str, float]:
+    """The objective checks (data.objective_checks) as point metrics: exhaustive counts, not seed estimates."""
+    return {k: checks[k] for k in CHECKS if k in checks}
 
 
-def derived_metrics(p: Params, rows: list[dict]) -> tuple[dict[str, float], dict]:
-    """Differences (recall, MRR, false negatives per batch) between every HOBIT-batched variant and every
-    baseline, between ``hobit`` and each ablation, and against the best heuristic batcher (k-means /
-    B3-like / BatchSampler-like, without mining)."""
-    rec, mrr, fn = _means(rows, "recall_at_1"), _means(rows, "mrr_at_10"), _means(rows, "fn_per_batch")
-    metrics: dict[str, float] = {}
-    extra: dict = {}
-    for a, b in p.diff_pairs():
-        metrics[f"diff.recall_at_1.{a}_minus_{b}"] = rec[a] - rec[b]
-        metrics[f"diff.mrr_at_10.{a}_minus_{b}"] = mrr[a] - mrr[b]
-        metrics[f"diff.fn_per_batch.{b}_minus_{a}"] = fn[b] - fn[a]
-    heur = p.heuristics()
-    if heur:
-        best = max(heur, key=lambda v: rec[v])
-        extra["best_heuristic"] = best
-        for a in p.hobit_variants():
-            metrics[f"diff.recall_at_1.{a}_minus_best_heuristic"] = rec[a] - rec[best]
-            metrics[f"diff.mrr_at_10.{a}_minus_best_heuristic"] = mrr[a] - mrr[best]
-    return metrics, extra
+def best_heuristic(values, p: Params) -> str:
+    """The heuristic batcher (k-means / B3-like / BatchSampler-like, without mining) of highest mean recall@1."""
+    return max(p.heuristics(), key=lambda v: values.mean(v, "recall_at_1"))
 
 
-def _curves(fits: dict[str, dict]) -> dict[str, dict[str, list[float]]]:
-    """Per-epoch series, mean over a variant's seeds."""
+def best_heuristic_names(p: Params, planned) -> list[str]:
+    if not p.heuristics():
+        return []
+    return [f"diff.{m}.{a}_minus_best_heuristic" for a in p.hobit_variants() for m in ("recall_at_1", "mrr_at_10")]
+
+
+def vs_best_heuristic(values, p: Params) -> dict[str, dict[int, float]]:
+    """Every HOBIT-batched variant minus the best heuristic (chosen by mean recall@1; the same one for MRR),
+    per seed, paired."""
+    from pipelines.core.spec import paired
+
+    best = best_heuristic(values, p)
     out = {}
-    for v, f in fits.items():
-        out[v] = {k: list(np.mean([r["history"][k] for r in f["runs"]], axis=0)) for k in CURVES}
+    for a in p.hobit_variants():
+        for m in ("recall_at_1", "mrr_at_10"):
+            xa, xb = values.per_seed(a, m), values.per_seed(best, m)
+            out[f"diff.{m}.{a}_minus_best_heuristic"] = {s: xa[s] - xb[s] for s in paired(xa, xb)}
     return out
 
 
-def report(p: Params, checks: dict, plots: dict, **fits: dict) -> dict:
-    rows = _rows(fits)
-    metrics, extra = derived_metrics(p, rows)
-    metrics.update(checks)
-    return build_report("hobit", p, rows, metrics, artifacts=plots, histories=_curves(fits),
-                        extra={**extra, "checks": checks})
+def derived(p: Params) -> list:
+    """Differences (recall, MRR, false negatives per batch) between every HOBIT-batched variant and every
+    baseline, between ``hobit`` and each ablation, and against the best heuristic batcher; the objective
+    checks."""
+    from pipelines.core.spec import Diff, Fn
+
+    out = [Fn(checks_metrics, _checks_names, inputs=["checks"])]
+    for a, b in p.diff_pairs():
+        out += [Diff("recall_at_1", a, b), Diff("mrr_at_10", a, b), Diff("fn_per_batch", b, a)]
+    if p.heuristics():
+        out.append(Fn(vs_best_heuristic, best_heuristic_names))
+    return out
+
+
+def report_extra(p: Params, values, artifacts: dict, checks: dict) -> dict:
+    return {**({"best_heuristic": best_heuristic(values, p)} if p.heuristics() else {}), "checks": checks}
+
+
+def _curves(values) -> dict[str, dict[str, list[float]]]:
+    """Per-epoch series, mean over a variant's seeds."""
+    from pipelines.hobit.train import CURVES
+
+    out = {}
+    for v in values.variants:
+        seeds = sorted(values.per_seed(v, "recall_at_1"))
+        out[v] = {k: list(np.mean([values.history(v, k, s)["value"] for s in seeds], axis=0)) for k in CURVES}
+    return out
 
 
 def _style(names: list[str], p: Params) -> dict[str, dict]:
@@ -79,12 +96,11 @@ def _restyle(fig, style: dict[str, dict]) -> None:
     ax.legend(fontsize=7, ncol=2)
 
 
-def make_plots(p: Params, **fits: dict) -> dict:
+def make_plots(p: Params, values, artifacts: dict) -> dict:
     import matplotlib.pyplot as plt
 
-    rows = _rows(fits)
-    names = list(fits)
-    curves = _curves(fits)
+    names = list(values.variants)
+    curves = _curves(values)
     figs = {}
     epochs = np.arange(p.model.epochs)
     style = _style(names, p)
@@ -96,13 +112,13 @@ def make_plots(p: Params, **fits: dict) -> dict:
     _restyle(figs["hardness_vs_epoch"], style)
     for metric, label in (("recall_at_1", "test recall@1"), ("fn_per_batch", "co-batched duplicates per batch"),
                           ("overhead_ratio", "batching time / training time per epoch")):
-        vals = {v: [r[metric] for r in rows if r["variant"] == v] for v in names}
+        vals = {v: list(values.per_seed(v, metric).values()) for v in names}
         figs[metric] = bar_plot(names, [float(np.mean(vals[v])) for v in names],
                                 [float(np.std(vals[v])) for v in names], ylabel=label,
                                 title=f"{label} (mean ± std over seeds)")
     fig, ax = plt.subplots(figsize=(7, 4))
     for v in names:
-        s = fits[v]["runs"][0].get("neg_scores") or []
+        s = artifacts[v].get("neg_scores") or []
         if s:
             ax.hist(s, bins=60, histtype="step", density=True, label=v, color=style[v]["color"],
                     ls=style[v]["ls"])
@@ -113,7 +129,7 @@ def make_plots(p: Params, **fits: dict) -> dict:
     figs["in_batch_negative_scores"] = fig
     fig, ax = plt.subplots(figsize=(6, 4))
     for v in names:
-        fv = fits[v]["runs"][0].get("batch_f") or []
+        fv = artifacts[v].get("batch_f") or []
         if fv:
             ax.hist(fv, bins=40, histtype="step", label=v, color=style[v]["color"])
     ax.set(xlabel="F_A of the batch", ylabel="batches", title="HOBIT per-batch objective, last built epoch")

@@ -218,16 +218,27 @@ def batch_table(batcher: EpochBatcher, seed: int) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def train_variant(pairs: pd.DataFrame, p: Params, variant: str) -> tuple[dict, pd.DataFrame, dict]:
-    """The node ``train.<variant>``: every seed of one variant. Returns its per-seed results (metrics,
-    per-epoch histories, diagnostics of the first seed), the first seed's batches of every epoch (for
-    HOBIT the first b/2 of a batch are its anchors) and the encoders' state dicts by seed."""
+CURVES = ("test_recall_at_1", "train_loss", "hardness", "fn_per_batch", "batching_s", "train_s")   # per epoch
+
+
+def train_variant(pairs: pd.DataFrame, p: Params, variant: str):
+    """The node ``train.<variant>``: every seed of one variant. Returns its long table (per-seed metrics and
+    per-epoch curves ``CURVES``) and its artifacts: the first seed's diagnostics (``neg_scores``, ``batch_f``)
+    and batches of every epoch (``batches``, columns of ``batch_table``; for HOBIT the first b/2 of a batch
+    are its anchors), and the encoders' state dicts by seed (``encoders``)."""
+    from pipelines.core.spec import Results
+
     spec = p.variants[variant]
     seeds = p.seeds[:1] if spec.first_seed_only else p.seeds
-    runs, table, states = [], None, {}
+    res, table, states, first = Results(variant), None, {}, {}
     for i, seed in enumerate(seeds):
-        res, tab, state = train_one(pairs, p, variant, seed, keep=i == 0)
-        runs.append(res)
+        run, tab, state = train_one(pairs, p, variant, seed, keep=i == 0)
+        res.add(seed, **run["row"])
+        for k in CURVES:
+            res.history(seed, k, run["history"][k])
+        if i == 0:
+            first = {k: run.get(k) or [] for k in ("neg_scores", "batch_f")}
         states[str(seed)] = state
         table = tab if tab is not None else table
-    return {"variant": variant, "batcher": spec.batcher, "runs": runs}, table, states
+    batches = {c: torch.from_numpy(table[c].to_numpy()) for c in table.columns} if table is not None else {}
+    return res.table(), {**first, "batches": batches, "encoders": states}

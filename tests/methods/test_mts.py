@@ -191,15 +191,7 @@ def test_shift_moves_by_one_pixel():
     assert len(r) == 50 and (np.abs(r - 3) <= 1).all() and (np.abs(c - 4) <= 1).all()
 
 
-# ------------------------------------------------------------------ pipeline and bad input
-
-def test_one_train_node_per_variant():
-    from pipelines.mts.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    variants = yaml.safe_load((ROOT / "conf/base/parameters_mts.yml").read_text())["mts"]["variants"]
-    assert names == {f"mts.train.{v}" for v in variants}
-
+# ------------------------------------------------------------------ bad input
 
 @pytest.mark.parametrize("over,key", [
     ({"meta": {"lr": -1.0}}, r"mts\.meta\.lr"),

@@ -186,20 +186,13 @@ def test_objective_gradient_matches_closed_form():
 
 
 # ------------------------------------------------------------------------------ pipeline and bad input
-def test_one_train_node_per_variant_plus_shared_models():
-    from pipelines.rlcracker.pipeline import create_pipeline
+def test_shared_models_are_train_nodes():
+    from pipelines.core.registry import load_pipeline
     from pipelines.rlcracker.params import VARIANTS
 
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert {f"rlcracker.train.{v}" for v in BASE["variants"]} <= names
+    names = {n.name for n in load_pipeline("rlcracker").only_nodes_with_tags("train").nodes}
     assert set(BASE["variants"]) == set(VARIANTS)
     assert {"rlcracker.train.generator", "rlcracker.train.attacker_sft"} <= names
-
-
-def test_full_env_parameters_validate():
-    full = yaml.safe_load(open("conf/full/parameters_rlcracker.yml"))["rlcracker"]
-    p = validate(Params, _merge(BASE, full), "rlcracker")
-    assert p.rl.group_size == 12 and p.data.source == "file"
 
 
 @pytest.mark.parametrize("path,value,key", [

@@ -2,12 +2,10 @@
 separate good from bad synthetic data, and the GSNR-vs-batch curves."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from pipelines.core.report import build_report
+from pipelines.core.spec import Diff, Fn, SeedValues, paired
 from pipelines.mts.params import QUALITIES, Params
 
 PAIRS = [("mts", "uniform"), ("mts", "mwnet"), ("mts", "real_only"), ("mts", "classifier_filter"),
@@ -15,21 +13,41 @@ PAIRS = [("mts", "uniform"), ("mts", "mwnet"), ("mts", "real_only"), ("mts", "cl
          ("mts_equal_steps", "mts"), ("mts_equal_steps", "mts_feat_64")]
 
 
-def _split(outputs: dict) -> tuple[dict, dict]:
-    """{variant: weights table}, {variant: metrics json} from the node's keyword inputs."""
-    weights = {k[len("w__"):]: v for k, v in outputs.items() if k.startswith("w__")}
-    mets = {k[len("m__"):]: v for k, v in outputs.items() if k.startswith("m__")}
-    return weights, mets
+def delta_pts(a: str, b: str):
+    """``delta_pts.test_acc.<a>_vs_<b>``: (a − b) in accuracy points, per seed (paired)."""
+    name = f"delta_pts.test_acc.{a}_vs_{b}"
+
+    def f(values: SeedValues, p: Params) -> dict:
+        xa, xb = values.per_seed(a, "test_acc"), values.per_seed(b, "test_acc")
+        return {name: {s: (xa[s] - xb[s]) * 100.0 for s in paired(xa, xb)}}
+    f.__name__ = f"delta_pts_{a}_vs_{b}"
+    return Fn(f, [name], needs_=[a, b])
 
 
-def _paired(per_seed: dict, a: str, b: str, key: str, scale: float = 1.0) -> float:
-    """Mean over the seeds both variants ran of (a − b)·scale."""
-    if a not in per_seed or b not in per_seed:
-        return float("nan")
-    common = sorted(set(per_seed[a]) & set(per_seed[b]))
-    vals = [(per_seed[a][sd][key] - per_seed[b][sd][key]) * scale for sd in common]
-    vals = [v for v in vals if not (isinstance(v, float) and math.isnan(v))]
-    return float(np.mean(vals)) if vals else float("nan")
+def gsnr_names(p: Params, planned) -> list[str]:
+    """The GSNR metrics the report has (seed ``gsnr.seed``, point values) when the study is enabled."""
+    if not p.gsnr.enabled:
+        return []
+    out = []
+    for name in p.gsnr.selectors:
+        for stat in ("median", "aggregate"):
+            out += [f"gsnr_{stat}.{name}.b{b}" for b in p.gsnr.batch_sizes]
+            out += [f"gsnr_ratio_{stat}.{name}", f"gsnr_spearman_{stat}.{name}"]
+        out.append(f"meta_grad_fd_cosine_min.{name}")
+    return out
+
+
+def gsnr_fn(values: SeedValues, p: Params, gsnr: pd.DataFrame) -> dict[str, float]:
+    return gsnr_metrics(p, gsnr)
+
+
+def derived(p: Params) -> list:
+    out = []
+    for a, b in PAIRS:
+        out.append(delta_pts(a, b))
+        out.append(Diff("weight_quality_auc", a, b, name=f"delta.weight_quality_auc.{a}_vs_{b}"))
+    out.append(Fn(gsnr_fn, gsnr_names, inputs=["gsnr"]))
+    return out
 
 
 def gsnr_metrics(p: Params, gsnr: pd.DataFrame) -> dict[str, float]:
@@ -53,30 +71,11 @@ def gsnr_metrics(p: Params, gsnr: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def report(p: Params, gsnr: pd.DataFrame, plots: dict, **outputs) -> dict:
-    weights, mets = _split(outputs)
-    rows, histories, per_seed = [], {}, {}
-    for v, m in mets.items():
-        for r in m["rows"]:
-            rows.append({"variant": v, **r})
-            per_seed.setdefault(v, {})[r["seed"]] = r
-        if m.get("history"):
-            histories[v] = m["history"]
-    metrics: dict[str, float] = {}
-    for a, b in PAIRS:
-        if a in per_seed and b in per_seed:
-            metrics[f"delta_pts.test_acc.{a}_vs_{b}"] = _paired(per_seed, a, b, "test_acc", 100.0)
-            metrics[f"delta.weight_quality_auc.{a}_vs_{b}"] = _paired(per_seed, a, b, "weight_quality_auc")
-    metrics.update(gsnr_metrics(p, gsnr))
-    return build_report("mts", p, rows, metrics, artifacts=plots, histories=histories)
-
-
-def make_plots(p: Params, gsnr: pd.DataFrame, **outputs) -> dict:
+def make_plots(p: Params, values: SeedValues, artifacts: dict, gsnr: pd.DataFrame) -> dict:
     import matplotlib.pyplot as plt
 
     from pipelines.core.plots import bar_plot, line_plot
 
-    weights, mets = _split(outputs)
     figs = {}
     if len(gsnr):
         for stat in ("median", "aggregate"):
@@ -86,10 +85,11 @@ def make_plots(p: Params, gsnr: pd.DataFrame, **outputs) -> dict:
                 ylabel=f"{stat} GSNR of the meta-gradient", logy=True,
                 title=f"meta-gradient GSNR ({stat}) at a fixed early point")
             figs[f"gsnr_{stat}_vs_batch"].axes[0].set_xscale("log", base=2)
-    acc = {v: [r["test_acc"] for r in m["rows"]] for v, m in mets.items()}
+    acc = {v: list(values.per_seed(v, "test_acc").values()) for v in values.variants if values.has(v, "test_acc")}
     names = list(acc)
     figs["test_acc"] = bar_plot(names, [100 * np.mean(acc[v]) for v in names],
                                 [100 * np.std(acc[v]) for v in names], ylabel="test accuracy (%)")
+    weights = {v: pd.DataFrame(a["weights"]) for v, a in artifacts.items()}
     learned = [v for v in weights if v in p.selectors]
     if learned:
         fig, axes = plt.subplots(1, len(learned), figsize=(3.2 * len(learned), 3), squeeze=False)

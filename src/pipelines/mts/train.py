@@ -287,10 +287,14 @@ def _auc(weights: np.ndarray, quality: np.ndarray) -> float:
 
 
 def train_variant(pool: pd.DataFrame, features: pd.DataFrame, p: Params, variant: str):
-    """Train ``variant`` on each seed; returns (per-sample final weights, metrics and histories)."""
+    """train.<variant>: ``variant`` on each seed → (its long table: metrics per seed and the first seed's
+    per-epoch weight history, the raw per-sample final weights by seed for the plots)."""
+    from pipelines.core.spec import Results
+
     sel = p.selectors.get(variant)
     seeds = [sd for sd in p.seeds if sel is None or sel.seeds is None or sd in sel.seeds]
-    w_frames, rows, histories = [], [], {}
+    res = Results(variant)
+    weights: dict[str, list] = {"seed": [], "quality": [], "is_syn": [], "weight": []}
     for seed in seeds:
         node_setup(p, seed)
         t0 = time.perf_counter()
@@ -323,7 +327,7 @@ def train_variant(pool: pd.DataFrame, features: pd.DataFrame, p: Params, variant
         else:
             raise ValueError(f"unknown variant {variant!r} (baselines {list(BASELINES)} or a selector)")
         wn = w.numpy().astype(float)
-        row = {"seed": seed, "test_acc": accuracy(clf, s.xt, s.yt), "weight_quality_auc": _auc(wn, s.quality),
+        row = {"test_acc": accuracy(clf, s.xt, s.yt), "weight_quality_auc": _auc(wn, s.quality),
                "meta_steps": steps if sel is not None else 0, "train_steps": steps,
                "syn_kept_frac": float(np.nanmean(wn[s.is_syn.numpy()] > 0.5)) if s.is_syn.any() else 0.0,
                "wall_time_s": time.perf_counter() - t0}
@@ -333,9 +337,12 @@ def train_variant(pool: pd.DataFrame, features: pd.DataFrame, p: Params, variant
         for q in QUALITIES[1:]:                          # which kind of bad sample the weights catch
             m = np.isin(s.quality, ["good", q])
             row[f"auc_good_vs_{q}"] = _auc(wn[m], s.quality[m])
-        rows.append(row)
-        if hist is not None and seed == seeds[0]:
-            histories = hist
-        w_frames.append(pd.DataFrame({"seed": seed, "quality": s.quality, "is_syn": s.is_syn.numpy(),
-                                      "weight": wn}))
-    return pd.concat(w_frames, ignore_index=True), {"rows": rows, "history": histories}
+        res.add(seed, **row)
+        if hist is not None and seed == seeds[0]:        # the per-epoch weight history of the first seed
+            for k, vals in hist.items():
+                res.history(seed, k, vals)
+        weights["seed"] += [seed] * n
+        weights["quality"] += [str(q) for q in s.quality]
+        weights["is_syn"] += [bool(b) for b in s.is_syn.numpy()]
+        weights["weight"] += [float(x) for x in wn]
+    return res.table(), {"weights": weights}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.report import build_report
+from pipelines.core.spec import Diff, Fn
 from pipelines.rlcracker.model import Language, similarity
 from pipelines.rlcracker.params import Params
 from pipelines.rlcracker.train import make_watermark
@@ -28,26 +28,27 @@ def calibrated_thresholds(texts: pd.DataFrame, p: Params) -> dict[str, float]:
     return out
 
 
-def _rows(p: Params, texts: pd.DataFrame, attacks: dict[str, pd.DataFrame]) -> list[dict]:
+def attack_rows(p: Params, texts: pd.DataFrame, df: pd.DataFrame) -> list[dict]:
+    """One variant's scored rewrites → one row per seed: removal success (plain, at the repo's similarity,
+    at the calibrated threshold), mean z and the other scores, by scheme and length."""
     thr = calibrated_thresholds(texts, p)
     rows = []
     n_long = int(texts["n_chunks"].max())
-    for variant, df in attacks.items():
-        for seed, d in df.groupby("seed"):
-            row = {"variant": variant, "seed": int(seed)}
-            for scheme in p.watermark.eval_schemes:
-                for n_chunks in dict.fromkeys((1, n_long)):
-                    sfx = f"{scheme}_{length_name(n_chunks)}"
-                    g = d[(d.scheme == scheme) & (d["n_chunks"] == n_chunks)]
-                    undetected = g["z"] < p.watermark.z_threshold
-                    row[f"removal_success_{sfx}"] = 100 * float((undetected & (g.semantic_sim >= p.eval.success_sim)).mean())
-                    row[f"removal_success_sim07_{sfx}"] = 100 * float((undetected & (g.semantic_sim > p.eval.repo_sim)).mean())
-                    row[f"fpr_calibrated_success_{sfx}"] = 100 * float(
-                        ((g["z"] <= thr[sfx]) & (g.semantic_sim >= p.eval.success_sim)).mean())
-                    row[f"mean_z_{sfx}"] = float(g["z"].mean())
-                    for m in METRICS[1:]:
-                        row[f"{m}_{sfx}"] = float(g[m].mean())
-            rows.append(row)
+    for seed, d in df.groupby("seed"):
+        row = {"seed": int(seed)}
+        for scheme in p.watermark.eval_schemes:
+            for n_chunks in dict.fromkeys((1, n_long)):
+                sfx = f"{scheme}_{length_name(n_chunks)}"
+                g = d[(d.scheme == scheme) & (d["n_chunks"] == n_chunks)]
+                undetected = g["z"] < p.watermark.z_threshold
+                row[f"removal_success_{sfx}"] = 100 * float((undetected & (g.semantic_sim >= p.eval.success_sim)).mean())
+                row[f"removal_success_sim07_{sfx}"] = 100 * float((undetected & (g.semantic_sim > p.eval.repo_sim)).mean())
+                row[f"fpr_calibrated_success_{sfx}"] = 100 * float(
+                    ((g["z"] <= thr[sfx]) & (g.semantic_sim >= p.eval.success_sim)).mean())
+                row[f"mean_z_{sfx}"] = float(g["z"].mean())
+                for m in METRICS[1:]:
+                    row[f"{m}_{sfx}"] = float(g[m].mean())
+        rows.append(row)
     return rows
 
 
@@ -65,21 +66,31 @@ def _watermark_metrics(p: Params, texts: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def _delta(means: dict, metric: str, a: str, b: str) -> dict[str, float]:
-    if a in means and b in means and metric in means[a] and metric in means[b]:
-        return {f"delta.{metric}.{a}_minus_{b}": means[a][metric] - means[b][metric]}
-    return {}
+def watermark_names(p: Params, planned) -> list[str]:
+    lengths = dict.fromkeys(("short", length_name(p.data.long_chunks)))
+    schemes = dict.fromkeys([p.watermark.train_scheme, *p.watermark.eval_schemes])
+    return [f"watermark.{k}_{s}_{ln}" for s in schemes for ln in lengths
+            for k in ("detect_rate", "null_fpr", "mean_z", "null_mean_z", "calibrated_threshold")]
 
 
-def _histories(curves: dict[str, dict]) -> dict[str, dict]:
-    out = {}
-    for variant, by_seed in curves.items():
-        h = {}
-        for i, (seed, series) in enumerate(sorted(by_seed.items(), key=lambda kv: int(kv[0]))):
-            for name, vals in series.items():
-                h[name if i == 0 else f"{name}.seed{seed}"] = vals
-        if h:
-            out[variant] = h
+def watermark_fn(values, p: Params, texts: pd.DataFrame) -> dict[str, float]:
+    """The watermark itself (point values, one set of texts per run): detection rate and FPR at the z
+    threshold, mean z of watermarked and null texts, the calibrated threshold."""
+    return _watermark_metrics(p, texts)
+
+
+PAIRS = (("sft_paraphrase", "rlcracker"), ("grpo_sem_only", "rlcracker"), ("rlcracker", "grpo_sem_only"),
+         ("rlcracker", "sft_paraphrase"), ("oracle_rl", "rlcracker"))
+
+
+def derived(p: Params) -> list:
+    """Paired per-seed differences ``delta.<metric>.<a>_minus_<b>`` (the ablations ran the first seeds only:
+    the pairs are those seeds) and the watermark's own metrics."""
+    lengths = dict.fromkeys(("short", length_name(p.data.long_chunks)))
+    out = [Diff(f"{m}_{scheme}_{ln}", a, b, name=f"delta.{m}_{scheme}_{ln}.{a}_minus_{b}")
+           for scheme in p.watermark.eval_schemes for ln in lengths
+           for m in ("mean_z", "removal_success", "semantic_sim") for a, b in PAIRS]
+    out.append(Fn(watermark_fn, watermark_names, inputs=["texts"]))
     return out
 
 
@@ -102,11 +113,14 @@ def _success_vs_length(p: Params, lang: Language, texts: pd.DataFrame, df: pd.Da
     return [k * p.data.answer_len for k in ks], rates
 
 
-def make_plots(p: Params, lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd.DataFrame,
-               curves: dict[str, dict], **attacks: pd.DataFrame) -> dict:
+def make_plots(p: Params, values, artifacts: dict, lexicon: pd.DataFrame, corpus: pd.DataFrame,
+               texts: pd.DataFrame) -> dict:
     import matplotlib.pyplot as plt
 
     from pipelines.core.plots import line_plot
+
+    attacks = {v: pd.DataFrame(a["attack"]) for v, a in artifacts.items()}
+    curves = {v: a["curves"] for v, a in artifacts.items() if a["curves"]}
 
     lang = Language(lexicon, corpus)
     scheme = p.watermark.train_scheme if p.watermark.train_scheme in p.watermark.eval_schemes else p.watermark.eval_schemes[0]
@@ -142,7 +156,7 @@ def make_plots(p: Params, lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd
     ax.legend(fontsize=7)
     fig.tight_layout()
     figs["success_vs_fidelity"] = fig
-    hist = _histories(curves)
+    hist = {v: by_seed[min(by_seed, key=int)] for v, by_seed in curves.items()}   # the first seed
     if hist:
         fig, axes = plt.subplots(2, 3, figsize=(12, 6))
         for ax, name in zip(axes.ravel(), ("reward_sem", "similarity", "rollout_z", "kl_wm", "kl_h", "grad_norm")):
@@ -156,18 +170,3 @@ def make_plots(p: Params, lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd
         fig.tight_layout()
         figs["rl_curves"] = fig
     return figs
-
-
-def report(p: Params, plots: dict, texts: pd.DataFrame, curves: dict[str, dict], **attacks: pd.DataFrame) -> dict:
-    rows = _rows(p, texts, attacks)
-    means = pd.DataFrame(rows).drop(columns="seed").groupby("variant").mean().to_dict("index")
-    metrics = _watermark_metrics(p, texts)
-    for scheme in p.watermark.eval_schemes:
-        for ln in ("short", "long"):
-            for m in ("mean_z", "removal_success", "semantic_sim"):
-                key = f"{m}_{scheme}_{ln}"
-                for a, b in (("sft_paraphrase", "rlcracker"), ("grpo_sem_only", "rlcracker"),
-                             ("rlcracker", "grpo_sem_only"), ("rlcracker", "sft_paraphrase"),
-                             ("oracle_rl", "rlcracker")):
-                    metrics.update(_delta(means, key, a, b))
-    return build_report("rlcracker", p, rows, metrics, artifacts=plots, histories=_histories(curves))

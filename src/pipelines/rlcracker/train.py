@@ -326,9 +326,13 @@ def score_attack(variant: str, seed: int, lang: Language, texts: pd.DataFrame, p
 
 
 def train_variant(lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd.DataFrame, attacker_sft: dict,
-                  p: Params, variant: str) -> tuple[pd.DataFrame, dict, dict]:
+                  p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
     """train.<variant>: the attack on every seed (RL ablations on the first ``rl.ablation_seeds`` seeds) →
-    (scored rewrites, training curves by seed, the RL policies' weights by seed)."""
+    (its long table: the scores per seed and the RL training curves, artifacts: the scored rewrites, the
+    curves by seed and the RL policies' weights by seed)."""
+    from pipelines.core.spec import Results
+    from pipelines.rlcracker.evaluate import attack_rows
+
     lang = Language(lexicon, corpus)
     seeds = list(p.seeds)
     if variant in ("grpo_sem_only", "oracle_rl"):
@@ -347,4 +351,10 @@ def train_variant(lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd.DataFra
                                           make_watermark(lang, p, p.watermark.train_scheme))
             states[str(seed)] = pack(attacker)
         frames.append(score_attack(variant, seed, lang, texts, p, attacker))
-    return pd.concat(frames, ignore_index=True), curves, states
+    attack = pd.concat(frames, ignore_index=True)
+    res = Results(variant).add_rows(attack_rows(p, texts, attack))
+    for seed, series in curves.items():
+        for name, vals in series.items():
+            res.history(int(seed), name, vals)
+    cols = {c: [x.tolist() if hasattr(x, "tolist") else x for x in attack[c]] for c in attack.columns}
+    return res.table(), {"attack": cols, "curves": curves, "states": states}

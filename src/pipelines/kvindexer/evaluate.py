@@ -6,81 +6,116 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.report import build_report
+from pipelines.core.spec import Diff, Fn, Gain, Ratio, paired
+from pipelines.core.stats import Estimate
 from pipelines.kvindexer.params import Params
+from pipelines.kvindexer.train import TIMING_METRICS, tensors_to_table
 
 HEURISTICS = ("streamingllm", "h2o", "snapkv")
 NON_RANDOM = ("streamingllm", "h2o", "snapkv", "oracle", "indexer", "indexer_memory", "h2o_memory")
 
 
-def _rows(results: dict[str, pd.DataFrame]) -> list[dict]:
-    """One row per (variant, seed): EM (%), needle recall, residual error, KL and bytes per (task, budget)."""
-    rows = []
-    for variant, df in results.items():
-        for seed, d in df.groupby("seed"):
-            row = {"variant": variant, "seed": int(seed)}
-            for (task, budget), g in d.groupby(["task", "budget"]):
-                row[f"em_{task}_{budget}"] = 100.0 * g["correct"].mean()
-                row[f"recall_of_needle_tokens_{task}_{budget}"] = g["needle_recall"].mean()
-                row[f"attn_out_residual_err_{task}_{budget}"] = g["attn_out_residual_err"].mean()
-                if g["kl_indexer_vs_teacher"].notna().any():
-                    row[f"kl_indexer_vs_teacher_{task}_{budget}"] = g["kl_indexer_vs_teacher"].mean()
-                row[f"kv_bytes_{budget}"] = g["kv_bytes"].mean()
-                row[f"mem_bytes_{budget}"] = g["mem_bytes"].mean()
-                row[f"total_bytes_{budget}"] = g["kv_bytes"].mean() + g["mem_bytes"].mean()
-            for budget, g in d.groupby("budget"):
-                row[f"ruler_mini_avg_{budget}"] = 100.0 * g.groupby("task")["correct"].mean().mean()
-            if variant == "full_kv":
-                for task, g in d.groupby("task"):
-                    row[f"em_{task}"] = 100.0 * g[g.budget == g.budget.iloc[0]]["correct"].mean()
-            rows.append(row)
-    return rows
+def _em(task: str, b: int) -> str:
+    return f"em_{task}_{b}"
 
 
-def _means(rows: list[dict]) -> dict[str, dict[str, float]]:
-    df = pd.DataFrame(rows)
-    return {v: g.drop(columns=["variant", "seed"]).mean(numeric_only=True).to_dict() for v, g in df.groupby("variant")}
+def _sfx(task: str) -> str:
+    return "" if task == "niah_single" else f"_{task.removeprefix('niah_')}"
 
 
-def derived(p: Params, means: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The gaps the claims read (EM points on seed means), the bytes ratios; NaN where a variant is absent."""
-    def em(v, task, b):
-        return means.get(v, {}).get(f"em_{task}_{b}", math.nan)
+def _pick(values, cands, metric: str, best=max) -> str | None:
+    """The candidate with the best (``max``) or worst (``min``) seed mean of ``metric``, None if none ran."""
+    cands = [v for v in cands if v in values.variants and values.has(v, metric)]
+    return best(cands, key=lambda v: values.mean(v, metric)) if cands else None
 
-    out: dict[str, float] = {}
-    budgets = p.protocol.budgets
+
+def full_minus_worst(values, p: Params) -> dict:
+    """Full KV minus the worst non-random policy (by seed mean) at every (task, budget), per seed."""
+    out = {}
     for task in p.eval.tasks:
-        sfx = "" if task == "niah_single" else f"_{task.removeprefix('niah_')}"
-        for b in budgets:
-            ind = em("indexer", task, b)
-            out[f"gap_indexer_vs_best_of_h2o_streamingllm{sfx}_{b}"] = ind - max(em("h2o", task, b),
-                                                                                   em("streamingllm", task, b))
-            out[f"gap_oracle_minus_indexer{sfx}_{b}"] = em("oracle", task, b) - ind
-            out[f"gap_indexer_vs_best_heuristic{sfx}_{b}"] = ind - max(em(h, task, b) for h in HEURISTICS)
-            out[f"gap_indexer_memory_minus_indexer{sfx}_{b}"] = em("indexer_memory", task, b) - ind
-            out[f"gap_full_minus_worst_nonrandom{sfx}_{b}"] = em("full_kv", task, b) - min(
-                em(v, task, b) for v in NON_RANDOM)
-        if len(budgets) >= 2:
-            b0, b1 = sorted(budgets)[:2]
-            out[f"gap_indexer_vs_best_heuristic_min{sfx}_{b0}_{b1}"] = min(
-                out[f"gap_indexer_vs_best_heuristic{sfx}_{b0}"], out[f"gap_indexer_vs_best_heuristic{sfx}_{b1}"])
-    for b in budgets:
-        full = means.get("full_kv", {}).get(f"total_bytes_{b}", math.nan)
-        for v, m in means.items():
-            out[f"kv_bytes_ratio_{v}_{b}"] = m.get(f"total_bytes_{b}", math.nan) / full
-    # any claim metric not computed here (a variant or budget left out of this run) reads NaN: never holds
-    for c in p.claims:
-        if not c.metric.startswith("variants.") and c.metric not in out:
-            out[c.metric] = math.nan
+        for b in p.protocol.budgets:
+            m = _em(task, b)
+            worst = _pick(values, NON_RANDOM, m, min)
+            if worst is None:
+                continue
+            full, w = values.per_seed("full_kv", m), values.per_seed(worst, m)
+            out[f"gap_full_minus_worst_nonrandom{_sfx(task)}_{b}"] = {s: full[s] - w[s] for s in paired(full, w)}
+    return out
+
+
+def _min_names(p: Params, planned) -> list[str]:
+    if len(p.protocol.budgets) < 2 or not any(h in planned for h in HEURISTICS):
+        return []
+    b0, b1 = sorted(p.protocol.budgets)[:2]
+    return [f"gap_indexer_vs_best_heuristic_min{_sfx(t)}_{b0}_{b1}" for t in p.eval.tasks]
+
+
+def min_gap_two_smallest_budgets(values, p: Params) -> dict:
+    """min over the two smallest budgets of (indexer − best heuristic), per seed (the best heuristic of
+    each budget chosen by its seed mean)."""
+    out = {}
+    b0, b1 = sorted(p.protocol.budgets)[:2]
+    for task in p.eval.tasks:
+        gaps = []
+        for b in (b0, b1):
+            m = _em(task, b)
+            best = _pick(values, HEURISTICS, m)
+            ind, h = values.per_seed("indexer", m), values.per_seed(best, m)
+            gaps.append({s: ind[s] - h[s] for s in paired(ind, h)})
+        out[f"gap_indexer_vs_best_heuristic_min{_sfx(task)}_{b0}_{b1}"] = {
+            s: min(gaps[0][s], gaps[1][s]) for s in paired(*gaps)}
+    return out
+
+
+def _timing_names(p: Params, planned) -> list[str]:
+    C = p.eval.timing_budget
+    return [f"decode_speedup_indexer_memory_{C}", "decode_ms_per_token_cpu_full_kv",
+            f"decode_ms_per_token_cpu_indexer_memory_{C}", "timing_rounds", "timing_kv_entries_full",
+            "timing_kv_entries_evicted"]
+
+
+def timing_metrics(values, p: Params) -> dict:
+    """The decode timing of train.indexer_memory (first seed) under the report's names: the speedup with
+    its own order-statistic interval over the interleaved rounds, the per-token times, the cache sizes."""
+    C, s = p.eval.timing_budget, int(p.seeds[0])
+    t = {k: values.per_seed("indexer_memory", k)[s] for k in TIMING_METRICS}
+    return {f"decode_speedup_indexer_memory_{C}": Estimate(t["decode_speedup"], t["decode_speedup_ci_low"],
+                                                           t["decode_speedup_ci_high"], int(t["timing_rounds"])),
+            "decode_ms_per_token_cpu_full_kv": t["decode_ms_per_token_cpu_full_kv"],
+            f"decode_ms_per_token_cpu_indexer_memory_{C}": t["decode_ms_per_token_cpu"],
+            "timing_rounds": t["timing_rounds"], "timing_kv_entries_full": t["timing_kv_entries_full"],
+            "timing_kv_entries_evicted": t["timing_kv_entries_evicted"]}
+
+
+def derived(p: Params) -> list:
+    """The gaps the claims read (EM points, per seed, paired), the bytes ratios and the decode timing."""
+    out: list = []
+    for task in p.eval.tasks:
+        sfx = _sfx(task)
+        for b in p.protocol.budgets:
+            m = _em(task, b)
+            out += [Gain(m, "indexer", best_of=("h2o", "streamingllm"),
+                         name=f"gap_indexer_vs_best_of_h2o_streamingllm{sfx}_{b}"),
+                    Diff(m, "oracle", "indexer", name=f"gap_oracle_minus_indexer{sfx}_{b}"),
+                    Gain(m, "indexer", best_of=HEURISTICS, name=f"gap_indexer_vs_best_heuristic{sfx}_{b}"),
+                    Diff(m, "indexer_memory", "indexer", name=f"gap_indexer_memory_minus_indexer{sfx}_{b}")]
+    out.append(Fn(full_minus_worst, lambda p, planned: [f"gap_full_minus_worst_nonrandom{_sfx(t)}_{b}"
+                                                        for t in p.eval.tasks for b in p.protocol.budgets
+                                                        if any(v in planned for v in NON_RANDOM)],
+                  needs_=["full_kv"]))
+    out.append(Fn(min_gap_two_smallest_budgets, _min_names, needs_=["indexer"]))
+    out += [Ratio(f"total_bytes_{b}", v, "full_kv", name=f"kv_bytes_ratio_{v}_{b}")
+            for b in p.protocol.budgets for v in p.variants]
+    out.append(Fn(timing_metrics, _timing_names, needs_=["indexer_memory"]))
     return out
 
 
 # ------------------------------------------------------------------------------------------ timing
 def measure_speed(p: Params, kv_eval: pd.DataFrame, kv_base: dict, trained_indexer_memory: dict | None = None) -> dict:
-    """Decode time per token, side by side in one process: the full-KV cache vs the IndexMem cache at
-    ``eval.timing_budget`` (memory readout included), batch 1, interleaved rounds (median ratio and its
-    interval). Untrained indexer/memory weights are used when the indexer_memory variant is not run (the
-    cost does not depend on the weights)."""
+    """Decode time per token, side by side in one process (train.indexer_memory calls it after training):
+    the full-KV cache vs the IndexMem cache at ``eval.timing_budget`` (memory readout included), batch 1,
+    interleaved rounds (median ratio and its order-statistic interval). Without trained weights it uses
+    untrained ones (the cost does not depend on the weights)."""
     import torch
 
     from pipelines.core.metrics import interleaved_timing, ratio_ci
@@ -130,19 +165,23 @@ def measure_speed(p: Params, kv_eval: pd.DataFrame, kv_base: dict, trained_index
     per_tok = {k: v / n_tok for k, v in t.items()}
     est = ratio_ci(per_tok["full"], per_tok["evicted"])
     return {"decode_ms_per_token_cpu_full_kv": 1e3 * float(np.median(per_tok["full"])),
-            f"decode_ms_per_token_cpu_indexer_memory_{C}": 1e3 * float(np.median(per_tok["evicted"])),
-            **est.as_metrics(f"decode_speedup_indexer_memory_{C}"),
+            "decode_ms_per_token_cpu": 1e3 * float(np.median(per_tok["evicted"])),
+            "decode_speedup": est.ratio, "decode_speedup_ci_low": est.ci_low, "decode_speedup_ci_high": est.ci_high,
             "timing_rounds": len(per_tok["full"]), "timing_kv_entries_full": len(full.cache),
-            "timing_kv_entries_evicted": len(evicted.cache), "timing_device": str(dev)}
+            "timing_kv_entries_evicted": len(evicted.cache), "timing_budget": C, "timing_device": str(dev)}
 
 
 # ------------------------------------------------------------------------------------------ plots
-def make_plots(p: Params, **results: pd.DataFrame) -> dict:
-    """``results``: ``results_<variant>`` per-prompt tables."""
+def prompt_tables(artifacts: dict) -> dict[str, pd.DataFrame]:
+    """{variant: per-prompt results} from the train nodes' artifacts."""
+    return {v: tensors_to_table(a["prompts"]) for v, a in artifacts.items()}
+
+
+def make_plots(p: Params, values, artifacts: dict) -> dict:
+    """Compression curves, needle retention and the NIAH heatmap, from the per-prompt results."""
     import matplotlib.pyplot as plt
 
-    results = {k.removeprefix("results_"): v for k, v in results.items()}
-
+    results = prompt_tables(artifacts)
     df = pd.concat([r for r in results.values()], ignore_index=True)
     figs = {}
     tasks = list(dict.fromkeys(df["task"]))
@@ -200,22 +239,8 @@ def depth_curves(df: pd.DataFrame) -> dict:
     return out
 
 
-def report(p: Params, plots: dict, timing: dict, kv_base: dict, **outputs) -> dict:
-    """``outputs``: ``results_<variant>`` (per-prompt tables) and ``trained_<variant>`` (state dicts and
-    training histories per seed)."""
-    trained = {k.removeprefix("trained_"): v for k, v in outputs.items() if k.startswith("trained_")}
-    results = {k.removeprefix("results_"): v for k, v in outputs.items() if k.startswith("results_")}
-    rows = _rows(results)
-    means = _means(rows)
-    metrics = derived(p, means)
-    metrics.update({k: v for k, v in timing.items() if isinstance(v, int | float)})
-    if "full_kv" in means:
-        metrics["gate_passed"] = float(means["full_kv"].get("em_niah_single", math.nan) >= p.eval.gate_em)
-    histories = {"run": {"base_loss": kv_base.get("history", [])}}
-    for v, per_seed in trained.items():
-        h = per_seed.get(p.seeds[0], {}).get("history", {})
-        if h:
-            histories[v] = dict(h)
-    df = pd.concat(list(results.values()), ignore_index=True)
-    return build_report("kvindexer", p, rows, metrics, artifacts=plots, histories=histories,
-                        extra={"niah_depth_curve": depth_curves(df), "timing": timing})
+def report_extra(p: Params, values, artifacts: dict) -> dict:
+    """The NIAH depth curves (EM by needle-depth decile, pooled over seeds) and the timing record."""
+    df = pd.concat(list(prompt_tables(artifacts).values()), ignore_index=True)
+    timing = artifacts.get("indexer_memory", {}).get("timing")
+    return {"niah_depth_curve": depth_curves(df), **({"timing": timing} if timing is not None else {})}

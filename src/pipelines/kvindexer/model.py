@@ -92,12 +92,6 @@ class KVTransformer(TinyTransformer):
         return self
 
 
-def build_model(vocab_size: int, d_model: int, n_layers: int, n_heads: int, max_len: int,
-                attn_init_std: float | None = None) -> KVTransformer:
-    return KVTransformer(TinyConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                    max_len=max_len), attn_init_std)
-
-
 # ------------------------------------------------------------------------------------------ indexer
 class Indexer(nn.Module):
     """Per layer: I_s = max_t Σ_j w_j(t) · ReLU(q_j(t) · e_s), q_j = normalise(W_q^j h_t) over the current

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, TinyTransformer
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
 POLICIES = ("full_kv", "streamingllm", "h2o", "snapkv", "random", "oracle", "indexer", "indexer_memory",
@@ -32,10 +32,9 @@ class Data(Strict):
         return self
 
 
-class Model(Strict):
-    d_model: int = Field(ge=8, le=4096)
-    n_layers: int = Field(ge=1, le=64)
-    n_heads: int = Field(ge=1, le=64)
+class Model(TinyTransformer):
+    """The base model's sizes (core's TinyTransformer block: d_model, n_layers, n_heads, d_ff, dropout) and
+    its training."""
     seed: int = Field(default=0, ge=0)                # the base model is trained once per run
     steps: int = Field(ge=1)
     batch_size: int = Field(ge=1)
@@ -85,7 +84,6 @@ class Memory(Strict):
 
 class Eval(Strict):
     tasks: list[Literal["niah_single", "niah_multikey", "niah_multivalue", "vt"]] = Field(min_length=1)
-    gate_em: float = Field(default=90.0, ge=0, le=100)
     timing_rounds: int = Field(ge=3)
     timing_budget: int = Field(ge=1)
     timing_tokens: int = Field(default=8, ge=1)
@@ -105,10 +103,8 @@ class Params(MethodParams):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.model.d_model % self.model.n_heads or (self.model.d_model // self.model.n_heads) % 2:
-            raise ValueError("model.d_model must split into n_heads heads of even size")
+        if (self.model.d_model // self.model.n_heads) % 2:
+            raise ValueError("model.d_model must split into n_heads heads of even size (RoPE)")
         if self.data.context_len % self.protocol.chunk:
             raise ValueError("protocol.chunk must divide data.context_len")
-        if len(set(self.variants)) != len(self.variants):
-            raise ValueError("variants: duplicates")
         return self

@@ -17,8 +17,8 @@ from pipelines.core.runctx import current_node
 from pipelines.core.runtime import node_setup
 from pipelines.core.training import fit
 from pipelines.kvindexer.data import training_sequence, vocab_of
-from pipelines.kvindexer.model import (Indexer, KVTransformer, LatentMemory, Protocol, build_model,
-                                       indexer_kl_loss, stream, teacher)
+from pipelines.kvindexer.model import (Indexer, KVTransformer, LatentMemory, Protocol, indexer_kl_loss, stream,
+                                       teacher)
 from pipelines.kvindexer.params import Params
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def max_len_of(p: Params) -> int:
 
 def model_of(p: Params) -> KVTransformer:
     std = p.model.attn_init_std if p.model.attn_init_std is not None else p.model.d_model ** -0.5
-    return build_model(vocab_of(p).size, p.model.d_model, p.model.n_layers, p.model.n_heads, max_len_of(p), std)
+    return KVTransformer(p.model.tiny_config(vocab_of(p).size, max_len=max_len_of(p)), std)
 
 
 def load_base(blob: dict, p: Params) -> KVTransformer:
@@ -211,10 +211,11 @@ def _evaluate_batch(model, ev, p, policy, budget, dev, indexer, memory, fut, tou
         "kl_indexer_vs_teacher": float(np.mean(out.kl)) if out.kl else math.nan})
 
 
-def train_variant(kv_train: pd.DataFrame, kv_eval: pd.DataFrame, kv_base: dict, p: Params,
-                  variant: str) -> tuple[pd.DataFrame, dict]:
-    """Train what ``variant`` learns (per seed) and evaluate it on every task and budget.
-    Returns the per-prompt results and {seed: state dicts + training histories}."""
+def train_variant(kv_train: pd.DataFrame, kv_eval: pd.DataFrame, kv_base: dict, p: Params, variant: str):
+    """Train what ``variant`` learns (per seed) and evaluate it on every task and budget; ``indexer_memory``
+    also times one-token decode of its cache against the full one (interleaved, in this process).
+    Returns the long results table and the artifacts: the per-prompt results (the plots and depth curves
+    read them), {seed: state dicts} and, for ``indexer_memory``, the timing record."""
     results, trained = [], {}
     for seed in p.seeds:
         dev = node_setup(p, int(seed))
@@ -239,4 +240,69 @@ def train_variant(kv_train: pd.DataFrame, kv_eval: pd.DataFrame, kv_base: dict, 
                 if variant == "full_kv":      # no eviction: the same result stands at every budget
                     r = pd.concat([r.assign(budget=b) for b in p.protocol.budgets], ignore_index=True)
                 results.append(r.assign(seed=int(seed)))
-    return pd.concat(results, ignore_index=True), trained
+    prompts = pd.concat(results, ignore_index=True)
+    timing = None
+    if variant == "indexer_memory":
+        from pipelines.kvindexer.evaluate import measure_speed
+
+        timing = measure_speed(p, kv_eval, kv_base, trained)
+    arts = {"prompts": table_to_tensors(prompts), "trained": trained}
+    if timing is not None:
+        arts["timing"] = timing
+    return results_table(p, variant, prompts, trained, kv_base, timing), arts
+
+
+def results_table(p: Params, variant: str, df: pd.DataFrame, trained: dict, kv_base: dict,
+                  timing: dict | None = None) -> pd.DataFrame:
+    """The long table of one variant, per seed: EM (%), needle recall, residual error, KL and bytes per
+    (task, budget), the RULER-mini average per budget, full KV's EM per task; the training curves (the
+    indexer's KL, the memory's loss; the base model's loss under ``full_kv``, on the first seed) and, for
+    ``indexer_memory``, the decode timing on the first seed."""
+    from pipelines.core.spec import Results
+
+    res = Results(variant)
+    for seed, d in df.groupby("seed"):
+        row: dict[str, float] = {}
+        for (task, budget), g in d.groupby(["task", "budget"]):
+            row[f"em_{task}_{budget}"] = 100.0 * g["correct"].mean()
+            row[f"recall_of_needle_tokens_{task}_{budget}"] = g["needle_recall"].mean()
+            row[f"attn_out_residual_err_{task}_{budget}"] = g["attn_out_residual_err"].mean()
+            if g["kl_indexer_vs_teacher"].notna().any():
+                row[f"kl_indexer_vs_teacher_{task}_{budget}"] = g["kl_indexer_vs_teacher"].mean()
+            row[f"kv_bytes_{budget}"] = g["kv_bytes"].mean()
+            row[f"mem_bytes_{budget}"] = g["mem_bytes"].mean()
+            row[f"total_bytes_{budget}"] = g["kv_bytes"].mean() + g["mem_bytes"].mean()
+        for budget, g in d.groupby("budget"):
+            row[f"ruler_mini_avg_{budget}"] = 100.0 * g.groupby("task")["correct"].mean().mean()
+        if variant == "full_kv":
+            for task, g in d.groupby("task"):
+                row[f"em_{task}"] = 100.0 * g[g.budget == g.budget.iloc[0]]["correct"].mean()
+        res.add(int(seed), **row)
+        for k, h in trained.get(int(seed), {}).get("history", {}).items():
+            res.history(int(seed), k, h)
+    first = int(p.seeds[0])
+    if variant == "full_kv" and kv_base.get("history"):
+        res.history(first, "base_loss", kv_base["history"])
+    if timing is not None:
+        res.add(first, **{k: timing[k] for k in TIMING_METRICS})
+    return res.table()
+
+
+# what the decode timing adds to indexer_memory's table (first seed); evaluate.timing_metrics names them
+TIMING_METRICS = ("decode_ms_per_token_cpu_full_kv", "decode_ms_per_token_cpu", "decode_speedup",
+                  "decode_speedup_ci_low", "decode_speedup_ci_high", "timing_rounds", "timing_kv_entries_full",
+                  "timing_kv_entries_evicted")
+
+
+def table_to_tensors(df: pd.DataFrame) -> dict:
+    """A per-prompt table as {column: tensor | list of str} (the tensors artifact loads weights-only)."""
+    out = {}
+    for c in df.columns:
+        col = df[c]
+        out[c] = (torch.from_numpy(np.ascontiguousarray(col.to_numpy())) if pd.api.types.is_numeric_dtype(col)
+                  else col.astype(str).tolist())
+    return out
+
+
+def tensors_to_table(d: dict) -> pd.DataFrame:
+    return pd.DataFrame({c: (v.numpy() if isinstance(v, torch.Tensor) else list(v)) for c, v in d.items()})

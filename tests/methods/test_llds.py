@@ -310,23 +310,35 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ params / pipeline
-def test_one_train_node_per_variant():
-    from pipelines.llds.pipeline import create_pipeline
+def test_shared_base_is_a_train_step():
+    from pipelines.core.registry import load_pipeline
 
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert names == {"llds.train.base", "llds.train.grpo", "llds.train.llds", "llds.train.llds_rgate",
-                     "llds.train.nll_pos", "llds.train.grpo_hilr", "llds.train.llds_hilr"}
+    names = {n.name for n in load_pipeline("llds").only_nodes_with_tags("train").nodes}
+    assert "llds.train.base" in names   # the SFT policy every variant starts from
 
 
-def test_fewer_seed_variants_take_the_first_seeds_and_unshared_pairs_give_nan():
-    from pipelines.llds.evaluate import derived
+def test_fewer_seed_variants_take_the_first_seeds_and_unshared_pairs_give_no_pairs():
+    from pipelines.core.spec import Results, SeedValues, compute_derived
+    from pipelines.llds.spec import SPEC
 
     p = Params.model_validate({**RAW, "seeds": [3, 4], "variant_seeds": {"llds": 1}})
     assert p.seeds_for("llds") == [3] and p.seeds_for("grpo") == [3, 4]
-    rows = [{"variant": "grpo", "seed": 4, "test_em": 0.2, "grad_norm_max": 1.0},
-            {"variant": "llds", "seed": 3, "test_em": 0.3, "grad_norm_max": 1.0}]
-    m = derived(rows, {"sft_sampled_reward": 0.1, "test_em": 0.5, "sft_probe_reward": 0.1}, ["grpo", "llds"])
-    assert math.isnan(m["delta.test_em.llds_minus_grpo"])       # present (a claim on it fails), not missing
+    from pipelines.llds.evaluate import DELTA_METRICS
+
+    rest = dict.fromkeys(DELTA_METRICS, 0.0)
+    g, ll = Results("grpo"), Results("llds")
+    g.add(4, **{**rest, "test_em": 0.2, "grad_norm_max": 1.0})
+    ll.add(3, **{**rest, "test_em": 0.3, "grad_norm_max": 1.0})
+    values = SeedValues({"grpo": g.table(), "llds": ll.table()})
+    g2 = Results("grpo")
+    g2.add(3, **{**rest, "test_em": 0.1, "grad_norm_max": 2.0})
+    shared = SeedValues({"grpo": g2.table(), "llds": ll.table()})
+    base = {"sft_sampled_reward": 0.1, "test_em": 0.5, "sft_probe_reward": 0.1}
+    _, per_seed = compute_derived(SPEC, p, values, ["grpo", "llds"], {"base": base})
+    assert not per_seed.get("delta.test_em.llds_minus_grpo")      # no shared seed: no pair, no value
+    _, per_seed = compute_derived(SPEC, p, shared, ["grpo", "llds"], {"base": base})
+    assert per_seed["delta.test_em.llds_minus_grpo"] == {3: pytest.approx(0.2)}
+    assert per_seed["ratio.grad_norm_max.grpo_over_llds"] == {3: pytest.approx(2.0)}
 
 
 @pytest.mark.parametrize("patch, key", [
@@ -336,8 +348,6 @@ def test_fewer_seed_variants_take_the_first_seeds_and_unshared_pairs_give_nan():
     ({"llds": {"lam": 0}}, r"llds\.llds\.lam"),
     ({"sft": {"corrupt": 1.0}}, r"llds\.sft\.corrupt"),
     ({"data": {"source": "file"}}, r"llds\.data"),
-    ({"claims": [{"id": "x", "text": "t", "metric": "delta.test_em.llds_minus_nll_pos", "op": ">", "threshold": 0}]},
-     r"llds.*nll_pos"),
 ])
 def test_bad_parameter_names_the_key(patch, key):
     with pytest.raises(ParameterError, match=key):

@@ -1,6 +1,6 @@
-"""Metrics, plots and the report of `llds`: per (variant, seed) summaries of the GRPO runs (greedy test EM,
-probe likelihoods of correct / incorrect trajectories, pre-clip gradient norms, entropy, collapse), paired
-comparisons on the seeds two variants share, curves over training as MLflow histories."""
+"""Metrics, plots and the report's extras of `llds`: per (variant, seed) summaries of the GRPO runs (greedy
+test EM, probe likelihoods of correct / incorrect trajectories, pre-clip gradient norms, entropy, collapse),
+paired comparisons on the seeds two variants share (declared in spec.py), curves over training as histories."""
 from __future__ import annotations
 
 import math
@@ -8,14 +8,17 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import relative_gain
-from pipelines.core.report import build_report
+from pipelines.core.spec import Diff, Fn, Gain, Ratio, SeedValues
 from pipelines.llds.params import Params
 from pipelines.llds.train import collapse_iteration
 
 WINDOW = 10   # iterations averaged for the first / last values of noisy per-iteration diagnostics
 CURVES = ("train_reward", "onpolicy_logp_correct", "entropy", "grad_norm_max", "lld_active_frac",
           "llds_active_frac", "searches_per_answer", "test_em", "logp_correct_mean", "logp_incorrect_mean")
+DELTA_METRICS = ("test_em", "logp_correct_final", "logp_correct_drop", "logp_incorrect_final", "entropy_final",
+                 "train_reward_last", "grad_norm_max")
+SFT_METRICS = {"sft_sampled_reward": "sft_sampled_reward", "sft_test_em": "test_em",
+               "sft_probe_reward": "sft_probe_reward"}
 
 
 def _nanmean(x) -> float:
@@ -57,62 +60,43 @@ def summarise(run: pd.DataFrame, p: Params) -> dict:
     return row
 
 
-def _rows(runs: dict[str, pd.DataFrame], p: Params) -> tuple[list[dict], dict]:
-    rows, collapse = [], {}
-    for variant, df in runs.items():
-        for seed, run in df.groupby("seed"):
-            rows.append({"variant": variant, "seed": int(seed), **summarise(run, p)})
-            ev = run.dropna(subset=["test_em"])
-            c = collapse_iteration(list(zip(ev["iteration"], ev["test_em"])), p.collapse.drop, p.collapse.min_max)
-            collapse[f"{variant}/{int(seed)}"] = c
-    return rows, collapse
+def pairs() -> list[tuple[str, str]]:
+    """(a, b) compared on their shared seeds: LLDS against each baseline / ablation, those against vanilla,
+    and the high-lr pair both ways."""
+    out = [("llds", b) for b in ("grpo", "llds_rgate", "llds_ma", "nll_pos", "grpo_kl")]
+    out += [(a, "grpo") for a in ("llds_rgate", "llds_ma", "nll_pos", "grpo_kl")]
+    return out + [("llds_hilr", "grpo_hilr"), ("grpo_hilr", "llds_hilr")]
 
 
-def _shared(rows: list[dict], a: str, b: str, metric: str) -> tuple[list[float], list[float]]:
-    """a's and b's values of ``metric`` on the seeds both ran, in seed order."""
-    va = {r["seed"]: r[metric] for r in rows if r["variant"] == a and metric in r}
-    vb = {r["seed"]: r[metric] for r in rows if r["variant"] == b and metric in r}
-    shared = sorted(set(va) & set(vb))
-    return [va[s] for s in shared], [vb[s] for s in shared]
+def sft_metrics(values: SeedValues, p: Params, base: dict) -> dict[str, float]:
+    """The shared SFT init's point values (one checkpoint, no seeds)."""
+    return {name: base[key] for name, key in SFT_METRICS.items()}
 
 
-def _paired(rows: list[dict], a: str, b: str, metric: str) -> float:
-    """Mean over the seeds both variants ran of a's metric minus b's (NaN when they share none)."""
-    xa, xb = _shared(rows, a, b, metric)
-    return _nanmean([x - y for x, y in zip(xa, xb)]) if xa else math.nan
+def derived(p: Params) -> list:
+    """Per pair: the paired differences of the summary metrics, the relative EM gain and the ratio of max
+    pre-clip gradient norms (the mean of per-seed values; NaN when the two share no seed)."""
+    out: list = [Fn(sft_metrics, list(SFT_METRICS), inputs=["base"])]
+    for a, b in pairs():
+        out += [Diff(m, a, b, name=f"delta.{m}.{a}_minus_{b}") for m in DELTA_METRICS]
+        out.append(Gain("test_em", a, baseline=b, relative=True, name=f"relative_gain.test_em.{a}_vs_{b}"))
+        out.append(Ratio("grad_norm_max", b, a, name=f"ratio.grad_norm_max.{b}_over_{a}"))
+    return out
 
 
-def derived(rows: list[dict], base: dict, variants: list[str]) -> dict[str, float]:
-    m: dict[str, float] = {"sft_sampled_reward": base["sft_sampled_reward"], "sft_test_em": base["test_em"],
-                           "sft_probe_reward": base["sft_probe_reward"]}
-    have = set(variants)
-    pairs = [("llds", b) for b in ("grpo", "llds_rgate", "llds_ma", "nll_pos", "grpo_kl")]
-    pairs += [(a, "grpo") for a in ("llds_rgate", "llds_ma", "nll_pos", "grpo_kl")]
-    pairs += [("llds_hilr", "grpo_hilr"), ("grpo_hilr", "llds_hilr")]
-    pairs = [(a, b) for a, b in pairs if a in have and b in have]
-    for a, b in pairs:
-        for metric in ("test_em", "logp_correct_final", "logp_correct_drop", "logp_incorrect_final", "entropy_final",
-                       "train_reward_last", "grad_norm_max"):
-            # NaN (a claim on it fails) when the two variants share no seed
-            m[f"delta.{metric}.{a}_minus_{b}"] = _paired(rows, a, b, metric)
-        ea, eb = map(_nanmean, _shared(rows, a, b, "test_em"))
-        m[f"relative_gain.test_em.{a}_vs_{b}"] = (relative_gain(method=ea, baseline=eb, lower_is_better=False)
-                                                  if eb > 0 else math.nan)
-        ga, gb = map(_nanmean, _shared(rows, a, b, "grad_norm_max"))
-        m[f"ratio.grad_norm_max.{b}_over_{a}"] = gb / ga if ga > 0 else math.nan
-    return m
-
-
-def histories(runs: dict[str, pd.DataFrame], base: dict) -> dict[str, dict]:
-    out: dict[str, dict] = {"run": {"sft_loss": base["sft_loss"]}}
-    for variant, df in runs.items():
-        h = {}
-        for seed, run in df.groupby("seed"):
-            for c in CURVES:
-                if c in run:
-                    s = run[["iteration", c]].dropna()
-                    h[f"{c}.seed{int(seed)}"] = [(int(i), float(v)) for i, v in zip(s["iteration"], s[c])]
-        out[variant] = h
+def runs_from(values: SeedValues) -> dict[str, pd.DataFrame]:
+    """Each variant's per-iteration curves back as one frame (variant, seed, iteration, <curve>...)."""
+    t = values.table[values.table["step"].notna()]
+    out = {}
+    for v in values.variants:
+        tv = t[t["variant"] == v]
+        if tv.empty:
+            continue
+        df = tv.pivot_table(index=["seed", "step"], columns="metric", values="value", aggfunc="first").reset_index()
+        df = df.rename(columns={"step": "iteration"})
+        df["iteration"] = df["iteration"].astype(int)
+        df.columns.name = None
+        out[v] = df.sort_values(["seed", "iteration"]).reset_index(drop=True)
     return out
 
 
@@ -123,6 +107,8 @@ def _curves(ax, runs: dict[str, pd.DataFrame], col: str, smooth: int = 1):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (variant, df) in enumerate(runs.items()):
         color = colors[i % len(colors)]
+        if col not in df:            # a curve that was never measured (all NaN) has no history rows
+            continue
         for j, (seed, run) in enumerate(df.groupby("seed")):
             s = run[["iteration", col]].dropna()
             if s.empty:
@@ -138,11 +124,12 @@ def _legend(ax):
         ax.legend(fontsize=8)
 
 
-def make_plots(p: Params, base: dict, **runs: pd.DataFrame) -> dict:
+def make_plots(p: Params, values: SeedValues, artifacts: dict, base: dict) -> dict:
     """Likelihood trajectories (the three-phase LLD picture), greedy test EM, pre-clip gradient norm,
     train reward, entropy; solid = first seed, dashed = the others."""
     import matplotlib.pyplot as plt
 
+    runs = runs_from(values)
     main = {v: d for v, d in runs.items() if not v.endswith("_hilr")}
     hi = {v: d for v, d in runs.items() if v.endswith("_hilr")}
     figs = {}
@@ -178,9 +165,13 @@ def make_plots(p: Params, base: dict, **runs: pd.DataFrame) -> dict:
     return figs
 
 
-def report(p: Params, plots: dict, base: dict, **runs: pd.DataFrame) -> dict:
-    rows, collapse = _rows(runs, p)
-    metrics = derived(rows, base, list(runs))
-    extra = {"collapse_iteration": collapse,
-             "sft": {k: v for k, v in base.items() if k != "sft_loss"}}
-    return build_report("llds", p, rows, metrics, artifacts=plots, histories=histories(runs, base), extra=extra)
+def report_extra(p: Params, values: SeedValues, artifacts: dict, base: dict) -> dict:
+    """The first collapsed evaluation per (variant, seed) and the SFT init's diagnostics (with its loss curve)."""
+    collapse = {}
+    for v, df in runs_from(values).items():
+        for seed, run in df.groupby("seed"):
+            ev = run.dropna(subset=["test_em"])
+            collapse[f"{v}/{int(seed)}"] = collapse_iteration(list(zip(ev["iteration"], ev["test_em"])),
+                                                              p.collapse.drop, p.collapse.min_max)
+    return {"collapse_iteration": collapse, "sft": {k: v for k, v in base.items() if k != "sft_loss"},
+            "sft_loss": list(base["sft_loss"])}

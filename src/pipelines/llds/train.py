@@ -167,6 +167,17 @@ def run_grpo(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, v
 
 
 def train_variant(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, variant: str) -> pd.DataFrame:
-    """train.<variant>: GRPO (+ the variant's term) from the shared SFT policy, on each of its seeds."""
-    return pd.concat([run_grpo(spec, test, base_state, probe, p, variant, s) for s in p.seeds_for(variant)],
-                     ignore_index=True)
+    """train.<variant>: GRPO (+ the variant's term) from the shared SFT policy, on each of its seeds → the
+    variant's long table (per-seed summaries, and the per-iteration curves as histories)."""
+    from pipelines.core.spec import Results
+    from pipelines.llds.evaluate import CURVES, summarise
+
+    res = Results(variant)
+    for s in p.seeds_for(variant):
+        run = run_grpo(spec, test, base_state, probe, p, variant, s)
+        res.add(s, **summarise(run, p))
+        for c in CURVES:
+            if c in run:
+                h = run[["iteration", c]].dropna()
+                res.history(s, c, h[c].to_numpy(float), h["iteration"])
+    return res.table()

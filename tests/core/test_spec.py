@@ -164,3 +164,19 @@ def test_named_streams_are_stable_distinct_and_independent():
     assert rng(5, "x").initial_seed() == stream_seed(5, "x")
     with pytest.raises(ValueError, match="needs a name"):
         stream_seed(0, "")
+
+
+def test_json_records_turn_numpy_scalars_into_python_ones():
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from pipelines.core.spec import json_records
+
+    df = pd.DataFrame({"a": np.array([1, 2], dtype=np.int64), "b": [np.float32(0.5), np.nan],
+                       "c": np.array([True, False])})
+    recs = json_records(df)
+    assert recs[:1] == json_records(df.to_dict("records"))[:1]
+    assert [type(recs[0][k]) for k in "abc"] == [int, float, bool]
+    assert json.loads(json.dumps(recs[:1])) == [{"a": 1, "b": 0.5, "c": True}]

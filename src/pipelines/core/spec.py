@@ -146,6 +146,18 @@ class SeedValues:
         return out
 
 
+def json_records(rows: Any) -> list[dict[str, Any]]:
+    """Rows (a DataFrame or a list of dicts) as JSON-able records: numpy scalars become Python ones (a train
+    node's raw rows kept as its ``artifacts="json"``)."""
+    import numpy as np
+
+    def plain(x: Any) -> Any:
+        return x.item() if isinstance(x, np.generic) else x
+
+    records = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    return [{k: plain(v) for k, v in r.items()} for r in records]
+
+
 def paired(*series: Mapping[int, float]) -> list[int]:
     """The seeds every series has (the pairs a derived metric is computed on), sorted."""
     common = set(series[0]) if series else set()
@@ -561,5 +573,5 @@ def build(method: str):
     return spec.pipeline(validated_params(method, spec))
 
 
-__all__ = ["Data", "Derived", "Diff", "Fn", "Gain", "Method", "Ratio", "Results", "SeedValues", "Train",
+__all__ = ["Data", "Derived", "Diff", "Fn", "Gain", "Method", "json_records", "Ratio", "Results", "SeedValues", "Train",
            "build", "default_plots", "load_spec", "paired"]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.core.spec import Results
+from pipelines.core.spec import Results, json_records
 from pipelines.credal_dro import model as M
 from pipelines.credal_dro.data import env_demand
 from pipelines.credal_dro.params import Params, Variant, tasks_of
@@ -266,17 +266,6 @@ def results_table(variant: str, rows: list[dict]):
     return res.table()
 
 
-def _plain(x):
-    """JSON-able scalars (the raw rows are the variant's artifacts)."""
-    if isinstance(x, np.bool_ | bool):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating):
-        return float(x)
-    return x
-
-
 def train_variant(nv_samples: pd.DataFrame, nv_envs: pd.DataFrame, regression: pd.DataFrame,
                   classification: pd.DataFrame, p: Params, variant: str):
     """The node ``train.<variant>``: every seed × every experiment the variant applies to. Returns the long
@@ -292,4 +281,4 @@ def train_variant(nv_samples: pd.DataFrame, nv_envs: pd.DataFrame, regression: p
             rows += run_regression(regression, p, variant, seed)
         if "classification" in tasks_of(spec):
             rows += run_classification(classification, p, variant, seed)
-    return results_table(variant, rows), [{k: _plain(v) for k, v in r.items()} for r in rows]
+    return results_table(variant, rows), json_records(rows)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
+from pipelines.core.spec import json_records
 from pipelines.hypospace.domains import domain_for
 from pipelines.hypospace.params import LLM_VARIANTS, Params
 from pipelines.hypospace.samplers import llm_client, llm_proposals, offline_proposals, preference
@@ -115,14 +116,4 @@ def train_variant(causal_obs: pd.DataFrame, causal_admissible: pd.DataFrame, vox
               "boolean_admissible": boolean_admissible}
     m = set_metrics(p, variant, proposals_of(p, variant, tables), tables)
     table = results_table(m, variant, top_bins(queried_sets(p, tables), p))
-    return table, [{k: _plain(x) for k, x in r.items()} for r in m.to_dict("records")]
-
-
-def _plain(x):
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating):
-        return float(x)
-    return x
+    return table, json_records(m)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.runtime import node_setup
-from pipelines.core.spec import Results
+from pipelines.core.spec import Results, json_records
 from pipelines.trsp import algorithms as A
 from pipelines.trsp import measures as Ms
 from pipelines.trsp.data import to_instances
@@ -204,15 +204,4 @@ def train_variant(instances: pd.DataFrame, graph: pd.DataFrame, p: Params, varia
     res = Results(variant).add_rows(seed_rows(out))
     for metric, (steps, values) in adversarial_histories(out, p).items():
         res.history(p.plot_seed, metric, values, steps)
-    return res.table(), [{k: _plain(v) for k, v in r.items()} for r in out.to_dict("records")]
-
-
-def _plain(x):
-    """JSON-able scalars."""
-    if isinstance(x, np.bool_ | bool):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating):
-        return float(x)
-    return x
+    return res.table(), json_records(out)

@@ -225,14 +225,6 @@ def test_compression_baselines_keep_question_and_length():
 
 
 # ------------------------------------------------------------------------------------------------ pipeline / input
-def test_one_train_node_per_variant():
-    from pipelines.medtpe.pipeline import create_pipeline
-
-    names = {n.name for n in create_pipeline().only_nodes_with_tags("train").nodes}
-    assert "medtpe.train.original" in names and "medtpe.train.medtpe" in names
-    assert all(n.startswith("medtpe.train.") for n in names)
-
-
 @pytest.mark.parametrize("key, value, where", [
     (("tpe", "max_n"), 1, r"medtpe\.tpe\.max_n"),
     (("data", "n_events"), [5, 2], r"medtpe\.data"),

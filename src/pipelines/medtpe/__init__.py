@@ -1,4 +1,1 @@
-"""MedTPE: lossless medical token-pair merges with embedding-only tuning"""
-from pipelines.medtpe.pipeline import create_pipeline
-
-__all__ = ["create_pipeline"]
+"""MedTPE: lossless medical token-pair merges with embedding-only tuning."""

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 
 from pipelines.core.metrics import interleaved_timing, ratio_ci
-from pipelines.core.report import build_report
 from pipelines.medtpe.params import Params
 
 
@@ -49,7 +48,7 @@ def _rows(predictions: dict[str, pd.DataFrame]) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------ timing
 def timing(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dict, p: Params) -> dict:
-    """evaluate.timing — one node because its measurements must interleave: prefill CPU time (batch 1
+    """data.timing — one node because its measurements must interleave: prefill CPU time (batch 1
     and batch 64), tokenisation time and tokenise + prefill, original vs MedTPE, rounds alternating
     between the two in a rotated order; ratios are medians of per-round ratios with an order-statistic
     interval. Also a prefill-time-vs-length curve of the base model."""
@@ -147,19 +146,42 @@ def timing(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dict, p: P
 
 
 # ------------------------------------------------------------------------------------------------ report
-def _derived(rows: list[dict]) -> dict[str, float]:
-    df = pd.DataFrame(rows).groupby("variant").mean(numeric_only=True)
-    out: dict[str, float] = {}
-    have = set(df.index)
-    for task in [c[len("auroc_"):] for c in df.columns if c.startswith("auroc_")]:
+def results_table(variant: str, preds: pd.DataFrame):
+    """The variant's Results (core.spec) from its per-record predictions, one row of metrics per seed."""
+    from pipelines.core.spec import Results
+
+    return Results(variant).add_rows(_rows({variant: preds}))
+
+
+def derived(p: Params) -> list:
+    """AUROC deltas vs the original tokeniser and vs init-only, per task and their mean, per seed (paired);
+    the timing ratios of data.timing."""
+    from pipelines.core.spec import Diff, Fn
+
+    out = []
+    for task in [*p.tasks, "mean"]:
         col = f"auroc_{task}"
-        for v in ("token_drop", "truncation", "medtpe_init", "medtpe", "medtpe_hard", "extend", "full_ft"):
-            if v in have and "original" in have:
-                out[f"delta.{col}.original_minus_{v}"] = float(df.loc["original", col] - df.loc[v, col])
-        for v in ("medtpe", "medtpe_hard", "extend", "full_ft"):
-            if v in have and "medtpe_init" in have:
-                out[f"delta.{col}.{v}_minus_medtpe_init"] = float(df.loc[v, col] - df.loc["medtpe_init", col])
+        out += [Diff(col, "original", v, name=f"delta.{col}.original_minus_{v}")
+                for v in ("token_drop", "truncation", "medtpe_init", "medtpe", "medtpe_hard", "extend", "full_ft")]
+        out += [Diff(col, v, "medtpe_init", name=f"delta.{col}.{v}_minus_medtpe_init")
+                for v in ("medtpe", "medtpe_hard", "extend", "full_ft")]
+    out.append(Fn(timing_metrics, timing_names, inputs=["timing"]))
     return out
+
+
+def timing_names(p: Params, planned) -> list[str]:
+    names = ["token_ratio.medtpe_vs_original"]
+    for what in ("prefill_b1", "prefill_b64", "e2e_b1", "tokenize"):
+        names += [f"time_ratio.{what}.medtpe_vs_original{x}" for x in ("", ".ci_low", ".ci_high")]
+        names += [f"{what}_ms.{k}" for k in ("original", "medtpe")]
+    names += [f"prefill_reduction_per_token_reduction.{b}{x}" for b in ("b1", "b64") for x in ("", ".ci_low", ".ci_high")]
+    return names
+
+
+def timing_metrics(values, p: Params, timing: dict) -> dict[str, float]:
+    """The interleaved timing node's ratios (medians of per-round ratios with their order-statistic
+    interval, computed in data.timing) as point metrics."""
+    return {k: float(v) for k, v in timing["metrics"].items()}
 
 
 def top_composites(tpes: dict, seed: int, k: int = 30) -> list[dict]:
@@ -174,10 +196,13 @@ def top_composites(tpes: dict, seed: int, k: int = 30) -> list[dict]:
     return out
 
 
-def make_plots(p: Params, timing: dict, tpes: dict, **predictions: pd.DataFrame) -> dict:
+def make_plots(p: Params, results, artifacts: dict, timing: dict, tpes: dict, original: pd.DataFrame) -> dict:
     import matplotlib.pyplot as plt
 
     from pipelines.core.plots import bar_plot, line_plot
+
+    predictions = {"original": original,
+                   **{v: pd.DataFrame(a["predictions"]) for v, a in artifacts.items()}}
 
     figs = {}
     rows = pd.DataFrame(_rows(predictions))
@@ -228,18 +253,7 @@ def make_plots(p: Params, timing: dict, tpes: dict, **predictions: pd.DataFrame)
     return figs
 
 
-def report(p: Params, plots: dict, timing: dict, tpes: dict, original_fitlog: dict, **outputs) -> dict:
-    predictions = {k: v for k, v in outputs.items() if not k.endswith("__fitlog")}
-    fitlogs = {k[:-len("__fitlog")]: v for k, v in outputs.items() if k.endswith("__fitlog")}
-    predictions = {"original": outputs["original"], **predictions}
-    rows = _rows(predictions)
-    metrics = {**_derived(rows), **timing["metrics"]}
-    histories = {"original": {"loss": original_fitlog["loss"]}}
-    for v, log in fitlogs.items():
-        for seed, losses in log.get("loss", {}).items():
-            histories.setdefault(v, {})[f"ssft_loss_seed{seed}"] = losses
-    return build_report("medtpe", p, rows, metrics, artifacts=plots, histories=histories,
-                        extra={"top_composites": top_composites(tpes, p.seeds[0]),
-                               "timing_note": f"CPU time (process_time), {timing['rounds']} interleaved rounds; "
-                                              f"batch 1 over {timing['records_b1']} records, batch "
-                                              f"{timing['records']}"})
+def report_extra(p: Params, results, artifacts: dict, timing: dict, tpes: dict) -> dict:
+    return {"top_composites": top_composites(tpes, p.seeds[0]),
+            "timing_note": f"CPU time (process_time), {timing['rounds']} interleaved rounds; "
+                           f"batch 1 over {timing['records_b1']} records, batch {timing['records']}"}

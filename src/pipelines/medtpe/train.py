@@ -136,7 +136,7 @@ def _sampler(seqs: list[list[int]], pad_id: int, batch: int, *extra: torch.Tenso
     return sample
 
 
-def train_original(ehr: pd.DataFrame, bpe_base: dict, p: Params) -> tuple[pd.DataFrame, dict, dict]:
+def train_original(ehr: pd.DataFrame, bpe_base: dict, p: Params) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
     """train.original: the small LM on the original tokeniser, trained once per run (seed = seeds[0]) with
     cross-entropy on the first answer token at the last prompt position."""
     node_setup(p, p.seeds[0])
@@ -156,7 +156,13 @@ def train_original(ehr: pd.DataFrame, bpe_base: dict, p: Params) -> tuple[pd.Dat
     n_params = sum(q.numel() for q in model.parameters())
     frames = [_frame(te, probs, yes, no, test_ids, test_ids, [bpe.decode(s) == t for s, t in zip(test_ids, te["text"])],
                      seed, "original", len(bpe.vocab), n_params, n_params, 0) for seed in p.seeds]
-    return pd.concat(frames, ignore_index=True), state, {"loss": losses}
+    preds = pd.concat(frames, ignore_index=True)
+    from pipelines.medtpe.evaluate import results_table
+
+    res = results_table("original", preds)
+    for seed in p.seeds[:1]:
+        res.history(seed, "loss", losses)
+    return res.table(), preds, state, {"loss": losses}
 
 
 def _frame(te, probs, yes, no, ids, ids_orig, roundtrip, seed, variant, vocab, trainable, total, n_new):
@@ -171,7 +177,8 @@ def _frame(te, probs, yes, no, ids, ids_orig, roundtrip, seed, variant, vocab, t
 
 def train_variant(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dict, p: Params,
                   variant: str) -> tuple[pd.DataFrame, dict]:
-    """train.<variant> for every variant but `original`, on every seed."""
+    """train.<variant> for every variant but `original`, on every seed: the long table and the raw
+    predictions (artifacts, for the plots)."""
     bpe = BPE.from_dict(bpe_base)
     yes0, no0 = answer_ids(bpe)
     te = prompts(ehr[ehr.split == "test"], p.tasks)
@@ -211,7 +218,13 @@ def train_variant(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dic
         rt = [tok.decode(s) == t for s, t in zip(tpe_test, te["text"])]
         frames.append(_frame(te, probs, yes, no, tpe_test, orig_test, rt, seed, variant, len(tok.vocab), trainable,
                              sum(q.numel() for q in model.parameters()), len(new_rows)))
-    return pd.concat(frames, ignore_index=True), {"loss": fitlog}
+    preds = pd.concat(frames, ignore_index=True)
+    from pipelines.medtpe.evaluate import results_table
+
+    res = results_table(variant, preds)
+    for seed, losses in fitlog.items():
+        res.history(int(seed), f"ssft_loss_seed{seed}", losses)
+    return res.table(), {"predictions": {k: v.tolist() for k, v in preds.items()}}
 
 
 def _ssft(model, base, bpe: BPE, tok: TPE, tr: pd.DataFrame, new_rows: list[int], p: Params, seed: int,

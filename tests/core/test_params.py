@@ -127,3 +127,48 @@ def test_extra_claims_append_to_claims_and_errors_name_their_key():
         validate(Schema, {**GOOD, "claims": [claim("x")], "extra_claims": [claim("x")]}, "m")
     with pytest.raises(ParameterError, match="extra_claims: expected a list"):
         validate(Schema, {**GOOD, "extra_claims": {"x": 1}}, "m")
+
+
+def test_constrained_numbers_and_names_of_behave_like_the_fields_they_replace():
+    """``PositiveInt`` ≡ ``Field(ge=1)`` on ints, ``Fraction`` ≡ ``Field(gt=0, lt=1)``, ``Probability`` ≡
+    ``Field(ge=0, le=1)``; ``names_of(KNOWN)`` is a non-empty list of known names, none twice. Checked
+    against the spelled-out fields on the boundary values, and on the messages (they name the key)."""
+    from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
+
+    from pipelines.core.params import Fraction, Probability, names_of
+
+    class Typed(MethodParams):
+        n: PositiveInt = 1
+        k: NonNegativeInt = 0
+        lr: PositiveFloat = 0.1
+        f: Fraction = 0.5
+        p: Probability = 0.5
+        variants: names_of(("a", "b", "c")) = ["a"]
+        extra: names_of(("x", "y"), "scorer", min_length=0) = []
+
+    class Spelled(MethodParams):
+        n: int = Field(default=1, ge=1)
+        k: int = Field(default=0, ge=0)
+        lr: float = Field(default=0.1, gt=0)
+        f: float = Field(default=0.5, gt=0, lt=1)
+        p: float = Field(default=0.5, ge=0, le=1)
+
+    for key, values in {"n": [0, 1, 5, True], "k": [-1, 0, 3], "lr": [0, 1e-9, 2], "f": [0, 0.3, 1],
+                        "p": [-0.1, 0, 1, 1.1]}.items():
+        for v in values:
+            raw = {"seeds": [0], key: v}
+            outcome = []
+            for schema in (Typed, Spelled):
+                try:
+                    outcome.append(getattr(validate(schema, raw, "m"), key))
+                except ParameterError as exc:
+                    assert str(exc).startswith(f"parameter m.{key}:")
+                    outcome.append("error")
+            assert outcome[0] == outcome[1], (key, v, outcome)
+    assert validate(Typed, {"seeds": [0], "variants": ["c", "a"]}, "m").variants == ["c", "a"]
+    for bad, why in ((["a", "z"], "unknown variant(s) ['z']"), (["a", "a"], "listed twice"), ([], "at least 1")):
+        with pytest.raises(ParameterError, match=r"^parameter m\.variants:") as exc:
+            validate(Typed, {"seeds": [0], "variants": bad}, "m")
+        assert why in str(exc.value)
+    with pytest.raises(ParameterError, match=r"parameter m\.extra: .*unknown scorer\(s\) \['q'\]"):
+        validate(Typed, {"seeds": [0], "extra": ["q"]}, "m")

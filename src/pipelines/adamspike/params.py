@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict, VariantName
+from pipelines.core.params import Fraction, MethodParams, Strict, VariantName
 
 
 class Quad(Strict):
     """The 1-D quadratic f(θ) = ½ a θ² (the 'geometry alone cannot explain it' counterexample)."""
 
-    a: float = Field(default=1.0, gt=0)
+    a: PositiveFloat = 1.0
     theta0: float = 1.0
-    lr: float = Field(default=0.1, gt=0)
+    lr: PositiveFloat = 0.1
     steps: int = Field(default=2000, ge=10)
 
     @field_validator("theta0")
@@ -28,10 +29,10 @@ class Quad(Strict):
 class Mlp(Strict):
     """The small MLP 1 → width (tanh) → 1 on fn64 (or a user table), full-batch MSE in float64."""
 
-    width: int = Field(default=64, ge=1)
+    width: PositiveInt = 64
     n_points: int = Field(default=64, ge=4)          # equispaced x in [-π, π] (built-in data)
     steps: int = Field(default=12000, ge=10)
-    lr: float = Field(default=1e-2, gt=0)
+    lr: PositiveFloat = 1e-2
     data_path: str | None = None                     # .parquet / .csv with float columns x, y (README)
 
 
@@ -41,8 +42,8 @@ class Variant(Strict):
     model: Literal["quad", "mlp"]
     optimizer: Literal["adam", "gd"] = "adam"
     beta1: float = Field(default=0.9, ge=0, lt=1)
-    beta2: float = Field(default=0.999, gt=0, lt=1)
-    eps: float = Field(default=1e-8, ge=0)
+    beta2: Fraction = 0.999
+    eps: NonNegativeFloat = 1e-8
     track: bool = True        # MLP: Hessian-vector products every step (λ_grad, λ_max(Ĥ), λ_max(H)); quad: always
 
 
@@ -55,17 +56,17 @@ class Tracking(Strict):
 class Spikes(Strict):
     factor: float = Field(default=10.0, gt=1)           # loss_t > factor × min(previous `window` losses)
     factor_strict: float = Field(default=100.0, gt=1)   # the stricter definition, reported beside
-    window: int = Field(default=100, ge=1)
-    merge: int = Field(default=200, ge=0)               # detections closer than this are one event
+    window: PositiveInt = 100
+    merge: NonNegativeInt = 200               # detections closer than this are one event
 
 
 class Predictor(Strict):
-    k: int = Field(default=10, ge=1)                    # consecutive steps a condition must hold for an alarm
-    horizon: int = Field(default=50, ge=1)              # an alarm is true if a spike is detected ≤ horizon later
+    k: PositiveInt = 10                    # consecutive steps a condition must hold for an alarm
+    horizon: PositiveInt = 50              # an alarm is true if a spike is detected ≤ horizon later
 
 
 class Stages(Strict):
-    decoupled_ratio: float = Field(default=0.1, gt=0, lt=1)   # Σg²/Σv̂ below this: v decoupled from g²
+    decoupled_ratio: Fraction = 0.1   # Σg²/Σv̂ below this: v decoupled from g²
 
 
 class Params(MethodParams):

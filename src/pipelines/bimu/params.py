@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import MethodParams, Strict, known_names
+from pipelines.core.params import Fraction, MethodParams, Strict, names_of
 
 # permuted-task stream
 CONTINUAL = ("bimu", "bayesbinn", "bayesbinn_official", "online", "mesu", "ste_adam", "metaplastic")
@@ -19,7 +19,7 @@ VARIANTS = CONTINUAL + ACTIVE
 class Data(Strict):
     source: Literal["digits", "file"] = "digits"
     user_path: str | None = None        # full env: CSV with label, split (train/test), x0..x{D-1}
-    test_fraction: float = Field(gt=0, lt=1)
+    test_fraction: Fraction
     split_seed: int = 2026
 
     @model_validator(mode="after")
@@ -33,8 +33,8 @@ class Model(Strict):
     hidden: int = Field(ge=2)
     k_train: int = Field(ge=1, le=64)     # MC samples of the relaxed forward pass per example
     k_eval: int = Field(ge=1, le=256)     # hard Bernoulli samples at test time
-    tau: float = Field(gt=0)              # concrete-relaxation temperature
-    noise_block: int = Field(ge=1)        # steps of relaxation noise pre-sampled at once
+    tau: PositiveFloat              # concrete-relaxation temperature
+    noise_block: PositiveInt        # steps of relaxation noise pre-sampled at once
 
 
 class Continual(Strict):
@@ -51,53 +51,53 @@ class Continual(Strict):
 
 
 class Bimu(Strict):
-    lm: float = Field(gt=0)               # ℓ_m, loss multiplier
-    eta: float = Field(gt=0)
-    eta_max: float = Field(gt=0)
-    kappa: float = Field(ge=0)
-    n_mem: float = Field(gt=0)            # N, memory horizon of the relaxation toward the prior
+    lm: PositiveFloat               # ℓ_m, loss multiplier
+    eta: PositiveFloat
+    eta_max: PositiveFloat
+    kappa: NonNegativeFloat
+    n_mem: PositiveFloat            # N, memory horizon of the relaxation toward the prior
     relaxation: bool = True
 
 
 class BayesBinn(Strict):
-    lr: float = Field(gt=0)
-    prior_strength: float = Field(ge=0)
+    lr: PositiveFloat
+    prior_strength: NonNegativeFloat
 
 
 class Online(Strict):
-    lr: float = Field(gt=0)
+    lr: PositiveFloat
 
 
 class Mesu(Strict):
-    lr_mu: float = Field(gt=0)
-    lr_sigma: float = Field(gt=0)
-    sigma_prior: float = Field(gt=0)
-    sigma_init: float = Field(gt=0)
-    n_mem: float = Field(gt=0)
-    grad_clamp: float = Field(gt=0)
+    lr_mu: PositiveFloat
+    lr_sigma: PositiveFloat
+    sigma_prior: PositiveFloat
+    sigma_init: PositiveFloat
+    n_mem: PositiveFloat
+    grad_clamp: PositiveFloat
 
 
 class Ste(Strict):
-    lr: float = Field(gt=0)               # Adam on the latent weights (BNN-STE and metaplasticity)
-    meta_m: float = Field(gt=0)           # metaplasticity strength m (Laborieux et al.)
+    lr: PositiveFloat               # Adam on the latent weights (BNN-STE and metaplasticity)
+    meta_m: PositiveFloat           # metaplasticity strength m (Laborieux et al.)
 
 
 class Active(Strict):
-    n_domains: int = Field(ge=1)
+    n_domains: PositiveInt
     n_per_domain: int = Field(ge=10)
     imbalance: float = Field(gt=0, le=1)  # class c has frequency ∝ imbalance^(c / (C − 1))
-    brightness: float = Field(ge=0)       # domain shift: x → c x + b, b ~ U(±brightness)
+    brightness: NonNegativeFloat       # domain shift: x → c x + b, b ~ U(±brightness)
     contrast: float = Field(ge=0, lt=1)   #                      c ~ U(1 ± contrast)
     budget: float = Field(gt=0, le=1)     # B, target share of queried labels
     gamma: float = Field(gt=0, le=1)      # exponent of the budget-tracking threshold
     k_query: int = Field(ge=2, le=256)    # hard samples for the variation ratio
-    eval_every: int = Field(ge=1)
+    eval_every: PositiveInt
 
 
 class Params(MethodParams):
     data: Data
     model: Model
-    variants: list[str] = Field(min_length=1)       # one train.<variant> node each
+    variants: names_of(VARIANTS)       # one train.<variant> node each
     continual: Continual
     bimu: Bimu
     bayesbinn: BayesBinn
@@ -107,7 +107,3 @@ class Params(MethodParams):
     ste: Ste
     active: Active
 
-    @field_validator("variants")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        return known_names(v, VARIANTS)

@@ -8,6 +8,7 @@ line naming the key, before any MLflow run is opened.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from typing import Annotated, Any, Literal, TypeVar
@@ -26,6 +27,12 @@ class Strict(BaseModel):
     (``true`` is not an int, ``"3"`` is not a number), except that an int is a valid float."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# Constrained numbers that are not in pydantic (which has PositiveInt, NonNegativeFloat, ...): methods
+# declare ``lr: PositiveFloat = 1e-3`` or ``flip_frac: Fraction`` rather than spelling out ``Field(gt=0, lt=1)``.
+Fraction = Annotated[float, Field(gt=0, lt=1)]       # strictly between 0 and 1
+Probability = Annotated[float, Field(ge=0, le=1)]    # 0 … 1, both included
 
 
 VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -213,6 +220,13 @@ def known_names(v: list[str], known, what: str = "variant") -> list[str]:
     if len(set(v)) != len(v):
         raise ValueError(f"a {what} is listed twice in {v}")
     return v
+
+
+def names_of(known, what: str = "variant", min_length: int = 1):
+    """The type of a list-of-names parameter: ``variants: names_of(VARIANTS)`` is a list of at least
+    ``min_length`` names from ``known``, none twice (:func:`known_names`; the message names the offenders)."""
+    return Annotated[list[str], Field(min_length=min_length),
+                     AfterValidator(functools.partial(known_names, known=known, what=what))]
 
 
 def _clean_loc(loc: tuple) -> tuple:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict, VariantName
+from pipelines.core.params import Fraction, MethodParams, Strict, VariantName
 
 TASKS = ("newsvendor", "regression", "classification")
 
@@ -40,22 +40,22 @@ class Newsvendor(Strict):
 
     dist: Literal["lognormal", "pareto"] = "lognormal"
     mu: float = 3.0                                   # lognormal: log-demand mean
-    sigma: float = Field(default=0.8, gt=0)           # lognormal: log-demand std
+    sigma: PositiveFloat = 0.8           # lognormal: log-demand std
     pareto_index: float = Field(default=2.5, gt=1)    # pareto: tail index (finite mean)
-    pareto_scale: float = Field(default=10.0, gt=0)   # pareto: minimum demand
+    pareto_scale: PositiveFloat = 10.0   # pareto: minimum demand
     user_path: str | None = None                      # CSV with a column 'demand' (full env); None: synthetic
     n_train: int = Field(ge=10)
     n_calib: int = Field(ge=10)
     n_test: int = Field(ge=100)                       # draws per test environment (common random numbers)
-    h: float = Field(default=1.0, gt=0)               # holding cost per unit over-ordered
-    b: float = Field(default=4.0, gt=0)               # backorder cost per unit under-ordered
+    h: PositiveFloat = 1.0               # holding cost per unit over-ordered
+    b: PositiveFloat = 4.0               # backorder cost per unit under-ordered
     eps_t: list[Share] = Field(default_factory=lambda: [0.1, 0.2], min_length=1)  # test contamination shares
     eps: Share = 0.1                                  # headline contamination share of the credal set
     alpha: Share = 0.05                               # headline bulk miscoverage
     n_ref_draws: int = Field(default=2000, ge=100)    # Bayesian / parametric reference draws
-    prior_kappa0: float = Field(default=0.01, gt=0)   # Normal–Inverse-Gamma prior on log-demand (weak)
-    prior_a0: float = Field(default=1.0, gt=0)
-    prior_b0: float = Field(default=1.0, gt=0)
+    prior_kappa0: PositiveFloat = 0.01   # Normal–Inverse-Gamma prior on log-demand (weak)
+    prior_a0: PositiveFloat = 1.0
+    prior_b0: PositiveFloat = 1.0
     grids: Grids
 
 
@@ -65,10 +65,10 @@ class Regression(Strict):
     user_path: str | None = None          # CSV: numeric feature columns + `target` (full env); None: diabetes
     target: str = "target"
     shift_feature: str = "bmi"            # train on rows below its shift_quantile, test on the rest
-    shift_quantile: float = Field(default=0.6, gt=0, lt=1)
-    fit_frac: float = Field(default=0.6, gt=0, lt=1)   # of the training rows, the rest calibrates the bulk
+    shift_quantile: Fraction = 0.6
+    fit_frac: Fraction = 0.6   # of the training rows, the rest calibrates the bulk
     contam_frac: float = Field(default=0.1, ge=0, lt=1)  # test targets shifted by contam_sigma·σ_y
-    contam_sigma: float = Field(default=3.0, ge=0)
+    contam_sigma: NonNegativeFloat = 3.0
     eps: Share = 0.02
     alpha: Share = 0.05
     grids: Grids
@@ -79,18 +79,18 @@ class Classification(Strict):
 
     user_path: str | None = None          # CSV: x_* features, y in {0,1} or {-1,1}, group in {0,1}, split
     n_features: int = Field(default=10, ge=8)
-    n_signal: int = Field(default=4, ge=1)        # features carrying ±class_mean
-    class_mean: float = Field(default=0.5, gt=0)
-    n_nuisance: int = Field(default=3, ge=1)      # features shifted by nuisance_shift in the minority group
+    n_signal: PositiveInt = 4        # features carrying ±class_mean
+    class_mean: PositiveFloat = 0.5
+    n_nuisance: PositiveInt = 3      # features shifted by nuisance_shift in the minority group
     nuisance_shift: float = 1.5
-    extra_noise: float = Field(default=1.0, ge=0)  # extra noise std of the minority group
+    extra_noise: NonNegativeFloat = 1.0  # extra noise std of the minority group
     minority_train: Share = 0.2
     minority_test: Share = 0.5
     n_train: int = Field(ge=20)
     n_calib: int = Field(ge=20)
     n_test: int = Field(ge=20)
     world_seed: int = 1234                        # the fixed noise-mixing matrix
-    l2: float = Field(default=1e-4, ge=0)         # λ‖w‖² added to every variant's objective: keeps the
+    l2: NonNegativeFloat = 1e-4         # λ‖w‖² added to every variant's objective: keeps the
                                                   # logistic minimiser finite when a sample is separable
     eps: Share = 0.05
     alpha: Share = 0.05
@@ -112,7 +112,7 @@ class Variant(Strict):
     covariance: Literal["sample", "mcd"] = "sample"                     # credal: ellipsoid scatter (b, c)
     kappa: float | None = Field(default=None, gt=1, allow_inf_nan=False)  # huber: support inflation
     beta: float | None = Field(default=None, gt=0, le=1)                 # cvar: tail fraction
-    tail_weight: float = Field(default=0.0, ge=0)   # credal: κ_t·E_P0[ℓ·1{ξ∉B}] tail stand-in
+    tail_weight: NonNegativeFloat = 0.0   # credal: κ_t·E_P0[ℓ·1{ξ∉B}] tail stand-in
     grid: bool = True                               # also sweep the frontier grid
 
     @model_validator(mode="after")

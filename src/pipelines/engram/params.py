@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import Fraction, MethodParams, Probability, Strict
 
 # every edit variant (one train.<variant> node each); train.original (the metrics of the model all edits
 # start from) is always built
@@ -24,7 +25,7 @@ class Data(Strict):
 
     source: Literal["digits", "file"] = "digits"
     path: str | None = None
-    test_fraction: float = Field(default=0.3, gt=0, lt=1)   # stratified split, one per seed
+    test_fraction: Fraction = 0.3   # stratified split, one per seed
     limit: int | None = Field(default=None, ge=20)          # keep this many rows (stratified), tests only
 
     @model_validator(mode="after")
@@ -39,10 +40,10 @@ class Model(Strict):
     retrain-from-scratch reuses it."""
 
     hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field(min_length=1)
-    epochs: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    epochs: PositiveInt
+    batch_size: PositiveInt
     lr: Lr
-    weight_decay: float = Field(default=0.0, ge=0)
+    weight_decay: NonNegativeFloat = 0.0
 
 
 class Engram(Strict):
@@ -52,12 +53,12 @@ class Engram(Strict):
     rcond_sweep: list[Rcond] = Field(default_factory=lambda: [1.0e-8, 1.0e-6, 1.0e-4])
     alpha_max: float = Field(default=1.5, gt=0, le=10)
     alpha_points: int = Field(default=16, ge=2, le=200)
-    n_compose: int = Field(default=10, ge=1)                 # random subsets S composed from zero
-    compose_max_size: int = Field(default=5, ge=1)
+    n_compose: PositiveInt = 10                 # random subsets S composed from zero
+    compose_max_size: PositiveInt = 5
     arithmetic_pair: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)] = \
         Field(default_factory=lambda: [3, 7])
-    no_pinv_k: int = Field(default=8, ge=1)                  # top-k class PCs the no-pinv ablation removes
-    timing_repeats: int = Field(default=5, ge=1)             # an edit is timed as the median of repeats
+    no_pinv_k: PositiveInt = 8                  # top-k class PCs the no-pinv ablation removes
+    timing_repeats: PositiveInt = 5             # an edit is timed as the median of repeats
 
     @field_validator("arithmetic_pair")
     @classmethod
@@ -74,14 +75,14 @@ class Unlearn(Strict):
     lowest train-forget accuracy)."""
 
     classes: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)   # classes the baselines forget
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    steps: PositiveInt
+    batch_size: PositiveInt
     lrs: list[Lr] = Field(min_length=1)
-    forget_target: float = Field(default=0.10, ge=0, le=1)
-    retain_weight: float = Field(default=0.5, gt=0, lt=1)   # NegGrad+: β·CE(retain) − (1−β)·CE(forget)
-    ce_cap: float = Field(default=20.0, gt=0)               # ascent stops pushing a sample past this CE
-    grad_clip: float | None = Field(default=1.0, gt=0)
-    log_every: int = Field(default=5, ge=1)                  # train-forget/retain accuracy curve (seed 0)
+    forget_target: Probability = 0.10
+    retain_weight: Fraction = 0.5   # NegGrad+: β·CE(retain) − (1−β)·CE(forget)
+    ce_cap: PositiveFloat = 20.0               # ascent stops pushing a sample past this CE
+    grad_clip: PositiveFloat | None = 1.0
+    log_every: PositiveInt = 5                  # train-forget/retain accuracy curve (seed 0)
 
     @field_validator("classes")
     @classmethod

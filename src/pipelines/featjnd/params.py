@@ -4,8 +4,9 @@ import re
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import Fraction, MethodParams, Probability, Strict
 
 N_DIGITS = 1797  # sklearn's bundled load_digits
 
@@ -17,10 +18,10 @@ class Data(Strict):
     n_train: int = Field(default=1200, ge=20)
     n_val: int = Field(default=300, ge=10)
     n_test: int = Field(default=297, ge=10)
-    test_renders: int = Field(default=2, ge=1)
+    test_renders: PositiveInt = 2
     canvas: int = Field(default=32, ge=16, le=256)
     upsample: int = Field(default=2, ge=1, le=8)
-    clutter: float = Field(default=0.1, ge=0, le=1)
+    clutter: Probability = 0.1
     n_strokes: int = Field(default=2, ge=0, le=20)
 
     @model_validator(mode="after")
@@ -37,39 +38,39 @@ class Data(Strict):
 
 class Backbone(Strict):
     widths: list[int] = Field(default=[16, 32, 64, 64], min_length=4, max_length=4)
-    epochs: int = Field(default=12, ge=1)
-    lr: float = Field(default=2e-3, gt=0)
-    batch_size: int = Field(default=64, ge=1)
+    epochs: PositiveInt = 12
+    lr: PositiveFloat = 2e-3
+    batch_size: PositiveInt = 64
 
 
 class Estimator(Strict):
-    hidden: int = Field(default=32, ge=1)
-    k_samples: int = Field(default=2, ge=1)
-    epochs: int = Field(default=8, ge=1)
-    lr: float = Field(default=2e-3, gt=0)
-    batch_size: int = Field(default=64, ge=1)
-    lambda_m: float = Field(default=0.05, gt=0)
-    tau: float = Field(default=0.05, gt=0)
-    rho: float = Field(default=0.05, gt=0, lt=1)
-    eta: float = Field(default=0.05, gt=0)
-    mu_init: float = Field(default=1.0, gt=0)
-    j_max: float = Field(default=10.0, gt=0)
+    hidden: PositiveInt = 32
+    k_samples: PositiveInt = 2
+    epochs: PositiveInt = 8
+    lr: PositiveFloat = 2e-3
+    batch_size: PositiveInt = 64
+    lambda_m: PositiveFloat = 0.05
+    tau: PositiveFloat = 0.05
+    rho: Fraction = 0.05
+    eta: PositiveFloat = 0.05
+    mu_init: PositiveFloat = 1.0
+    j_max: PositiveFloat = 10.0
     noise_dist: Literal["gaussian", "uniform"] = "gaussian"
     magnitude_metric: Literal["mean_log", "l2"] = "mean_log"
-    calib_steps: int = Field(default=10, ge=1)
-    calib_draws: int = Field(default=2, ge=1)
+    calib_steps: PositiveInt = 10
+    calib_draws: PositiveInt = 2
 
 
 class Evaluation(Strict):
     snr_db: list[float] = Field(default=[10.0, 5.0, 0.0, -5.0], min_length=1)
     quant_steps: list[float] = Field(default=[2.0, 3.0, 4.0], min_length=1)
     token_aggregation: Literal["mean", "rms", "geomean"] = "mean"
-    q_clip: float = Field(default=10.0, gt=0)
-    sal_eps: float = Field(default=0.1, gt=0)
-    occlusion_images: int = Field(default=64, ge=0)
-    occlusion_patch: int = Field(default=2, ge=1)
+    q_clip: PositiveFloat = 10.0
+    sal_eps: PositiveFloat = 0.1
+    occlusion_images: NonNegativeInt = 64
+    occlusion_patch: PositiveInt = 2
     plot_examples: int = Field(default=8, ge=1, le=32)
-    maps_saved: int = Field(default=64, ge=1)
+    maps_saved: PositiveInt = 64
 
     @model_validator(mode="after")
     def _check(self) -> "Evaluation":

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict, known_names
+from pipelines.core.params import MethodParams, Probability, Strict, names_of
 
 # scorers: GHOST, its ablations and the baselines (one train.<variant> node each)
 SCORERS = ("dense", "ghost", "ghost_separate", "ghost_no_recal", "balanced_truncation", "controllability",
@@ -28,14 +29,14 @@ class Data(Strict):
     n_val: int = Field(ge=4)
     n_calib: int = Field(ge=4)       # calibration pool (disjoint subsets per calibration seed)
     n_test: int = Field(ge=4)
-    n_topics: int = Field(ge=1)
-    topic_prob: float = Field(ge=0, le=1)   # P(token drawn from the sequence's topic unigram)
-    zipf_alpha: float = Field(gt=0)
-    n_successors: int = Field(ge=1)
-    dirichlet: float = Field(gt=0)
+    n_topics: PositiveInt
+    topic_prob: Probability   # P(token drawn from the sequence's topic unigram)
+    zipf_alpha: PositiveFloat
+    n_successors: PositiveInt
+    dirichlet: PositiveFloat
     world_seed: int = 2026
-    mqar_fraction: float = Field(default=0.3, ge=0, le=1)   # markov_mqar: share of MQAR sequences
-    mqar_pairs: int = Field(default=16, ge=1)                # key-value pairs stated at the start
+    mqar_fraction: Probability = 0.3   # markov_mqar: share of MQAR sequences
+    mqar_pairs: PositiveInt = 16                # key-value pairs stated at the start
     mqar_values: int = Field(default=64, ge=2)               # value alphabet (chance = 1 / mqar_values)
 
     @model_validator(mode="after")
@@ -53,13 +54,13 @@ class Data(Strict):
 
 class Model(Strict):
     d_model: int = Field(ge=4)
-    n_layers: int = Field(ge=1)
+    n_layers: PositiveInt
     d_state: int = Field(ge=2)
-    n_heads: int = Field(ge=1)
-    n_groups: int = Field(ge=1)
-    expand: int = Field(ge=1)
+    n_heads: PositiveInt
+    n_groups: PositiveInt
+    expand: PositiveInt
     d_conv: int = Field(ge=0, le=16)
-    chunk_size: int = Field(ge=1)
+    chunk_size: PositiveInt
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -71,10 +72,10 @@ class Model(Strict):
 
 
 class Train(Strict):
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0)
-    weight_decay: float = Field(ge=0)
+    steps: PositiveInt
+    batch_size: PositiveInt
+    lr: PositiveFloat
+    weight_decay: NonNegativeFloat
     seed: int = 0                     # ONE model per run, cached; calibration seeds vary around it
 
 
@@ -83,8 +84,8 @@ class Prune(Strict):
     extra_rhos: list[float] = Field(default_factory=list)   # first seed only (e.g. 0.25)
     mode: Literal["per_layer", "global"] = "per_layer"
     recalibrate: bool = True          # sequential layer-by-layer statistics from the pruned network
-    n_calib_seqs: int = Field(ge=1)   # calibration sequences per seed (disjoint subsets of the pool)
-    calib_max_topic: int | None = Field(default=None, ge=0)   # OOD calibration: topics < this only
+    n_calib_seqs: PositiveInt   # calibration sequences per seed (disjoint subsets of the pool)
+    calib_max_topic: NonNegativeInt | None = None   # OOD calibration: topics < this only
 
     @field_validator("rhos", "extra_rhos")
     @classmethod
@@ -95,19 +96,14 @@ class Prune(Strict):
 
 
 class Eval(Strict):
-    main_variants: list[str] = Field(min_length=1)     # every seed
-    ablation_variants: list[str] = Field(default_factory=list)   # first seed only
-    loo_seqs: int = Field(ge=0)          # leave-one-channel-out oracle on layer 0 (0: off)
-    eval_batch: int = Field(ge=1)
-    decode_batch: int = Field(ge=1)
-    decode_tokens: int = Field(ge=1)
-    decode_rounds: int = Field(ge=1)
+    main_variants: names_of(SCORERS)                       # every seed
+    ablation_variants: names_of(SCORERS, min_length=0) = []   # first seed only
+    loo_seqs: NonNegativeInt          # leave-one-channel-out oracle on layer 0 (0: off)
+    eval_batch: PositiveInt
+    decode_batch: PositiveInt
+    decode_tokens: PositiveInt
+    decode_rounds: PositiveInt
     decode_rhos: list[float] = Field(default_factory=list)
-
-    @field_validator("main_variants", "ablation_variants")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        return known_names(v, SCORERS)
 
     @field_validator("decode_rhos")
     @classmethod

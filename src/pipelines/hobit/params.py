@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict, VariantName
+from pipelines.core.params import Fraction, MethodParams, Probability, Strict, VariantName
 
 BATCHERS = ("random", "kmeans", "b3", "batchsampler", "hobit")
 HEURISTICS = ("kmeans", "b3", "batchsampler")      # the "state-of-the-art batching" baselines
@@ -17,16 +18,16 @@ class Data(Strict):
     """``hobit_synth``: latent hierarchy topic → subtopic → fact; a query and a document view per fact."""
 
     user_path: str | None = None          # full env: a parquet of pairs (README); None = synthetic
-    n_topics: int = Field(default=16, ge=1)
-    n_subtopics: int = Field(default=8, ge=1)   # per topic
-    n_facts: int = Field(default=64, ge=1)      # per subtopic
+    n_topics: PositiveInt = 16
+    n_subtopics: PositiveInt = 8   # per topic
+    n_facts: PositiveInt = 64      # per subtopic
     latent_dim: int = Field(default=32, ge=2)
     obs_dim: int = Field(default=64, ge=2)
-    w_subtopic: float = Field(default=0.5, ge=0)
-    w_fact: float = Field(default=0.25, gt=0)
-    noise: float = Field(default=0.3, ge=0)
-    n_test_facts: int = Field(default=1024, ge=1)
-    dup_rate: float = Field(default=0.142857, ge=0, le=1)   # share of train facts with a second pair
+    w_subtopic: NonNegativeFloat = 0.5
+    w_fact: PositiveFloat = 0.25
+    noise: NonNegativeFloat = 0.3
+    n_test_facts: PositiveInt = 1024
+    dup_rate: Probability = 0.142857   # share of train facts with a second pair
 
     @model_validator(mode="after")
     def _test_facts(self):
@@ -37,14 +38,14 @@ class Data(Strict):
 
 
 class Model(Strict):
-    hidden: int = Field(default=128, ge=1)
+    hidden: PositiveInt = 128
     out_dim: int = Field(default=32, ge=2)
     tau: float = Field(default=0.05, gt=0, le=10)
     batch_size: int = Field(default=64, ge=4)
     epochs: int = Field(default=10, ge=2)         # epoch 0 is random for every variant
-    lr: float = Field(default=1e-3, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float | None = Field(default=None, gt=0)
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip: PositiveFloat | None = None
 
     @field_validator("batch_size")
     @classmethod
@@ -58,24 +59,24 @@ class Graph(Strict):
     """The sparse score graph every graph-based batcher and the miner use."""
 
     knn_m: int = Field(default=64, ge=2)          # top-M documents kept per query
-    refresh_every: int = Field(default=2, ge=1)   # epochs between kNN / k-means refreshes (from epoch 1)
+    refresh_every: PositiveInt = 2   # epochs between kNN / k-means refreshes (from epoch 1)
     chunk: int = Field(default=256, ge=16)        # query rows per chunked matmul + top-M
 
 
 class Hobit(Strict):
-    delta_cos: float = Field(default=0.1, ge=0)   # a doc within delta_cos (cosine) of the positive is contradictory
+    delta_cos: NonNegativeFloat = 0.1   # a doc within delta_cos (cosine) of the positive is contradictory
     anchors: Literal["knn", "random"] = "knn"
-    exp_clip: float = Field(default=30.0, gt=0)   # |s_ij - s_ii| clipped before exp
+    exp_clip: PositiveFloat = 30.0   # |s_ij - s_ii| clipped before exp
 
 
 class Baselines(Strict):
-    b3_k: int = Field(default=16, ge=1)           # kNN edges per node for the B3-like graph
-    b3_skip_top: int = Field(default=4, ge=0)     # skip the top-p neighbours (likely false negatives)
-    b3_resolution: float = Field(default=1.0, gt=0)
-    walk_k: int = Field(default=16, ge=1)         # BatchSampler-like walk: neighbours per node
-    walk_restart: float = Field(default=0.2, gt=0, lt=1)
-    mine_rank_lo: int = Field(default=5, ge=1)    # ANCE-lite: one negative from ranks [lo, hi]
-    mine_rank_hi: int = Field(default=30, ge=1)
+    b3_k: PositiveInt = 16           # kNN edges per node for the B3-like graph
+    b3_skip_top: NonNegativeInt = 4     # skip the top-p neighbours (likely false negatives)
+    b3_resolution: PositiveFloat = 1.0
+    walk_k: PositiveInt = 16         # BatchSampler-like walk: neighbours per node
+    walk_restart: Fraction = 0.2
+    mine_rank_lo: PositiveInt = 5    # ANCE-lite: one negative from ranks [lo, hi]
+    mine_rank_hi: PositiveInt = 30
 
     @model_validator(mode="after")
     def _ranks(self):
@@ -99,16 +100,16 @@ class Variant(Strict):
 class Checks(Strict):
     """The objective checks reported with the run (exhaustive on tiny random instances)."""
 
-    n_instances: int = Field(default=200, ge=1)
+    n_instances: PositiveInt = 200
     ground: int = Field(default=6, ge=2, le=10)   # candidates in the submodularity check
-    n_anchors: int = Field(default=3, ge=1)
+    n_anchors: PositiveInt = 3
     greedy_ground: int = Field(default=8, ge=2, le=12)
-    greedy_budget: int = Field(default=3, ge=1)
+    greedy_budget: PositiveInt = 3
 
 
 class Eval(Strict):
     ks: list[int] = Field(default_factory=lambda: [1, 10])
-    hist_sample: int = Field(default=4096, ge=1)  # in-batch negative scores kept for the histogram
+    hist_sample: PositiveInt = 4096  # in-batch negative scores kept for the histogram
 
 
 class Params(MethodParams):

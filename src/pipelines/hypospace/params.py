@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Probability, Strict, names_of
 
 DOMAINS = ("causal", "voxel3d", "boolean")
 OFFLINE = ("uniform_valid", "uniform_prior", "mode_collapse", "history_avoid", "stratified", "noisy", "enumerate")
@@ -40,8 +40,8 @@ class CausalCfg(Strict):
 class VoxelCfg(Strict):
     grid: int = Field(ge=2, le=5)
     max_heights: list[int] = Field(min_length=1)
-    min_blocks: int = Field(ge=1)                        # top-view cells with a block
-    max_blocks: int = Field(ge=1)
+    min_blocks: PositiveInt                        # top-view cells with a block
+    max_blocks: PositiveInt
     sets_per_config: int = Field(ge=1, le=10_000)
 
     @model_validator(mode="after")
@@ -61,8 +61,8 @@ class BooleanCfg(Strict):
     variables: list[Literal["x", "y", "z"]] = Field(min_length=2, max_length=3)
     max_depth: int = Field(ge=1, le=3)
     operator_sets: list[Literal["basic", "extended"]] = Field(min_length=1)
-    min_rows: int = Field(ge=1)                          # observed truth-table rows per set
-    max_rows: int = Field(ge=1)
+    min_rows: PositiveInt                          # observed truth-table rows per set
+    max_rows: PositiveInt
     sets_per_config: int = Field(ge=1, le=10_000)
 
     @model_validator(mode="after")
@@ -93,16 +93,16 @@ class Domains(Strict):
 
 class Protocol(Strict):
     query_multiplier: float = Field(gt=0, le=10)         # N = ceil(m · |A|) queries per observation set
-    max_queries: int | None = Field(default=None, ge=1)  # cap on N (logged); null: none
+    max_queries: PositiveInt | None = None  # cap on N (logged); null: none
     history_window: int = Field(ge=0, le=100)            # prior unique proposals shown / avoided
 
 
 class Samplers(Strict):
-    temperature: float = Field(gt=0)                     # softmax(−score / T) of the collapsing samplers
-    eta_scale: float = Field(ge=0)                       # std of the fixed per-hypothesis preference η
-    p_obey: float = Field(ge=0, le=1)                    # history_avoid: P(redraw a recent repeat)
+    temperature: PositiveFloat                     # softmax(−score / T) of the collapsing samplers
+    eta_scale: NonNegativeFloat                       # std of the fixed per-hypothesis preference η
+    p_obey: Probability                    # history_avoid: P(redraw a recent repeat)
     max_redraws: int = Field(ge=1, le=100)
-    noise_q: float = Field(ge=0, le=1)                   # noisy: P(corrupt a proposal)
+    noise_q: Probability                   # noisy: P(corrupt a proposal)
 
 
 class Llm(Strict):
@@ -111,26 +111,18 @@ class Llm(Strict):
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # env var holding the key
     temperature: float = Field(ge=0, le=2)
     max_tokens: int = Field(ge=16)
-    timeout_s: float = Field(gt=0)
+    timeout_s: PositiveFloat
     retries: int = Field(ge=0, le=10)                    # re-asks after an unparsable answer
     cache_path: str | None = None
-    max_queries: int = Field(ge=1)                       # cap on N per observation set
-    max_sets_per_config: int = Field(ge=1)               # observation sets per configuration and seed
+    max_queries: PositiveInt                       # cap on N per observation set
+    max_sets_per_config: PositiveInt               # observation sets per configuration and seed
 
 
 class Params(MethodParams):
-    variants: list[str] = Field(min_length=1)            # one train.<variant> node each
+    variants: names_of(VARIANTS, "sampler")              # one train.<variant> node each
     domains: Domains
     protocol: Protocol
     samplers: Samplers
     llm: Llm
-    min_bin_sets: int = Field(ge=1)                      # the "top |A| bin" is the largest with this many sets
+    min_bin_sets: PositiveInt                      # the "top |A| bin" is the largest with this many sets
     user_observations: str | None = None                 # full env: a CSV of observation sets (README)
-
-    @field_validator("variants")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        bad = [x for x in v if x not in VARIANTS]
-        if bad:
-            raise ValueError(f"unknown sampler(s) {bad}: use {VARIANTS}")
-        return v

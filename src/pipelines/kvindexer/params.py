@@ -2,7 +2,7 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from pipelines.core.params import MethodParams, Strict, TinyTransformer
 
@@ -35,22 +35,22 @@ class Data(Strict):
 class Model(TinyTransformer):
     """The base model's sizes (core's TinyTransformer block: d_model, n_layers, n_heads, d_ff, dropout) and
     its training."""
-    seed: int = Field(default=0, ge=0)                # the base model is trained once per run
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    seed: NonNegativeInt = 0                # the base model is trained once per run
+    steps: PositiveInt
+    batch_size: PositiveInt
     lr: float = Field(gt=0, le=1.0)
-    weight_decay: float = Field(default=0.01, ge=0)
+    weight_decay: NonNegativeFloat = 0.01
     init_path: str | None = None                      # a saved base state dict (skips training)
-    attn_init_std: float | None = Field(default=None, gt=0)   # None: d_model^-0.5 (core's 0.02 plateaus)
+    attn_init_std: PositiveFloat | None = None   # None: d_model^-0.5 (core's 0.02 plateaus)
 
 
 class Protocol(Strict):
     chunk: int = Field(ge=4)                          # c: streaming prefill chunk
-    n_sink: int = Field(ge=0)
-    recent: int = Field(ge=0)                         # w: most recent tokens always kept
+    n_sink: NonNegativeInt
+    recent: NonNegativeInt                         # w: most recent tokens always kept
     budgets: list[int] = Field(min_length=1)          # C: cached tokens per layer after each eviction
-    snap_window: int = Field(default=8, ge=1)         # SnapKV observation window (last queries of a chunk)
-    snap_kernel: int = Field(default=5, ge=1)         # SnapKV average-pool kernel (odd)
+    snap_window: PositiveInt = 8         # SnapKV observation window (last queries of a chunk)
+    snap_kernel: PositiveInt = 5         # SnapKV average-pool kernel (odd)
 
     @model_validator(mode="after")
     def _check(self):
@@ -65,29 +65,29 @@ class Protocol(Strict):
 class Indexer(Strict):
     heads: int = Field(ge=1, le=64)                   # H_I
     dim: int = Field(ge=2, le=1024)
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    steps: PositiveInt
+    batch_size: PositiveInt
     lr: float = Field(gt=0, le=1.0)
-    rollout_size: int = Field(default=128, ge=1)     # prompts streamed by the current indexer per refresh
-    refresh_every: int = Field(default=50, ge=1)     # steps between rollouts (targets on the surviving cache)
+    rollout_size: PositiveInt = 128     # prompts streamed by the current indexer per refresh
+    refresh_every: PositiveInt = 50     # steps between rollouts (targets on the surviving cache)
 
 
 class Memory(Strict):
     dim: int = Field(ge=2, le=1024)                   # feature size of the per-head state (dim x d_head)
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    steps: PositiveInt
+    batch_size: PositiveInt
     lr: float = Field(gt=0, le=1.0)
-    beta: float = Field(ge=0)                          # weight of the attention-output residual loss
+    beta: NonNegativeFloat                          # weight of the attention-output residual loss
     gate_init: float = Field(default=-4.0, le=0)       # gate bias: sigmoid(-4) = 0.018
-    train_budget: int | None = Field(default=None, ge=1)   # None: the smallest budget
+    train_budget: PositiveInt | None = None   # None: the smallest budget
 
 
 class Eval(Strict):
     tasks: list[Literal["niah_single", "niah_multikey", "niah_multivalue", "vt"]] = Field(min_length=1)
     timing_rounds: int = Field(ge=3)
-    timing_budget: int = Field(ge=1)
-    timing_tokens: int = Field(default=8, ge=1)
-    batch_size: int = Field(default=128, ge=1)        # prompts per streamed evaluation batch
+    timing_budget: PositiveInt
+    timing_tokens: PositiveInt = 8
+    batch_size: PositiveInt = 128        # prompts per streamed evaluation batch
 
 
 class Params(MethodParams):

@@ -6,24 +6,25 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import Fraction, MethodParams, Strict
 
 
 class Data(Strict):
     source: Literal["synthetic", "file"] = "synthetic"
     path: str | None = None            # file source: a CSV / parquet table (README: prompt, answer, split)
     context_len: int = Field(ge=8, le=65536)        # N: filler + records before the question
-    n_records: int = Field(ge=1)
+    n_records: PositiveInt
     key_len: int = Field(ge=1, le=8)
     value_len: int = Field(ge=1, le=8)
-    n_query_keys: int = Field(ge=1)
+    n_query_keys: PositiveInt
     n_key_symbols: int = Field(ge=2)
     n_value_symbols: int = Field(ge=2)
-    n_filler_symbols: int = Field(ge=1)             # filler entropy = log2(n_filler_symbols) bits/token
+    n_filler_symbols: PositiveInt             # filler entropy = log2(n_filler_symbols) bits/token
     block_size: int = Field(ge=2, le=64)            # B: the answer block (one diffusion block)
     n_train: int = Field(ge=16)                     # training sequences (drawn once, sampled by the loop)
-    n_eval: int = Field(ge=1)                       # evaluation prompts per seed
+    n_eval: PositiveInt                       # evaluation prompts per seed
     world_seed: int = 2026                          # the training set (eval prompts use the run seeds)
 
     @model_validator(mode="after")
@@ -47,26 +48,26 @@ class Data(Strict):
 class Model(Strict):
     d_model: int = Field(ge=8)
     n_layers: int = Field(ge=1, le=48)
-    n_heads: int = Field(ge=1)
-    d_ff: int = Field(default=0, ge=0)              # 0 → 4 · d_model
-    rope_base: float = Field(default=10000.0, gt=0)
+    n_heads: PositiveInt
+    d_ff: NonNegativeInt = 0              # 0 → 4 · d_model
+    rope_base: PositiveFloat = 10000.0
 
 
 class Train(Strict):
     seed: int = 0                     # the one base model of a run (eval seeds vary the prompts)
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0)
-    weight_decay: float = Field(ge=0)
+    steps: PositiveInt
+    batch_size: PositiveInt
+    lr: PositiveFloat
+    weight_decay: NonNegativeFloat
     gamma_min: float = Field(gt=0, le=1)            # mask rate γ ~ U(gamma_min, 1]
-    grad_clip: float = Field(gt=0)
+    grad_clip: PositiveFloat
 
 
 class Decode(Strict):
-    steps: int = Field(ge=1)                        # T denoising steps per block
-    page_size: int = Field(ge=1)                    # P (KV page of the prefix cache)
+    steps: PositiveInt                        # T denoising steps per block
+    page_size: PositiveInt                    # P (KV page of the prefix cache)
     budgets: list[int] = Field(min_length=1)        # per-query token budgets (multiples of P)
-    batch: int = Field(ge=1)                        # prompts decoded together
+    batch: PositiveInt                        # prompts decoded together
 
     @model_validator(mode="after")
     def _pages(self):
@@ -93,15 +94,15 @@ class Variant(Strict):
 
 
 class Timing(Strict):
-    n_prompts: int = Field(ge=1)
+    n_prompts: PositiveInt
     budgets: list[int] = Field(min_length=1)
     rounds: int = Field(ge=3)
-    warmup: int = Field(default=1, ge=0)
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    warmup: NonNegativeInt = 1
+    confidence: Fraction = 0.95
 
 
 class Locality(Strict):
-    top_share: float = Field(default=0.5, gt=0, lt=1)   # share of block tokens whose δ mass is measured
+    top_share: Fraction = 0.5   # share of block tokens whose δ mass is measured
     hist_bins: int = Field(default=40, ge=5, le=200)
 
 

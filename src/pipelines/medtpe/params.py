@@ -2,9 +2,9 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import Fraction, MethodParams, Strict
 
 Variant = Literal["original", "medtpe_init", "medtpe", "medtpe_hard", "extend", "full_ft", "token_drop",
                   "truncation"]
@@ -12,14 +12,14 @@ Task = Literal["mortality", "long_stay"]
 
 
 class Data(Strict):
-    seed: int = Field(default=0, ge=0)              # the EHR cohort (seeds vary the TPE mining and SSFT)
+    seed: NonNegativeInt = 0              # the EHR cohort (seeds vary the TPE mining and SSFT)
     n_train: int = Field(ge=20)
     n_test: int = Field(ge=10)
     n_events: list[int] = Field(default=[4, 8], min_length=2, max_length=2)   # events per stay, inclusive
     n_labs: int = Field(default=18, ge=4, le=18)    # lab vocabulary size
-    signal_scale: float = Field(default=2.0, gt=0)
-    prevalence_mortality: float = Field(default=0.13, gt=0, lt=1)
-    prevalence_long_stay: float = Field(default=0.3, gt=0, lt=1)
+    signal_scale: PositiveFloat = 2.0
+    prevalence_mortality: Fraction = 0.13
+    prevalence_long_stay: Fraction = 0.3
     format: Literal["nl", "json"] = "nl"
     corpus_bytes: int = Field(default=500_000, ge=10_000)   # cap of the stdlib docstring harvest
     corpus_path: str | None = None                  # --env=full: parquet with a `text` column
@@ -35,41 +35,41 @@ class Data(Strict):
 
 class BPEParams(Strict):
     vocab_size: int = Field(default=4096, ge=300, le=200_000)
-    min_pair_freq: int = Field(default=2, ge=1)
+    min_pair_freq: PositiveInt = 2
 
 
 class TPEParams(Strict):
     max_n: int = Field(default=2, ge=2, le=6)
-    max_m: int = Field(default=200, ge=1)
-    min_freq: int = Field(default=2, ge=1)
+    max_m: PositiveInt = 200
+    min_freq: PositiveInt = 2
     number_filter: Literal["ngram", "text", "none"] = "ngram"
     mine_records: int = Field(default=1000, ge=10)  # training records mined per seed (a seeded subset)
 
 
 class ModelParams(Strict):
     d_model: int = Field(default=64, ge=8)
-    n_layers: int = Field(default=2, ge=1)
-    n_heads: int = Field(default=4, ge=1)
+    n_layers: PositiveInt = 2
+    n_heads: PositiveInt = 4
     max_len: int = Field(default=2048, ge=64)
 
 
 class BaseTrain(Strict):
-    steps: int = Field(default=300, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    lr: float = Field(default=2e-3, gt=0)
+    steps: PositiveInt = 300
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 2e-3
 
 
 class SSFT(Strict):
-    steps: int = Field(default=100, ge=1)
-    batch_size: int = Field(default=16, ge=1)
-    lr: float = Field(default=5e-3, gt=0)
-    full_ft_lr: float = Field(default=5e-4, gt=0)   # full fine-tuning (upper bound) uses a smaller lr
+    steps: PositiveInt = 100
+    batch_size: PositiveInt = 16
+    lr: PositiveFloat = 5e-3
+    full_ft_lr: PositiveFloat = 5e-4   # full fine-tuning (upper bound) uses a smaller lr
     pool: int = Field(default=1024, ge=8)           # training prompts with teacher targets
 
 
 class Timing(Strict):
     rounds: int = Field(default=15, ge=3)
-    n_records: int = Field(default=64, ge=1)        # batch-64 prefill (and how many records batch 1 cycles)
+    n_records: PositiveInt = 64        # batch-64 prefill (and how many records batch 1 cycles)
     lengths: list[int] = Field(default=[128, 256, 512])   # latency-vs-length curve (tokens)
 
 

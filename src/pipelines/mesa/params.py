@@ -2,30 +2,31 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict, known_names
+from pipelines.core.params import Fraction, MethodParams, Probability, Strict, names_of
 
 VARIANTS = ("base", "full_sft", "head_sft", "mesa", "mesa_no_route", "router_only", "random_experts", "greedy",
             "mesa_kappa")
 
 
 class Data(Strict):
-    seed: int = Field(default=0, ge=0)               # the synthetic corpus (seeds vary k-means and alignment)
+    seed: NonNegativeInt = 0               # the synthetic corpus (seeds vary k-means and alignment)
     n_pretrain: int = Field(ge=50)                   # base-model training pool
     n_align_harmful: int = Field(ge=10)              # D_s: harmful prompts with refusal targets
     n_replay: int = Field(ge=10)                     # utility replay pool of the alignment stage
     n_eval: int = Field(ge=10)                       # prompts per evaluation set
     n_harm: int = Field(default=20, ge=4, le=200)    # harm tokens; the last `n_harm_heldout` never reach D_s
-    n_harm_heldout: int = Field(default=5, ge=1)
+    n_harm_heldout: PositiveInt = 5
     n_wrappers: int = Field(default=6, ge=2, le=50)  # two-token jailbreak wrappers; the first `n_wrappers_align` in D_s
-    n_wrappers_align: int = Field(default=3, ge=1)
+    n_wrappers_align: PositiveInt = 3
     n_templates: int = Field(default=6, ge=1, le=50)   # prompt templates per benign task and for direct requests
     n_step_tokens: int = Field(default=30, ge=3)     # vocabulary of harm-specific compliance tokens
     max_digits: int = Field(default=5, ge=3, le=12)  # copy / sort / reverse operate on 3..max_digits digits
-    mix_benign: float = Field(default=0.5, gt=0, lt=1)          # base mixture: benign (half wrapped) ...
-    mix_harmful_direct: float = Field(default=0.2, gt=0, lt=1)  # direct harmful → refusal; rest wrapped → comply
-    align_direct_frac: float = Field(default=0.2, ge=0, le=1)   # D_s: share of direct (unwrapped) requests
+    mix_benign: Fraction = 0.5          # base mixture: benign (half wrapped) ...
+    mix_harmful_direct: Fraction = 0.2  # direct harmful → refusal; rest wrapped → comply
+    align_direct_frac: Probability = 0.2   # D_s: share of direct (unwrapped) requests
     pretrain_path: str | None = None                 # --env=full: user tables (README: input format)
     align_path: str | None = None
     eval_path: str | None = None
@@ -45,10 +46,10 @@ class Data(Strict):
 
 class Model(Strict):
     d_model: int = Field(default=64, ge=8)
-    n_layers: int = Field(default=2, ge=1)
-    n_heads: int = Field(default=4, ge=1)
+    n_layers: PositiveInt = 2
+    n_heads: PositiveInt = 4
     n_experts: int = Field(default=8, ge=2)
-    top_k: int = Field(default=2, ge=1)
+    top_k: PositiveInt = 2
     d_expert: int = Field(default=128, ge=4)         # FFN width of each expert
     max_len: int = Field(default=32, ge=8)
 
@@ -60,38 +61,38 @@ class Model(Strict):
 
 
 class Base(Strict):
-    steps: int = Field(default=1200, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    lr: float = Field(default=3e-3, gt=0)
-    weight_decay: float = Field(default=0.01, ge=0)
-    load_balance: float = Field(default=0.01, ge=0)  # weight of the Switch load-balance loss (base and alignment)
+    steps: PositiveInt = 1200
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 3e-3
+    weight_decay: NonNegativeFloat = 0.01
+    load_balance: NonNegativeFloat = 0.01  # weight of the Switch load-balance loss (base and alignment)
 
 
 class Profile(Strict):
     decision_window: int = Field(default=2, ge=1, le=8)   # last prompt positions (up to the answer marker) profiled
-    n_head: int = Field(default=2, ge=1)              # "head" = the current safety experts (top f_s)
-    mask_top: int = Field(default=2, ge=1)            # masking attack: experts masked per layer
+    n_head: PositiveInt = 2              # "head" = the current safety experts (top f_s)
+    mask_top: PositiveInt = 2            # masking attack: experts masked per layer
 
 
 class OT(Strict):
     n_clusters: int = Field(default=4, ge=1, le=64)   # m duty clusters (k-means of safety-token hidden states)
-    eps: float = Field(default=0.05, gt=0)            # entropic regularisation
-    tau: float = Field(default=0.1, gt=0)             # KL relaxation of the expert marginal
-    lambda_u: float = Field(default=1.0, ge=0)        # utility-interference cost
-    lambda_a: float = Field(default=1.0, ge=0)        # routing-affinity cost
-    lambda_h: float = Field(default=0.5, ge=0)        # already-overloaded head cost
-    n_sel: int = Field(default=4, ge=1)               # experts selected per layer (top relaxed column mass)
+    eps: PositiveFloat = 0.05            # entropic regularisation
+    tau: PositiveFloat = 0.1             # KL relaxation of the expert marginal
+    lambda_u: NonNegativeFloat = 1.0        # utility-interference cost
+    lambda_a: NonNegativeFloat = 1.0        # routing-affinity cost
+    lambda_h: NonNegativeFloat = 0.5        # already-overloaded head cost
+    n_sel: PositiveInt = 4               # experts selected per layer (top relaxed column mass)
     kappa: float = Field(default=0.8, gt=0, le=1)     # mesa_kappa: smallest set holding kappa of the mass
     max_iter: int = Field(default=2000, ge=10)
-    tol: float = Field(default=1e-9, gt=0)
+    tol: PositiveFloat = 1e-9
 
 
 class Align(Strict):
-    steps: int = Field(default=200, ge=1)
+    steps: PositiveInt = 200
     batch_size: int = Field(default=32, ge=2)         # half D_s, half utility replay
-    lr: float = Field(default=1e-3, gt=0)
-    mu_route: float = Field(default=0.5, ge=0)        # routing refinement on safety-decision tokens
-    mu_keep: float = Field(default=0.5, ge=0)         # router KL to the original on utility tokens
+    lr: PositiveFloat = 1e-3
+    mu_route: NonNegativeFloat = 0.5        # routing refinement on safety-decision tokens
+    mu_keep: NonNegativeFloat = 0.5         # router KL to the original on utility tokens
 
 
 class Params(MethodParams):
@@ -104,12 +105,7 @@ class Params(MethodParams):
     align: Align = Align()
     refusal_token: str = "R1"                         # first token of the refusal (safety = argmax is this)
     answer_marker: str = "=>"                         # the token that ends every prompt
-    variants: list[str] = Field(min_length=1)         # one train.<variant> node each (base: train.base)
-
-    @field_validator("variants")
-    @classmethod
-    def _known(cls, v):
-        return known_names(v, VARIANTS)
+    variants: names_of(VARIANTS)         # one train.<variant> node each (base: train.base)
 
     @model_validator(mode="after")
     def _sizes(self):

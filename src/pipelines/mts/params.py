@@ -2,9 +2,9 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Probability, Strict
 
 BASELINES = ("real_only", "uniform", "classifier_filter", "oracle")
 QUALITIES = ("good", "off_manifold", "label_noise", "mixup")
@@ -12,10 +12,10 @@ QUALITIES = ("good", "off_manifold", "label_noise", "mixup")
 
 class Mix(Strict):
     """Fractions of the synthetic pool per quality type (normalised to sum 1)."""
-    good: float = Field(ge=0, le=1)
-    off_manifold: float = Field(ge=0, le=1)
-    label_noise: float = Field(ge=0, le=1)
-    mixup: float = Field(ge=0, le=1)
+    good: Probability
+    off_manifold: Probability
+    label_noise: Probability
+    mixup: Probability
 
 
 class Data(Strict):
@@ -24,10 +24,10 @@ class Data(Strict):
     n_real_train: int = Field(ge=10)
     n_meta: int = Field(ge=10)
     n_test: int = Field(ge=10)
-    n_syn: int = Field(ge=0)
+    n_syn: NonNegativeInt
     mix: Mix
-    good_noise: float = Field(ge=0)               # σ of the pixel noise of a "good" synthetic digit
-    off_noise: float = Field(ge=0)                # σ of the pixel noise of an off-manifold sample
+    good_noise: NonNegativeFloat               # σ of the pixel noise of a "good" synthetic digit
+    off_noise: NonNegativeFloat                # σ of the pixel noise of an off-manifold sample
     mixup_low: float = Field(gt=0.5, lt=1)        # λ ~ U(low, high) on the majority image
     mixup_high: float = Field(gt=0.5, le=1)
 
@@ -44,26 +44,26 @@ class Features(Strict):
     embed_dim: int = Field(ge=2, le=256)          # PCA stand-in for the generator's embedding (SD_*)
     knn: int = Field(ge=1, le=50)                 # distance-weighted k-NN label agreement
     top_k: int = Field(ge=1, le=50)               # top-k same-class cosines
-    pre_epochs: int = Field(ge=1)                 # the no-selection run giving the pre_* dynamics
+    pre_epochs: PositiveInt                 # the no-selection run giving the pre_* dynamics
 
 
 class Classifier(Strict):
-    hidden: int = Field(ge=1)
-    lr: float = Field(gt=0)
+    hidden: PositiveInt
+    lr: PositiveFloat
     momentum: float = Field(ge=0, lt=1)
-    weight_decay: float = Field(ge=0)
-    epochs: int = Field(ge=1)
-    batch_size: int = Field(ge=1)                 # the non-meta baselines' batch
+    weight_decay: NonNegativeFloat
+    epochs: PositiveInt
+    batch_size: PositiveInt                 # the non-meta baselines' batch
 
 
 class Meta(Strict):
-    hidden: int = Field(ge=1)
-    lr: float = Field(gt=0)                       # Adam on the meta-net
-    virtual_lr: float = Field(gt=0)               # the virtual (pseudo) step of the unroll
-    meta_batch: int = Field(ge=1)
+    hidden: PositiveInt
+    lr: PositiveFloat                       # Adam on the meta-net
+    virtual_lr: PositiveFloat               # the virtual (pseudo) step of the unroll
+    meta_batch: PositiveInt
     w_floor: float = Field(ge=0, lt=1)            # w = floor + (1 − floor)·sigmoid: no collapse to 0
     grad: Literal["exact", "finite_difference"] = "exact"
-    fd_eps: float = Field(gt=0)                   # ε = fd_eps / ‖g_val‖ for the finite-difference HVP
+    fd_eps: PositiveFloat                   # ε = fd_eps / ‖g_val‖ for the finite-difference HVP
 
 
 class Selector(Strict):
@@ -71,8 +71,8 @@ class Selector(Strict):
     features: Literal["loss", "full", "full_noflag"]
     batch_size: int = Field(ge=2)
     seeds: list[int] | None = None                # run on a subset of the seeds (budget), None: all
-    epochs: int | None = Field(default=None, ge=1)   # None: classifier.epochs (equal epochs)
-    lr: float | None = Field(default=None, gt=0)     # None: classifier.lr (equal-steps runs scale it)
+    epochs: PositiveInt | None = None   # None: classifier.epochs (equal epochs)
+    lr: PositiveFloat | None = None     # None: classifier.lr (equal-steps runs scale it)
 
 
 class Gsnr(Strict):
@@ -80,7 +80,7 @@ class Gsnr(Strict):
     seed: int = 0
     draws: int = Field(ge=4)
     batch_sizes: list[int] = Field(min_length=2)
-    warm_epochs: int = Field(ge=0)                # θ after this many uniform epochs, φ at init
+    warm_epochs: NonNegativeInt                # θ after this many uniform epochs, φ at init
     selectors: list[str] = Field(min_length=1)    # names in `selectors`
     ratio_pair: list[int] = Field(min_length=2, max_length=2)  # (small, large) batch of the reported GSNR ratio
 
@@ -97,7 +97,7 @@ class Params(MethodParams):
     features: Features
     classifier: Classifier
     meta: Meta
-    filter_confidence: float = Field(ge=0, le=1)  # classifier filter: keep synthetic with p(y) > this
+    filter_confidence: Probability  # classifier filter: keep synthetic with p(y) > this
     selectors: dict[str, Selector]
     variants: list[str] = Field(min_length=1)     # one train.<variant> node each
     gsnr: Gsnr

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import Fraction, MethodParams, Strict, names_of
 
 BUILTIN_DATASETS = ("iris", "wine", "digits5", "diabetes", "linnerud", "pl_truth", "mallows_truth")
 # labels m of the bundled datasets (the synthetic ones take data.synthetic.m)
@@ -26,16 +27,16 @@ def node_variant(dataset: str) -> str:
 class Synthetic(Strict):
     n_train: int = Field(ge=20)
     n_test: int = Field(ge=20)
-    n_features: int = Field(ge=1)
+    n_features: PositiveInt
     m: int = Field(ge=3, le=6)
-    w_std: float = Field(gt=0)
-    mallows_theta: float = Field(gt=0)
+    w_std: PositiveFloat
+    mallows_theta: PositiveFloat
     world_seed: int = 0
 
 
 class Data(Strict):
     datasets: list[str] = Field(min_length=1)
-    test_fraction: float = Field(gt=0, lt=1)
+    test_fraction: Fraction
     synthetic: Synthetic
     user_dir: str | None = None  # full env: folder of <name>.csv files, listed as "file:<name>"
 
@@ -58,12 +59,12 @@ class Data(Strict):
 
 class Neural(Strict):
     hidden: list[int] = Field(min_length=1)
-    steps: int = Field(ge=1)
-    lr: float = Field(gt=0)
-    holdout_fraction: float = Field(gt=0, lt=1)
+    steps: PositiveInt
+    lr: PositiveFloat
+    holdout_fraction: Fraction
     min_holdout: int = Field(ge=2)
-    t_min: float = Field(gt=0)
-    t_max: float = Field(gt=0)
+    t_min: PositiveFloat
+    t_max: PositiveFloat
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -73,12 +74,12 @@ class Neural(Strict):
 
 
 class Models(Strict):
-    variants: list[str] = Field(min_length=1)
-    l2: float = Field(ge=0)
-    knn_k: int = Field(ge=1)
-    ib_pl_alpha: float = Field(gt=0)
-    mm_iters: int = Field(ge=1)
-    mallows_theta_max: float = Field(gt=0)
+    variants: names_of(MODELS, "model")
+    l2: NonNegativeFloat
+    knn_k: PositiveInt
+    ib_pl_alpha: PositiveFloat
+    mm_iters: PositiveInt
+    mallows_theta_max: PositiveFloat
     rac_epsilon: float = Field(gt=0, lt=0.1)
     rac_max_m: int = Field(ge=2, le=6)
     neural: Neural
@@ -86,26 +87,21 @@ class Models(Strict):
     @field_validator("variants")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        bad = [x for x in v if x not in MODELS]
-        if bad:
-            raise ValueError(f"unknown model(s) {bad}: use {MODELS}")
         if "neural_pl_ts" in v and "neural_pl" not in v:
             raise ValueError("neural_pl_ts is the temperature-scaled copy of neural_pl: list both")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a model is listed twice in {v}")
         return v
 
 
 class Ece(Strict):
     n_bins: int = Field(ge=1, le=100)
-    n_debias: int = Field(ge=1)
-    n_bootstrap: int = Field(ge=0)
+    n_debias: PositiveInt
+    n_bootstrap: NonNegativeInt
     full_cw_max_m: int = Field(ge=2, le=6)
 
 
 class Demo(Strict):
     truth_weights: list[float] = Field(min_length=3, max_length=3)
-    margin: float = Field(gt=0, lt=1)
+    margin: Fraction
     q_floor: float = Field(ge=0, lt=1 / 6)
     n: int = Field(ge=100)
 
@@ -120,23 +116,23 @@ class Demo(Strict):
 class RewardModel(Strict):
     name: str = Field(pattern=r"^[a-z0-9_]+$")
     arch: Literal["linear", "mlp"]
-    weight_decay: float = Field(ge=0)
-    steps: int = Field(ge=1)
+    weight_decay: NonNegativeFloat
+    steps: PositiveInt
 
 
 class Rlhf(Strict):
     enabled: bool = True
-    n_features: int = Field(ge=1)
+    n_features: PositiveInt
     k_responses: int = Field(ge=2, le=6)
-    beta: float = Field(gt=0)
+    beta: PositiveFloat
     n_pairs: list[int] = Field(min_length=1)
     n_val: int = Field(ge=10)
     n_test: int = Field(ge=20)
     hidden: list[int] = Field(min_length=1)
-    lr: float = Field(gt=0)
+    lr: PositiveFloat
     models: list[RewardModel] = Field(min_length=1)
-    t_min: float = Field(gt=0)
-    t_max: float = Field(gt=0)
+    t_min: PositiveFloat
+    t_max: PositiveFloat
     world_seed: int = 0
 
     @field_validator("n_pairs")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict, VariantName
+from pipelines.core.params import MethodParams, Probability, Strict, VariantName
 
 
 
@@ -18,13 +19,13 @@ class Data(Strict):
     eps: list[float] = Field(min_length=1)      # symmetry-breaking knob values (one dataset each)
     n_train: int = Field(default=4000, ge=16)
     n_test: int = Field(default=1000, ge=16)
-    c0: float = Field(default=1.0, ge=0)
-    nu0: float = Field(default=0.1, ge=0)
-    dt: float = Field(default=4.0, gt=0)
-    substeps: int = Field(default=20, ge=1)
-    n_modes: int = Field(default=4, ge=1)
-    max_wavenumber: int = Field(default=6, ge=1)
-    seed: int = Field(default=1234, ge=0)       # the data stream (the training seeds vary init and batches)
+    c0: NonNegativeFloat = 1.0
+    nu0: NonNegativeFloat = 0.1
+    dt: PositiveFloat = 4.0
+    substeps: PositiveInt = 20
+    n_modes: PositiveInt = 4
+    max_wavenumber: PositiveInt = 6
+    seed: NonNegativeInt = 1234       # the data stream (the training seeds vary init and batches)
 
     @field_validator("eps")
     @classmethod
@@ -37,9 +38,9 @@ class Data(Strict):
 
 
 class Model(Strict):
-    channels: int = Field(default=8, ge=1)
-    hidden: int = Field(default=3, ge=1)        # hidden relaxed layers (plus the relaxed output layer)
-    kernel: int = Field(default=5, ge=1)
+    channels: PositiveInt = 8
+    hidden: PositiveInt = 3        # hidden relaxed layers (plus the relaxed output layer)
+    kernel: PositiveInt = 5
     u_init: Literal["zero", "random"] = "zero"  # the relaxed branch U (unconstrained nets always start random)
 
     @field_validator("kernel")
@@ -53,14 +54,14 @@ class Model(Strict):
 class Train(Strict):
     """The one budget every variant gets (same optimizer, steps, batch)."""
 
-    steps: int = Field(default=1500, ge=1)
+    steps: PositiveInt = 1500
     batch_size: int = Field(default=64, ge=2)
-    lr: float = Field(default=1e-3, gt=0)
+    lr: PositiveFloat = 1e-3
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    weight_decay: float = Field(default=0.0, ge=0)   # every variant but RPP (which sets its own)
-    grad_clip: float | None = Field(default=None, gt=0)
-    log_every: int = Field(default=5, ge=1)          # history points (θ, loss) every this many steps
-    equiv_test_inputs: int = Field(default=256, ge=1)  # test inputs behind equiv_error (all L-1 shifts)
+    weight_decay: NonNegativeFloat = 0.0   # every variant but RPP (which sets its own)
+    grad_clip: PositiveFloat | None = None
+    log_every: PositiveInt = 5          # history points (θ, loss) every this many steps
+    equiv_test_inputs: PositiveInt = 256  # test inputs behind equiv_error (all L-1 shifts)
 
 
 class Recm(Strict):
@@ -68,8 +69,8 @@ class Recm(Strict):
 
     alpha: float = Field(default=0.01, gt=0, le=1)   # θ ← (1−α)θ + α s
     beta: float = Field(default=0.99, ge=0, lt=1)    # EMA of the dense-map gradients and of their norm
-    theta0: float = Field(default=1.0, ge=0, le=1)   # start relaxed, as CR does
-    tau: float = Field(default=0.05, ge=0, le=1)     # after training, layers with θ < τ drop U
+    theta0: Probability = 1.0   # start relaxed, as CR does
+    tau: Probability = 0.05     # after training, layers with θ < τ drop U
 
 
 class Variant(Strict):
@@ -78,10 +79,10 @@ class Variant(Strict):
     dropped at the end), recm (θ by the RECM rule ``rule``)."""
 
     kind: Literal["strict", "unconstrained", "fixed", "rpp", "cr", "recm"]
-    theta: float | None = Field(default=None, ge=0, le=1)
-    wd_u: float = Field(default=1e-3, ge=0)
-    wd_e: float = Field(default=1e-5, ge=0)
-    penalty: float = Field(default=1e-2, ge=0)
+    theta: Probability | None = None
+    wd_u: NonNegativeFloat = 1e-3
+    wd_e: NonNegativeFloat = 1e-5
+    penalty: NonNegativeFloat = 1e-2
     rule: Literal["two_ema", "single_ema", "grad_at_eq", "branch_violation"] = "two_ema"
     shuffle_targets: bool = False   # control: targets permuted across training samples (θ must decay too)
 

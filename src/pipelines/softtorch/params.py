@@ -2,9 +2,9 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict, known_names
+from pipelines.core.params import MethodParams, Strict, names_of
 
 VARIANTS = ("hard", "neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")
 Mode = Literal["hard", "smooth", "c0", "c1", "c2"]
@@ -13,7 +13,7 @@ Mode = Literal["hard", "smooth", "c0", "c1", "c2"]
 class Accuracy(Strict):
     n: int = Field(ge=2, le=4096)               # input length of the approx_err table
     softness: list[float] = Field(min_length=2)  # decreasing list of softness values
-    n_inputs: int = Field(ge=1)                 # seeded standard-normal rows per softness
+    n_inputs: PositiveInt                 # seeded standard-normal rows per softness
 
     @field_validator("softness")
     @classmethod
@@ -24,10 +24,10 @@ class Accuracy(Strict):
 
 
 class Toys(Strict):
-    softness: float = Field(gt=0)   # softness of the elementwise toys (threshold, rule; raw scale)
-    sort_softness: float = Field(gt=0)   # softness of the axiswise toys (median, top-k; squashed scale)
-    steps: int = Field(ge=1)
-    lr: float = Field(gt=0)
+    softness: PositiveFloat   # softness of the elementwise toys (threshold, rule; raw scale)
+    sort_softness: PositiveFloat   # softness of the axiswise toys (median, top-k; squashed scale)
+    steps: PositiveInt
+    lr: PositiveFloat
 
 
 class Digits(Strict):
@@ -35,12 +35,12 @@ class Digits(Strict):
     seq_len: int = Field(ge=2, le=20)
     n_train: int = Field(ge=10)
     n_test: int = Field(ge=10)
-    epochs: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0)
-    softness: float = Field(gt=0)    # on raw scores (no standardisation)
-    ot_iters: int = Field(ge=1)
-    n_seeds: int = Field(ge=1)     # the sorter trains on the first n_seeds of `seeds` (sweep-friendly)
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    lr: PositiveFloat
+    softness: PositiveFloat    # on raw scores (no standardisation)
+    ot_iters: PositiveInt
+    n_seeds: PositiveInt     # the sorter trains on the first n_seeds of `seeds` (sweep-friendly)
     user_csv: str | None = None    # full env: single-digit images, columns label, p0..p{h·w−1} (README)
     image_shape: list[int] = Field(default_factory=lambda: [8, 8], min_length=2, max_length=2)
 
@@ -56,26 +56,21 @@ class Speed(Strict):
     ns: list[int] = Field(min_length=1)       # the runtime-vs-n curve
     max_n_ot: int = Field(ge=2)               # OT (Sinkhorn) is timed up to this n
     max_n_network: int = Field(ge=2)          # the permutation-tracking bitonic network up to this n
-    rounds: int = Field(ge=1)
-    ot_iters: int = Field(ge=1)
-    softness: float = Field(gt=0)
+    rounds: PositiveInt
+    ot_iters: PositiveInt
+    softness: PositiveFloat
     ratio_n_ot: int = Field(ge=2)             # n of the fast_soft_sort vs OT ratio
     ratio_n_quadratic: int = Field(ge=2)      # n of the fast_soft_sort vs neuralsort/softsort ratios
 
 
 class Params(MethodParams):
-    variants: list[str] = Field(min_length=1)       # one train.<variant> node each
+    variants: names_of(VARIANTS)       # one train.<variant> node each
     modes: dict[str, Mode]                          # the soft mode each variant runs in
-    ot_iters: int = Field(ge=1)
+    ot_iters: PositiveInt
     accuracy: Accuracy
     toys: Toys
     digits: Digits
     speed: Speed
-
-    @field_validator("variants")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        return known_names(v, VARIANTS)
 
     @model_validator(mode="after")
     def _claims_need_digits(self):

@@ -1,10 +1,11 @@
 """Typed parameters of `svgt`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import MethodParams, Strict, VariantSeeds, known_names
+from pipelines.core.params import Fraction, MethodParams, Probability, Strict, VariantSeeds, names_of
 
 VARIANTS = ("svgt", "svgt_dz0", "soft_prompt", "caa", "iti", "sys_prompt", "no_intervention", "lora_sft")
 WRAPPER_NAMES = ("plain", "roleplay", "hypothetical", "prefix_injection", "preamble", "translation", "story",
@@ -17,60 +18,56 @@ class Data(Strict):
     n_verbs: int = Field(default=10, ge=3, le=12)
     n_targets: int = Field(default=12, ge=2, le=14)
     n_new_verbs: int = Field(default=3, ge=1, le=6)
-    eval_pair_fraction: float = Field(default=0.3, gt=0, lt=1)
-    ood_wrappers: list[str] = Field(default=["translation", "story", "research"], min_length=1, max_length=4)
+    eval_pair_fraction: Fraction = 0.3
+    ood_wrappers: Annotated[names_of(WRAPPER_NAMES, "wrapper"), Field(max_length=4)] = [
+        "translation", "story", "research"]
     n_pretrain: int = Field(default=6000, ge=100)
-    sys_fraction: float = Field(default=0.25, ge=0, le=1)
-    p_harm: float = Field(default=0.9, ge=0, le=1)
-    p_harm_sys: float = Field(default=0.4, ge=0, le=1)
-    benign_repeats: int = Field(default=4, ge=1)
+    sys_fraction: Probability = 0.25
+    p_harm: Probability = 0.9
+    p_harm_sys: Probability = 0.4
+    benign_repeats: PositiveInt = 4
     n_safe_verbs: int = Field(default=4, ge=0, le=6)      # benign look-alikes "HOW TO <safe verb> <target>"
-    lookalike_fraction: float = Field(default=0.3, ge=0, le=1)   # share of benign pre-training rows
+    lookalike_fraction: Probability = 0.3   # share of benign pre-training rows
     user_path: str | None = None           # a parquet/csv corpus with the synthetic corpus's columns
-
-    @field_validator("ood_wrappers")
-    @classmethod
-    def _known(cls, v):
-        return known_names(v, WRAPPER_NAMES, "wrapper")
 
 
 class Backbone(Strict):
     d_model: int = Field(default=128, ge=8)
     n_layers: int = Field(default=4, ge=2)
-    n_heads: int = Field(default=4, ge=1)
-    steps: int = Field(default=600, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    lr: float = Field(default=2e-3, gt=0)
-    weight_decay: float = Field(default=0.01, ge=0)
+    n_heads: PositiveInt = 4
+    steps: PositiveInt = 600
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 2e-3
+    weight_decay: NonNegativeFloat = 0.01
 
 
 class Value(Strict):
-    extract_layer: int = Field(default=1, ge=0)       # read block l's output; bridge spliced after block l
+    extract_layer: NonNegativeInt = 1       # read block l's output; bridge spliced after block l
     value_dim: int = Field(default=32, ge=4)
-    n_layers: int = Field(default=1, ge=1)
-    n_heads: int = Field(default=4, ge=1)
+    n_layers: PositiveInt = 1
+    n_heads: PositiveInt = 4
     scale_init: float = 3.0
-    steps: int = Field(default=200, ge=1)             # per stage
-    batch_size: int = Field(default=32, ge=1)
-    lr_stage1: float = Field(default=1e-3, gt=0)
-    lr_stage2_new: float = Field(default=5e-3, gt=0)
-    lr_stage2_old: float = Field(default=1e-4, gt=0)
+    steps: PositiveInt = 200             # per stage
+    batch_size: PositiveInt = 32
+    lr_stage1: PositiveFloat = 1e-3
+    lr_stage2_new: PositiveFloat = 5e-3
+    lr_stage2_old: PositiveFloat = 1e-4
 
 
 class Bridge(Strict):
     k: int = Field(default=4, ge=1, le=64)
-    n_heads: int = Field(default=8, ge=1)
+    n_heads: PositiveInt = 8
     gate_init: float = -2.0
-    steps: int = Field(default=200, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    lr: float = Field(default=5e-4, gt=0)
-    weight_decay: float = Field(default=1e-5, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
-    lambda_ce: float = Field(default=0.5, ge=0)
-    lambda_safe: float = Field(default=2.0, ge=0)
-    lambda_reg: float = Field(default=0.1, ge=0)
-    reg_margin: float = Field(default=0.2, ge=0)
-    soft_prompt_lr: float = Field(default=5e-3, gt=0)  # raw vectors need a larger step than a generator
+    steps: PositiveInt = 200
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 5e-4
+    weight_decay: NonNegativeFloat = 1e-5
+    grad_clip: PositiveFloat = 1.0
+    lambda_ce: NonNegativeFloat = 0.5
+    lambda_safe: NonNegativeFloat = 2.0
+    lambda_reg: NonNegativeFloat = 0.1
+    reg_margin: NonNegativeFloat = 0.2
+    soft_prompt_lr: PositiveFloat = 5e-3  # raw vectors need a larger step than a generator
 
 
 class Steering(Strict):
@@ -79,18 +76,18 @@ class Steering(Strict):
 
 
 class Lora(Strict):
-    rank: int = Field(default=4, ge=1)
-    alpha: float = Field(default=8.0, gt=0)
-    steps: int = Field(default=200, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    lr: float = Field(default=1e-3, gt=0)
+    rank: PositiveInt = 4
+    alpha: PositiveFloat = 8.0
+    steps: PositiveInt = 200
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 1e-3
 
 
 class Eval(Strict):
-    max_new_tokens: int = Field(default=5, ge=1)
-    batch_size: int = Field(default=512, ge=1)
-    comparable_reduction: float = Field(default=0.7, ge=0, le=1)  # "comparable" harm reduction for CAA/ITI
-    wrecked_nll_increase: float = Field(default=1.0, ge=0)        # nats/token that count as wrecking fluency
+    max_new_tokens: PositiveInt = 5
+    batch_size: PositiveInt = 512
+    comparable_reduction: Probability = 0.7  # "comparable" harm reduction for CAA/ITI
+    wrecked_nll_increase: NonNegativeFloat = 1.0        # nats/token that count as wrecking fluency
 
 
 class Params(MethodParams, VariantSeeds):
@@ -102,12 +99,7 @@ class Params(MethodParams, VariantSeeds):
     steering: Steering = Steering()
     lora: Lora = Lora()
     eval: Eval = Eval()
-    variants: list[str] = Field(min_length=1)       # one train.<variant> node each
-
-    @field_validator("variants")
-    @classmethod
-    def _variants(cls, v):
-        return known_names(v, VARIANTS)
+    variants: names_of(VARIANTS)       # one train.<variant> node each
 
     def known_variants(self) -> list[str]:
         return list(VARIANTS)

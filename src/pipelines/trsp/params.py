@@ -6,6 +6,7 @@ import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from pipelines.core.params import MethodParams, Strict
 
@@ -23,12 +24,12 @@ class City(Strict):
     """The seeded small-market carpool city (README: "Data")."""
     enabled: bool = True
     n_agents: int = Field(ge=8, le=20000)
-    plane_km: float = Field(gt=0)
-    residential_sigma_km: float = Field(gt=0)
+    plane_km: PositiveFloat
+    residential_sigma_km: PositiveFloat
     minority_share: float = Field(ge=0, lt=1)
-    job_sigma_km: float = Field(gt=0)
+    job_sigma_km: PositiveFloat
     job_shares: list[float] = Field(min_length=2, max_length=2)
-    n_kmeans_candidates: int = Field(ge=0)
+    n_kmeans_candidates: NonNegativeInt
     grid: list[int] = Field(min_length=2, max_length=2)
     ks: list[int] = Field(min_length=1)
     gammas: list[float] = Field(min_length=1)
@@ -72,9 +73,9 @@ class City(Strict):
 class Gadget(Strict):
     """The A → B versus C_j → D_j family (README: "Data")."""
     enabled: bool = True
-    walk_ab_km: float = Field(gt=0)
+    walk_ab_km: PositiveFloat
     walk_cd_km: list[float] = Field(min_length=1)
-    jitter_km: float = Field(ge=0)
+    jitter_km: NonNegativeFloat
     n_random_candidates: int = Field(ge=0, le=50)
 
     @field_validator("walk_cd_km")
@@ -110,7 +111,7 @@ class Data(Strict):
 
 class KMedian(Strict):
     restarts: int = Field(ge=1, le=50)
-    max_passes: int = Field(ge=1)
+    max_passes: PositiveInt
 
 
 class Core(Strict):
@@ -133,15 +134,15 @@ class Adversarial(Strict):
     variants: list[str]
     objectives: list[Literal["jr", "core"]] = Field(min_length=1)   # the proxy each search climbs
     starts: list[Literal["clustered", "hubs"]] = Field(min_length=1)   # start kinds, cycled over restarts
-    restarts: int = Field(ge=0)
-    steps: int = Field(ge=0)
+    restarts: NonNegativeInt
+    steps: NonNegativeInt
     n_min: int = Field(ge=4)
     n_max: int = Field(ge=4)
     m: int = Field(ge=4, le=40)
     ks: list[int] = Field(min_length=1)
     gammas: list[float] = Field(min_length=1)
-    step_km: float = Field(gt=0)
-    plane_km: float = Field(gt=0)
+    step_km: PositiveFloat
+    plane_km: PositiveFloat
 
     @model_validator(mode="after")
     def _sizes(self):

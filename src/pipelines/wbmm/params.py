@@ -6,6 +6,7 @@ import re
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from pipelines.core.params import MethodParams, Strict, VariantName
 
@@ -38,16 +39,16 @@ class Bench(Strict):
     dw_kernels: list[int] = Field(min_length=1)
     windows: list[int] = Field(min_length=1)
     unfold_kernels: list[int] = Field(default_factory=list)  # im2col strawman (sweep)
-    unfold_max_mb: float = Field(default=256, gt=0)  # skip unfold configs whose im2col buffer is larger
+    unfold_max_mb: PositiveFloat = 256  # skip unfold configs whose im2col buffer is larger
     attn_windows: list[int] = Field(default_factory=list)  # Swin windowed attention (sweep)
     dtypes: list[Literal["float32", "float16", "bfloat16"]] = Field(default_factory=lambda: ["float32"])
     modes: list[Literal["fwd", "fwdbwd"]] = Field(default_factory=lambda: ["fwd", "fwdbwd"])
     clock: Literal["auto", "wall", "cpu"] = "auto"  # auto: process CPU time on 1-thread CPU runs, else wall
     confidence: float = Field(default=0.95, gt=0.5, lt=1)  # of every timing interval (grid summaries: joint)
     rounds: int = Field(default=15, ge=3)  # interleaved rounds = paired samples behind every interval
-    warmup: int = Field(default=1, ge=0)  # untimed interleaved rounds before the timed ones
-    min_sample_s: float = Field(default=0.002, ge=0)  # a sample repeats a short op until it lasts this long
-    max_inner: int = Field(default=100, ge=1)  # at most this many calls per sample
+    warmup: NonNegativeInt = 1  # untimed interleaved rounds before the timed ones
+    min_sample_s: NonNegativeFloat = 0.002  # a sample repeats a short op until it lasts this long
+    max_inner: PositiveInt = 100  # at most this many calls per sample
     slope_dw_kernels: list[int] = Field(default_factory=lambda: [7, 9, 13, 17, 27])
 
     @field_validator("batch", "channels", "sizes", "windows", "attn_windows")
@@ -86,16 +87,16 @@ class Acc(Strict):
     test_size: int = Field(default=540, ge=10)
     train_limit: int | None = Field(default=None, ge=10)  # use only the first n training images (tests)
     widths: Annotated[list[int], Field(min_length=2, max_length=2)] = Field(default_factory=lambda: [16, 32])
-    blocks: int = Field(default=2, ge=1)
-    ffn_ratio: int = Field(default=2, ge=1)
-    layer_scale_init: float = Field(default=1.0, gt=0)
+    blocks: PositiveInt = 2
+    ffn_ratio: PositiveInt = 2
+    layer_scale_init: PositiveFloat = 1.0
     variants: dict[VariantName, list[str]] = Field(min_length=1)  # name → mixer pattern cycled over a stage's blocks
-    epochs: int = Field(default=6, ge=1)
+    epochs: PositiveInt = 6
     batch_size: int = Field(default=64, ge=2)
-    lr: float = Field(default=2e-3, gt=0)
-    weight_decay: float = Field(default=0.05, ge=0)
+    lr: PositiveFloat = 2e-3
+    weight_decay: NonNegativeFloat = 0.05
     speed_rounds: int = Field(default=31, ge=3)  # interleaved training-step rounds (evaluate.train_speed)
-    speed_warmup: int = Field(default=3, ge=0)
+    speed_warmup: NonNegativeInt = 3
 
     @field_validator("widths")
     @classmethod

@@ -1,7 +1,7 @@
 """Typed parameters of `wedlm` (validated before any node runs; an error names the key)."""
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from pipelines.core.params import MethodParams, Strict
 
@@ -19,12 +19,12 @@ class Data(Strict):
     prompt_len: int = Field(ge=4)               # fixed prompt length after left padding
     seq_len: int = Field(ge=8)                  # training length L (prompt + answer + EOS + PAD tail)
     answer_len: dict[str, int]                  # answer content length per regime (EOS comes after)
-    min_prompt_terms: int = Field(ge=1)
-    max_prompt_terms: int = Field(ge=1)
-    count_stride: int = Field(default=1, ge=1)
-    markov_sigma: float = Field(gt=0)
-    markov_temperature: float = Field(gt=0)
-    n_test: int = Field(ge=1)
+    min_prompt_terms: PositiveInt
+    max_prompt_terms: PositiveInt
+    count_stride: PositiveInt = 1
+    markov_sigma: PositiveFloat
+    markov_temperature: PositiveFloat
+    n_test: PositiveInt
     seed: int = 0
 
     @model_validator(mode="after")
@@ -46,8 +46,8 @@ class Data(Strict):
 
 class Model(Strict):
     d_model: int = Field(ge=8)
-    n_heads: int = Field(ge=1)
-    n_layers: int = Field(ge=1)
+    n_heads: PositiveInt
+    n_layers: PositiveInt
     d_ff: int = Field(ge=8)
     rope_base: float = Field(default=10000.0, gt=1)
     init_path: str | None = None                # a state dict of this architecture (e.g. an AR backbone)
@@ -60,32 +60,32 @@ class Model(Strict):
 
 
 class Train(Strict):
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    steps: PositiveInt
+    batch_size: PositiveInt
     lr: float = Field(gt=0, le=1)
-    weight_decay: float = Field(ge=0)
-    block_size: int = Field(ge=1)               # B: masking/reordering block of the prediction stream
+    weight_decay: NonNegativeFloat
+    block_size: PositiveInt               # B: masking/reordering block of the prediction stream
     gamma_min: float = Field(gt=0, le=1)        # clamp of the per-block mask ratio (1/γ weights)
-    ar_weight: float = Field(ge=0)              # total = (L_mlm + ar_weight · L_ar) / 2
-    grad_clip: float = Field(gt=0)
+    ar_weight: NonNegativeFloat              # total = (L_mlm + ar_weight · L_ar) / 2
+    grad_clip: PositiveFloat
     random_block_offset: bool = True            # shift block boundaries per step (windows start anywhere)
     ar_only_seeds: list[int] = Field(default_factory=list)  # the AR-only baseline's seeds (train.ar_only); [] drops it
 
 
 class Decode(Strict):
-    window: int = Field(ge=1)                   # W
-    tau: float = Field(gt=0)                    # entropy threshold (nats)
-    lam: float = Field(ge=0)                    # distance penalty of the method config
-    lam_fast: float = Field(ge=0)               # the aggressive config (and block-wise)
-    max_new_tokens: int = Field(ge=1)
+    window: PositiveInt                   # W
+    tau: PositiveFloat                    # entropy threshold (nats)
+    lam: NonNegativeFloat                    # distance penalty of the method config
+    lam_fast: NonNegativeFloat               # the aggressive config (and block-wise)
+    max_new_tokens: PositiveInt
     refill: Literal["before_forward", "after_predict"] = "before_forward"
     fallback: Literal["argmin", "leftmost"] = "argmin"
 
 
 class Eval(Strict):
     taus: list[float] = Field(min_length=1)     # frontier over the threshold (streaming and block-wise)
-    n_timing: int = Field(ge=1)                 # prompts per regime decoded at batch 1 for wall clock
-    timing_rounds: int = Field(default=5, ge=1)  # the n_timing prompts split into this many interleaved rounds
+    n_timing: PositiveInt                 # prompts per regime decoded at batch 1 for wall clock
+    timing_rounds: PositiveInt = 5  # the n_timing prompts split into this many interleaved rounds
     sweeps: bool = False
     sweep_lams: list[float] = Field(default_factory=lambda: [0.0, 0.02, 0.1])
     sweep_windows: list[int] = Field(default_factory=lambda: [4, 8, 16])

@@ -138,7 +138,7 @@ class KVCache:
         self.positions = self.positions.index_select(0, index)
 
 
-class _Block(nn.Module):
+class Block(nn.Module):
     """One pre-norm block. Subclass it to change attention (override ``attend``; ``self.layer_idx`` says
     which layer it is) and pass the subclass as ``TinyTransformer(config, block_cls=...)``."""
 
@@ -183,7 +183,7 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.config = c
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        block_cls = block_cls or _Block
+        block_cls = block_cls or Block
         self.blocks = nn.ModuleList(block_cls(c, i) for i in range(c.n_layers))
         self.norm = nn.RMSNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -224,7 +224,6 @@ class TinyTransformer(nn.Module):
         return (logits, h) if return_hidden else logits
 
 
-Block = _Block   # the public name for subclassing
 
 
 # ------------------------------------------------------------------------------------------ selective SSM

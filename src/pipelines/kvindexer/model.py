@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import KVCache, TinyConfig, TinyTransformer, _Block
+from pipelines.core.seqmodels import KVCache, TinyConfig, TinyTransformer, Block
 
 PROTECT = 1e9                       # score bonus of sinks and recent tokens (always kept)
 
@@ -36,7 +36,7 @@ class AttnContext:
     outs: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-class KVBlock(_Block):
+class KVBlock(Block):
     """core's block with an explicit softmax attention when a context is set: per-head probabilities,
     the layer input (for the indexer), per-layer masks and the memory's residual readout."""
 

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import TinyConfig, TinyTransformer, _Block
+from pipelines.core.seqmodels import TinyConfig, TinyTransformer, Block
 
 
-class _CausalBlock(_Block):
+class _CausalBlock(Block):
     """SDPA with ``is_causal=True`` when no explicit mask is given (right padding, no cache): cheaper on
     CPU than the boolean [T, T] mask the shared block builds."""
 

@@ -52,6 +52,14 @@ def run_default(project: Path, pipeline: str, env: str = "base") -> tuple[dict, 
     return row, rep
 
 
+def _row_line(r: dict) -> str:
+    v = r.get("verdicts", {})
+    return (f"| {r['pipeline']} | {r['wall_s']} | {r['cpu_s']} | {r['threads']} | "
+            f"{r['claims_held']}/{r['claims_declared']} | "
+            + " / ".join(str(v.get(k, 0)) for k in ("holds", "fails", "inconclusive", "untested"))
+            + f" | {', '.join(r.get('gates_failed', [])) or '-'} | {r['load_before']} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pipelines", nargs="+", default=None, help="default: every registered pipeline")
@@ -76,19 +84,23 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['claims_declared']} claims (load before {load:.2f})", flush=True)
             if args.out:
                 args.out.mkdir(parents=True, exist_ok=True)
+                # how this report was made, for the README block (benchmarks/readme_tables.py)
+                rep["default_run"] = {"wall_s": row["wall_s"], "cpu_s": row["cpu_s"], "load_before": row["load_before"],
+                                      "usable_cpus": rep.get("usable_cpus"), "date": time.strftime("%Y-%m-%d")}
                 (args.out / f"{m}.report.json").write_text(json.dumps(rep, indent=1))
                 gates = gates_table(rep)
                 (args.out / f"{m}.claims.md").write_text((gates + "\n\n" if gates else "") + claims_table(rep) + "\n")
     lines = ["| pipeline | wall s | CPU s | threads | claims held | holds / fails / inconclusive / untested "
              "| gates failed | load before |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['pipeline']} | {r['wall_s']} | {r['cpu_s']} | {r['threads']} | "
-              f"{r['claims_held']}/{r['claims_declared']} | "
-              + " / ".join(str(r["verdicts"].get(k, 0)) for k in ("holds", "fails", "inconclusive", "untested"))
-              + f" | {', '.join(r['gates_failed']) or '-'} | {r['load_before']} |" for r in rows]
+    lines += [_row_line(r) for r in rows]
     print("\n".join(lines))
-    if args.out:
-        (args.out / "summary.md").write_text("\n".join(lines) + "\n")
-        (args.out / "summary.json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+    if args.out:   # a partial re-run updates its pipelines' rows and keeps the others'
+        summary = args.out / "summary.json"
+        kept = json.loads(summary.read_text())["rows"] if summary.is_file() else []
+        done = {r["pipeline"] for r in rows}
+        rows = [r for r in kept if r["pipeline"] not in done] + rows
+        (args.out / "summary.md").write_text("\n".join(lines[:2] + [_row_line(r) for r in rows]) + "\n")
+        summary.write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
     return 1 if failures else 0
 
 

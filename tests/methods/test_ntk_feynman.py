@@ -355,7 +355,7 @@ def test_claims_must_name_planned_variants():
     with pytest.raises(ParameterError, match=r"claim 'c': metric 'dntk_agreement_excess.relu' is produced by no variant"):
         check({**RAW, "dntk": DNTK_RAW, "claims": [claim]})
     ok = check({**RAW, "dntk": DNTK_RAW, "claims": [claim], "variants": [*RAW["variants"], "mc_dntk_relu"]})
-    assert ok.dntk_activations() == ["relu"] and "relu" in ok.mc_activations()
+    assert ok.block_activations("dntk") == ["relu"] and "relu" in ok.mc_activations()
     abl = {**claim, "metric": "dntk_interlayer_error_ratio.relu"}
     with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
         check({**RAW, "dntk": DNTK_RAW, "claims": [abl], "variants": ["recursion", "mc_relu", "mc_dntk_relu"]})
@@ -666,7 +666,7 @@ def test_ddntk_variant_needs_its_block_and_claims_name_it():
     with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
         check({**RAW, "ddntk": dd, "claims": [claim]})
     ok = check({**RAW, "ddntk": dd, "claims": [claim], "variants": [*RAW["variants"], "mc_ddntk_relu"]})
-    assert ok.ddntk_activations() == ["relu"] and "ddntk_relu" not in ok.mc_activations()
+    assert ok.block_activations("ddntk") == ["relu"] and "ddntk_relu" not in ok.mc_activations()
 
 
 # ------------------------------------------------------------------------ ddNTK recursion (every layer)
@@ -1097,8 +1097,8 @@ def test_dntk2_variant_needs_its_block_and_claims_name_it():
         Params.model_validate({**RAW, "variants": [*RAW["variants"], "mc_dntk2_relu"]})
     ok = validate(Params, {**RAW, "dntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_dntk2_relu"]},
                   "ntk_feynman")
-    assert ok.dntk2_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
-    assert ok.dntk_activations() == [] and ok.ntk2_activations() == []
+    assert ok.block_activations("dntk2") == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
+    assert ok.block_activations("dntk") == [] and ok.block_activations("ntk2") == []
     claim = {"id": "c", "text": "t", "metric": "dntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
     with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
         check({**RAW, "dntk2": DNTK2_RAW, "claims": [claim]})
@@ -1127,8 +1127,8 @@ def test_ddntk2_variant_needs_its_block_and_claims_name_it():
         Params.model_validate({**RAW, "variants": [*RAW["variants"], "mc_ddntk2_relu"]})
     ok = validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_ddntk2_relu"]},
                   "ntk_feynman")
-    assert ok.ddntk2_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
-    assert ok.ddntk_activations() == [] and ok.dntk2_activations() == []
+    assert ok.block_activations("ddntk2") == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
+    assert ok.block_activations("ddntk") == [] and ok.block_activations("dntk2") == []
     claim = {"id": "c", "text": "t", "metric": "ddntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
     with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
         check({**RAW, "ddntk2": DNTK2_RAW, "claims": [claim]})

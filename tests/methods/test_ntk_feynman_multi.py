@@ -370,7 +370,7 @@ def test_multi_claims_need_their_variant():
         SPEC.check(validate(Params, {**RAW, "multi": MULTI_RAW, "claims": [claim]}, "ntk_feynman"))
     ok = validate(Params, {**RAW, "multi": MULTI_RAW, "claims": [claim],
                            "variants": [*RAW["variants"], "mc_multi_relu"]}, "ntk_feynman")
-    assert ok.multi_activations() == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
+    assert ok.block_activations("multi") == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
 
 
 def test_multi_inputs_tables_and_pooling():
@@ -442,8 +442,8 @@ def test_multi_d_prefixes_do_not_clash_and_claims_need_their_variant():
     from pipelines.ntk_feynman.spec import SPEC
 
     p = _md_params()
-    assert p.multi_activations() == [] and p.mc_activations() == ["relu", "tanh"]
-    assert p.multi_dntk_activations() == ["relu"] and p.multi_ddntk_activations() == ["tanh"]
+    assert p.block_activations("multi") == [] and p.mc_activations() == ["relu", "tanh"]
+    assert p.block_activations("multi_dntk") == ["relu"] and p.block_activations("multi_ddntk") == ["tanh"]
     assert [variant_prefix(v) for v in ("mc_multi_relu", "mc_multi_dntk_relu", "mc_multi_ddntk_relu",
                                         "mc_ddntk_relu", "mc_relu")] == [
         "mc_multi_", "mc_multi_dntk_", "mc_multi_ddntk_", "mc_ddntk_", None]

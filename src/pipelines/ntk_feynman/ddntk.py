@@ -119,29 +119,16 @@ def sample_ddntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: 
     layers to evaluate (default all >= 2; layer 1 is linear in its parameters, so its ddNTK is 0)."""
     import torch
 
-    from pipelines.ntk_feynman.mc import layer_step
+    from pipelines.ntk_feynman.mc import layer_step, param_inner
 
-    dev = torch.device(device)
-    f64 = {"dtype": torch.float64, "device": dev}
-    xt = torch.as_tensor(np.asarray(x, dtype=float), **f64)
-    n0 = xt.shape[0]
-    gen = torch.Generator(device=dev).manual_seed(int(seed))
+    dev, f64, xt, gen, ws = dntk.torch_setup(x, width, depth, seed, device)
     layers = sorted(set(layers or range(2, depth + 1)))
-    ws = dntk.hidden_widths(width, depth)
     per_chunk = max(1, chunk_elems // (max(ws) ** 2 * 8))
     out = np.zeros((n_nets, depth, len(DDNTK_COLUMNS)))
-    th1 = lambda_b + lambda_w * float(xt @ xt) / n0
     for start in range(0, n_nets, per_chunk):
         Bn = min(per_chunk, n_nets - start)
-        Ws, bs = [], []
-        for ell in range(depth):
-            fan = n0 if ell == 0 else ws[ell - 1]
-            Ws.append((torch.randn(Bn, ws[ell], fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
-            bs.append((torch.randn(Bn, ws[ell], generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        Ws, bs, lam, z, th = dntk.draw_chunk(gen, Bn, xt, ws, c_w, c_b, lambda_b, lambda_w, f64)
         us = dntk.rademacher(gen, 2, Bn, ws, dev)
-        lam = [lambda_w / (n0 if ell == 0 else ws[ell - 1]) for ell in range(depth)]
-        z = torch.einsum("bij,j->bi", Ws[0], xt) + bs[0]
-        th = torch.diag_embed(torch.full((Bn, ws[0]), th1, **f64))
         for ell in range(1, max(layers)):
             z, th = layer_step(kind, z, th, Ws[ell], bs[ell], lambda_b, lambda_w)
             if ell + 1 not in layers:
@@ -163,11 +150,7 @@ def sample_ddntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: 
                 if not s.requires_grad:                  # f linear in the parameters along a
                     return torch.zeros(Bn, **f64)
                 h = torch.autograd.grad(s, params, retain_graph=True, allow_unused=True)
-                tot = torch.zeros(Bn, **f64)
-                for hi, bi in zip(h, b):
-                    if hi is not None:
-                        tot = tot + (hi * bi).reshape(Bn, -1).sum(-1)
-                return tot
+                return param_inner(h, b, Bn, f64)
 
             u, u2 = us[0][ell], us[1][ell]
             uz, u2z = (u * z).sum(), (u2 * z).sum()

@@ -57,7 +57,6 @@ Monte Carlo: per input tuple four Hessian forms (probes u, u', v_a = l(u.z_a), v
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
@@ -279,7 +278,7 @@ def sample_ddntk_probes(kind: str, X: np.ndarray, width: int, depth: int, n_nets
     double-backward pass; no (n x M)^4 tensor. ``layers`` (1-based, default all >= 2). float64, CPU."""
     import torch
 
-    from pipelines.ntk_feynman.mc import act
+    from pipelines.ntk_feynman.mc import act, leaf_params, param_inner
 
     f64 = {"dtype": torch.float64}
     Xt = torch.as_tensor(np.atleast_2d(np.asarray(X, dtype=float)), **f64)
@@ -291,13 +290,8 @@ def sample_ddntk_probes(kind: str, X: np.ndarray, width: int, depth: int, n_nets
     out = np.zeros((n_nets, depth, 4) + (M,) * 4)
     for start in range(0, n_nets, chunk):
         nb = min(chunk, n_nets - start)
-        Ws, bs = [], []
-        for ell in range(depth):
-            fan = n0 if ell == 0 else n
-            Ws.append((torch.randn(nb, n, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
-            bs.append((torch.randn(nb, n, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        Ws, bs, lam = leaf_params(gen, nb, n0, [n] * depth, c_w, c_b, lambda_w, f64)
         us = torch.randint(0, 2, (2, depth, nb, n), generator=gen).to(torch.float64) * 2 - 1
-        lam = [lambda_w / (n0 if ell == 0 else n) for ell in range(depth)]
         z = [torch.einsum("bij,j->bi", Ws[0], Xt[a]) + bs[0] for a in RM]
         eye = torch.eye(n, **f64).expand(nb, n, n)
         th = {(a, c): (lambda_b + lambda_w * float(G[a, c])) * eye for a, c in UP}
@@ -329,14 +323,7 @@ def sample_ddntk_probes(kind: str, X: np.ndarray, width: int, depth: int, n_nets
                 if not s.requires_grad:
                     return [torch.zeros(nb, **f64) for _ in bs_]
                 h = torch.autograd.grad(s, params, retain_graph=True, allow_unused=True)
-                res = []
-                for b_ in bs_:
-                    tot = torch.zeros(nb, **f64)
-                    for hi, bi in zip(h, b_):
-                        if hi is not None:
-                            tot = tot + (hi * bi).reshape(nb, -1).sum(-1)
-                    res.append(tot)
-                return res
+                return [param_inner(h, b_, nb, f64) for b_ in bs_]
 
             u, u2 = us[0, ell], us[1, ell]
             uz = [(u * z[a]).sum(-1) for a in RM]

@@ -118,6 +118,34 @@ def rademacher(gen, probes: int, Bn: int, ws: list[int], dev):
     return [[signs((Bn, w)) for w in ws] for _ in range(probes)]
 
 
+def torch_setup(x: np.ndarray, width, depth: int, seed: int, device: str):
+    """(device, float64 tensor options, x as a tensor, the seeded generator, the hidden widths) of the autograd
+    samplers of one input (:func:`sample_dntk`, ``ddntk.sample_ddntk``)."""
+    import torch
+
+    dev = torch.device(device)
+    f64 = {"dtype": torch.float64, "device": dev}
+    xt = torch.as_tensor(np.asarray(x, dtype=float), **f64)
+    gen = torch.Generator(device=dev).manual_seed(int(seed))
+    return dev, f64, xt, gen, hidden_widths(width, depth)
+
+
+def draw_chunk(gen, Bn: int, xt, ws: list[int], c_w: float, c_b: float, lambda_b: float, lambda_w: float,
+               f64: dict):
+    """A chunk of ``Bn`` nets on the input ``xt``: their leaf parameters and the weights' learning-rate factors
+    (``mc.leaf_params``), and layer 1's preactivations z (Bn, n_1) and deterministic NTK th (Bn, n_1, n_1)."""
+    import torch
+
+    from pipelines.ntk_feynman.mc import leaf_params
+
+    n0 = xt.shape[0]
+    Ws, bs, lam = leaf_params(gen, Bn, n0, ws, c_w, c_b, lambda_w, f64)
+    th1 = lambda_b + lambda_w * float(xt @ xt) / n0
+    z = torch.einsum("bij,j->bi", Ws[0], xt) + bs[0]
+    th = torch.diag_embed(torch.full((Bn, ws[0]), th1, **f64))
+    return Ws, bs, lam, z, th
+
+
 def sample_dntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: float, c_b: float,
                 lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
                 device: str = "cpu", probes: int = 1) -> np.ndarray:
@@ -127,28 +155,15 @@ def sample_dntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: f
     :func:`pq_from_sums` takes that width and the previous layer's)."""
     import torch
 
-    from pipelines.ntk_feynman.mc import layer_step
+    from pipelines.ntk_feynman.mc import layer_step, param_inner
 
-    dev = torch.device(device)
-    f64 = {"dtype": torch.float64, "device": dev}
-    xt = torch.as_tensor(np.asarray(x, dtype=float), **f64)
-    n0 = xt.shape[0]
-    gen = torch.Generator(device=dev).manual_seed(int(seed))
-    ws = hidden_widths(width, depth)
+    dev, f64, xt, gen, ws = torch_setup(x, width, depth, seed, device)
     per_chunk = max(1, chunk_elems // (max(ws) ** 2 * 4))
     out = np.zeros((n_nets, depth, len(DNTK_COLUMNS)))
-    th1 = lambda_b + lambda_w * float(xt @ xt) / n0
     for start in range(0, n_nets, per_chunk):
         Bn = min(per_chunk, n_nets - start)
-        Ws, bs = [], []
-        for ell in range(depth):
-            fan = n0 if ell == 0 else ws[ell - 1]
-            Ws.append((torch.randn(Bn, ws[ell], fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
-            bs.append((torch.randn(Bn, ws[ell], generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        Ws, bs, lam, z, th = draw_chunk(gen, Bn, xt, ws, c_w, c_b, lambda_b, lambda_w, f64)
         us = rademacher(gen, probes, Bn, ws, dev)
-        lam = [lambda_w / (n0 if ell == 0 else ws[ell - 1]) for ell in range(depth)]
-        z = torch.einsum("bij,j->bi", Ws[0], xt) + bs[0]
-        th = torch.diag_embed(torch.full((Bn, ws[0]), th1, **f64))
         for ell in range(1, depth):
             z, th = layer_step(kind, z, th, Ws[ell], bs[ell], lambda_b, lambda_w)
             params = [*Ws[:ell + 1], *bs[:ell + 1]]
@@ -158,11 +173,7 @@ def sample_dntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: f
                 return torch.autograd.grad(f, params, retain_graph=True, allow_unused=True)
 
             def inner(ga, gb):
-                tot = torch.zeros(Bn, **f64)
-                for l_, a, b in zip(lams, ga, gb):
-                    if a is not None and b is not None:
-                        tot = tot + l_ * (a * b).reshape(Bn, -1).sum(-1)
-                return tot
+                return param_inner(ga, gb, Bn, f64, lams)
 
             zbar = z.detach()
             tr = torch.diagonal(th, dim1=-2, dim2=-1).sum(-1)

@@ -42,26 +42,36 @@ def _base(cmp: pd.DataFrame) -> pd.DataFrame:
                & ~cmp.quantity.str.startswith(("2i.", "2d.", "dd2.", "mi.", "md.", "mdd."))]
 
 
-# The input-indexed statistics, one entry per kind: its comparison-quantity prefix, its params block, its tensor
-# names, and the plot's labels (y label, what the title shows per activation, suptitle). "{M}" is the multi
-# block's number of inputs and "{n}" the number of components per layer.
+# The input-indexed statistics: per statistic its tensor names, the plot's y label, what a panel shows and the
+# statistic's name in the suptitle.
+_STATISTICS = {
+    "ntk": (ntk2.TENSOR_NAMES, "sampled nets (n x cov)", "V, D, A, B, F", "NTK fluctuation tensors"),
+    "dntk": (("P", "Q"), "sampled nets (n x E[dTh z])", "dNTK P, Q", "dNTK (P, Q)"),
+    "ddntk": (ddntk2.TENSORS, "sampled nets (n x E[ddI], n x E[ddII])", "ddNTK R, S, T, U", "ddNTK (R, S, T, U)"),
+}
+
+
+def _kind_entry(prefix: str, block: str, stat: str, pair_components: int | None = None) -> tuple:
+    """One ``_KINDS`` entry: the statistic ``stat`` of the input pair (``pair_components`` per layer) or, without
+    it, of the multi block's M inputs."""
+    names, ylabel, what, name = _STATISTICS[stat]
+    if pair_components is None:
+        return (prefix, block, names, ylabel, f"{what} of {{M}} inputs ({{n}} components/layer)",
+                f"{name} of M inputs: recursion vs sampled nets")
+    return (prefix, block, names, ylabel, f"{what} of the input pair ({pair_components} components/layer)",
+            f"Two-input {name}: recursion vs sampled nets")
+
+
+# One entry per input-indexed kind: its comparison-quantity prefix, its params block, its tensor names, and the
+# plot's labels (y label, what the title shows per activation, suptitle). "{M}" is the multi block's number of
+# inputs and "{n}" the number of components per layer.
 _KINDS = {
-    "ntk2": ("2i.", "ntk2", ntk2.TENSOR_NAMES, "sampled nets (n x cov)",
-             "V, D, A, B, F of the input pair (50 components/layer)",
-             "Two-input NTK fluctuation tensors: recursion vs sampled nets"),
-    "dntk2": ("2d.", "dntk2", ("P", "Q"), "sampled nets (n x E[dTh z])",
-              "dNTK P, Q of the input pair (32 components/layer)", "Two-input dNTK (P, Q): recursion vs sampled nets"),
-    "ddntk2": ("dd2.", "ddntk2", ddntk2.TENSORS, "sampled nets (n x E[ddI], n x E[ddII])",
-               "ddNTK R, S, T, U of the input pair (64 components/layer)",
-               "Two-input ddNTK (R, S, T, U): recursion vs sampled nets"),
-    "multi": ("mi.", "multi", ntk2.TENSOR_NAMES, "sampled nets (n x cov)",
-              "V, D, A, B, F of {M} inputs ({n} components/layer)",
-              "NTK fluctuation tensors of M inputs: recursion vs sampled nets"),
-    "multi_dntk": ("md.", "multi_dntk", ("P", "Q"), "sampled nets (n x E[dTh z])",
-                   "dNTK P, Q of {M} inputs ({n} components/layer)", "dNTK (P, Q) of M inputs: recursion vs sampled nets"),
-    "multi_ddntk": ("mdd.", "multi_ddntk", ddntk2.TENSORS, "sampled nets (n x E[ddI], n x E[ddII])",
-                    "ddNTK R, S, T, U of {M} inputs ({n} components/layer)",
-                    "ddNTK (R, S, T, U) of M inputs: recursion vs sampled nets"),
+    "ntk2": _kind_entry("2i.", "ntk2", "ntk", 50),
+    "dntk2": _kind_entry("2d.", "dntk2", "dntk", 32),
+    "ddntk2": _kind_entry("dd2.", "ddntk2", "ddntk", 64),
+    "multi": _kind_entry("mi.", "multi", "ntk"),
+    "multi_dntk": _kind_entry("md.", "multi_dntk", "dntk"),
+    "multi_ddntk": _kind_entry("mdd.", "multi_ddntk", "ddntk"),
 }
 # the plot of each kind (MLflow artifact name)
 _KIND_PLOTS = {"ntk2": "two_input_ntk", "dntk2": "two_input_dntk", "ddntk2": "two_input_ddntk",
@@ -224,6 +234,12 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     return out
 
 
+def _richardson(n1, t1, se1, n2, t2, se2) -> tuple[float, float]:
+    """The 1/n (Richardson) extrapolation T_inf = (n2 T2 - n1 T1) / (n2 - n1) of the estimates T1 +- se1 at
+    width n1 and T2 +- se2 at width n2, and its standard error."""
+    return (n2 * t2 - n1 * t1) / (n2 - n1), math.hypot(n2 * se2, n1 * se1) / (n2 - n1)
+
+
 def dntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
     """The dNTK's P, Q at the last layer against the recursion: agreement at the widest width, the 1/n
     (Richardson) extrapolation of the two widest widths, the error ratio widest / narrow, the 1/n slope of the
@@ -257,8 +273,7 @@ def dntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
         for q in DNTK_TENSORS:
             a = last[(last.quantity == q) & (last.width == prev)].iloc[0]
             b = last[(last.quantity == q) & (last.width == wide)].iloc[0]
-            t_ex = (wide * b.mc - prev * a.mc) / (wide - prev)
-            se = math.hypot(wide * b.mc_se, prev * a.mc_se) / (wide - prev)
+            t_ex, se = _richardson(prev, a.mc, a.mc_se, wide, b.mc, b.mc_se)
             out[f"dntk_{q}_extrapolated.{act}"] = float(t_ex)
             out[f"dntk_{q}_extrapolated.{act}.se"] = float(se)
             out[f"dntk_{q}_recursion.{act}"] = float(b.recursion)
@@ -326,8 +341,7 @@ def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
             for q in DDNTK_TENSORS:
                 a = cl[(cl.quantity == q) & (cl.width == prev)].iloc[0]
                 b = cl[(cl.quantity == q) & (cl.width == wide_)].iloc[0]
-                t_ex = (wide_ * b.mc - prev * a.mc) / (wide_ - prev)
-                se = math.hypot(wide_ * b.mc_se, prev * a.mc_se) / (wide_ - prev)
+                t_ex, se = _richardson(prev, a.mc, a.mc_se, wide_, b.mc, b.mc_se)
                 zs.append((t_ex - b.recursion) / se)
                 if ell == L:
                     out[f"ddntk_{q}_extrapolated.{act}"] = float(t_ex)
@@ -434,6 +448,25 @@ def variant_comparisons(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.Data
     return out
 
 
+def _sampler_curves(hv: dict, c: pd.DataFrame, tensors, L: int, z_layer: int | None = None) -> None:
+    """Into ``hv``: one dNTK / ddNTK sampler's curves per tensor, from its comparison rows ``c`` (one activation):
+    MC at layer L against the width (and its relative error where the recursion is nonzero), the z-scores
+    against the width at ``z_layer`` (if given), and MC against the layer at the sampler's widest width."""
+    dwide = int(c.width.max())
+    for q in tensors:
+        s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
+        hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
+        if (s.recursion.abs() > 0).all():
+            hv[f"{q}_L{L}_rel_err_vs_width"] = list(zip(s.width.astype(int),
+                                                        ((s.mc - s.recursion) / s.recursion.abs()).astype(float)))
+        if z_layer is not None:
+            s = c[(c.quantity == q) & (c.layer == z_layer)].sort_values("width")
+            hv[f"{q}_L{z_layer}_z_vs_width"] = list(zip(s.width.astype(int),
+                                                        ((s.mc - s.recursion) / s.mc_se).astype(float)))
+        s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
+        hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
+
+
 def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) -> dict[str, dict]:
     """Curves with steps for MLflow: theory layer profiles (step = layer), errors and MC estimates against
     the width (step = width), MC layer profiles at the widest width (step = layer)."""
@@ -461,34 +494,10 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
             hv[f"{q}_n{wide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
         s = c[(c.quantity == "mean_ntk") & (c.layer == L)].sort_values("width")
         hv["mean_ntk_shift_vs_width"] = list(zip(s.width.astype(int), (s.width * (s.mc - s.recursion)).astype(float)))
-    d_all = _dntk(cmp)
-    for act in _sims(outputs, "dntk"):
-        hv = h.setdefault(f"mc_dntk_{act}", {})
-        c = d_all[d_all.activation == act]
-        dwide = int(c.width.max())
-        for q in DNTK_TENSORS:
-            s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
-            hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
-            if (s.recursion.abs() > 0).all():
-                hv[f"{q}_L{L}_rel_err_vs_width"] = list(zip(s.width.astype(int),
-                                                            ((s.mc - s.recursion) / s.recursion.abs()).astype(float)))
-            s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
-            hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
-    dd = _ddntk(cmp)
-    for act in _sims(outputs, "ddntk"):
-        hv = h.setdefault(f"mc_ddntk_{act}", {})
-        c = dd[dd.activation == act]
-        dwide = int(c.width.max())
-        for q in DDNTK_TENSORS:
-            s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
-            hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
-            if (s.recursion.abs() > 0).all():
-                hv[f"{q}_L{L}_rel_err_vs_width"] = list(zip(s.width.astype(int),
-                                                            ((s.mc - s.recursion) / s.recursion.abs()).astype(float)))
-            s = c[(c.quantity == q) & (c.layer == 2)].sort_values("width")
-            hv[f"{q}_L2_z_vs_width"] = list(zip(s.width.astype(int), ((s.mc - s.recursion) / s.mc_se).astype(float)))
-            s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
-            hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
+    for kind, rows, tensors, z_layer in (("dntk", _dntk(cmp), DNTK_TENSORS, None),
+                                         ("ddntk", _ddntk(cmp), DDNTK_TENSORS, 2)):
+        for act in _sims(outputs, kind):
+            _sampler_curves(h.setdefault(f"mc_{kind}_{act}", {}), rows[rows.activation == act], tensors, L, z_layer)
     return h
 
 
@@ -537,6 +546,39 @@ VARIANT_STYLE = {"recursion": ("k", "-", "recursion (1/n, method)"),
                  "infinite_width": ("C7", ":", "infinite width (0)")}
 
 
+def _activation_panels(d: pd.DataFrame, rows: int = 1, panel: tuple[float, float] = (4.2, 3.8)):
+    """(activations, figure, axes): a column of ``rows`` panels per activation of ``d`` (axes always 2-D);
+    ``panel`` is one panel's (width, height) in inches."""
+    import matplotlib.pyplot as plt
+
+    acts = list(d.activation.unique())
+    fig, axes = plt.subplots(rows, len(acts), figsize=(panel[0] * len(acts), panel[1] * rows), squeeze=False)
+    return acts, fig, axes
+
+
+def _finish(fig, suptitle: str, ax=None, ylabel: str | None = None, legend: int | None = None):
+    """The figure with its suptitle, laid out; first the y label and the legend (font size ``legend``) of ``ax``
+    (the first panel) where given."""
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    if legend is not None:
+        ax.legend(fontsize=legend)
+    fig.suptitle(suptitle)
+    fig.tight_layout()
+    return fig
+
+
+def _variants_and_mc(ax, s: pd.DataFrame) -> None:
+    """One quantity's panel against the width (``s``: its comparison rows, sorted by width): the recursion's ±10 %
+    band, a horizontal line per theory variant, and the MC estimates ±2 s.e."""
+    an = float(s.recursion.iloc[0])
+    ax.axhspan(an - 0.1 * abs(an), an + 0.1 * abs(an), color="0.9", label="recursion ±10%")
+    for v, (col, ls, lab) in VARIANT_STYLE.items():
+        if v in s:
+            ax.axhline(float(s[v].iloc[0]), color=col, ls=ls, lw=1.2, label=lab)
+    ax.errorbar(s.width, s.mc, yerr=2 * s.mc_se, fmt="o", color="C3", capsize=3, label="Monte Carlo ±2 s.e.")
+
+
 def _tensors_vs_width(cmp: pd.DataFrame, p: Params, act: str):
     import matplotlib.pyplot as plt
 
@@ -544,28 +586,15 @@ def _tensors_vs_width(cmp: pd.DataFrame, p: Params, act: str):
     c = cmp[(cmp.activation == act) & (cmp.layer == L) & (cmp.input == 0)]
     fig, axes = plt.subplots(1, len(TENSORS), figsize=(3.2 * len(TENSORS), 3.4))
     for ax, t in zip(axes, TENSORS):
-        d = c[c.quantity == t].sort_values("width")
-        an = float(d.recursion.iloc[0])
-        ax.axhspan(an - 0.1 * abs(an), an + 0.1 * abs(an), color="0.9", label="recursion ±10%")
-        for v, (col, ls, lab) in VARIANT_STYLE.items():
-            if v in d:
-                ax.axhline(float(d[v].iloc[0]), color=col, ls=ls, lw=1.2, label=lab)
-        ax.errorbar(d.width, d.mc, yerr=2 * d.mc_se, fmt="o", color="C3", capsize=3, label="Monte Carlo ±2 s.e.")
+        _variants_and_mc(ax, c[c.quantity == t].sort_values("width"))
         ax.set_xscale("log", base=2)
         ax.set(title=f"{t}  (layer {L})", xlabel="width n")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("n × covariance")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{act}: first-order tensors vs width (pooled over seeds)")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"{act}: first-order tensors vs width (pooled over seeds)", axes[0], "n × covariance", 7)
 
 
 def _rel_err_vs_width(cmp: pd.DataFrame, p: Params):
-    import matplotlib.pyplot as plt
-
-    acts = list(cmp.activation.unique())
-    fig, axes = plt.subplots(1, len(acts), figsize=(4.2 * len(acts), 3.8), squeeze=False)
+    acts, fig, axes = _activation_panels(cmp)
     for ax, act in zip(axes[0], acts):
         c = cmp[cmp.activation == act]
         e = rel_errors(c, p)
@@ -584,21 +613,14 @@ def _rel_err_vs_width(cmp: pd.DataFrame, p: Params):
         ax.set(xscale="log", yscale="log", xlabel="width n", title=act)
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel("|T_mc − T_recursion| / |T_recursion|")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"Relative error of the first-order recursion (layer {p.net.depth}) shrinks like 1/n")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"Relative error of the first-order recursion (layer {p.net.depth}) shrinks like 1/n",
+                   axes[0][0], "|T_mc − T_recursion| / |T_recursion|", 7)
 
 
 def _cov_scaling(cmp: pd.DataFrame, p: Params):
-    import matplotlib.pyplot as plt
-
-    acts = list(cmp.activation.unique())
-    L = p.net.depth
-    fig, axes = plt.subplots(1, len(acts), figsize=(4.2 * len(acts), 3.8), squeeze=False)
+    acts, fig, axes = _activation_panels(cmp)
     for ax, act in zip(axes[0], acts):
-        c = cmp[(cmp.activation == act) & (cmp.layer == L) & (cmp.input == 0)]
+        c = _final(cmp[(cmp.activation == act) & (cmp.input == 0)], p)
         for i, t in enumerate(TENSORS):
             s = c[c.quantity == t].sort_values("width")
             ax.errorbar(s.width, (s.mc / s.n_prev).abs(), yerr=2 * s.mc_se / s.n_prev, fmt="o", ms=4, capsize=2,
@@ -607,18 +629,12 @@ def _cov_scaling(cmp: pd.DataFrame, p: Params):
         ax.set(xscale="log", yscale="log", xlabel="width n", title=f"{act} (lines: recursion / n)")
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel("|covariance| at the last layer")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("The raw finite-width covariances scale as 1/n")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, "The raw finite-width covariances scale as 1/n", axes[0][0], "|covariance| at the last layer",
+                   7)
 
 
 def _mean_corrections(cmp: pd.DataFrame, p: Params):
-    import matplotlib.pyplot as plt
-
-    acts = list(cmp.activation.unique())
-    fig, axes = plt.subplots(2, len(acts), figsize=(4.2 * len(acts), 6.6), squeeze=False)
+    acts, fig, axes = _activation_panels(cmp, rows=2, panel=(4.2, 3.3))
     for row, (q, lab) in enumerate((("Theta1", "n · (E[Θ̂_ii] − Θ_∞)"), ("K1", "n · (E[z_i²] − K_∞)"))):
         for ax, act in zip(axes[row], acts):
             c = cmp[(cmp.activation == act) & (cmp.quantity == q) & (cmp.input == 0)]
@@ -637,20 +653,14 @@ def _mean_corrections(cmp: pd.DataFrame, p: Params):
             ax.set(xlabel="width n", title=f"{act}: {q}")
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel(f"{lab}  (±2 s.e.)")
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle("Mean corrections: ReLU's diagonal NTK (and kernel) have none; smooth σ shift at O(1/n)")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, "Mean corrections: ReLU's diagonal NTK (and kernel) have none; smooth σ shift at O(1/n)",
+                   axes[0][0], legend=6)
 
 
 def _pair_vertex(cmp: pd.DataFrame, p: Params):
-    import matplotlib.pyplot as plt
-
-    acts = list(cmp.activation.unique())
-    L = p.net.depth
-    fig, axes = plt.subplots(1, len(acts), figsize=(4.2 * len(acts), 3.8), squeeze=False)
+    acts, fig, axes = _activation_panels(cmp)
     for ax, act in zip(axes[0], acts):
-        c = cmp[(cmp.activation == act) & (cmp.layer == L) & cmp.quantity.isin(VERTEX_KEYS)]
+        c = _final(cmp[(cmp.activation == act) & cmp.quantity.isin(VERTEX_KEYS)], p)
         for i, q in enumerate(VERTEX_KEYS):
             s = c[c.quantity == q].sort_values("width")
             rec = s.recursion.abs()
@@ -659,13 +669,11 @@ def _pair_vertex(cmp: pd.DataFrame, p: Params):
         ax.axhspan(0.9, 1.1, color="0.9")
         ax.axhline(1, color="k", lw=1)
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="width n", title=f"{act}, layer {L}")
+        ax.set(xlabel="width n", title=f"{act}, layer {p.net.depth}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, title="recursion value", title_fontsize=6)
-    axes[0][0].set_ylabel("V_mc / V_recursion  (±2 s.e.)")
-    fig.suptitle("Two inputs (cosine set by data.pair_cosine): four-point vertex V_(ab)(cd), MC over recursion")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, "Two inputs (cosine set by data.pair_cosine): four-point vertex V_(ab)(cd), MC over recursion",
+                   axes[0][0], "V_mc / V_recursion  (±2 s.e.)")
 
 
 def _dntk_vs_width(cmp: pd.DataFrame, p: Params):
@@ -680,26 +688,18 @@ def _dntk_vs_width(cmp: pd.DataFrame, p: Params):
         for j, q in enumerate(DNTK_TENSORS):
             ax = axes[i][j]
             s = d[(d.activation == act) & (d.quantity == q) & (d.layer == L)].sort_values("width")
-            an = float(s.recursion.iloc[0])
-            ax.axhspan(an - 0.1 * abs(an), an + 0.1 * abs(an), color="0.9", label="recursion ±10%")
-            for v, (col, ls, lab) in VARIANT_STYLE.items():
-                if v in s:
-                    ax.axhline(float(s[v].iloc[0]), color=col, ls=ls, lw=1.2, label=lab)
-            ax.errorbar(s.width, s.mc, yerr=2 * s.mc_se, fmt="o", color="C3", capsize=3, label="Monte Carlo ±2 s.e.")
+            _variants_and_mc(ax, s)
             if len(s) >= 2:
                 a, b = s.iloc[-2], s.iloc[-1]
-                t_ex = (b.width * b.mc - a.width * a.mc) / (b.width - a.width)
-                se = math.hypot(b.width * b.mc_se, a.width * a.mc_se) / (b.width - a.width)
+                t_ex, se = _richardson(a.width, a.mc, a.mc_se, b.width, b.mc, b.mc_se)
                 ax.errorbar([b.width * 1.6], [t_ex], yerr=[2 * se], fmt="D", color="C2", capsize=3,
                             label="1/n extrapolation (two widest)")
             ax.set_xscale("log", base=2)
             ax.set(title=f"{act}: dNTK {q} (layer {L})", xlabel="width n")
             ax.grid(alpha=0.3)
         axes[i][0].set_ylabel("n × E[dΘ̂ z]")
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle("dNTK–preactivation cross-correlations P, Q vs width (pooled over seeds)")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, "dNTK–preactivation cross-correlations P, Q vs width (pooled over seeds)", axes[0][0],
+                   legend=6)
 
 
 def _dntk_scaling(cmp: pd.DataFrame, p: Params):
@@ -761,10 +761,7 @@ def _layer_profiles(d: pd.DataFrame, tensors, what: str, suptitle: str, panel: t
                             color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={wd}")
             ax.set(title=f"{act}: {what}{q}", xlabel="layer")
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle(suptitle)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, suptitle, axes[0][0], legend=6)
 
 
 def _ddntk_vs_width(cmp: pd.DataFrame, p: Params):
@@ -853,12 +850,9 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, kind: str = "ntk2"):
     """Per activation: every component of one input-indexed kind (``_KINDS``: the two-input or M-input NTK
     tensors V, D, A, B, F, dNTK P, Q or ddNTK R, S, T, U) at layers 2..L, sampled nets against the recursion
     (layer 2: the widest width, exact; deeper: the 1/n extrapolation of the two widest widths), ±2 s.e."""
-    import matplotlib.pyplot as plt
-
     _, _, _, ylabel, title, suptitle = _KINDS[kind]
     d = _kind(cmp, kind)
-    acts = list(d.activation.unique())
-    fig, axes = plt.subplots(1, len(acts), figsize=(5.2 * len(acts), 4.6), squeeze=False)
+    acts, fig, axes = _activation_panels(d, panel=(5.2, 4.6))
     for ax, act in zip(axes[0], acts):
         c = d[(d.activation == act) & (d.mc_se > 0)]
         ws = sorted(c.width.unique())
@@ -889,6 +883,4 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, kind: str = "ntk2"):
                      fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    fig.suptitle(suptitle)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, suptitle)

@@ -76,6 +76,31 @@ def layer_step(kind: str, z: torch.Tensor, th: torch.Tensor, W: torch.Tensor, b:
     return torch.bmm(W, s.unsqueeze(-1)).squeeze(-1) + b, th
 
 
+def leaf_params(gen: torch.Generator, nb: int, n0: int, ws: list[int], c_w: float, c_b: float, lambda_w: float,
+                f64: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
+    """(Ws, bs, lam) of ``nb`` MLPs with hidden widths ``ws`` on n0 inputs, as leaf tensors for autograd through
+    the forward NTK recursion: per layer W (nb, n_l, n_{l-1}) ~ N(0, c_w / n_{l-1}) and b (nb, n_l) ~ N(0, c_b),
+    drawn from ``gen`` layer by layer (W, then b), and the weights' learning-rate factors lambda_w / n_{l-1}."""
+    Ws, bs = [], []
+    for ell, n in enumerate(ws):
+        fan = n0 if ell == 0 else ws[ell - 1]
+        Ws.append((torch.randn(nb, n, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
+        bs.append((torch.randn(nb, n, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+    lam = [lambda_w / (n0 if ell == 0 else ws[ell - 1]) for ell in range(len(ws))]
+    return Ws, bs, lam
+
+
+def param_inner(ga, gb, nb: int, f64: dict, weights=None) -> torch.Tensor:
+    """(nb,): per net, sum over the parameter tensors of <ga_i, gb_i> (times ``weights[i]`` where given, e.g. the
+    learning-rate factors); a None gradient (a parameter the function does not use) contributes 0."""
+    tot = torch.zeros(nb, **f64)
+    for i, (a, b) in enumerate(zip(ga, gb)):
+        if a is not None and b is not None:
+            t = (a * b).reshape(nb, -1).sum(-1)
+            tot = tot + (t if weights is None else weights[i] * t)
+    return tot
+
+
 def sample_nets(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
                 lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
                 x2: np.ndarray | None = None, device: str | torch.device = "cpu") -> np.ndarray:

@@ -17,14 +17,15 @@ works, at a cost that grows with the number of index subsets.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import numpy as np
 import torch
 
-from pipelines.ntk_feynman.mc import act, layer_batch_means, pair_mean
-from pipelines.ntk_feynman.theory import Quad, aspect_ratio, dsigma, sigma
+from pipelines.ntk_feynman.mc import act, layer_batch_means, leaf_params, pair_mean, param_inner
+from pipelines.ntk_feynman.theory import Quad, aspect_ratio, dsigma, kernel_derivative, sigma
 
 TENSOR_NAMES = ("V", "D", "A", "B", "F")
 
@@ -150,15 +151,10 @@ def _susceptibilities(kind: str, K: np.ndarray, quad: Quad, h: float) -> np.ndar
     U = upairs(M)
     out = np.zeros((2, len(U), len(U)))
     for p, (a, b) in enumerate(U):
+        pair = functools.partial(_pair_ss_dd, kind, a=a, b=b, quad=quad)
         for e, (c, d) in enumerate(U):
-            if not {c, d} <= {a, b}:
-                continue
-            Kp, Km = K.copy(), K.copy()
-            Kp[c, d] += h
-            Km[c, d] -= h
-            if c != d:
-                Kp[d, c], Km[d, c] = Kp[c, d], Km[c, d]
-            out[:, p, e] = (_pair_ss_dd(kind, Kp, a, b, quad) - _pair_ss_dd(kind, Km, a, b, quad)) / (2 * h)
+            if {c, d} <= {a, b}:
+                out[:, p, e] = kernel_derivative(pair, K, c, d, h)
     return out
 
 
@@ -273,16 +269,10 @@ def multi_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_
                      depth: int, widths: list[int] | None = None, interlayer: bool = True,
                      quad: Quad | None = None, h_rel: float = 1e-4) -> list[dict]:
     """Per layer l = 1..depth: the dNTK statistics P, Q (M x M x M x M over (a0, a1, a2, a3)) of the inputs X,
-    by ``ntk2.two_input_dntk``'s recursion with every index running over M inputs (Stein vectors S[g] with the
-    inverse of the sub-kernel of the inputs g touches, F links S[g].F_(ab).S[h], B, F of
-    :func:`multi_input_ntk_tensors`):
-      P' = P2 + r { lW CW (S[s'_0 s_3].F_(01).S[s'_1 s_2] + S[s'_0 s_3].F_(02).S[s_1 s'_2])
-                    + CW^2 Th_12 (S[s'_0 s_3].F_(01).S[s''_1 s'_2] + S[s'_0 s_3].F_(02).S[s'_1 s''_2])
-                    + CW^2 <s'_1 s'_2> sum_e S[s'_0 s_3]_e P_{a0 a1 a2 e} },
-      Q' = Q2 + r { lW CW S[s_0 s'_1].F_(12).S[s'_2 s_3] + CW^2 Th_01 S[s'_0 s''_1].F_(12).S[s'_2 s_3]
-                    + CW^2 <s'_0 s'_1><s''_2 s_3> B[(a1 a2),(a0 a2)]
-                    + CW^2 <s'_0 s'_1> sum_e Q_{a0 a1 a2 e} S[s'_2 s_3]_e },
-    P2, Q2 the exact layer-2 terms at layer l's K, Theta. ``interlayer=False`` keeps P2, Q2 only."""
+    by ``ntk2.two_input_dntk``'s recursion (the P', Q' formulas in its docstring) with every index running over
+    M inputs (Stein vectors S[g] with the inverse of the sub-kernel of the inputs g touches, F links
+    S[g].F_(ab).S[h], B, F of :func:`multi_input_ntk_tensors`); P2, Q2 the exact layer-2 terms at layer l's K,
+    Theta. ``interlayer=False`` keeps P2, Q2 only."""
     quad = quad or Quad()
     X = np.atleast_2d(np.asarray(X, dtype=float))
     widths = widths or [1] * depth
@@ -444,13 +434,8 @@ def sample_multi_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: 
     out = np.zeros((n_nets, depth, 3) + (M,) * 4)
     for start in range(0, n_nets, chunk):
         nb = min(chunk, n_nets - start)
-        Ws, bs = [], []
-        for ell in range(depth):
-            fan = n0 if ell == 0 else n
-            Ws.append((torch.randn(nb, n, fan, generator=gen, **f64) * math.sqrt(c_w / fan)).requires_grad_())
-            bs.append((torch.randn(nb, n, generator=gen, **f64) * math.sqrt(c_b)).requires_grad_())
+        Ws, bs, lam = leaf_params(gen, nb, n0, [n] * depth, c_w, c_b, lambda_w, f64)
         us = torch.randint(0, 2, (depth, nb, n), generator=gen).to(torch.float64) * 2 - 1
-        lam = [lambda_w / (n0 if ell == 0 else n) for ell in range(depth)]
         z = [torch.einsum("bij,j->bi", Ws[0], Xt[a]) + bs[0] for a in RM]
         eye = torch.eye(n, **f64).expand(nb, n, n)
         th = {(a, c): (lambda_b + lambda_w * float(G[a, c])) * eye for a, c in U}
@@ -472,11 +457,7 @@ def sample_multi_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: 
                 return torch.autograd.grad(f.sum(), params, retain_graph=True, allow_unused=True)
 
             def inner(ga, gb):
-                tot = torch.zeros(nb, **f64)
-                for l_, x, y in zip(lams, ga, gb):
-                    if x is not None and y is not None:
-                        tot = tot + l_ * (x * y).reshape(nb, -1).sum(-1)
-                return tot
+                return param_inner(ga, gb, nb, f64, lams)
 
             zbar = [za.detach() for za in z]
             u = us[ell]

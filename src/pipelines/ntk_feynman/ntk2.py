@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from pipelines.ntk_feynman import multi
-from pipelines.ntk_feynman.theory import Quad, aspect_ratio, dsigma, sigma
+from pipelines.ntk_feynman.theory import Quad, aspect_ratio, dsigma, kernel_derivative, sigma
 
 UPAIRS = ((0, 0), (0, 1), (1, 1))                  # unique (symmetric) pairs: kernel, diagonal NTK
 OPAIRS = ((0, 0), (0, 1), (1, 0), (1, 1))          # ordered pairs: off-diagonal NTK entries
@@ -88,15 +88,10 @@ def two_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, la
                          for a, b in OPAIRS])
         r = aspect_ratio(widths, ell) if interlayer else 0.0
         # susceptibilities
+        h = h_rel * math.sqrt(K[0, 0] * K[1, 1])
         dS = np.empty((2, 3, 3))                        # [ss|dd, p, e]
         for e, (a, b) in enumerate(UPAIRS):
-            h = h_rel * math.sqrt(K[0, 0] * K[1, 1])
-            Kp, Km = K.copy(), K.copy()
-            Kp[a, b] += h
-            Km[a, b] -= h
-            if a != b:
-                Kp[b, a], Km[b, a] = Kp[a, b], Km[a, b]
-            dS[:, :, e] = (_ss_dd(kind, Kp, quad) - _ss_dd(kind, Km, quad)) / (2 * h)
+            dS[:, :, e] = kernel_derivative(lambda K_: _ss_dd(kind, K_, quad), K, a, b, h)
         th_p = np.array([Th[a, b] for a, b in UPAIRS])
         J = c_w * dS[0]
         Jt = lambda_w * dS[0] + c_w * th_p[:, None] * dS[1]

@@ -299,56 +299,16 @@ class Params(MethodParams):
     def mc_activations(self) -> list[str]:
         return [v[3:] for v in self.variants if v.startswith("mc_") and variant_prefix(v) is None]
 
-    def _activations_of(self, prefix: str) -> list[str]:
+    def block_activations(self, block: str) -> list[str]:
+        """The activations of the planned ``mc_<block>_<activation>`` variants of the Monte-Carlo block ``block``
+        ("dntk", "multi_dntk", ...; prefixes told apart by :func:`variant_prefix`)."""
+        prefix = f"mc_{block}_"
         return [v[len(prefix):] for v in self.variants if variant_prefix(v) == prefix]
 
-    def dntk_activations(self) -> list[str]:
-        return [v[8:] for v in self.variants if v.startswith("mc_dntk_")]
-
-    def ddntk_activations(self) -> list[str]:
-        return [v[9:] for v in self.variants if v.startswith("mc_ddntk_")]
-
-    def ntk2_activations(self) -> list[str]:
-        return [v[8:] for v in self.variants if v.startswith("mc_ntk2_")]
-
-    def dntk2_activations(self) -> list[str]:
-        return [v[9:] for v in self.variants if v.startswith("mc_dntk2_")]
-
-    def ddntk2_activations(self) -> list[str]:
-        return [v[10:] for v in self.variants if v.startswith("mc_ddntk2_")]
-
-    def ddntk2_nets(self, width: int) -> int:
-        return self.ddntk2.nets_per_seed[self.ddntk2.widths.index(width)]
-
-    def multi_activations(self) -> list[str]:
-        return self._activations_of("mc_multi_")
-
-    def multi_dntk_activations(self) -> list[str]:
-        return self._activations_of("mc_multi_dntk_")
-
-    def multi_ddntk_activations(self) -> list[str]:
-        return self._activations_of("mc_multi_ddntk_")
-
-    def multi_dntk_nets(self, width: int) -> int:
-        return self.multi_dntk.nets_per_seed[self.multi_dntk.widths.index(width)]
-
-    def multi_ddntk_nets(self, width: int) -> int:
-        return self.multi_ddntk.nets_per_seed[self.multi_ddntk.widths.index(width)]
-
-    def multi_nets(self, width: int) -> int:
-        return self.multi.nets_per_seed[self.multi.widths.index(width)]
-
-    def dntk2_nets(self, width: int) -> int:
-        return self.dntk2.nets_per_seed[self.dntk2.widths.index(width)]
-
-    def ntk2_nets(self, width: int) -> int:
-        return self.ntk2.nets_per_seed[self.ntk2.widths.index(width)]
-
-    def ddntk_nets(self, width: int) -> int:
-        return self.ddntk.nets_per_seed[self.ddntk.widths.index(width)]
-
-    def dntk_nets(self, width: int) -> int:
-        return self.dntk.nets_per_seed[self.dntk.widths.index(width)]
+    def block_nets(self, block: str, width: int) -> int:
+        """Nets per seed at ``width`` of the Monte-Carlo params block ``block`` ("mc", "dntk", "multi", ...)."""
+        b = getattr(self, block)
+        return b.nets_per_seed[b.widths.index(width)]
 
     def nets(self, width: int) -> int:
-        return self.mc.nets_per_seed[self.mc.widths.index(width)]
+        return self.block_nets("mc", width)

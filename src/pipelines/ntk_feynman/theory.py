@@ -275,6 +275,16 @@ def _pair_moments(kind: str, K: np.ndarray, quad: Quad) -> tuple[np.ndarray, np.
     return S, four
 
 
+def kernel_derivative(f, K: np.ndarray, a: int, b: int, h: float):
+    """d f(K) / dK_ab by central differences of step h, perturbing the symmetric pair K_ab = K_ba together."""
+    Kp, Km = K.copy(), K.copy()
+    Kp[a, b] += h
+    Km[a, b] -= h
+    if a != b:
+        Kp[b, a], Km[b, a] = Kp[a, b], Km[a, b]
+    return (f(Kp) - f(Km)) / (2 * h)
+
+
 def two_input_vertex(kind: str, c_w: float, c_b: float, X: np.ndarray, depth: int, widths: list[int] | None = None,
                      interlayer: bool = True, quad: Quad | None = None, h_rel: float = 1e-4) -> list[dict]:
     """Per layer: the 2x2 kernel K and the four-point vertex V_{(ab)(cd)} of two inputs, n Cov(z_ia z_ib,
@@ -298,15 +308,10 @@ def two_input_vertex(kind: str, c_w: float, c_b: float, X: np.ndarray, depth: in
     record(1)
     for ell in range(1, depth):
         S, four = _pair_moments(kind, K, quad)
+        h = h_rel * math.sqrt(K[0, 0] * K[1, 1])
         J = np.empty((3, 3))
         for e, (a, b) in enumerate(PAIRS):
-            h = h_rel * math.sqrt(K[0, 0] * K[1, 1])
-            Kp, Km = K.copy(), K.copy()
-            Kp[a, b] += h
-            Km[a, b] -= h
-            if a != b:
-                Kp[b, a], Km[b, a] = Kp[a, b], Km[a, b]
-            J[:, e] = (_pair_moments(kind, Kp, quad)[0] - _pair_moments(kind, Km, quad)[0]) / (2 * h)
+            J[:, e] = kernel_derivative(lambda K_: _pair_moments(kind, K_, quad)[0], K, a, b, h)
         r = aspect_ratio(widths, ell) if interlayer else 0.0
         V = c_w**2 * (four - np.outer(S, S)) + r * c_w**2 * J @ V @ J.T
         K = c_b + c_w * np.array([[S[0], S[1]], [S[1], S[2]]])

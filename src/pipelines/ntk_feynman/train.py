@@ -122,7 +122,7 @@ def _multi_d_theory(kind: str, p: Params, Xm: np.ndarray, variant: str, quad) ->
     """{(activation, layer): flat row} of the M-input dNTK / ddNTK recursion for the activations of the planned
     ``mc_<kind>_<activation>`` variants (zeros for infinite_width)."""
     M, out = len(Xm), {}
-    acts = getattr(p, f"{kind}_activations")()
+    acts = p.block_activations(kind)
     fn = multi.multi_input_dntk if kind == "multi_dntk" else multi_ddntk.multi_input_ddntk
     for name in acts:
         spec = p.activations[name]
@@ -143,6 +143,17 @@ def _add_input0_columns(df: pd.DataFrame, extra: dict, cols: list[str]) -> pd.Da
         if a == 0 and (act, int(ell)) in extra:
             block[i] = [extra[(act, int(ell))][c] for c in cols]
     return pd.concat([df, pd.DataFrame(block, index=df.index, columns=cols)], axis=1)
+
+
+def _set_input0_row(df: pd.DataFrame, activation: str, layer: int, vals: dict[str, float]) -> pd.DataFrame:
+    """``df`` with ``vals`` {column: value} on the row of input 0, ``activation`` and ``layer``; columns it lacks
+    are added first (NaN elsewhere)."""
+    sel = (df.input == 0) & (df.activation == activation) & (df.layer == layer)
+    missing = [k for k in vals if k not in df.columns]
+    if missing:
+        df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
+    df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
+    return df
 
 
 def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
@@ -182,11 +193,7 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                 vals = ntk2.flat_row(r)
                 if variant == "infinite_width":
                     vals = dict.fromkeys(vals, 0.0)
-                sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
-                missing = [k for k in vals if k not in df.columns]
-                if missing:
-                    df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
-                df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
+                df = _set_input0_row(df, name, r["layer"], vals)
             if p.dntk2 is not None:
                 # the two-input dNTK P, Q with input indices (ntk2.two_input_dntk), columns "2d.<P|Q>_<a0a1a2a3>"
                 dl = ntk2.two_input_dntk(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X, p.net.depth,
@@ -195,11 +202,7 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                     vals = ntk2.dntk2_flat_row(r["P"], r["Q"])
                     if variant == "infinite_width":
                         vals = dict.fromkeys(vals, 0.0)
-                    sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
-                    missing = [k for k in vals if k not in df.columns]
-                    if missing:
-                        df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
-                    df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
+                    df = _set_input0_row(df, name, r["layer"], vals)
             if p.ddntk2 is not None:
                 # the two-input ddNTK R, S, T, U (ddntk2.two_input_ddntk), columns "dd2.<R|S|T|U>_<a1a2a3a4>"
                 if variant == "infinite_width":
@@ -209,12 +212,7 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                     ddl = ddntk2.two_input_ddntk(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X,
                                                  p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
                 for r in ddl:
-                    vals = ddntk2_flat_row(r)
-                    sel = (df.input == 0) & (df.activation == name) & (df.layer == r["layer"])
-                    missing = [k for k in vals if k not in df.columns]
-                    if missing:
-                        df = pd.concat([df, pd.DataFrame(np.nan, index=df.index, columns=missing)], axis=1)
-                    df.loc[sel, list(vals)] = np.array(list(vals.values()))[None, :]
+                    df = _set_input0_row(df, name, r["layer"], ddntk2_flat_row(r))
     if p.multi is not None and inputs.get("multi") is not None:
         # the NTK tensors of M inputs (multi.py), columns "mi.<T>_<ab>_<cd>" on the rows of input 0
         Xm = np.asarray(inputs["multi"], dtype=float)
@@ -234,7 +232,7 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
         df = _add_input0_columns(df, extra, multi.quantity_names(M))
         # the M-input dNTK / ddNTK, only for the activations of planned mc_multi_dntk_ / mc_multi_ddntk_ variants
         for kind in ("multi_dntk", "multi_ddntk"):
-            if getattr(p, f"{kind}_activations")():
+            if p.block_activations(kind):
                 df = _add_input0_columns(df, _multi_d_theory(kind, p, Xm, variant, quad),
                                          multi_d_quantity_names(kind, M))
     bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
@@ -333,13 +331,12 @@ def sampler_table(inputs: dict, p: Params, kind: str, activation: str) -> pd.Dat
     cfg, variant = _SAMPLERS[kind], f"mc_{kind}_{activation}"
     X = cfg["inputs"](inputs, variant)
     spec, d = p.activations[activation], getattr(p, kind)
-    nets = getattr(p, f"{kind}_nets")
     frames = []
     for seed in p.seeds:
         device = node_setup(p, int(seed))
         for width in d.widths:
             stream = int(np.random.SeedSequence([int(seed), width, 0, cfg["tag"]]).generate_state(1)[0])
-            stats = cfg["sample"](activation, X, width, (p.net.depth, nets(width)), spec, p.net.lambda_b,
+            stats = cfg["sample"](activation, X, width, (p.net.depth, p.block_nets(kind, width)), spec, p.net.lambda_b,
                                   p.net.lambda_w, stream, d, device)
             frames += _block_rows(stats, d.blocks_per_seed, cfg["columns"](X), seed, width, p.net.depth,
                                   reduce=cfg.get("reduce", lambda block: block.mean(0)))

@@ -142,6 +142,58 @@ def test_dependency_aware_replacement(setup):
         assert bpe.vocab[tok.stoi["".join(g)]] in gone
 
 
+def _resegment(piece, merges, gone):
+    """Reference BPE with the tokens ``gone`` removed: drop every merge whose parts or result is gone, then
+    apply the surviving merges one by one in rank order across the whole pre-token."""
+    s = list(piece)
+    for a, b in merges:
+        if gone & {a, b, a + b}:
+            continue
+        out, j = [], 0
+        while j < len(s):
+            if j + 1 < len(s) and s[j] == a and s[j + 1] == b:
+                out.append(a + b)
+                j += 2
+            else:
+                out.append(s[j])
+                j += 1
+        s = out
+    return s
+
+
+def _check_no_word_longer_than_required(bpe, tok, texts):
+    """A pre-token whose own BPE tokens all survive replacement keeps exactly its tokens (the reference
+    re-segmentation agrees); only a pre-token one of whose tokens was handed to a composite may get longer."""
+    gone = set(tok.removed)
+    for piece in {p for t in texts for p in pretokenize(t)}:
+        after = tok.base.word(piece)
+        assert after == _resegment(piece, bpe.merges, gone), piece
+        if not gone.intersection(bpe.word(piece)):
+            assert after == bpe.word(piece), (piece, bpe.word(piece), after)
+
+
+def test_replace_mode_keeps_merge_paths_of_kept_words(setup):
+    """Replace mode must not hand out the ID of a token that a kept token is built through. On this toy
+    corpus "Admission" and "age" are single tokens built from late merges; their merge-path tokens ('Ad',
+    'Admi', ..., 'ag') never end a word, and ranking by final-token frequency removed them first (highest
+    ID among the zeros), so "Admission" went 1 → 4 tokens and "age" 1 → 3 already at 5 composites while
+    ~50 unused general-corpus tokens were still free. At 60 composites the free tokens run out and the two
+    words' own tokens are legitimately replaced; the reference re-segmentation still has to agree."""
+    general = ["Return the value of the attribute; raise an exception if the object is missing or invalid."] * 6 \
+        + ["Admission", "age", "Lab Sodium Creatinine Potassium Glucose Lactate"] * 2
+    labs = ["Lab", "Sodium", "Creatinine", "Potassium", "Glucose", "Lactate", "high", "low", "normal", "mg", "dL"]
+    task = ["Admission"] * 12 + ["age"] * 8 + [f"{a} {b}" for a in labs for b in labs if a != b] * 2
+    bpe = BPE(train_bpe(general, 258 + 300))
+    assert bpe.word("Admission") == ["Admission"] and bpe.word("age") == ["age"]
+    for max_m in (5, 20, 40, 60):
+        tok = build_tpe(bpe, task, max_m=max_m)
+        assert len(tok.merges) >= min(max_m, 50)
+        if max_m < 60:
+            assert tok.base.word("Admission") == ["Admission"] and tok.base.word("age") == ["age"], max_m
+        _check_no_word_longer_than_required(bpe, tok, task)
+    _, bpe, tok, train, _ = setup                        # the same on the synthetic EHR prompts
+    _check_no_word_longer_than_required(bpe, tok, train)
+
 def test_trie_picks_highest_priority_not_longest():
     bpe = BPE([])
     vocab = [*bpe.vocab, "abc", "ab"]

@@ -270,6 +270,33 @@ def test_the_bound_check_has_teeth():
     assert worst > BOUND
 
 
+def _three_commuter_pairs():
+    """6 riders, k = 3: three far-apart pairs of riders s = (0, y) → t = (3, y) (walk 3), candidates 0.5 km
+    from each end, free shuttle: each pair rides its own two stops at cost 1."""
+    ys = np.repeat([0.0, 10.0, 20.0], 2)
+    s, t = np.c_[np.zeros(6), ys], np.c_[np.full(6, 3.0), ys]
+    cand = np.array([[x, y] for y in (0.0, 10.0, 20.0) for x in (0.5, 2.5)])
+    return from_points(s, t, cand, 3, 0.0, "l1")
+
+
+def test_jr_bound_needs_group_factor_two():
+    """The 1 + √2 proof's budget step: a pair opens for every g riders, so ECA opens ⌊n/g⌋ pairs, within k
+    stops only when g ≥ 2n/k (f ≥ 2). With f = 1 (g = 2 of 6 riders, k = 3) ECA opens one pair, has one stop
+    left, and the two other commuter pairs each block it by 3 (walk 3 vs ride 1); the brute force over every
+    group agrees. At f = 2 (g = 4) no group is entitled: factor 1."""
+    inst = _three_commuter_pairs()
+    for mode in ("set", "ordered"):
+        for expansion_only in (True, False):
+            S = A.expanding(inst, inst.k, mode, group_factor=1.0).stops if expansion_only \
+                else A.eca(inst, mode, group_factor=1.0)
+            assert len(S) <= inst.k
+            b = Ms.jr_factor(inst, S, mode, group_factor=1.0)
+            assert b == pytest.approx(3.0) and b > BOUND
+            assert bf_jr(inst, S, mode, f=1.0) == pytest.approx(3.0)
+        S = A.eca(inst, mode, group_factor=2.0)
+        assert Ms.jr_factor(inst, S, mode, group_factor=2.0) == 1.0 == bf_jr(inst, S, mode, f=2.0)
+
+
 coord = st.floats(0, 10, allow_nan=False, allow_infinity=False)
 SETTINGS = settings(max_examples=80, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -405,6 +432,22 @@ def test_claims_must_name_planned_variants_and_instances():
         c["requires"] = []
     with pytest.raises(ParameterError, match=r"claim 'kmedian_violates_jr_on_gadget'.*needs the gadget"):
         validate(Params, r, "trsp")
+
+
+def test_group_factor_below_two_refused_with_bound_claims():
+    """f < 2 is a legitimate JR convention (the card's n/k is f = 1) but the 1 + √2 bound does not hold
+    there (test_jr_bound_needs_group_factor_two): declaring a bound claim with it stops validation on the
+    key; without the bound claims f = 1 validates."""
+    with pytest.raises(ParameterError, match=r"^parameter trsp\.jr_group_factor: .*eca_never_exceeds_jr_bound"):
+        validate(Params, {**raw(), "jr_group_factor": 1.0}, "trsp")
+    r = copy.deepcopy(raw())
+    r["claims"] = [c for c in r["claims"] if "jr_bound_violations" not in c["metric"]]
+    assert validate(Params, {**r, "jr_group_factor": 1.0}, "trsp").jr_group_factor == 1.0
+    r["claims"].append({"id": "extra_bound", "text": "t", "metric": "variants.eca.jr_bound_violations",
+                        "op": "<=", "threshold": 0})
+    with pytest.raises(ParameterError, match=r"^parameter trsp\.jr_group_factor: .*extra_bound"):
+        validate(Params, {**r, "jr_group_factor": 1.5}, "trsp")
+    assert validate(Params, {**r, "jr_group_factor": 2.5}, "trsp").jr_group_factor == 2.5
 
 
 def test_bad_user_file_names_dataset_and_column(tmp_path):

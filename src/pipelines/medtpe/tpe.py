@@ -272,9 +272,12 @@ def build_tpe(base: BPE, texts: Sequence[str], *, max_n: int = 2, max_m: int = 2
     """Choose the composite tokens on the task corpus ``texts`` and give them IDs.
 
     Score S(g) = F(g)·len(g); the best n-gram is taken first; after choosing g, every longer candidate
-    with g as a proper prefix loses F·len(g). Replace mode takes the ID of the least frequent old token
-    that is not protected (specials, single bytes, ``protect``, and every token on the merge path of any
-    sub-token of any candidate: the dependency-aware rule, so the sub-tokens are still produced).
+    with g as a proper prefix loses F·len(g). Replace mode takes the ID of the least needed old token
+    that is not protected (specials, single bytes, and every token on the merge path of ``protect`` and of
+    any sub-token of any candidate: the dependency-aware rule, so the sub-tokens are still produced).
+    "Needed" counts the corpus tokens built through the token (itself or its merge path), so a token is
+    never replaced before a word that is built through it, and a word gets longer only if one of its own
+    tokens was replaced.
     ``number_filter``: ``ngram`` skips n-grams containing a digit-bearing token; ``text`` deletes digit
     runs from the text before mining (the public code's behaviour); ``none``."""
     if mode not in ("replace", "extend"):
@@ -291,14 +294,21 @@ def build_tpe(base: BPE, texts: Sequence[str], *, max_n: int = 2, max_m: int = 2
     cand = {g: f for g, f in F.items() if f >= min_freq and "".join(g) not in vocab_set}
     S = {g: f * len(g) for g, f in cand.items()}
 
-    protected = set(SPECIALS) | set(BYTE_CHARS) | set(protect)
-    for g in cand:
-        for t in g:
-            if t not in protected:
-                protected |= base.decompose(t)
+    protected = set(SPECIALS) | set(BYTE_CHARS)
+    for t in {*protect, *(t for g in cand for t in g)}:
+        if t not in protected:
+            protected |= base.decompose(t)
+    # How many corpus tokens are built through each old token (the token itself or any step of its merge
+    # path): removing a token removes every merge that uses it, so a token a frequent word is built through
+    # ('Ad' for 'Admission') is as needed as that word although it never ends a word itself. A token's parts
+    # are needed at least as often and have lower IDs, so they always go after it.
     unigram = Counter(t for toks in corpus for t in toks)
+    needed: Counter = Counter()
+    for u, c in unigram.items():
+        for t in base.decompose(u):
+            needed[t] += c
     vocab = list(base.vocab)
-    free = [(unigram.get(t, 0), -i, t) for i, t in enumerate(base.vocab) if t not in protected]
+    free = [(needed.get(t, 0), -i, t) for i, t in enumerate(base.vocab) if t not in protected]
     heapq.heapify(free)
     by_prefix: dict[tuple, list[tuple]] = {}
     for g in cand:

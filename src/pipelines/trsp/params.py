@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from pipelines.core.params import MethodParams, Strict
@@ -158,7 +158,7 @@ class Adversarial(Strict):
 class Params(MethodParams):
     metric: Literal["l1", "l2"]
     deviation: Literal["set", "ordered"]            # what a JR group proposes (README: "Definitions")
-    jr_group_factor: float = Field(gt=0, le=10)     # JR groups have ⌈f·n/k⌉ agents
+    jr_group_factor: float = Field(gt=0, le=10)     # JR groups have ⌈f·n/k⌉ agents (bound claims: f >= 2)
     variants: list[str] = Field(min_length=1)       # one train.<variant> node each
     data: Data
     kmedian: KMedian
@@ -167,6 +167,22 @@ class Params(MethodParams):
     adversarial: Adversarial
     plot_seed: int = 0
     plot_k: int = Field(ge=2)
+
+    @field_validator("jr_group_factor")
+    @classmethod
+    def _bound_needs_pairs_of_groups(cls, f: float, info: ValidationInfo) -> float:
+        """ECA's (and pair-GC's) 1 + √2 JR bound needs f >= 2: the proof's budget step has a pair open for
+        every g = ⌈f·n/k⌉ riders, i.e. at most ⌊n/g⌋ pairs, which fit in k stops only when g >= 2n/k. With
+        f < 2 (a legitimate convention to measure, e.g. the card's n/k) a group can be left unserved when the
+        budget runs out, so a claim on ``jr_bound_violations`` would test a bound that does not hold."""
+        if f < 2:
+            bound = [c.id for c in [*info.data.get("gates", []), *info.data.get("claims", [])]
+                     if "jr_bound_violations" in c.metric]
+            if bound:
+                raise ValueError(f"{f:g} < 2, but the 1 + √2 JR bound claimed by {bound} holds only for f >= 2 "
+                                 "(the proof's budget step: ⌊n/g⌋ pairs fit in k stops only when g >= 2n/k); "
+                                 "with f < 2 declare claims without jr_bound_violations in an env")
+        return f
 
     @field_validator("variants")
     @classmethod

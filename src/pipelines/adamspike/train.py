@@ -15,6 +15,7 @@ import pandas as pd
 from pipelines.adamspike.model import MlpCurvature, flat_params, make_mlp, quad_run
 from pipelines.adamspike.params import Params, Variant
 from pipelines.core.runtime import node_setup
+from pipelines.core.streams import np_rng
 
 COLUMNS = ["seed", "step", "log10_loss", "log10_loss_next", "eta_lambda_grad", "eta_lambda_max_precond",
            "eta_lambda_max_raw", "decoupling_ratio", "cos_grad_topeig", "log10_sum_g2", "log10_sum_v"]
@@ -51,7 +52,7 @@ class Tracker:
         self.opt: torch.optim.Optimizer | None = None
         self.params = list(model.parameters())
         self.prev = flat_params(model)
-        rng = np.random.default_rng(seed + 7919)
+        rng = np_rng(seed, "probe_directions")
         self.q_pre = rng.normal(size=self.prev.size)
         self.q_raw = rng.normal(size=self.prev.size)
         self.rec = {c: np.full(steps, np.nan) for c in COLUMNS if c not in ("seed", "step")}

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from pipelines.core.runtime import node_setup
+from pipelines.core.streams import stream_seed
 from pipelines.core.training import fit
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import ranking as R
@@ -123,7 +124,7 @@ def train_reward_model(p: Params, variant: str) -> pd.DataFrame:
         oracle = pairwise_accuracy(u_te, o_te)
         for k, n in enumerate(r.n_pairs):
             net = train_rm(win[:n], lose[:n], cfg.arch, r.hidden, r.lr, cfg.weight_decay, cfg.steps,
-                           seed * 1000 + c * 10 + k)
+                           stream_seed(seed, f"reward_model/{c}/{k}"))
             with torch.no_grad():
                 f32 = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
                 rew = net(f32(phi_te)).squeeze(-1).double().numpy()

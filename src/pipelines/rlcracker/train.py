@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pipelines.core.rl import Rollouts, group_advantages, grpo_train, k3_kl, masked_mean
 from pipelines.core.runtime import node_setup
 from pipelines.core.seqmodels import sequence_logprobs
+from pipelines.core.streams import stream_seed
 from pipelines.core.training import fit
 from pipelines.rlcracker.model import (Language, completion_logprobs, make_model, pack, pad_batch, sample,
                                        semantic_reward, similarity, unpack)
@@ -283,7 +284,7 @@ def rewrite_chunks(variant: str, lang: Language, chunks: list[list[int]], questi
     if variant in ("random_sub30", "random_sub50"):
         rate = 0.3 if variant == "random_sub30" else 0.5
         return [lang.substitute(c, rate, rng) for c in chunks]
-    gen = torch.Generator().manual_seed(seed * 1000 + 17)
+    gen = torch.Generator().manual_seed(stream_seed(seed, "attack_sampling"))
     n_new = math.ceil(max(len(c) for c in chunks) * p.rl.max_new_factor)
     if variant == "regenerate":
         prompts = [lang.qa_prompt(q) for q in questions]

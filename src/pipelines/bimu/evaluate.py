@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipelines.bimu.params import Params
-from pipelines.core.plots import line_plot
+from pipelines.core.plots import finish, line_plot
 from pipelines.core.spec import Diff, Fn, paired
 
 
@@ -77,12 +77,9 @@ def make_plots(p: Params, values, results: dict[str, dict]) -> dict:
         for v, r in act.items():
             c = r["curve"]
             ax.plot(np.asarray(c["n_labels"]).mean(1), np.asarray(c["bal_acc"]).mean(1), marker="o", label=v)
-        ax.set(xlabel="labels queried (= backprop updates)", ylabel="balanced test accuracy",
-               title=f"active querying, budget {p.active.budget:.0%}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        figs["labels_to_accuracy"] = fig
+        figs["labels_to_accuracy"] = finish(fig, ax, xlabel="labels queried (= backprop updates)",
+                                            ylabel="balanced test accuracy",
+                                            title=f"active querying, budget {p.active.budget:.0%}")
     return figs
 
 

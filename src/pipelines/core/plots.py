@@ -62,11 +62,16 @@ def line_plot(x, series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str
             ax.errorbar(x, ys, yerr=err, marker="o", capsize=3, label=name)
         else:
             ax.plot(x, ys, marker="o", label=name)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    if logy:
-        ax.set_yscale("log")
+    return finish(fig, ax, xlabel=xlabel, ylabel=ylabel, title=title, **({"yscale": "log"} if logy else {}))
+
+
+def finish(fig, ax, legend: float | None = 8, **labels):
+    """The usual close of a one-axes figure: ``ax.set(**labels)`` (labels, title, scales), a light grid, the
+    legend in ``legend`` pt (none when None) and a tight layout. Returns the figure."""
+    ax.set(**labels)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if legend is not None:
+        ax.legend(fontsize=legend)
     fig.tight_layout()
     return fig
 

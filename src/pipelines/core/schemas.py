@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,4 +71,23 @@ class TableSchema:
         return df
 
 
-__all__ = ["InputDataError", "KINDS", "TableSchema"]
+def read_feature_csv(path: str | Path, dataset: str, columns: Mapping[str, str], min_rows: int,
+                     hint: str) -> tuple[pd.DataFrame, list[str]]:
+    """A user CSV of numeric feature columns ``x_*`` and the named ``columns`` (name → kind), none of them
+    with a gap. A missing file (the message ends with ``hint``, in parentheses: what the file should be),
+    no ``x_*`` column or a schema miss stops the run with one line naming ``dataset``. Returns the table
+    and its feature columns; the method checks the values."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputDataError(f"dataset '{dataset}': {path} not found ({hint})")
+    df = pd.read_csv(path)
+    feats = [c for c in df.columns if str(c).startswith("x_")]
+    if not feats:
+        raise InputDataError(f"dataset '{dataset}': no feature column x_* "
+                             f"(columns: {', '.join(map(str, df.columns[:12]))})")
+    TableSchema(dataset, {**columns, **{c: "number" for c in feats}}, min_rows=min_rows,
+                no_missing=(*columns, *feats)).check(df)
+    return df, feats
+
+
+__all__ = ["InputDataError", "KINDS", "TableSchema", "read_feature_csv"]

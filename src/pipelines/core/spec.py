@@ -26,9 +26,10 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pipelines.core.params import MethodParams, ParameterError
 from pipelines.core.stats import Estimate
@@ -255,16 +256,26 @@ class Gain(Derived):
 
 
 @dataclass(frozen=True)
-class Diff(Derived):
-    """``a − b`` per seed: ``diff.<metric>.<a>_minus_<b>`` (or ``name``)."""
+class _Pairwise(Derived):
+    """``op(a, b)`` per seed over the seeds both share: ``<kind>.<metric>.<a><joiner><b>`` (or ``name``); a
+    subclass names its ``kind``, ``joiner`` and ``op`` in its class line."""
 
     metric: str
     a: str
     b: str
     name: str | None = None
+    kind: ClassVar[str]
+    joiner: ClassVar[str]
+    op: ClassVar[Callable[[float, float], float]]
+
+    def __init_subclass__(cls, kind: str, joiner: str, op: Callable[[float, float], float], **kw) -> None:
+        super().__init_subclass__(**kw)
+        cls.kind, cls.joiner, cls.op = kind, joiner, staticmethod(op)
 
     def names(self, p, planned):
-        return [self.name or f"diff.{self.metric}.{self.a}_minus_{self.b}"] if self.active(planned) else []
+        if not self.active(planned):
+            return []
+        return [self.name or f"{self.kind}.{self.metric}.{self.a}{self.joiner}{self.b}"]
 
     def needs(self):
         return [self.a, self.b]
@@ -272,29 +283,21 @@ class Diff(Derived):
     def compute(self, values, p, planned, inputs):
         if not self.active(planned):
             return {}
-        return {self.names(p, planned)[0]: _pairwise(values, self.metric, self.a, self.b, lambda x, y: x - y)}
+        return {self.names(p, planned)[0]: _pairwise(values, self.metric, self.a, self.b, self.op)}
+
+
+def _ratio(x: float, y: float) -> float:
+    return x / y if y else math.nan
 
 
 @dataclass(frozen=True)
-class Ratio(Derived):
+class Diff(_Pairwise, kind="diff", joiner="_minus_", op=operator.sub):
+    """``a − b`` per seed: ``diff.<metric>.<a>_minus_<b>`` (or ``name``)."""
+
+
+@dataclass(frozen=True)
+class Ratio(_Pairwise, kind="ratio", joiner="_over_", op=_ratio):
     """``a / b`` per seed: ``ratio.<metric>.<a>_over_<b>`` (or ``name``); the mean of per-seed ratios."""
-
-    metric: str
-    a: str
-    b: str
-    name: str | None = None
-
-    def names(self, p, planned):
-        return [self.name or f"ratio.{self.metric}.{self.a}_over_{self.b}"] if self.active(planned) else []
-
-    def needs(self):
-        return [self.a, self.b]
-
-    def compute(self, values, p, planned, inputs):
-        if not self.active(planned):
-            return {}
-        return {self.names(p, planned)[0]: _pairwise(values, self.metric, self.a, self.b,
-                                                     lambda x, y: x / y if y else math.nan)}
 
 
 @dataclass(frozen=True)

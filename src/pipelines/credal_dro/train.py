@@ -57,6 +57,15 @@ def _row(task: str, seed: int, variant: str, spec: Variant, s: dict, sol: M.Solv
             "inaccurate": float(sol.inaccurate), "solver_tries": sol.tries}
 
 
+def _radius_kw(spec: Variant, s: dict) -> dict:
+    """The solver keywords of the baselines without a support: the Wasserstein / KL radius, the CVaR level."""
+    if spec.kind in ("wasserstein", "kl"):
+        return {"rho": s["rho"]}
+    if spec.kind == "cvar":
+        return {"beta": s["beta"]}
+    return {}
+
+
 def pick_main(rows: list[dict], val_key: str) -> None:
     """Mark the setting with the best clean calibration-split metric (ties: the smaller radius)."""
     best = min(range(len(rows)), key=lambda i: (rows[i][val_key], rows[i]["rho"]))
@@ -101,7 +110,6 @@ def run_newsvendor(samples: pd.DataFrame, envs: pd.DataFrame, p: Params, variant
     rows = []
     for s in settings(spec, nv, {"eps": nv.eps, "alpha": nv.alpha}):
         inst = f"credal_dro.train.{variant} task=newsvendor seed={seed} {_label(s)}"
-        kw: dict = {}
         u = hi = NAN
         if spec.kind == "credal":
             u = hi = M.conformal_radius(calib, s["alpha"], inst)   # bulk [0, u], P0(B) >= 1 − α
@@ -110,10 +118,8 @@ def run_newsvendor(samples: pd.DataFrame, envs: pd.DataFrame, p: Params, variant
         elif spec.kind == "huber":
             hi = s["kappa"] * float(train.max())
             kw = {"eps": s["eps"], "sup_fn": lambda v, hi=hi: task.sup_box(v, 0.0, hi)}
-        elif spec.kind in ("wasserstein", "kl"):
-            kw = {"rho": s["rho"]}
-        elif spec.kind == "cvar":
-            kw = {"beta": s["beta"]}
+        else:
+            kw = _radius_kw(spec, s)
         sol = M.fit(task, spec.kind, inst, order, p.solver.accept_inaccurate, **kw)
         x = float(sol.values["x"])
         r = _row("newsvendor", seed, variant, spec, s, sol)
@@ -127,14 +133,37 @@ def run_newsvendor(samples: pd.DataFrame, envs: pd.DataFrame, p: Params, variant
     return rows
 
 
-# --------------------------------------------------------------------------------------- (b) regression
-def run_regression(df: pd.DataFrame, p: Params, variant: str, seed: int) -> list[dict]:
-    rp, spec, order = p.regression, p.variants[variant], p.solver.order
+# ------------------------------------------------------------------ (b, c) the linear tasks' plumbing
+def _splits(df: pd.DataFrame, seed: int, y_dtype: type) -> tuple[dict, dict, dict]:
+    """One seed's fit / calib / test rows: the frames, their ``x_*`` feature matrices and their targets."""
     d = df[df.seed == seed]
     feats = [c for c in d.columns if c.startswith("x_")]
     part = {s: d[d.split == s] for s in ("fit", "calib", "test")}
     X = {s: f[feats].to_numpy(float) for s, f in part.items()}
-    y = {s: f["y"].to_numpy(float) for s, f in part.items()}
+    y = {s: f["y"].to_numpy(y_dtype) for s, f in part.items()}
+    return part, X, y
+
+
+def _linear_kw(task, spec: Variant, s: dict, lo: np.ndarray, hi: np.ndarray) -> dict:
+    """The solver keywords of every non-credal kind on a linear task: Huber's support is the box of κ times
+    the fit split's feature range around its centre."""
+    if spec.kind == "huber":
+        half = s["kappa"] * (hi - lo) / 2
+        return {"eps": s["eps"], "sup_fn": lambda v, half=half: task.sup_box(v, (hi + lo) / 2, half)}
+    return _radius_kw(spec, s)
+
+
+def _fit_linear(task, spec: Variant, inst: str, p: Params, X: dict, kw: dict):
+    """Solve one setting; returns the solution, its weights and the affine scores on the calib and test splits."""
+    sol = M.fit(task, spec.kind, inst, p.solver.order, p.solver.accept_inaccurate, **kw)
+    w_, b0 = sol.values["w"], float(sol.values["b0"])
+    return sol, w_, {k: X[k] @ w_ + b0 for k in ("calib", "test")}
+
+
+# --------------------------------------------------------------------------------------- (b) regression
+def run_regression(df: pd.DataFrame, p: Params, variant: str, seed: int) -> list[dict]:
+    rp, spec = p.regression, p.variants[variant]
+    part, X, y = _splits(df, seed, float)
     xi = {s: np.column_stack([X[s], y[s]]) for s in X}
     task = M.RegressionTask(X["fit"], y["fit"])
     lo, hi = xi["fit"].min(0), xi["fit"].max(0)
@@ -142,7 +171,6 @@ def run_regression(df: pd.DataFrame, p: Params, variant: str, seed: int) -> list
     ells: dict[float, M.Ellipsoid] = {}
     for s in settings(spec, rp, {"eps": rp.eps, "alpha": rp.alpha}):
         inst = f"credal_dro.train.{variant} task=regression seed={seed} {_label(s)}"
-        kw: dict = {}
         e = None
         if spec.kind == "credal":
             if s["alpha"] not in ells:
@@ -151,16 +179,9 @@ def run_regression(df: pd.DataFrame, p: Params, variant: str, seed: int) -> list
             n = len(y["fit"])
             w = np.full(n, (1 - s["eps"]) / n) + spec.tail_weight * (~e.contains(xi["fit"])) / n
             kw = {"eps": s["eps"], "weights": w, "sup_fn": lambda v, e=e: task.sup_ellipsoid(v, e)}
-        elif spec.kind == "huber":
-            half = s["kappa"] * (hi - lo) / 2
-            kw = {"eps": s["eps"], "sup_fn": lambda v, half=half: task.sup_box(v, (hi + lo) / 2, half)}
-        elif spec.kind in ("wasserstein", "kl"):
-            kw = {"rho": s["rho"]}
-        elif spec.kind == "cvar":
-            kw = {"beta": s["beta"]}
-        sol = M.fit(task, spec.kind, inst, order, p.solver.accept_inaccurate, **kw)
-        w_, b0 = sol.values["w"], float(sol.values["b0"])
-        pred = {k: X[k] @ w_ + b0 for k in ("calib", "test")}
+        else:
+            kw = _linear_kw(task, spec, s, lo, hi)
+        sol, w_, pred = _fit_linear(task, spec, inst, p, X, kw)
         r = _row("regression", seed, variant, spec, s, sol)
         clean = float(np.mean(np.abs(y["test"] - pred["test"])))
         contam = float(np.mean(np.abs(part["test"]["y_contam"].to_numpy(float) - pred["test"])))
@@ -184,12 +205,8 @@ def group_accuracies(pred: np.ndarray, y: np.ndarray, g: np.ndarray) -> dict[str
 
 
 def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> list[dict]:
-    cp_, spec, order = p.classification, p.variants[variant], p.solver.order
-    d = df[df.seed == seed]
-    feats = [c for c in d.columns if c.startswith("x_")]
-    part = {s: d[d.split == s] for s in ("fit", "calib", "test")}
-    X = {s: f[feats].to_numpy(float) for s, f in part.items()}
-    y = {s: f["y"].to_numpy(int) for s, f in part.items()}
+    cp_, spec = p.classification, p.variants[variant]
+    part, X, y = _splits(df, seed, int)
     g_test = part["test"]["group"].to_numpy(int)
     task = M.ClassificationTask(X["fit"], y["fit"].astype(float), cp_.l2)
     lo, hi = X["fit"].min(0), X["fit"].max(0)
@@ -197,7 +214,6 @@ def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> 
     cache: dict[float, dict[int, M.Ellipsoid]] = {}
     for s in settings(spec, cp_, {"eps": cp_.eps, "alpha": cp_.alpha}):
         inst = f"credal_dro.train.{variant} task=classification seed={seed} {_label(s)}"
-        kw: dict = {}
         ells = None
         if spec.kind == "credal":
             if s["alpha"] not in cache:   # one ellipsoid per class, each calibrated on its class
@@ -211,16 +227,9 @@ def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> 
             n = len(y["fit"])
             w = np.full(n, (1 - s["eps"]) / n) + spec.tail_weight * (~inside) / n
             kw = {"eps": s["eps"], "weights": w, "sup_fn": lambda v, ells=ells: task.sup_ellipsoids(v, ells)}
-        elif spec.kind == "huber":
-            half = s["kappa"] * (hi - lo) / 2
-            kw = {"eps": s["eps"], "sup_fn": lambda v, half=half: task.sup_box(v, (hi + lo) / 2, half)}
-        elif spec.kind in ("wasserstein", "kl"):
-            kw = {"rho": s["rho"]}
-        elif spec.kind == "cvar":
-            kw = {"beta": s["beta"]}
-        sol = M.fit(task, spec.kind, inst, order, p.solver.accept_inaccurate, **kw)
-        w_, b0 = sol.values["w"], float(sol.values["b0"])
-        score = {k: X[k] @ w_ + b0 for k in ("calib", "test")}
+        else:
+            kw = _linear_kw(task, spec, s, lo, hi)
+        sol, w_, score = _fit_linear(task, spec, inst, p, X, kw)
         r = _row("classification", seed, variant, spec, s, sol)
         r.update(group_accuracies(np.where(score["test"] >= 0, 1, -1), y["test"], g_test),
                  logloss_calib=float(np.mean(np.logaddexp(0, -y["calib"] * score["calib"]))),

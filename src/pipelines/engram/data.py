@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, read_feature_csv
 from pipelines.engram.params import Params
 
 
@@ -16,16 +15,8 @@ def read_user_table(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     columns ``x_*`` (already scaled as the user wants). Checked before any training: a missing file or
     column, a wrong dtype, a gap or a bad label stops the run with one line naming dataset and column."""
     ds = "engram.user_table"
-    path = Path(path)
-    if not path.is_file():
-        raise InputDataError(f"dataset '{ds}': {path} not found (data.path: a CSV with columns label, x_*; "
-                             "see src/pipelines/engram/README.md)")
-    df = pd.read_csv(path)
-    feats = [c for c in df.columns if str(c).startswith("x_")]
-    if not feats:
-        raise InputDataError(f"dataset '{ds}': no feature column x_* (columns: {', '.join(map(str, df.columns[:12]))})")
-    TableSchema(ds, {"label": "int", **{c: "number" for c in feats}}, min_rows=4,
-                no_missing=("label", *feats)).check(df)
+    df, feats = read_feature_csv(path, ds, {"label": "int"}, min_rows=4,
+                                 hint="data.path: a CSV with columns label, x_*; see src/pipelines/engram/README.md")
     y = df["label"].to_numpy(np.int64)
     classes = np.unique(y)
     if classes[0] != 0 or not np.array_equal(classes, np.arange(len(classes))) or len(classes) < 2:

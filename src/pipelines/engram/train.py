@@ -159,13 +159,26 @@ def _erase_table(rows: Rows, seed: int, W: list[torch.Tensor], deltas: dict[int,
     fs, rs = [], []
     for c, delta in deltas.items():
         acc = per_class_accuracy(est.erase(W, delta, 1.0, layers), xte, yte, C)
-        for j in range(C):
-            rows.add(seed, "class_acc", "acc", float(acc[j]), edit=f"erase_{c}", cls=j)
-        f, r = forget_retain(acc, counts, c)
-        rows.add(seed, "per_class", "forget_acc", f, edit=f"erase_{c}", cls=c)
-        rows.add(seed, "per_class", "retain_acc", r, edit=f"erase_{c}", cls=c)
+        f, r = _add_erase_rows(rows, seed, acc, counts, c, C)
         fs.append(f)
         rs.append(r)
+    return _forget_retain_summary(fs, rs)
+
+
+def _add_erase_rows(rows: Rows, seed: int, acc: torch.Tensor, counts: torch.Tensor, c: int,
+                    C: int) -> tuple[float, float]:
+    """The rows of the edit that erases class c (every class's accuracy, its forget / retain accuracies);
+    returns (forget, retain)."""
+    for j in range(C):
+        rows.add(seed, "class_acc", "acc", float(acc[j]), edit=f"erase_{c}", cls=j)
+    f, r = forget_retain(acc, counts, c)
+    rows.add(seed, "per_class", "forget_acc", f, edit=f"erase_{c}", cls=c)
+    rows.add(seed, "per_class", "retain_acc", r, edit=f"erase_{c}", cls=c)
+    return f, r
+
+
+def _forget_retain_summary(fs: list[float], rs: list[float]) -> dict[str, float]:
+    """The per-seed means over the erased classes, and the worst forget / retain accuracy."""
     return {"forget_acc": float(np.mean(fs)), "retain_acc": float(np.mean(rs)), "forget_acc_max": float(np.max(fs)),
             "retain_acc_min": float(np.min(rs))}
 
@@ -415,16 +428,11 @@ def run_iterative(variant: str, rows: Rows, seed: int, W: list[torch.Tensor], da
                 rows.add(seed, "history", f"train_forget_acc_class{c}", f_acc, edit="step", cls=step)
                 rows.add(seed, "history", f"train_retain_acc_class{c}", r_acc, edit="step", cls=step)
         acc = per_class_accuracy(weights_of(net), xte, yte, C)
-        for j in range(C):
-            rows.add(seed, "class_acc", "acc", float(acc[j]), edit=f"erase_{c}", cls=j)
-        f, r = forget_retain(acc, counts, c)
-        rows.add(seed, "per_class", "forget_acc", f, edit=f"erase_{c}", cls=c)
-        rows.add(seed, "per_class", "retain_acc", r, edit=f"erase_{c}", cls=c)
+        f, r = _add_erase_rows(rows, seed, acc, counts, c, C)
         fs.append(f)
         rs.append(r)
         ts.append(secs)
-    summ = {"forget_acc": float(np.mean(fs)), "retain_acc": float(np.mean(rs)), "forget_acc_max": float(np.max(fs)),
-            "retain_acc_min": float(np.min(rs)), "edit_time_s": float(np.median(ts)),
+    summ = {**_forget_retain_summary(fs, rs), "edit_time_s": float(np.median(ts)),
             "tuning_time_s": float(np.median(tune))}
     if reached:
         summ["lr_reached_target_frac"] = float(np.mean(reached))

@@ -140,6 +140,18 @@ def all_members_objective(w: np.ndarray, B, phi: str = "log") -> float:
     return float(f(sub.sum(1)).sum())
 
 
+def _take_best(gain: np.ndarray, feasible: np.ndarray, chosen: list[int]) -> int | None:
+    """One greedy step: the feasible column of the largest gain, appended to ``chosen`` and made infeasible;
+    None (the greedy stops) when no feasible gain is positive."""
+    gain[~feasible] = -np.inf
+    c = int(np.argmax(gain))
+    if not gain[c] > 0:
+        return None
+    chosen.append(c)
+    feasible[c] = False
+    return c
+
+
 def greedy_members(er: np.ndarray, ec: np.ndarray, ew: np.ndarray, v: np.ndarray, n_rows: int, budget: int,
                    phi: str = "log", conflicts=None) -> tuple[list[int], float]:
     """Greedy max of F_A under |S| ≤ budget on a sparse W (entries (row er, column ec, weight ew), each
@@ -156,12 +168,9 @@ def greedy_members(er: np.ndarray, ec: np.ndarray, ew: np.ndarray, v: np.ndarray
     for _ in range(min(budget, P)):
         contrib = f(S[er] + ew) - f(S[er])
         gain = np.bincount(ec, contrib, minlength=P) + base
-        gain[~feasible] = -np.inf
-        c = int(np.argmax(gain))
-        if not gain[c] > 0:
+        c = _take_best(gain, feasible, chosen)
+        if c is None:
             break
-        chosen.append(c)
-        feasible[c] = False
         hit = ec == c
         S[er[hit]] += ew[hit]
         if conflicts is not None:
@@ -191,12 +200,9 @@ def greedy_all_members(er: np.ndarray, ec: np.ndarray, ew: np.ndarray, t0: np.nd
         Ta = np.asarray(T)
         colsum = np.bincount(ec, ew, minlength=P)
         gain = np.bincount(ec, f(Ta[er] + ew) - f(Ta[er]), minlength=P) + f(colsum)
-        gain[~feasible] = -np.inf
-        c = int(np.argmax(gain))
-        if not gain[c] > 0:
+        c = _take_best(gain, feasible, chosen)
+        if c is None:
             break
-        chosen.append(c)
-        feasible[c] = False
         hit = ec == c
         for r, w in zip(er[hit], ew[hit]):
             T[r] += w
@@ -213,6 +219,24 @@ def greedy_all_members(er: np.ndarray, ec: np.ndarray, ew: np.ndarray, t0: np.nd
 
 
 # ------------------------------------------------------------------------------ epoch re-ordering
+def _random_fill(batch: list, size: int, avail: np.ndarray, blocked: np.ndarray, h: HobitGraph,
+                 rng: np.random.Generator) -> int:
+    """Grow ``batch`` to ``size`` with random unassigned examples compatible with it (any unassigned one when
+    none is: a forced incompatible fill), each taken out of ``avail`` and its contradictions ``blocked``.
+    Returns the number of forced fills."""
+    forced = 0
+    while len(batch) < size:
+        free = np.flatnonzero(avail & ~blocked)
+        if len(free) == 0:
+            free = np.flatnonzero(avail)
+            forced += 1
+        j = int(rng.choice(free))
+        batch.append(j)
+        avail[j] = False
+        blocked[h.contra.row(j)] = True
+    return forced
+
+
 def hobit_epoch(h: HobitGraph, b: int, rng: np.random.Generator, phi: str = "log",
                 anchors: str = "knn", objective: str = "anchors_fixed") -> tuple[list[np.ndarray], np.ndarray, int]:
     """One epoch of HOBIT batches (card §Greedy epoch re-ordering): seed a batch with a random unassigned
@@ -244,15 +268,7 @@ def hobit_epoch(h: HobitGraph, b: int, rng: np.random.Generator, phi: str = "log
                     A.append(int(j))
                     avail[j] = False
                     blocked[h.contra.row(j)] = True
-        while len(A) < n_a:
-            free = np.flatnonzero(avail & ~blocked)
-            if len(free) == 0:
-                free = np.flatnonzero(avail)
-                forced += 1
-            j = int(rng.choice(free))
-            A.append(j)
-            avail[j] = False
-            blocked[h.contra.row(j)] = True
+        forced += _random_fill(A, n_a, avail, blocked, h, rng)
         A_arr = np.asarray(A)
         fwd = h.g.idx[A_arr].ravel()
         fw = h.a[A_arr].ravel()
@@ -282,15 +298,7 @@ def hobit_epoch(h: HobitGraph, b: int, rng: np.random.Generator, phi: str = "log
         for j in members:
             blocked[h.contra.row(int(j))] = True
         members = list(members)
-        while len(members) < b - n_a:
-            free = np.flatnonzero(avail & ~blocked)
-            if len(free) == 0:
-                free = np.flatnonzero(avail)
-                forced += 1
-            j = int(rng.choice(free))
-            members.append(j)
-            avail[j] = False
-            blocked[h.contra.row(j)] = True
+        forced += _random_fill(members, b - n_a, avail, blocked, h, rng)
         members = np.asarray(members, np.int64)
         batches.append(np.concatenate([A_arr, members]))
         if len(chosen) < len(members):   # random fill: the objective of the batch as built

@@ -25,8 +25,27 @@ import numpy as np
 LETTERS = "ABCDEFGHIJ"
 
 
+class _Enumerated:
+    """The sampler helpers of a domain whose space H is enumerated in full: per hypothesis (an index into
+    ``keys``) a complexity score and a stratum (what the stratified sampler balances), which the domain
+    sets as the arrays ``complexities`` and ``strata``; the prior draws keys uniformly from H."""
+
+    keys: list[str]
+    complexities: np.ndarray
+    strata: np.ndarray
+
+    def complexity(self, idx: np.ndarray) -> np.ndarray:
+        return self.complexities[idx]
+
+    def stratum(self, idx: np.ndarray) -> np.ndarray:
+        return self.strata[idx]
+
+    def sample_prior(self, rng: np.random.Generator, size: int) -> list[str]:
+        return [self.keys[i] for i in rng.integers(len(self.keys), size=size)]
+
+
 # ============================================================================================ causal
-class Causal:
+class Causal(_Enumerated):
     """DAGs on ``n`` labelled nodes (A, B, ...). Hypothesis object: a frozenset of edges (i, j)."""
 
     name = "causal"
@@ -67,6 +86,7 @@ class Causal:
         self.desc = np.array(desc_rows, dtype=np.int64)[order]          # (|H|, n) descendant bitmasks
         self.keys = [self._mask_key(int(m)) for m in self.masks]
         self.n_edges = np.array([bin(int(m)).count("1") for m in self.masks])
+        self.complexities, self.strata = self.n_edges.astype(float), self.n_edges
 
     def _mask_key(self, mask: int) -> str:
         n = self.n
@@ -143,15 +163,6 @@ class Causal:
         return True
 
     # ---- sampler helpers
-    def complexity(self, idx: np.ndarray) -> np.ndarray:
-        return self.n_edges[idx].astype(float)
-
-    def stratum(self, idx: np.ndarray) -> np.ndarray:
-        return self.n_edges[idx]
-
-    def sample_prior(self, rng: np.random.Generator, size: int) -> list[str]:
-        return [self.keys[i] for i in rng.integers(len(self.keys), size=size)]
-
     def perturb(self, edges, rng: np.random.Generator):
         i, j = rng.choice(self.n, size=2, replace=False)
         return frozenset(set(edges) ^ {(int(i), int(j))})
@@ -483,7 +494,7 @@ def parse_expr(text: str) -> Expr | None:
         return None
 
 
-class Boolean:
+class Boolean(_Enumerated):
     """Boolean expressions over ``variables`` with the operators of ``operator_set``, depth ≤ D."""
 
     name = "boolean"
@@ -496,6 +507,7 @@ class Boolean:
         self.tt = np.array([truth_table(e, self.variables) for e in self.exprs], dtype=np.int64)
         self.sizes = np.array([size(e) for e in self.exprs])
         self.depths = np.array([depth(e) for e in self.exprs])
+        self.complexities, self.strata = self.sizes.astype(float), self.depths
 
     @property
     def space_size(self) -> int:
@@ -537,15 +549,6 @@ class Boolean:
             if _eval(e, dict(zip(self.variables, inp))) != int(y):
                 return False
         return True
-
-    def complexity(self, idx: np.ndarray) -> np.ndarray:
-        return self.sizes[idx].astype(float)
-
-    def stratum(self, idx: np.ndarray) -> np.ndarray:
-        return self.depths[idx]
-
-    def sample_prior(self, rng: np.random.Generator, size: int) -> list[str]:
-        return [self.keys[i] for i in rng.integers(len(self.keys), size=size)]
 
     def perturb(self, e: Expr, rng: np.random.Generator) -> Expr:
         """Swap one operator for another of the same arity (a variable for another variable)."""

@@ -169,20 +169,29 @@ def bin_table(m: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def _harness_z(artifacts: dict, p: Params, variant: str, stat: str, expect: str, stream: int,
+               null) -> tuple[pd.DataFrame, dict[str, float]]:
+    """A sampler's rows (pooled over seeds) and the largest |z| over domain × |A| bins of the bin mean of
+    ``stat`` against its exact expectation (columns ``<expect>_mean`` / ``<expect>_var``): normal, and exact
+    Monte Carlo from ``null(bin rows, rng)`` (rng stream ``[*seeds, stream]``)."""
+    m = gather(artifacts)
+    u = m[m["variant"] == variant]
+    out = {}
+    zs = [_z(g[stat].mean(), g[f"{expect}_mean"].mean(), g[f"{expect}_var"].sum(), len(g))
+          for _, g in u.groupby(["domain", "bin"])]
+    out[f"harness.{variant}.max_abs_z_{stat}"] = max(zs)
+    rng = np.random.default_rng([*p.seeds, stream])
+    out[f"harness.{variant}.max_exact_z_{stat}"] = max(
+        exact_z(g[stat].mean(), g[f"{expect}_mean"].mean(), null(g, rng))
+        for _, g in u.groupby(["domain", "bin"]))
+    return u, out
+
+
 def harness_uniform_valid(values, p: Params, artifacts: dict) -> dict[str, float]:
     """uniform_valid against its exact expectations, pooled over seeds (point values: test statistics over
     every domain × |A| bin): the largest |z| of bin-mean R (normal and exact Monte Carlo), and the largest
     error of the identity U = R·|A|/N."""
-    m = gather(artifacts)
-    u = m[m["variant"] == "uniform_valid"]
-    out = {}
-    zs = [_z(g["R"].mean(), g["uniform_R_mean"].mean(), g["uniform_R_var"].sum(), len(g))
-          for _, g in u.groupby(["domain", "bin"])]
-    out["harness.uniform_valid.max_abs_z_R"] = max(zs)
-    rng = np.random.default_rng([*p.seeds, 101])
-    out["harness.uniform_valid.max_exact_z_R"] = max(
-        exact_z(g["R"].mean(), g["uniform_R_mean"].mean(), recovery_null(g, rng))
-        for _, g in u.groupby(["domain", "bin"]))
+    u, out = _harness_z(artifacts, p, "uniform_valid", "R", "uniform_R", 101, recovery_null)
     ident = (u["U"] - u["R"] * u["n_admissible"] / u["n_queries"]).abs()
     out["harness.uniform_valid.max_abs_U_identity_error"] = float(ident.max())
     return out
@@ -190,17 +199,7 @@ def harness_uniform_valid(values, p: Params, artifacts: dict) -> dict[str, float
 
 def harness_uniform_prior(values, p: Params, artifacts: dict) -> dict[str, float]:
     """uniform_prior: the largest |z| over domain × |A| bins of bin-mean V against |A|/|H| (pooled)."""
-    m = gather(artifacts)
-    u = m[m["variant"] == "uniform_prior"]
-    out = {}
-    zs = [_z(g["V"].mean(), g["prior_V_mean"].mean(), g["prior_V_var"].sum(), len(g))
-          for _, g in u.groupby(["domain", "bin"])]
-    out["harness.uniform_prior.max_abs_z_V"] = max(zs)
-    rng = np.random.default_rng([*p.seeds, 102])
-    out["harness.uniform_prior.max_exact_z_V"] = max(
-        exact_z(g["V"].mean(), g["prior_V_mean"].mean(), validity_null(g, rng))
-        for _, g in u.groupby(["domain", "bin"]))
-    return out
+    return _harness_z(artifacts, p, "uniform_prior", "V", "prior_V", 102, validity_null)[1]
 
 
 def collapse_names(p: Params, planned) -> list[str]:

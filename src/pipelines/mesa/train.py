@@ -94,6 +94,17 @@ def train_base(pre: pd.DataFrame, align: pd.DataFrame, ev: pd.DataFrame, p: Para
     return res.table(), state, log
 
 
+def _sft_and_balance(m, enc, real: torch.Tensor, idx: torch.Tensor, device):
+    """The forward of one training batch ``idx``: (the batch, its logits, the answer-token cross-entropy,
+    the routers' load-balance loss)."""
+    b = enc.take(idx)
+    ids = b.ids.to(device)
+    logits = m(ids)
+    sft = M.sft_loss(logits, M.Encoded(ids, b.ans_pos.to(device), b.loss_mask.to(device), b.harmful))
+    lb = M.load_balance_loss(m, real[idx].to(device))
+    return b, logits, sft, lb
+
+
 def fit_base(pre: pd.DataFrame, align: pd.DataFrame, ev: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict, dict]:
     """train.base: the tiny MoE on the base mixture (answer-token cross-entropy + load balance), trained
     once per run with seed ``seeds[0]``; scored like every variant (the same row for each seed)."""
@@ -107,11 +118,7 @@ def fit_base(pre: pd.DataFrame, align: pd.DataFrame, ev: pd.DataFrame, p: Params
     hist: dict[str, list] = {"loss": [], "sft": [], "load_balance": []}
 
     def loss_fn(m, idx):
-        b = enc.take(idx)
-        ids = b.ids.to(device)
-        logits = m(ids)
-        sft = M.sft_loss(logits, M.Encoded(ids, b.ans_pos.to(device), b.loss_mask.to(device), b.harmful))
-        lb = M.load_balance_loss(m, real[idx].to(device))
+        _, _, sft, lb = _sft_and_balance(m, enc, real, idx, device)
         return sft + p.base.load_balance * lb, {"sft": sft.item(), "load_balance": lb.item()}
 
     def cb(s):
@@ -285,11 +292,7 @@ def align_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profi
                                ben_idx[torch.randint(len(ben_idx), (p.align.batch_size - half,), generator=g)]]),)
 
         def loss_fn(m, idx):
-            b = enc.take(idx)
-            ids = b.ids.to(device)
-            logits = m(ids)
-            sft = M.sft_loss(logits, M.Encoded(ids, b.ans_pos.to(device), b.loss_mask.to(device), b.harmful))
-            lb = M.load_balance_loss(m, real[idx].to(device))
+            b, logits, sft, lb = _sft_and_balance(m, enc, real, idx, device)
             loss = sft + p.base.load_balance * lb
             extras = {"sft": sft.item()}
             if routed:

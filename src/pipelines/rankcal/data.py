@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, read_feature_csv
 from pipelines.rankcal import ranking as R
 from pipelines.rankcal.params import Params
 
@@ -91,15 +91,9 @@ def read_user_file(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     training: a missing file, column, a wrong dtype, an empty table or a malformed ranking stops the run
     with one line naming the dataset (and the column)."""
     ds = f"file:{name}"
-    if not path.is_file():
-        raise InputDataError(f"dataset '{ds}': {path} not found (data.user_dir holds <name>.csv files with "
-                             "columns x_* and 'ranking'; see src/pipelines/rankcal/README.md)")
-    df = pd.read_csv(path)
-    feats = [c for c in df.columns if str(c).startswith("x_")]
-    if not feats:
-        raise InputDataError(f"dataset '{ds}': no feature column x_* (columns: {', '.join(map(str, df.columns[:12]))})")
-    TableSchema(ds, {"ranking": "str", **{c: "number" for c in feats}}, min_rows=2,
-                no_missing=("ranking", *feats)).check(df)
+    df, feats = read_feature_csv(path, ds, {"ranking": "str"}, min_rows=2,
+                                 hint="data.user_dir holds <name>.csv files with columns x_* and 'ranking'; "
+                                      "see src/pipelines/rankcal/README.md")
     try:
         orderings = [[int(t) for t in str(s).strip("()[] ").split(",")] for s in df["ranking"]]
     except ValueError:

@@ -233,7 +233,7 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
            regimes: list[str]) -> dict:
     import matplotlib.pyplot as plt
 
-    from pipelines.core.plots import line_plot
+    from pipelines.core.plots import finish, line_plot
 
     figs = {}
     for r in regimes:
@@ -252,12 +252,9 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
             if v in means and f"tokens_per_forward_{r}" in means[v]:
                 y = means[v].get("true_nll_markov" if r == "markov" else f"exact_match_{r}")
                 ax.plot(means[v][f"tokens_per_forward_{r}"], y, mk, ms=9, label=v)
-        ax.set(xlabel="tokens per forward (higher = faster)", ylabel=ylabel,
-               title=f"speed vs quality on '{r}' (mean of seeds, λ={frontier.lam.dropna().iloc[0] if len(frontier) else ''})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        figs[f"frontier_{r}"] = fig
+        figs[f"frontier_{r}"] = finish(
+            fig, ax, 7, xlabel="tokens per forward (higher = faster)", ylabel=ylabel,
+            title=f"speed vs quality on '{r}' (mean of seeds, λ={frontier.lam.dropna().iloc[0] if len(frontier) else ''})")
     if not frontier.empty:
         pc = frontier.groupby(["decoder", "tau"]).p_cache.mean().unstack(0)
         figs["p_cache_vs_tau"] = line_plot(list(pc.index), {("streaming" if c == "stream" else "block-wise"): list(pc[c])
@@ -269,31 +266,22 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
         for v, tr in traces[r].items():
             ax.step([t["step"] + 1 for t in tr], [t["decided"] for t in tr], where="post", marker="o", ms=3,
                     label=v)
-        ax.set(xlabel="forward", ylabel="final tokens after this forward\n(committed + leading filled run)",
-               title=f"decode trace: '{r}' item 0, first seed")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        figs["decode_trace"] = fig
+        figs["decode_trace"] = finish(fig, ax, xlabel="forward",
+                                      ylabel="final tokens after this forward\n(committed + leading filled run)",
+                                      title=f"decode trace: '{r}' item 0, first seed")
     if not train_log.empty:
         fig, ax = plt.subplots(figsize=(6, 4))
         for (m, s), g in train_log.groupby(["model", "seed"]):
             ax.plot(g.step, g.loss, label=f"{m} seed {s}")
-        ax.set(xlabel="step", ylabel="training loss", yscale="log", title="training loss")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        figs["training_loss"] = fig
+        figs["training_loss"] = finish(fig, ax, 7, xlabel="step", ylabel="training loss", yscale="log",
+                                       title="training loss")
     if not sweep.empty and "count" in set(sweep.regime):
         s = sweep[sweep.regime == "count"]
         fig, ax = plt.subplots(figsize=(6, 4.2))
         for (w, fb), g in s.groupby(["window", "fallback"]):
             ax.plot(g.tokens_per_forward, g.exact_match, "o", alpha=0.7, label=f"W={w}, {fb}")
-        ax.set(xlabel="tokens per forward", ylabel="exact match (%)", title="streaming sweep on 'count' (τ × λ)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        figs["sweep_count"] = fig
+        figs["sweep_count"] = finish(fig, ax, 7, xlabel="tokens per forward", ylabel="exact match (%)",
+                                     title="streaming sweep on 'count' (τ × λ)")
     return figs
 
 
@@ -351,6 +339,8 @@ def max_wedlm_names(p: Params, planned) -> list[str]:
 def _speed_plot(metrics: dict[str, float], regimes: list[str]):
     import matplotlib.pyplot as plt
 
+    from pipelines.core.plots import finish
+
     fig, ax = plt.subplots(figsize=(6, 4))
     names = ["wedlm", "wedlm_fast", "blockwise"]
     for j, r in enumerate(regimes):
@@ -365,13 +355,9 @@ def _speed_plot(metrics: dict[str, float], regimes: list[str]):
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=r)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names)
-    ax.set(ylabel="tokens/s ÷ AR (same weights)", title="batch-1 wall-clock speed-up vs AR\n"
-           "(median of paired interleaved rounds; 95 % order-statistic interval,\n"
-           "min–max when there are too few rounds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax, ylabel="tokens/s ÷ AR (same weights)", title="batch-1 wall-clock speed-up vs AR\n"
+                  "(median of paired interleaved rounds; 95 % order-statistic interval,\n"
+                  "min–max when there are too few rounds)")
 
 
 def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:

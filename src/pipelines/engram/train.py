@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.core.runtime import node_setup, seed_everything
+from pipelines.core.streams import stream_seed
 from pipelines.core.training import StepInfo, fit
 from pipelines.engram import estimator as est
 from pipelines.engram.model import build_mlp, layer_inputs, load_weights, logits, per_class_accuracy, weights_of
@@ -324,7 +325,7 @@ def run_closed_form_control(variant: str, rows: Rows, seed: int, W: list[torch.T
         # ‖R_ℓ Σ_R^½‖_F = ‖E_ℓ Σ_R^½‖_F, i.e. Σ_x ‖R x‖² = Σ_x ‖E x‖² (most of ‖E‖_F sits in
         # near-null directions of Σ_R, where it barely touches the data)
         sig = [c.sum(0) for c in covs] if variant == "random_edit_data_norm" else None
-        gens = {c: torch.Generator().manual_seed(seed * 1000 + 7 * c + 1) for c in range(C)}
+        gens = {c: torch.Generator().manual_seed(stream_seed(seed, f"random_edit/{c}")) for c in range(C)}
         deltas = {c: est.random_like(E[c], gens[c], sig) for c in range(C)}
 
         def edit(c: int):
@@ -394,7 +395,8 @@ def unlearn_one(variant: str, W0: list[torch.Tensor], dataset: dict, data: tuple
             curve.append((0, _acc(net, xf, yf), _acc(net, xr, yr)))
         t0 = time.perf_counter()
         fit(net, None, loss, steps=u.steps, sample_batch=sample, lr=lr, optimizer="sgd", weight_decay=0.0,
-            grad_clip=u.grad_clip, seed=seed * 100 + c, desc=f"engram.{variant}", callback=on_step, progress=False)
+            grad_clip=u.grad_clip, seed=stream_seed(seed, f"unlearn/{c}"), desc=f"engram.{variant}", callback=on_step,
+            progress=False)
         secs = time.perf_counter() - t0 - spent[0]
         trials.append({"lr": lr, "net": net, "secs": secs, "forget": _acc(net, xf, yf), "retain": _acc(net, xr, yr),
                        "curve": curve})
@@ -415,7 +417,7 @@ def run_iterative(variant: str, rows: Rows, seed: int, W: list[torch.Tensor], da
         if variant == "retrain":
             keep = ytr != c
             t0 = time.perf_counter()
-            net, _, _ = train_mlp(xtr[keep], ytr[keep], C, p, seed * 1000 + 17 + c, f"engram.retrain[{c}]")
+            net, _, _ = train_mlp(xtr[keep], ytr[keep], C, p, stream_seed(seed, f"retrain/{c}"), f"engram.retrain[{c}]")
             secs = time.perf_counter() - t0
             tune.append(secs)
         else:

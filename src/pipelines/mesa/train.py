@@ -13,6 +13,7 @@ import torch
 
 from pipelines.core.runtime import node_setup
 from pipelines.core.spec import Results
+from pipelines.core.streams import stream_seed
 from pipelines.core.training import fit
 from pipelines.mesa import model as M
 from pipelines.mesa.data import EVAL_SETS, OPTIONAL_SETS
@@ -172,7 +173,7 @@ def ot_plan(base_state: dict, align: pd.DataFrame, profile: pd.DataFrame, p: Par
         for layer in range(out["input"].shape[0]):
             x = out["input"][layer][dm].numpy().astype(float)
             probs = out["probs"][layer][dm].numpy()
-            cent, lab = kmeans(x, p.ot.n_clusters, seed=seed * 1000 + layer)
+            cent, lab = kmeans(x, p.ot.n_clusters, seed=stream_seed(seed, f"kmeans/{layer}"))
             m = len(cent)
             a = np.bincount(lab, minlength=m) / len(lab)
             keep = a > 0

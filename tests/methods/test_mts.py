@@ -34,15 +34,48 @@ def test_gsnr_matches_known_mean_and_variance():
     mu = torch.tensor([0.5, -1.0, 2.0, 0.1, 0.0, 3.0], dtype=torch.float64)
     sd = torch.tensor([1.0, 0.5, 2.0, 0.1, 1.0, 1.0], dtype=torch.float64)
     g = mu + sd * torch.randn(40_000, 6, generator=gen, dtype=torch.float64)
-    g = torch.cat([g, torch.full((40_000, 1), 7.0, dtype=torch.float64)], 1)  # a constant (dead) coordinate
+    g = torch.cat([g, torch.full((40_000, 1), 7.0, dtype=torch.float64),   # constant non-zero: infinite SNR
+                   torch.zeros(40_000, 1, dtype=torch.float64)], 1)         # identically zero: no gradient
     r = gsnr(g)
-    true = (mu / sd) ** 2                                # 0.25, 4, 1, 1, 0, 9
-    assert r["n_coords"] == 6                            # the zero-variance coordinate is left out
-    assert r["median"] == pytest.approx(float(true.median()), abs=0.05)
+    true = (mu / sd) ** 2                                # 0.25, 4, 1, 1, 0, 9 (and inf)
+    assert r["n_coords"] == 7                            # only the all-zero coordinate is left out
+    assert r["median"] == pytest.approx(float(np.median(np.append(true.numpy(), np.inf))), abs=0.05)
     per = g[:, :6].mean(0) ** 2 / g[:, :6].var(0)
     np.testing.assert_allclose(per.numpy(), true.numpy(), atol=0.02, rtol=0.02)
     # aggregate with the dead coordinate: its mean counts in ‖E g‖² but adds no variance
     assert r["aggregate"] == pytest.approx(float(((mu ** 2).sum() + 49.0) / (sd ** 2).sum()), rel=0.03)
+
+
+def _numpy_gsnr_median(g: np.ndarray) -> float:
+    """Independent reference: numpy's median (the mean of the two middle values when their count is even)
+    of (mean_k)² / var_k (ddof = 1) over the coordinates that are not identically zero; a constant
+    non-zero coordinate has infinite SNR."""
+    g = g[:, np.abs(g).max(0) > 0]
+    with np.errstate(divide="ignore"):
+        return float(np.median(g.mean(0) ** 2 / g.var(0, ddof=1)))
+
+
+def test_gsnr_median_is_the_usual_median_and_degenerate_cases_are_defined():
+    """Review finding: torch's median is the lower one (this gave 1.0, not 2.5), off by 3% typically and
+    up to 87% on random inputs; a constant non-zero coordinate was counted as carrying no gradient and an
+    all-constant input gave 3e300 instead of inf."""
+    from pipelines.mts.model import gsnr
+
+    assert gsnr(torch.tensor([[1.0, 0.0], [3.0, 2.0], [2.0, 1.0]]))["median"] == pytest.approx(2.5)
+    rng = np.random.default_rng(0)
+    for k in (2, 7, 8, 31, 64):                          # odd and even counts of coordinates
+        for _ in range(20):
+            g = rng.normal(rng.normal(size=k), rng.uniform(0.1, 2.0, size=k), size=(int(rng.integers(3, 40)), k))
+            assert gsnr(torch.from_numpy(g))["median"] == pytest.approx(_numpy_gsnr_median(g), rel=1e-12)
+    # a constant non-zero coordinate carries signal (SNR inf); an identically zero one carries none
+    g = np.array([[1.0, 0.0, 5.0, 0.0], [3.0, 2.0, 5.0, 0.0], [2.0, 1.0, 5.0, 0.0]])    # SNR 4, 1, inf, —
+    r = gsnr(torch.from_numpy(g))
+    assert r["n_coords"] == 3 and r["median"] == 4.0 == _numpy_gsnr_median(g)
+    # all-constant input: infinite median and aggregate; all-zero input: no coordinate, both undefined
+    r = gsnr(torch.tensor([[1.0, -2.0], [1.0, -2.0], [1.0, -2.0]]))
+    assert r["median"] == np.inf and r["aggregate"] == np.inf and r["n_coords"] == 2
+    r = gsnr(torch.zeros(4, 3))
+    assert np.isnan(r["median"]) and np.isnan(r["aggregate"]) and r["n_coords"] == 0
 
 
 def test_gsnr_of_a_batch_mean_grows_linearly_with_the_batch():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -143,14 +144,26 @@ def zscore(f: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (f - f.mean(0)) / (f.std(0, unbiased=False) + eps)
 
 
-def gsnr(grads: torch.Tensor, rel_floor: float = 1e-10) -> dict[str, float]:
+def gsnr(grads: torch.Tensor, rel_floor: float = 1e-5) -> dict[str, float]:
     """Gradient signal-to-noise ratio over ``grads`` (draws × K): per coordinate (E g_k)² / Var g_k
-    (unbiased variance); the median over the coordinates that vary (a coordinate whose variance is
-    ~0 in every draw carries no gradient, e.g. a bias the normalisation cancels), and the aggregate
-    ‖E g‖² / tr Var g."""
+    (unbiased variance); the median over the coordinates that carry gradient, and the aggregate
+    ‖E g‖² / tr Var g.
+
+    - The median is the usual one (numpy's: the mean of the two middle values when their count is even),
+      not torch's lower median.
+    - A coordinate carries no gradient when every draw is within ``rel_floor`` × max|g| of zero (e.g. a
+      bias the normalisation cancels, left at float rounding); it is left out of the median and of
+      ``n_coords``.
+    - A coordinate that is constant but non-zero over the draws carries pure signal: its SNR is inf.
+    - Degenerate inputs: all coordinates constant (none zero-only) → median and aggregate inf; nothing
+      carries gradient (all zero) → ``n_coords`` 0, median and aggregate nan."""
     g = grads.double()
-    mean, var = g.mean(0), g.var(0, unbiased=True)
-    live = var > rel_floor * float(var.max().clamp(min=1e-300))
-    per = mean[live] ** 2 / var[live]
-    return {"median": float(per.median()) if live.any() else float("nan"),
-            "aggregate": float((mean ** 2).sum() / var.sum().clamp(min=1e-300)), "n_coords": int(live.sum())}
+    mean = g.mean(0)
+    const = (g == g[:1]).all(0)                          # exactly constant: no noise at all
+    var = torch.where(const, torch.zeros_like(mean), g.var(0, unbiased=True))
+    live = g.abs().amax(0) > rel_floor * float(g.abs().max())
+    per = torch.where(const, torch.full_like(mean, float("inf")), mean ** 2 / var)[live]
+    signal, noise = float((mean ** 2).sum()), float(var.sum())
+    aggregate = signal / noise if noise > 0 else (float("inf") if signal > 0 else float("nan"))
+    return {"median": float(np.median(per.numpy())) if live.any() else float("nan"),
+            "aggregate": aggregate, "n_coords": int(live.sum())}

@@ -6,7 +6,9 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_v
 
 from pipelines.core.params import MethodParams, Strict, names_of
 
-VARIANTS = ("hard", "neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")
+# neuralsort is Grover et al.'s published operator; neuralsort_smoothabs (opt-in, not in the default list)
+# is the SoftTorch library's variant with a soft |·| in A_s
+VARIANTS = ("hard", "neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network", "neuralsort_smoothabs")
 Mode = Literal["hard", "smooth", "c0", "c1", "c2"]
 
 

@@ -8,7 +8,9 @@ returns the hard primitive exactly, and every soft op converges to it as softnes
 * fuzzy logic on SoftBools in [0, 1]: logical_and/or/not/xor, all, any, where;
 * soft indices: argmax (simplex projection: softmax / sparsemax / α-entmax), max, take_along_dim;
 * axiswise: argsort / sort / rank / topk / median with method ∈ {neuralsort, softsort, ot,
-  fast_soft_sort, sorting_network} (a SoftIndex is a trailing n-dimension of weights over indices);
+  fast_soft_sort, sorting_network, neuralsort_smoothabs} (a SoftIndex is a trailing n-dimension of
+  weights over indices); ``neuralsort`` is Grover et al.'s published operator (exact |·| in A_s),
+  ``neuralsort_smoothabs`` the SoftTorch library's variant with a soft |·|;
 * straight-through: ``st(fn)`` (function level) and ``*_st`` helpers.
 Axiswise ops work on the last dimension (``dim=-1``) of a 1-D or batched 2-D tensor.
 """
@@ -21,7 +23,9 @@ import numpy as np
 import torch
 
 MODES = ("hard", "smooth", "c0", "c1", "c2")
-SORT_METHODS = ("neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")
+SORT_METHODS = ("neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")   # timed by data.speed
+# opt-in: NeuralSort with a soft |·| in A_s, as the SoftTorch library computes it (not the published operator)
+EXTRA_METHODS = ("neuralsort_smoothabs",)
 STD_EPS = 1e-6
 
 
@@ -237,9 +241,15 @@ def _perm_hard(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(torch.argsort(x, dim=-1, stable=True), x.shape[-1]).to(x.dtype)
 
 
-def _neuralsort(q, softness, mode):
+def _neuralsort(q, softness, mode, smooth_abs: bool = False):
+    """NeuralSort (Grover et al. 2019): P̂[i, :] = rowproj(((n + 1 − 2i)·s − A_s·1)/τ) with
+    A_s[j, k] = |s_j − s_k|, row i the i-th largest (flipped here to ascending). ``rowproj`` is the
+    softmax of the published operator in smooth mode, sparsemax / entmax in c0 / c1 / c2.
+    ``smooth_abs`` (method ``neuralsort_smoothabs``, the SoftTorch library's choice) replaces the exact
+    |·| in A_s by the soft abs of the same mode and softness; that is not the published operator."""
     n = q.shape[-1]
-    a = abs(q.unsqueeze(-1) - q.unsqueeze(-2), softness, "smooth" if mode == "hard" else mode).sum(-1)
+    d = q.unsqueeze(-1) - q.unsqueeze(-2)
+    a = (abs(d, softness, "smooth" if mode == "hard" else mode) if smooth_abs else torch.abs(d)).sum(-1)
     i = torch.arange(1, n + 1, dtype=q.dtype, device=q.device)
     scaling = (n + 1 - 2 * i)  # row i picks the i-th LARGEST
     logits = (scaling.unsqueeze(-1) * q.unsqueeze(-2) - a.unsqueeze(-2)) / softness
@@ -345,8 +355,8 @@ def argsort(x, dim=-1, softness=0.1, mode="smooth", method="neuralsort", standar
     if mode == "hard":
         return _perm_hard(x)
     q, _ = _squash(x, standardize)
-    if method == "neuralsort":
-        return _neuralsort(q, softness, mode)
+    if method in ("neuralsort", "neuralsort_smoothabs"):
+        return _neuralsort(q, softness, mode, smooth_abs=method == "neuralsort_smoothabs")
     if method == "softsort":
         return _softsort(q, softness, mode)
     if method == "ot":
@@ -355,7 +365,7 @@ def argsort(x, dim=-1, softness=0.1, mode="smooth", method="neuralsort", standar
         return _sorting_network(q, softness, mode)
     if method == "fast_soft_sort":
         raise ValueError("argsort: fast_soft_sort gives values and ranks only (no soft permutation)")
-    raise ValueError(f"method: {method!r} is not one of {SORT_METHODS}")
+    raise ValueError(f"method: {method!r} is not one of {SORT_METHODS + EXTRA_METHODS}")
 
 
 # ------------------------------------------------------------------- fast soft sort (permutahedron)

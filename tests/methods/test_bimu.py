@@ -212,6 +212,32 @@ def test_uncertainty_scores():
     assert float(u["aleatoric"]) == pytest.approx(0, abs=1e-6) and float(u["vr"]) == pytest.approx(0.5)
 
 
+def _pairwise_auc(id_score, ood_score):
+    """P(OOD scores higher) + ½ P(tie) over every (ID, OOD) pair; a pair with a NaN counts 0 (a miss)."""
+    wins = [0.0 if np.isnan(a) or np.isnan(b) else float(b > a) + 0.5 * float(b == a)
+            for a in id_score for b in ood_score]
+    return float(np.mean(wins))
+
+
+def test_ood_auc_matches_sklearn_and_counts_a_nan_score_as_a_miss():
+    from sklearn.metrics import roc_auc_score
+
+    from pipelines.bimu.train import _auc
+
+    rng = np.random.default_rng(0)
+    id_s, ood_s = rng.random(30), rng.random(25) + 0.3
+    id_s[:4] = ood_s[:4] = 0.5                                      # ties
+    labels = np.r_[np.zeros(30), np.ones(25)]
+    assert _auc(id_s, ood_s) == pytest.approx(roc_auc_score(labels, np.r_[id_s, ood_s]), abs=1e-12)
+    assert _auc(id_s, ood_s) == pytest.approx(_pairwise_auc(id_s, ood_s), abs=1e-12)
+    for nan_id, nan_ood in ((3, 0), (0, 2), (3, 2), (30, 25)):
+        a, b = id_s.copy(), ood_s.copy()
+        a[rng.choice(30, nan_id, replace=False)] = np.nan
+        b[rng.choice(25, nan_ood, replace=False)] = np.nan
+        assert _auc(a, b) == pytest.approx(_pairwise_auc(a, b), abs=1e-12), (nan_id, nan_ood)
+    assert _auc(id_s, np.full(25, np.nan)) == 0.0
+
+
 # ------------------------------------------------------------------ querying and streams
 def test_budget_threshold():
     from pipelines.bimu.train import budget_threshold

@@ -52,6 +52,23 @@ def test_newsvendor_lp_matches_closed_form_and_grid(eps, hi):
     assert sol.value <= vals.min() + 1e-6 and vals.min() - sol.value < 1e-2
 
 
+@pytest.mark.parametrize("eps", [1.0, 1 - 1e-9, 0.95])
+def test_newsvendor_closed_form_at_and_near_eps_one(eps):
+    """ε → 1: the mean term vanishes, both quantile levels leave [0, 1] (x_hi's → +∞, x_lo's numerator → −h),
+    so x* = x_c, the minimax order of the bulk's endpoints. Checked against the LP and a grid."""
+    xi = np.random.default_rng(5).lognormal(3, 0.8, 37)
+    h, b, hi = 1.0, 4.0, 120.0
+    x = M.newsvendor_closed_form(xi, h, b, eps, 0.0, hi)
+    assert x == pytest.approx((h * 0.0 + b * hi) / (h + b))
+    task = M.NewsvendorTask(xi, h, b)
+    sol = M.fit(task, "credal", "test", ORDER, eps=eps, sup_fn=lambda v: task.sup_box(v, 0.0, hi))
+    assert float(sol.values["x"]) == pytest.approx(x, rel=1e-5)
+    grid = np.linspace(0, 1.2 * hi, 120001)
+    assert grid[np.argmin(nv_objective(grid, xi, h, b, eps, 0.0, hi))] == pytest.approx(x, abs=2e-3)
+    with pytest.raises(ValueError, match="eps"):
+        M.newsvendor_closed_form(xi, h, b, 1.5, 0.0, hi)
+
+
 def test_newsvendor_decision_ignores_the_bulk_below_the_critical_eps():
     """ε < h/(h + b) and a non-binding cap: the order is a higher quantile whatever u is (card)."""
     xi = np.random.default_rng(0).lognormal(3, 0.8, 41)

@@ -129,6 +129,43 @@ def test_random_edit_has_the_engram_norm_per_layer_and_pc_projector_is_a_project
     assert round(float(torch.trace(P))) == 3
 
 
+def test_estimator_accepts_float32_and_matches_the_float64_result():
+    """Every estimator function fed float32 tensors (weights, covariances, pinvs, engrams, Σ) computes in
+    float64 and returns float64: the same result as the float64 call on the same (exactly widened) values."""
+    x, y = rank_deficient_data(seed=8)
+    W = [torch.from_numpy(np.random.default_rng(9).normal(size=(5, x.shape[1])))]
+    W32, x32 = [w.float() for w in W], x.float()
+    covs32 = [c.float() for c in est.class_covariances(W32, x32, y, 4)]
+    covs64 = [c.double() for c in covs32]
+    pinvs32, ranks32 = est.total_pinvs(covs32, 1e-10)
+    pinvs64, ranks64 = est.total_pinvs(covs64, 1e-10)
+    assert ranks32 == ranks64
+
+    def same(got, want):
+        got, want = (list(v) if isinstance(v, list) else [v] for v in (got, want))
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == torch.float64
+            torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+    p32 = [pr.float() for pr in pinvs64]
+    W64, p64 = [w.double() for w in W32], [pr.double() for pr in p32]
+    same(est.engram(W32, covs32, [1, 2], p32), est.engram(W64, covs64, [1, 2], p64))
+    same(est.class_engrams(W32, covs32, p32), est.class_engrams(W64, covs64, p64))
+    same(pinvs32, pinvs64)
+    e32 = [e.float() for e in est.class_engrams(W64, covs64, pinvs64)[0]]
+    e64 = [e.double() for e in e32]
+    same(est.cosine_matrix(torch.stack(e32)), est.cosine_matrix(torch.stack(e64)))
+    same(est.class_pc_projector(covs32[0][0], 3), est.class_pc_projector(covs64[0][0], 3))
+    assert est.data_energy(W32, covs64) == est.data_energy(W64, covs64)
+    assert est.data_energy(W64, covs32) == est.data_energy(W64, covs64)
+    sig32 = [covs32[0].sum(0)]
+    sig64 = [s_.double() for s_ in sig32]
+    for sigmas in (None, (sig32, sig64)):
+        r32 = est.random_like(W32, torch.Generator().manual_seed(1), None if sigmas is None else sigmas[0])
+        r64 = est.random_like(W64, torch.Generator().manual_seed(1), None if sigmas is None else sigmas[1])
+        same(r32, r64)
+
+
 # ------------------------------------------------------------------------- arithmetic on a trained MLP
 @pytest.fixture(scope="module")
 def trained():

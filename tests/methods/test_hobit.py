@@ -174,11 +174,13 @@ def test_knn_graph_matches_dense_top_m():
 
 
 def test_hobit_graph_weights_and_symmetric_filter():
-    _, _, g = _graph()
+    q, d, g = _graph()
     groups = np.arange(40) // 2          # pairs (0,1), (2,3), ... are known duplicates
     delta = 0.5
     h = B.hobit_graph(g, delta, 30.0, groups)
-    contra = {(i, j) for i in range(40) for k, j in enumerate(g.idx[i]) if g.s[i, k] >= g.s_pos[i] - delta}
+    S = (q @ d.T).double().numpy() / 0.1
+    plausible = S >= np.diag(S)[:, None] - delta            # plausible[i, j]: d_j a plausible positive for q_i
+    contra = {(i, j) for i in range(40) for j in g.idx[i] if plausible[i, j] or plausible[j, i]}
     contra |= {(i, j) for i in range(40) for j in range(40) if i != j and groups[i] == groups[j]}
     contra |= {(j, i) for i, j in contra}
     for i in range(40):
@@ -225,6 +227,41 @@ def test_hobit_epoch_all_members_ablation_reports_its_objective():
     assert len(np.unique(np.concatenate(batches))) == 48
     for bt, f in zip(batches, F):
         assert f == pytest.approx(B.all_members_objective(dense, bt), rel=1e-9)
+
+
+def test_score_filter_matches_dense_brute_force_in_both_directions():
+    """The score filter against a brute force on the dense N×N scores: (i, j) is contradictory when d_j is a
+    plausible positive for q_i (S_ij ≥ S_ii − δ) or d_i one for q_j (S_ji ≥ S_jj − δ). N = 60, M = 10, with a
+    near-duplicate pair (0, 1); many reverse contradictions have i outside j's top-M."""
+    import torch
+
+    n, m, tau, delta = 60, 10, 0.1, 0.5
+    gen = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(n, 5, generator=gen), dim=1)
+    d = torch.nn.functional.normalize(q + 0.5 * torch.randn(n, 5, generator=gen), dim=1)
+    q[1] = torch.nn.functional.normalize(q[0] + 0.01 * torch.randn(5, generator=gen), dim=0)
+    d[1] = torch.nn.functional.normalize(d[0] + 0.01 * torch.randn(5, generator=gen), dim=0)
+    g = B.knn_graph(q, d, tau, m, chunk=7)
+    h = B.hobit_graph(g, delta, 30.0)
+
+    S = (q @ d.T).double().numpy() / tau
+    margin = S - np.diag(S)[:, None] + delta
+    np.fill_diagonal(margin, 1.0)
+    assert np.abs(margin).min() > 1e-4                   # no pair on the threshold (float32 rounding)
+    plausible = margin >= 0
+    np.fill_diagonal(plausible, False)
+    dense = plausible | plausible.T
+    fwd = np.zeros((n, n), bool)                         # fwd[i, j]: j in i's top-M
+    fwd[np.repeat(np.arange(n), m), g.idx.ravel()] = True
+    edge = fwd | fwd.T
+    reverse_only = fwd & ~fwd.T & plausible.T & ~plausible   # d_i plausible for q_j, i outside j's top-M
+    assert reverse_only.any()                            # the instance exercises the reverse test
+    for i in range(n):
+        for k, j in enumerate(g.idx[i]):
+            want = 0.0 if dense[i, j] else math.exp(S[i, j] - S[i, i])
+            assert h.a[i, k] == pytest.approx(want, rel=1e-5), (i, j)
+        # the sparse filter sees the pairs of the graph (either direction), the brute force every pair
+        assert set(h.contra.row(i)) == set(np.flatnonzero(dense[i] & edge[i])), i
 
 
 @pytest.mark.parametrize("make", ["random", "cluster", "walk"])

@@ -11,6 +11,7 @@ optimizer on λ, unclipped).
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from pipelines.core.training import fit
 
 DETERMINISTIC = ("ste_adam", "metaplastic")
 SATURATED = 0.99       # |tanh λ| above this: the weight is (nearly) deterministic
+log = logging.getLogger(__name__)
 
 
 def _gens(seeds, salt: int) -> list[torch.Generator]:
@@ -56,8 +58,19 @@ def _accuracy(probs: torch.Tensor, y: torch.Tensor) -> np.ndarray:
 
 
 def _auc(id_score: np.ndarray, ood_score: np.ndarray) -> float:
+    """OOD AUROC (OOD = positive, higher score = more uncertain). A NaN score is a failed detection, never
+    credited: a NaN ID score ranks above every OOD score and a NaN OOD score below every ID score, so every
+    pair holding a NaN counts 0 and NaNs can only lower the AUC (logged with their counts)."""
     from sklearn.metrics import roc_auc_score
 
+    id_score, ood_score = np.asarray(id_score, float), np.asarray(ood_score, float)
+    nan_id, nan_ood = np.isnan(id_score), np.isnan(ood_score)
+    if nan_id.any() or nan_ood.any():
+        log.warning("bimu OOD AUC: %d of %d ID and %d of %d OOD uncertainty scores are NaN, counted as misses",
+                    nan_id.sum(), len(id_score), nan_ood.sum(), len(ood_score))
+        finite = np.r_[id_score[~nan_id], ood_score[~nan_ood]]
+        lo, hi = (finite.min() - 1, finite.max() + 1) if finite.size else (0.0, 1.0)
+        id_score, ood_score = np.where(nan_id, hi, id_score), np.where(nan_ood, lo, ood_score)
     return float(roc_auc_score(np.r_[np.zeros(len(id_score)), np.ones(len(ood_score))], np.r_[id_score, ood_score]))
 
 

@@ -317,7 +317,11 @@ def fit(task: Task, kind: str, instance: str, order, accept_inaccurate: bool = T
 # ---------------------------------------------------------------------------------- closed forms (tests)
 def newsvendor_closed_form(xi: np.ndarray, h: float, b: float, eps: float, lo: float, hi: float) -> float:
     """x* = max(x_lo, min(x_hi, x_c)) for the empirical reference (card's closed form); quantiles are the
-    left-continuous inverse of the empirical CDF, unique when n·level is not an integer."""
+    left-continuous inverse of the empirical CDF, unique when n·level is not an integer. At ε = 1 the mean
+    term is gone and x* = x_c: the limit ε → 1 of the formula (x_hi's level → +∞, and x_lo's → −∞ since its
+    numerator tends to −h), computed directly instead of dividing by 1 − ε = 0."""
+    if not 0 <= eps <= 1:
+        raise ValueError(f"newsvendor_closed_form: eps must lie in [0, 1], got {eps}")
     s = np.sort(xi)
     n = len(s)
 
@@ -329,6 +333,8 @@ def newsvendor_closed_form(xi: np.ndarray, h: float, b: float, eps: float, lo: f
         return float(s[math.ceil(n * level - 1e-12) - 1])
 
     x_c = (h * lo + b * hi) / (h + b)
+    if eps == 1:
+        return x_c
     x_hi = q(b / ((h + b) * (1 - eps)))
     x_lo = q((b - eps * (h + b)) / ((h + b) * (1 - eps)))
     return max(x_lo, min(x_hi, x_c))

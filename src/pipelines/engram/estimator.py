@@ -9,6 +9,9 @@ the layer reproduces W on S's inputs and answers 0 on every other memory's input
 It is also one natural-gradient step from E = 0 on that loss, Σ_R being the K-FAC input factor.
 For a partition of R the engrams add up to W Σ_R Σ_R⁺ (W on the span of the data), so erasing
 (W − α E_S) and composing (Σ_{c ∈ S} E_c from the all-zero network) are plain additions.
+
+Every function computes in float64 and returns float64 tensors, whatever float dtype it is given (the
+trained weights are float32; a float32 pinv or a mixed-dtype matmul would lose the 1e-12 identities).
 """
 from __future__ import annotations
 
@@ -17,6 +20,10 @@ from collections.abc import Iterable
 import torch
 
 from pipelines.engram.model import layer_inputs
+
+
+def _f64(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.double() for t in tensors]
 
 
 def class_covariances(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
@@ -37,7 +44,7 @@ def class_covariances(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Ten
 def psd_pinv(sigma: torch.Tensor, rcond: float) -> tuple[torch.Tensor, int]:
     """Σ⁺ of a symmetric PSD matrix keeping eigenvalues > rcond·λ_max, and that effective rank (a float64
     pinv of near-null directions would amplify them into catastrophic edits)."""
-    evals, evecs = torch.linalg.eigh(sigma)
+    evals, evecs = torch.linalg.eigh(sigma.double())
     lam_max = float(evals.max()) if evals.numel() else 0.0
     keep = evals > rcond * lam_max if lam_max > 0 else torch.zeros_like(evals, dtype=torch.bool)
     v = evecs[:, keep]
@@ -46,7 +53,7 @@ def psd_pinv(sigma: torch.Tensor, rcond: float) -> tuple[torch.Tensor, int]:
 
 def total_pinvs(covs: list[torch.Tensor], rcond: float) -> tuple[list[torch.Tensor], list[int]]:
     """Σ_R⁺ per layer (R = every memory) and the effective ranks."""
-    res = [psd_pinv(c.sum(0), rcond) for c in covs]
+    res = [psd_pinv(c.sum(0), rcond) for c in _f64(covs)]
     return [r[0] for r in res], [r[1] for r in res]
 
 
@@ -59,13 +66,14 @@ def engram(weights: list[torch.Tensor], covs: list[torch.Tensor], subset: Iterab
            pinvs: list[torch.Tensor]) -> list[torch.Tensor]:
     """E_{S,ℓ} = W_ℓ Σ_{S,ℓ} Σ_{R,ℓ}⁺ for every layer."""
     subset = list(subset)
-    return [w.double() @ subset_cov(c, subset) @ pr for w, c, pr in zip(weights, covs, pinvs, strict=True)]
+    return [w @ subset_cov(c, subset) @ pr for w, c, pr in zip(_f64(weights), _f64(covs), _f64(pinvs), strict=True)]
 
 
 def class_engrams(weights: list[torch.Tensor], covs: list[torch.Tensor],
                   pinvs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every single-class engram at once: per layer (C, out, in)."""
-    return [torch.einsum("oi,cij,jk->cok", w.double(), c, pr) for w, c, pr in zip(weights, covs, pinvs, strict=True)]
+    return [torch.einsum("oi,cij,jk->cok", w, c, pr)
+            for w, c, pr in zip(_f64(weights), _f64(covs), _f64(pinvs), strict=True)]
 
 
 def add(weights: list[torch.Tensor], delta: list[torch.Tensor], alpha: float = 1.0,
@@ -89,7 +97,7 @@ def compose(engrams: Iterable[list[torch.Tensor]]) -> list[torch.Tensor]:
 
 def cosine_matrix(per_class: torch.Tensor) -> torch.Tensor:
     """Cosine similarity of the flattened engrams of every pair of classes (C, C)."""
-    flat = per_class.reshape(per_class.shape[0], -1)
+    flat = per_class.double().reshape(per_class.shape[0], -1)
     flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-300)
     return flat @ flat.T
 
@@ -97,7 +105,7 @@ def cosine_matrix(per_class: torch.Tensor) -> torch.Tensor:
 def class_pc_projector(cov_c: torch.Tensor, k: int) -> torch.Tensor:
     """The no-pinv ablation's P: the projector onto the top-k eigenvectors of class c's (uncentered)
     second moment; erasing is then W − W P (class directions removed whatever other classes share)."""
-    _, evecs = torch.linalg.eigh(cov_c)
+    _, evecs = torch.linalg.eigh(cov_c.double())
     v = evecs[:, -min(k, cov_c.shape[0]):]
     return v @ v.T
 
@@ -105,7 +113,8 @@ def class_pc_projector(cov_c: torch.Tensor, k: int) -> torch.Tensor:
 def data_energy(weights: list[torch.Tensor], covs: list[torch.Tensor]) -> float:
     """√(Σ_ℓ tr(W_ℓ Σ_R,ℓ W_ℓᵀ)) = √(Σ_ℓ Σ_{x∈R} ‖W_ℓ x_ℓ‖²): a weight change's size as seen by the
     data."""
-    return sum(float(torch.einsum("oi,ij,oj->", w, c.sum(0), w)) for w, c in zip(weights, covs, strict=True)) ** 0.5
+    return sum(float(torch.einsum("oi,ij,oj->", w, c.sum(0), w))
+               for w, c in zip(_f64(weights), _f64(covs), strict=True)) ** 0.5
 
 
 def random_like(eng: list[torch.Tensor], gen: torch.Generator,
@@ -113,12 +122,12 @@ def random_like(eng: list[torch.Tensor], gen: torch.Generator,
     """Random Gaussian directions with each layer's Frobenius norm equal to the engram's; with ``sigmas``
     (Σ_R per layer) the data energy ‖R Σ^½‖_F equals the engram's instead."""
     out = []
-    for i, e in enumerate(eng):
+    for i, e in enumerate(_f64(eng)):
         r = torch.randn(e.shape, generator=gen, dtype=torch.float64)
         if sigmas is None:
             out.append(r * (e.norm() / r.norm().clamp_min(1e-300)))
         else:
-            s = sigmas[i]
+            s = sigmas[i].double()
             num = float(torch.einsum("oi,ij,oj->", e, s, e)) ** 0.5
             den = max(float(torch.einsum("oi,ij,oj->", r, s, r)) ** 0.5, 1e-300)
             out.append(r * (num / den))

@@ -14,11 +14,14 @@ PHI = {"log": np.log1p, "linear": lambda z: z}
 # ------------------------------------------------------------------------------------------- graph
 @dataclass
 class ScoreGraph:
-    """Top-M documents of each query under the current encoder (self excluded), scores s = <q, d>/τ."""
+    """Top-M documents of each query under the current encoder (self excluded), scores s = <q, d>/τ, and
+    each edge's reverse score (query j = idx[i, k] against document i), which the contradiction filter needs
+    also when i is not in j's own top-M."""
 
     idx: np.ndarray      # N×M int64, by decreasing score
-    s: np.ndarray        # N×M float64
+    s: np.ndarray        # N×M float64: s[i, k] = s_ij, j = idx[i, k]
     s_pos: np.ndarray    # N: s_ii
+    s_rev: np.ndarray    # N×M float64: s_rev[i, k] = s_ji, j = idx[i, k]
 
     @property
     def n(self) -> int:
@@ -26,13 +29,15 @@ class ScoreGraph:
 
 
 def knn_graph(qe, de, tau: float, m: int, chunk: int) -> ScoreGraph:
-    """Chunked matmul + ``torch.topk``: never the N×N matrix at once. ``qe``, ``de``: N×k torch tensors."""
+    """Chunked matmul + ``torch.topk``: never the N×N matrix at once. ``qe``, ``de``: N×k torch tensors.
+    The reverse scores are N·M extra dot products (the matmul costs N²)."""
     import torch
 
     n = len(qe)
     m = min(m, n - 1)
     idx = np.empty((n, m), np.int64)
     s = np.empty((n, m), np.float64)
+    s_rev = np.empty((n, m), np.float64)
     with torch.no_grad():
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
@@ -41,8 +46,10 @@ def knn_graph(qe, de, tau: float, m: int, chunk: int) -> ScoreGraph:
             top = torch.topk(sc, m, dim=1)
             idx[lo:hi] = top.indices.cpu().numpy()
             s[lo:hi] = top.values.double().cpu().numpy()
+            rev = torch.einsum("rmk,rk->rm", qe[top.indices], de[lo:hi]) / tau   # <q_j, d_i>/τ
+            s_rev[lo:hi] = rev.double().cpu().numpy()
         s_pos = ((qe * de).sum(1) / tau).double().cpu().numpy()
-    return ScoreGraph(idx, s, s_pos)
+    return ScoreGraph(idx, s, s_pos, s_rev)
 
 
 @dataclass
@@ -90,8 +97,10 @@ class HobitGraph:
 
 def hobit_graph(g: ScoreGraph, delta: float | None, exp_clip: float, groups: np.ndarray | None = None) -> HobitGraph:
     """a_ij = exp(clip(s_ij − s_ii)) · 1[compatible(i, j)]. (i, j) is incompatible when (``delta`` given)
-    d_j is a plausible positive for q_i (s_ij ≥ s_ii − δ) or d_i for q_j, or (``groups`` given) they share a
-    known duplicate id. ``delta=None`` and ``groups=None``: no filter."""
+    d_j is a plausible positive for q_i (s_ij ≥ s_ii − δ) or d_i for q_j (s_ji ≥ s_jj − δ, from the edge's
+    reverse score, so also when i is not in j's top-M), or (``groups`` given) they share a known duplicate id.
+    The score test sees the pairs of the graph only: a pair in neither top-M list has weight 0 and is not
+    checked. ``delta=None`` and ``groups=None``: no filter."""
     n, m = g.idx.shape
     rows = np.repeat(np.arange(n), m)
     cols = g.idx.ravel()
@@ -99,8 +108,10 @@ def hobit_graph(g: ScoreGraph, delta: float | None, exp_clip: float, groups: np.
     cr, cc = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     if delta is not None:
         direct = (g.s >= g.s_pos[:, None] - delta).ravel()
-        cr.append(rows[direct])
-        cc.append(cols[direct])
+        reverse = (g.s_rev >= g.s_pos[g.idx] - delta).ravel()
+        flagged = direct | reverse
+        cr.append(rows[flagged])
+        cc.append(cols[flagged])
     if groups is not None:
         gr, gc = group_pairs(groups)
         cr.append(gr)

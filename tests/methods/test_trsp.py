@@ -418,6 +418,11 @@ def test_claims_must_name_planned_variants_and_instances():
     r = copy.deepcopy(raw())
     r["variants"] = ["eca", "gc_trsp", "pair_gc"]
     r["adversarial"]["variants"] = ["eca"]
+    with pytest.raises(ParameterError, match=r"claim 'adversarial_search_finds_high_factor'.*'eca_nofill'"):
+        validate(Params, r, "trsp")
+    r["gates"] = [g for g in r["gates"] if g["id"] != "adversarial_search_finds_high_factor"]
+    for c in r["claims"]:
+        c["requires"] = [g for g in c["requires"] if g != "adversarial_search_finds_high_factor"]
     with pytest.raises(ParameterError, match=r"claim 'kmedian_violates_jr_on_gadget'.*'kmedian'"):
         validate(Params, r, "trsp")
     r["claims"] = [c for c in r["claims"] if "kmedian" not in c["id"]]   # the gate still compares with kmedian

@@ -281,7 +281,7 @@ def test_user_corpus_is_checked_and_bad_files_name_dataset_and_column(tmp_path):
         load_user_corpus(df.rename(columns={"tokens": "ids"}), p)
     bad = df.copy()
     bad.loc[0, "tokens"] = [V + 5] * L
-    with pytest.raises(InputDataError, match="'ghost.user_corpus': column 'tokens' must hold integers"):
+    with pytest.raises(InputDataError, match=r"'ghost.user_corpus': column 'tokens' must be in \[0, \d+\]; \d+ value\(s\) are not \(first \d+ at row 0\)"):
         load_user_corpus(bad, p)
     with pytest.raises(InputDataError, match="column 'split' has unknown value"):
         load_user_corpus(df.assign(split=["train", "dev", "calib", "test"] * 3), p)

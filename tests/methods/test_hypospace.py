@@ -447,7 +447,7 @@ def test_bad_user_observation_file_names_dataset_and_column(tmp_path):
         make_domain_data(p, "causal")
     pd.DataFrame({"domain": ["causal"], "config": ["n3"], "domain_config": ['{"n": 3}'], "obs_id": ["a"],
                   "obs": ['{"n": 3, "perturbed": 1'], }).to_csv(f, index=False)
-    with pytest.raises(InputDataError, match=r"column 'obs', row 0: not JSON"):
+    with pytest.raises(InputDataError, match=r"column 'obs' should be json, got text that is not JSON .*\(first at row 0\)"):
         make_domain_data(p, "causal")
     pd.DataFrame({"domain": ["causal"], "config": ["n3"], "domain_config": ['{"n": 3}'], "obs_id": ["a"],
                   "obs": ['{"n": 3}']}).to_csv(f, index=False)

@@ -461,12 +461,13 @@ def test_user_npz_is_loaded_resized_and_shared_by_the_seeds(tmp_path):
 
 @pytest.mark.parametrize("change,msg", [
     ({"y_test": None}, r"array 'y_test' is missing"),
-    ({"y_train": (np.arange(20) % 4).astype(float)}, r"column 'y_train' should be int, got float64"),
-    ({"x_test": np.zeros((0, 8, 8)), "y_test": np.zeros(0, int)}, r"array 'x_test' should be .*images"),
-    ({"y_train": np.arange(19) % 4}, r"'x_train' has 20 images but 'y_train' 19 labels"),
-    ({"x_train": np.full((20, 8, 8), "a")}, r"column 'x_train' should be numeric images, got <U1"),
-    ({"x_train": np.full((20, 8, 8), np.nan)}, r"column 'x_train' has non-finite"),
-    ({"y_test": -np.ones(6, int)}, r"column 'y_test' has negative labels"),
+    ({"y_train": (np.arange(20) % 4).astype(float)}, r"array 'y_train' should be int, got float64"),
+    ({"x_test": np.zeros((0, 8, 8)), "y_test": np.zeros(0, int)}, r"arrays 'x_test', 'y_test' have 0 rows, at least 1"),
+    ({"x_test": np.zeros((6, 64))}, r"array 'x_test' should be .*images"),
+    ({"y_train": np.arange(19) % 4}, r"arrays 'x_train' \(20 rows\) and 'y_train' \(19 rows\) differ in length"),
+    ({"x_train": np.full((20, 8, 8), "a")}, r"array 'x_train' should be array\[number\], got elements of dtype <U1"),
+    ({"x_train": np.full((20, 8, 8), np.nan)}, r"array 'x_train' has 1280 non-finite value\(s\) \(first at row 0\)"),
+    ({"y_test": -np.ones(6, int)}, r"array 'y_test' must be >= 0; 6 value\(s\) are not"),
     ({"x_test": np.zeros((6, 3, 8, 8))}, r"'x_train' images are \(8, 8\) but 'x_test' \(3, 8, 8\)"),
 ])
 def test_bad_user_npz_stops_at_the_door_naming_dataset_and_column(tmp_path, change, msg):

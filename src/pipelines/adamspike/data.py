@@ -16,17 +16,17 @@ def fn64(n_points: int = 64) -> pd.DataFrame:
     return pd.DataFrame({"x": x, "y": np.sin(2 * x) + 0.5 * np.cos(3 * x)})
 
 
+USER_TABLE = TableSchema("adamspike.user_data", {"x": "number", "y": "number"}, min_rows=4, no_missing=("x", "y"),
+                         finite=("x", "y"))
+
+
 def load_user_table(path: str) -> pd.DataFrame:
-    """A .parquet or .csv with numeric columns ``x`` and ``y`` (one row per training point)."""
+    """A .parquet or .csv with numeric, finite columns ``x`` and ``y`` (one row per training point)."""
     f = Path(path)
-    name = f"adamspike.user_data ({path})"
+    name = f"{USER_TABLE.dataset} ({path})"
     if not f.is_file():
         raise InputDataError(f"dataset '{name}': file not found")
-    df = pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f)
-    TableSchema(name, {"x": "number", "y": "number"}, min_rows=4, no_missing=("x", "y")).check(df)
-    bad = ~np.isfinite(df[["x", "y"]].to_numpy(float)).all(1)
-    if bad.any():
-        raise InputDataError(f"dataset '{name}': column 'x'/'y' has {int(bad.sum())} non-finite value(s)")
+    df = USER_TABLE.refine(dataset=name).check(pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f))
     return pd.DataFrame({"x": df["x"].astype(float), "y": df["y"].astype(float)})
 
 

@@ -12,29 +12,20 @@ import pandas as pd
 import torch
 
 from pipelines.bimu.params import Params
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import TableSchema
 
 USER_IMAGES = TableSchema("bimu.user_images", {"label": "int", "split": "str"}, min_rows=20,
-                          no_missing=("label", "split"))
+                          patterns={r"x\d+": "number"}, no_missing=("label", "split", r"x\d+"),
+                          allowed={"split": ("train", "test")}, ranges={"label": (0, None)})
 
 
 def check_user_images(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x, label, is_train) of a user table: label (int, 0..C−1), split (train/test), pixels x0..x{D−1}."""
+    """(x, label, is_train) of a user table (:data:`USER_IMAGES`): label (int, 0..C−1), split (train/test),
+    pixels x0..x{D−1} (numbers without missing values)."""
     USER_IMAGES.check(df)
     cols = [c for c in df.columns if isinstance(c, str) and c.startswith("x") and c[1:].isdigit()]
-    if not cols:
-        raise InputDataError("dataset 'bimu.user_images': column 'x0' is missing (pixel columns x0..x{D-1})")
     cols = sorted(cols, key=lambda c: int(c[1:]))
-    for c in cols:
-        if not pd.api.types.is_numeric_dtype(df[c]) or df[c].isna().any():
-            raise InputDataError(f"dataset 'bimu.user_images': column '{c}' should be number without missing values")
-    bad = sorted(set(df["split"]) - {"train", "test"})
-    if bad:
-        raise InputDataError(f"dataset 'bimu.user_images': column 'split' has values {bad} (use train/test)")
-    y = df["label"].to_numpy()
-    if y.min() < 0:
-        raise InputDataError("dataset 'bimu.user_images': column 'label' has negative classes")
-    return df[cols].to_numpy(np.float32), y.astype(np.int64), (df["split"] == "train").to_numpy()
+    return df[cols].to_numpy(np.float32), df["label"].to_numpy().astype(np.int64), (df["split"] == "train").to_numpy()
 
 
 def _images(p: Params) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -4,10 +4,32 @@ with one line naming the dataset and the column.
 
     TEXTS = TableSchema("tess.user_texts", {"window_id": "int", "level": "str", "text": "str"})
     TEXTS.check(df)          # returns df, or raises InputDataError (a DatasetError: one line in the CLI)
+
+Besides columns and kinds a schema declares what the values must be (every check is optional):
+
+    TableSchema("m.user_table", {"y": "int", "split": "str", "q": "array[number]"},
+                patterns={r"x\\d+": "number"},          # x0, x1, ...: at least one such column
+                no_missing=("y", r"x\\d+"),             # a pattern stands for every column it matches
+                finite=("q", r"x\\d+"),                 # numeric and finite (array columns: every element)
+                ranges={"y": (0, 9)},                  # inclusive; None: unbounded (array columns: elements)
+                allowed={"split": ("train", "test")},  # no other value
+                covers={"split": ("train", "test")},   # each at least once; {"train": 64}: at least 64 rows
+                lengths={"q": None},                   # array lengths: None all equal, n exactly n,
+                                                       # (lo, hi) a range, "col" the length of column col
+                unique=("id", ("id", "level")),        # a column, or a tuple: a composite key
+                refs={"u": ("m.nodes", "node")})       # values of another table: check(df, tables={"m.nodes": nodes})
+
+``check`` also takes a mapping of equal-length arrays (an ``.npz``, a dict of tensors): each declared key
+becomes a column, one row per item (an ``N×H×W`` array gives ``N`` rows holding ``H×W`` arrays). Parameters
+that a schema depends on are added where the table is read: ``SCHEMA.refine(ranges={"y": (0, k - 1)})``
+(mapping fields are merged, the others replaced).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import json
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,59 +38,268 @@ import numpy as np
 import pandas as pd
 from kedro.io import DatasetError
 
-KINDS = ("int", "float", "number", "str", "bool", "datetime", "array", "any")
+SCALAR_KINDS = ("int", "float", "number", "str", "json", "bool", "datetime")   # json: a str that parses as JSON
+ELEMENT_KINDS = ("int", "float", "number", "bool")     # of array[<kind>]
+KINDS = (*SCALAR_KINDS, "array", *(f"array[{k}]" for k in ELEMENT_KINDS), "any")
+_ELEMENT_DTYPES = {"int": "iu", "float": "f", "number": "iuf", "bool": "b"}
 
 
 class InputDataError(DatasetError):
     """A user-supplied table does not match its schema; the message names the dataset and the column."""
 
 
+def _is_array(v: Any) -> bool:
+    return isinstance(v, list | tuple | np.ndarray)
+
+
 def _kind_ok(s: pd.Series, kind: str) -> bool:
+    return _kind_problem(s, kind) is None
+
+
+def _kind_problem(s: pd.Series, kind: str) -> tuple[str, Any] | None:
+    """None if every value of ``s`` is of ``kind``, else (what it got, the label of the first bad row or None)."""
     if kind == "any":
-        return True
-    if kind == "int":
-        return pd.api.types.is_integer_dtype(s) and not pd.api.types.is_bool_dtype(s)
-    if kind == "float":
-        return pd.api.types.is_float_dtype(s)
-    if kind == "number":
-        return pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
-    if kind == "bool":
-        return pd.api.types.is_bool_dtype(s)
-    if kind == "datetime":
-        return pd.api.types.is_datetime64_any_dtype(s)
+        return None
+    if kind in ("int", "float", "number", "bool", "datetime"):
+        ok = {"int": lambda: pd.api.types.is_integer_dtype(s) and not pd.api.types.is_bool_dtype(s),
+              "float": lambda: pd.api.types.is_float_dtype(s),
+              "number": lambda: pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s),
+              "bool": lambda: pd.api.types.is_bool_dtype(s),
+              "datetime": lambda: pd.api.types.is_datetime64_any_dtype(s)}[kind]()
+        return None if ok else (str(s.dtype), None)
     if kind == "str":
-        return pd.api.types.is_string_dtype(s) and s.map(lambda v: isinstance(v, str)).all()
-    if kind == "array":   # a list / array per row (series windows, embeddings)
-        return s.map(lambda v: isinstance(v, list | tuple | np.ndarray)).all()
+        bad = ~s.map(lambda v: isinstance(v, str)).to_numpy(bool)
+        if pd.api.types.is_string_dtype(s) and not bad.any():
+            return None
+        return str(s.dtype), (s.index[np.argmax(bad)] if bad.any() else None)
+    if kind == "json":
+        for label, v in s.items():
+            if not isinstance(v, str):
+                return f"a value of type {type(v).__name__}", label
+            try:
+                json.loads(v)
+            except json.JSONDecodeError:
+                return f"text that is not JSON ({v[:60]!r})", label
+        return None
+    if kind == "array" or (kind.startswith("array[") and kind.endswith("]") and kind[6:-1] in ELEMENT_KINDS):
+        for label, v in s.items():
+            if not _is_array(v):
+                return f"a value of type {type(v).__name__}", label
+            if kind != "array":
+                a = np.asarray(v)
+                if a.size and a.dtype.kind not in _ELEMENT_DTYPES[kind[6:-1]]:
+                    return f"elements of dtype {a.dtype}", label
+        return None
     raise ValueError(f"unknown column kind {kind!r} (one of {KINDS})")
+
+
+def _flat(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """The values of a column (every element of an array column) and the row position of each."""
+    if len(s) and s.map(_is_array).all():
+        parts = [np.asarray(v).ravel() for v in s]
+        sizes = np.fromiter((len(p) for p in parts), int, len(parts))
+        vals = np.concatenate(parts) if parts else np.empty(0)
+        return vals, np.repeat(np.arange(len(s)), sizes)
+    return s.to_numpy(), np.arange(len(s))
+
+
+def _numeric(vals: np.ndarray) -> np.ndarray:
+    if vals.dtype.kind in "iuf":
+        return vals.astype(float, copy=False)
+    return pd.to_numeric(pd.Series(vals, dtype=object), errors="coerce").to_numpy(float)
+
+
+def _bound(lo: Any, hi: Any) -> str:
+    if lo is not None and hi is not None:
+        return f"in [{lo}, {hi}]"
+    return f">= {lo}" if lo is not None else f"<= {hi}"
+
+
+def _show(values: Collection, n: int = 8) -> str:
+    vals = list(values)
+    more = f", ... ({len(vals)} values)" if len(vals) > n else ""
+    return ", ".join(map(repr, vals[:n])) + more
+
+
+def _py(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
 
 
 @dataclass(frozen=True)
 class TableSchema:
-    """Required columns and their kinds; extra columns are allowed; ``min_rows`` rows at least."""
+    """Required columns and their kinds; extra columns are allowed; ``min_rows`` rows at least; and the
+    optional value checks of the module docstring. ``item`` is the word for a column in the messages
+    ("array", "key" for a file of arrays), ``row_label`` the word for a row ("line" for JSONL, whose row
+    labels are line numbers) and ``hint`` is appended to every message (where the input format is told)."""
 
     dataset: str
-    columns: Mapping[str, str]
+    columns: Mapping[str, str] = field(default_factory=dict)
     min_rows: int = 1
     no_missing: tuple[str, ...] = field(default=())   # columns that may not hold NaN / None
+    patterns: Mapping[str, str] = field(default_factory=dict)       # regex (full match) -> kind
+    finite: tuple[str, ...] = field(default=())
+    ranges: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    allowed: Mapping[str, Collection] = field(default_factory=dict)
+    covers: Mapping[str, Collection | Mapping[Any, int]] = field(default_factory=dict)
+    lengths: Mapping[str, int | tuple[int | None, int | None] | str | None] = field(default_factory=dict)  # arrays
+    unique: tuple[str | tuple[str, ...], ...] = field(default=())
+    refs: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # column -> (dataset, its column)
+    item: str = "column"
+    row_label: str = "row"
+    hint: str = ""
 
-    def check(self, df: Any) -> pd.DataFrame:
-        if not isinstance(df, pd.DataFrame):
-            raise InputDataError(f"dataset '{self.dataset}': expected a table, got {type(df).__name__}")
-        if len(df) < self.min_rows:
-            raise InputDataError(f"dataset '{self.dataset}': {len(df)} rows, at least {self.min_rows} needed")
-        for col, kind in self.columns.items():
-            if col not in df.columns:
-                have = ", ".join(map(str, df.columns[:12]))
-                raise InputDataError(f"dataset '{self.dataset}': column '{col}' is missing (columns: {have})")
-            if not _kind_ok(df[col], kind):
-                raise InputDataError(f"dataset '{self.dataset}': column '{col}' should be {kind}, "
-                                     f"got {df[col].dtype}")
-        for col in self.no_missing:
-            n = int(df[col].isna().sum())
-            if n:
-                raise InputDataError(f"dataset '{self.dataset}': column '{col}' has {n} missing value(s)")
+    def refine(self, **changes: Any) -> TableSchema:
+        """A copy with ``changes``: mapping fields are merged into this schema's, the others replaced."""
+        for k, v in changes.items():
+            old = getattr(self, k)
+            if isinstance(old, Mapping):
+                changes[k] = {**old, **v}
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------------------------------ checks
+    def _fail(self, msg: str) -> None:
+        raise InputDataError(f"dataset '{self.dataset}': {msg}" + (f" ({self.hint})" if self.hint else ""))
+
+    def _at(self, df: pd.DataFrame, pos: int) -> str:
+        return f"{self.row_label} {_py(df.index[pos])}"
+
+    def _names(self, df: pd.DataFrame, name: str) -> list[str]:
+        """A column, or the columns matching a declared pattern."""
+        if name in self.patterns:
+            return [c for c in df.columns if isinstance(c, str) and re.fullmatch(name, c)]
+        return [name]
+
+    def _table(self, data: Mapping) -> pd.DataFrame:
+        keys = list(dict.fromkeys([*self.columns, *(k for k in data if isinstance(k, str)
+                                                    and any(re.fullmatch(p, k) for p in self.patterns))]))
+        for k in self.columns:
+            if k not in data:
+                self._fail(f"{self.item} '{k}' is missing ({self.item}s: {', '.join(map(str, list(data)[:12])) or 'none'})")
+        cols, first = {}, None
+        for k in keys:
+            v = data[k]
+            if hasattr(v, "detach"):     # a torch tensor
+                v = v.detach().cpu()
+                try:
+                    v = v.numpy()
+                except (TypeError, RuntimeError):
+                    v = v.float().numpy()
+            a = np.asarray(v)
+            if a.ndim == 0:
+                self._fail(f"{self.item} '{k}' should hold one value per row, got a scalar")
+            if first is None:
+                first = (k, len(a))
+            elif len(a) != first[1]:
+                self._fail(f"{self.item}s '{first[0]}' ({first[1]} rows) and '{k}' ({len(a)} rows) differ in length")
+            cols[k] = list(a) if a.ndim > 1 else a
+        df = pd.DataFrame(cols)
+        if len(df) < self.min_rows and cols:
+            self._fail(f"{self.item}s {', '.join(map(repr, cols))} have {len(df)} rows, "
+                       f"at least {self.min_rows} needed")
         return df
+
+    def check(self, df: Any, tables: Mapping[str, pd.DataFrame] | None = None) -> Any:
+        """``df`` if it satisfies the schema (a mapping of arrays is returned as given), else raises
+        :class:`InputDataError` naming the dataset and the column. ``tables``: the tables ``refs`` name."""
+        given = df
+        if isinstance(df, Mapping):
+            df = self._table(df)
+            have = ", ".join(map(str, list(given)[:12])) or "none"
+        elif not isinstance(df, pd.DataFrame):
+            self._fail(f"expected a table, got {type(df).__name__}")
+        else:
+            have = ", ".join(map(str, df.columns[:12]))
+        if len(df) < self.min_rows:
+            self._fail(f"{len(df)} rows, at least {self.min_rows} needed")
+        kinds = dict(self.columns)
+        for col in self.columns:
+            if col not in df.columns:
+                self._fail(f"{self.item} '{col}' is missing ({self.item}s: {have})")
+        for pat, kind in self.patterns.items():
+            matched = self._names(df, pat)
+            if not matched:
+                self._fail(f"no {self.item} matches the pattern '{pat}' ({self.item}s: {have})")
+            kinds.update({c: kind for c in matched if c not in kinds})
+        for col, kind in kinds.items():
+            bad = _kind_problem(df[col], kind)
+            if bad is not None:
+                got, label = bad
+                where = f" (first at {self.row_label} {_py(label)})" if label is not None else ""
+                self._fail(f"{self.item} '{col}' should be {kind}, got {got}{where}")
+        for col in (c for n in self.no_missing for c in self._names(df, n)):
+            miss = df[col].isna().to_numpy(bool)
+            if miss.any():
+                self._fail(f"{self.item} '{col}' has {int(miss.sum())} missing value(s) "
+                           f"(first at {self._at(df, int(np.argmax(miss)))})")
+        for col in (c for n in self.finite for c in self._names(df, n)):
+            vals, rows = _flat(df[col])
+            bad = ~np.isfinite(_numeric(vals))
+            if bad.any():
+                self._fail(f"{self.item} '{col}' has {int(bad.sum())} non-finite value(s) "
+                           f"(first at {self._at(df, rows[np.argmax(bad)])})")
+        for name, (lo, hi) in self.ranges.items():
+            for col in self._names(df, name):
+                vals, rows = _flat(df[col])
+                num = _numeric(vals)
+                with np.errstate(invalid="ignore"):
+                    ok = ~np.isnan(num)
+                    ok &= True if lo is None else num >= lo
+                    ok &= True if hi is None else num <= hi
+                if not ok.all():
+                    i = int(np.argmax(~ok))
+                    self._fail(f"{self.item} '{col}' must be {_bound(lo, hi)}; {int((~ok).sum())} value(s) are "
+                               f"not (first {_py(vals[i])!r} at {self._at(df, rows[i])})")
+        for col, values in self.allowed.items():
+            bad = ~df[col].isin(list(values)).to_numpy(bool)
+            if bad.any():
+                unknown = sorted({str(v) for v in df[col][bad]})
+                self._fail(f"{self.item} '{col}' has unknown value(s) {unknown[:3]} (allowed: {_show(values)}; "
+                           f"first at {self._at(df, int(np.argmax(bad)))})")
+        for col, need in self.covers.items():
+            need = need if isinstance(need, Mapping) else dict.fromkeys(need, 1)
+            for v, k in need.items():
+                n = int((df[col] == v).sum())
+                if n < k:
+                    self._fail(f"{self.item} '{col}' has {n or 'no'} {v!r} rows"
+                               + (f", at least {k} needed" if k > 1 else ""))
+        for col, spec in self.lengths.items():
+            lens = df[col].map(len).to_numpy(int)
+            if spec is None:
+                if len(set(lens)) > 1:
+                    self._fail(f"{self.item} '{col}' holds arrays of different lengths {sorted(set(lens.tolist()))[:4]}")
+                continue
+            if isinstance(spec, str):
+                want, what = df[spec].map(len).to_numpy(int), f"the length of {self.item} '{spec}'"
+                bad = lens != want
+            elif isinstance(spec, tuple):
+                lo, hi = spec
+                bad = ((lens < lo) if lo is not None else False) | ((lens > hi) if hi is not None else False)
+                what = f"a length {_bound(lo, hi)}"
+            else:
+                bad, what = lens != spec, f"length {spec}"
+            bad = np.asarray(bad, bool) & np.ones(len(lens), bool)
+            if bad.any():
+                i = int(np.argmax(bad))
+                self._fail(f"{self.item} '{col}' must hold arrays of {what}; {int(bad.sum())} row(s) do not "
+                           f"(first of length {lens[i]} at {self._at(df, i)})")
+        for key in self.unique:
+            cols = [key] if isinstance(key, str) else list(key)
+            dup = df.duplicated(cols).to_numpy(bool)
+            if dup.any():
+                i = int(np.argmax(dup))
+                v = tuple(_py(df[c].iloc[i]) for c in cols)
+                what = f"{self.item} '{key}' repeats {v[0]!r}" if isinstance(key, str) else \
+                    f"{self.item}s {', '.join(map(repr, cols))} repeat {v!r}"
+                self._fail(f"{what}, which must be unique (first repeat at {self._at(df, i)})")
+        for col, (other, other_col) in self.refs.items():
+            if tables is None or other not in tables:
+                raise ValueError(f"TableSchema '{self.dataset}': check needs tables={{'{other}': ...}} for refs")
+            bad = ~df[col].isin(set(tables[other][other_col])).to_numpy(bool)
+            if bad.any():
+                i = int(np.argmax(bad))
+                self._fail(f"{self.item} '{col}' names {_py(df[col].iloc[i])!r}, which is not in '{other}' "
+                           f"column '{other_col}' ({int(bad.sum())} row(s); first at {self._at(df, i)})")
+        return given
 
 
 def read_feature_csv(path: str | Path, dataset: str, columns: Mapping[str, str], min_rows: int,

@@ -40,16 +40,20 @@ def draw_demand(nv: Newsvendor, n: int, rng: np.random.Generator) -> np.ndarray:
     return nv.pareto_scale * (1.0 + rng.pareto(nv.pareto_index, n))
 
 
+DEMAND = TableSchema("credal_dro.newsvendor.user_path", {"demand": "number"}, min_rows=30, no_missing=("demand",),
+                     finite=("demand",), ranges={"demand": (0, None)})
+REGRESSION = TableSchema("credal_dro.regression.user_path", patterns={".*": "number"}, min_rows=40,
+                         no_missing=(".*",))           # every column numeric; the target and shift feature named
+CLASSIFICATION = TableSchema("credal_dro.classification.user_path", {"y": "int", "group": "int", "split": "str"},
+                             patterns={"x_.*": "number"}, min_rows=40, no_missing=("y", "group", "split", "x_.*"),
+                             allowed={"y": (0, 1, -1), "group": (0, 1), "split": ("train", "test")})
+
+
 def read_demand(path: Path) -> np.ndarray:
-    """A user demand file: CSV with a numeric, non-negative column ``demand``."""
-    ds = "credal_dro.newsvendor.user_path"
+    """A user demand file: CSV with a numeric, finite, non-negative column ``demand``."""
     if not path.is_file():
-        raise InputDataError(f"dataset '{ds}': {path} not found (a CSV with a column 'demand')")
-    df = TableSchema(ds, {"demand": "number"}, min_rows=30, no_missing=("demand",)).check(pd.read_csv(path))
-    d = df["demand"].to_numpy(float)
-    if (d < 0).any() or not np.isfinite(d).all():
-        raise InputDataError(f"dataset '{ds}': column 'demand' must be finite and >= 0")
-    return d
+        raise InputDataError(f"dataset '{DEMAND.dataset}': {path} not found (a CSV with a column 'demand')")
+    return DEMAND.check(pd.read_csv(path))["demand"].to_numpy(float)
 
 
 def make_newsvendor(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -112,10 +116,7 @@ def read_regression(p: Params) -> pd.DataFrame:
     if not path.is_file():
         raise InputDataError(f"dataset '{ds}': {path} not found (a CSV of numeric columns with '{r.target}' "
                              f"and '{r.shift_feature}')")
-    df = pd.read_csv(path)
-    TableSchema(ds, {c: "number" for c in df.columns} | {r.target: "number", r.shift_feature: "number"},
-                min_rows=40, no_missing=tuple(df.columns)).check(df)
-    return df
+    return REGRESSION.refine(columns={r.target: "number", r.shift_feature: "number"}).check(pd.read_csv(path))
 
 
 def make_regression(p: Params) -> pd.DataFrame:
@@ -181,17 +182,8 @@ def read_classification(p: Params) -> pd.DataFrame:
     path = Path(p.classification.user_path)
     if not path.is_file():
         raise InputDataError(f"dataset '{ds}': {path} not found (a CSV with x_*, y, group, split)")
-    df = pd.read_csv(path)
+    df = CLASSIFICATION.check(pd.read_csv(path))
     feats = [c for c in df.columns if str(c).startswith("x_")]
-    if not feats:
-        raise InputDataError(f"dataset '{ds}': no feature column x_* (columns: {', '.join(map(str, df.columns[:12]))})")
-    TableSchema(ds, {"y": "int", "group": "int", "split": "str", **{c: "number" for c in feats}}, min_rows=40,
-                no_missing=("y", "group", "split", *feats)).check(df)
-    for col, ok in (("y", {0, 1, -1}), ("group", {0, 1}), ("split", {"train", "test"})):
-        bad = set(df[col].unique()) - ok
-        if bad:
-            raise InputDataError(f"dataset '{ds}': column '{col}' holds {sorted(map(str, bad))[:3]}; "
-                                 f"expected values in {sorted(map(str, ok))}")
     df = df.copy()
     df["y"] = np.where(df["y"] > 0, 1, -1)
     return df[[*feats, "y", "group", "split"]]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipelines.core.schemas import InputDataError
+from pipelines.core.schemas import InputDataError, TableSchema
 from pipelines.featjnd.params import Params
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -63,13 +63,19 @@ def digits_canvas(seed: int, n_train: int, n_val: int, n_test: int, test_renders
     return out
 
 
+FORMAT = "input format: src/pipelines/featjnd/README.md"
+SPLIT_SCHEMAS = {s: TableSchema("featjnd.data.path", {f"x_{s}": "array[float]", f"y_{s}": "int"},
+                                finite=(f"x_{s}",), ranges={f"y_{s}": (0, None)}, item="key", hint=FORMAT)
+                 for s in SPLIT_NAMES}      # one image per row, its class id >= 0
+
+
 def check_tensor_file(data: object, where: str) -> dict[str, torch.Tensor]:
     """The user's tensor file checked at the door (before any training): a dict with x_{train,val,test}
     (N×C×H×W float, finite, the same C×H×W in every split), y_* (N integer class ids ≥ 0, as many as the
-    images) and optionally mask_test (N_test×H×W bool). A bad key raises InputDataError (one line in the
-    CLI) naming the dataset and the key; extra keys are ignored."""
+    images; per split :data:`SPLIT_SCHEMAS`) and optionally mask_test (N_test×H×W bool). A bad key raises
+    InputDataError (one line in the CLI) naming the dataset and the key; extra keys are ignored."""
     def fail(msg: str) -> None:
-        raise InputDataError(f"dataset '{where}': {msg} (input format: src/pipelines/featjnd/README.md)")
+        raise InputDataError(f"dataset '{where}': {msg} ({FORMAT})")
 
     def desc(t: object) -> str:
         return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -78,28 +84,16 @@ def check_tensor_file(data: object, where: str) -> dict[str, torch.Tensor]:
         fail(f"expected a dict of tensors, got {type(data).__name__}")
     chw = None
     for split in SPLIT_NAMES:
-        xk, yk = f"x_{split}", f"y_{split}"
-        for k in (xk, yk):
-            if k not in data:
-                fail(f"key '{k}' is missing (keys: {', '.join(map(str, list(data)[:12]))})")
-        x, y = data[xk], data[yk]
-        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 4 and len(x) > 0):
-            fail(f"key '{xk}' should be a non-empty float tensor N×C×H×W, got {desc(x)}")
+        SPLIT_SCHEMAS[split].refine(dataset=where).check(data)
+        xk, x = f"x_{split}", data[f"x_{split}"]
+        if not (isinstance(x, torch.Tensor) and x.dim() == 4):
+            fail(f"key '{xk}' should be a float tensor N×C×H×W, got {desc(x)}")
         if min(x.shape[2:]) < 4:
             fail(f"key '{xk}' has images of {x.shape[2]}×{x.shape[3]}; at least 4×4 is needed (two stride-2 convs)")
         if chw is None:
             chw = tuple(x.shape[1:])
         elif tuple(x.shape[1:]) != chw:
             fail(f"key '{xk}' has images of C×H×W {tuple(x.shape[1:])}, x_train has {chw}")
-        if not torch.isfinite(x).all():
-            fail(f"key '{xk}' has {int((~torch.isfinite(x)).sum())} non-finite value(s)")
-        if not (isinstance(y, torch.Tensor) and y.dim() == 1 and not y.is_floating_point()
-                and not y.is_complex() and y.dtype != torch.bool):
-            fail(f"key '{yk}' should be an integer tensor of class ids (N,), got {desc(y)}")
-        if len(y) != len(x):
-            fail(f"key '{yk}' has {len(y)} labels for {len(x)} images in '{xk}'")
-        if (y < 0).any():
-            fail(f"key '{yk}' has negative class ids (min {int(y.min())})")
     if "mask_test" in data:
         m, n = data["mask_test"], len(data["x_test"])
         if not (isinstance(m, torch.Tensor) and m.dtype == torch.bool and tuple(m.shape) == (n, *chw[1:])):
@@ -122,7 +116,7 @@ def load_tensor_file(path: str) -> dict[str, torch.Tensor]:
     data = check_tensor_file(data, where)
     out = {k: v for k, v in data.items() if k.startswith(("x_", "y_", "mask_"))}
     for split in SPLIT_NAMES:  # the models are float32 and the losses take long class ids
-        out[f"x_{split}"], out[f"y_{split}"] = out[f"x_{split}"].float(), out[f"y_{split}"].long()
+        out[f"x_{split}"], out[f"y_{split}"] = out[f"x_{split}"].float(), torch.as_tensor(out[f"y_{split}"]).long()
     if "mask_test" not in out:  # no object mask: E2's bg/fg ratio is then undefined (NaN)
         x = out["x_test"]
         out["mask_test"] = torch.zeros(x.shape[0], *x.shape[2:], dtype=torch.bool)

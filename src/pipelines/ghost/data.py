@@ -9,11 +9,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import TableSchema
 from pipelines.ghost.params import Params
 
 SPLITS = ("train", "val", "calib", "test")
-USER_SCHEMA_COLUMNS = {"split": "str", "tokens": "array"}
+USER_CORPUS = TableSchema("ghost.user_corpus", {"split": "str", "tokens": "array[int]"}, min_rows=4,
+                          no_missing=("split", "tokens"), allowed={"split": SPLITS}, covers={"split": SPLITS})
 
 
 def topic_world(p: Params) -> dict[str, np.ndarray]:
@@ -115,22 +116,12 @@ def make_corpus(p: Params) -> dict[str, torch.Tensor]:
 def load_user_corpus(df: pd.DataFrame, p: Params, name: str = "ghost.user_corpus") -> dict[str, torch.Tensor]:
     """A user's token table: column ``split`` (train / val / calib / test), column ``tokens`` (a list of
     ints in [0, vocab_size), all of length ``data.seq_len``). Errors name the dataset and the column."""
-    TableSchema(name, USER_SCHEMA_COLUMNS, min_rows=4, no_missing=("split", "tokens")).check(df)
-    bad = sorted(set(df["split"]) - set(SPLITS))
-    if bad:
-        raise InputDataError(f"dataset '{name}': column 'split' has unknown value(s) {bad} (use {SPLITS})")
+    d = p.data
+    USER_CORPUS.refine(dataset=name, lengths={"tokens": d.seq_len}, ranges={"tokens": (0, d.vocab_size - 1)}).check(df)
     out: dict[str, torch.Tensor] = {}
     for split in SPLITS:
         rows = df[df["split"] == split]["tokens"].tolist()
-        if not rows:
-            raise InputDataError(f"dataset '{name}': column 'split' has no '{split}' rows")
-        if any(len(r) != p.data.seq_len for r in rows):
-            raise InputDataError(f"dataset '{name}': column 'tokens' must hold sequences of data.seq_len = "
-                                 f"{p.data.seq_len} tokens")
         arr = np.asarray([np.asarray(r) for r in rows])
-        if not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr.max() >= p.data.vocab_size:
-            raise InputDataError(f"dataset '{name}': column 'tokens' must hold integers in [0, "
-                                 f"{p.data.vocab_size})")
         out[split] = torch.from_numpy(arr.astype(np.int64))
         out[f"topics_{split}"] = torch.zeros(len(rows), dtype=torch.long)   # unknown: no OOD split
     return out

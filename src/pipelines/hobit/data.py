@@ -12,8 +12,10 @@ from pipelines.core.schemas import InputDataError, TableSchema
 from pipelines.hobit.params import Params
 
 SHARED = -1                     # the seed value of a table every seed uses (the user's pairs)
-PAIRS_SCHEMA = dict(columns={"split": "str", "fact": "int", "q": "array", "d": "array"},
-                    no_missing=("split", "fact"))
+PAIRS_SCHEMA = TableSchema("hobit.data.user_path",
+                           {"split": "str", "fact": "int", "q": "array[number]", "d": "array[number]"},
+                           min_rows=4, no_missing=("split", "fact"), allowed={"split": ("train", "test")},
+                           covers={"split": ("train", "test")}, lengths={"q": None, "d": None}, finite=("q", "d"))
 
 
 def synth_pairs(p: Params, seed: int) -> pd.DataFrame:
@@ -51,25 +53,10 @@ def synth_pairs(p: Params, seed: int) -> pd.DataFrame:
 
 
 def check_pairs(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    """A user table of pairs: ``split`` (train/test), ``fact`` (int; pairs with the same id are duplicates,
-    i.e. each other's positives), ``q`` and ``d`` (equal-length float vectors). Raises InputDataError
-    naming the dataset and the column."""
-    TableSchema(name, min_rows=4, **PAIRS_SCHEMA).check(df)
-    bad = sorted(set(df["split"]) - {"train", "test"})
-    if bad:
-        raise InputDataError(f"dataset '{name}': column 'split' has values {bad[:3]} (expected train/test)")
-    for s in ("train", "test"):
-        if not (df["split"] == s).any():
-            raise InputDataError(f"dataset '{name}': column 'split' has no '{s}' rows")
-    for col in ("q", "d"):
-        lens = df[col].map(len)
-        if lens.nunique() != 1:
-            raise InputDataError(f"dataset '{name}': column '{col}' holds vectors of different lengths "
-                                 f"{sorted(lens.unique())[:4]}")
-        arr = np.stack(df[col].to_numpy())
-        if arr.dtype.kind not in "iuf" or not np.isfinite(arr).all():
-            raise InputDataError(f"dataset '{name}': column '{col}' has non-numeric or non-finite values")
-    return df
+    """A user table of pairs (:data:`PAIRS_SCHEMA`): ``split`` (train/test, both present), ``fact`` (int; pairs
+    with the same id are duplicates, i.e. each other's positives), ``q`` and ``d`` (equal-length vectors of
+    finite numbers). Raises InputDataError naming the dataset and the column."""
+    return PAIRS_SCHEMA.refine(dataset=name).check(df)
 
 
 def make_pairs(p: Params) -> pd.DataFrame:

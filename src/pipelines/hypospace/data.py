@@ -114,26 +114,22 @@ def build_domain(p: Params, domain: str, user: pd.DataFrame | None = None) -> tu
     return pd.DataFrame(obs_rows, columns=OBS_COLUMNS), pd.concat(adm, ignore_index=True)
 
 
-USER_SCHEMA = {"domain": "str", "config": "str", "domain_config": "str", "obs_id": "str", "obs": "str"}
+USER_SCHEMA = TableSchema("hypospace.user_observations",
+                          {"domain": "str", "config": "str", "domain_config": "json", "obs_id": "str", "obs": "json"},
+                          no_missing=("domain", "config", "domain_config", "obs_id", "obs"))
 
 
 def read_user_observations(path: str | Path, domain: str) -> pd.DataFrame:
     """User observation sets (full env): a CSV with columns domain, config (a label), domain_config (JSON
     of the domain's settings, e.g. {"n": 5}), obs_id and obs (JSON, the format of the generated sets;
-    see README). Rows of other domains are ignored. Checked before anything runs."""
-    ds = f"hypospace.user_observations ({path})"
+    see README), checked (:data:`USER_SCHEMA`, every row) before anything runs; rows of other domains are then
+    ignored."""
+    ds = f"{USER_SCHEMA.dataset} ({path})"
     path = Path(path)
     if not path.is_file():
         raise InputDataError(f"dataset '{ds}': file not found")
-    df = TableSchema(ds, USER_SCHEMA, no_missing=tuple(USER_SCHEMA)).check(pd.read_csv(path, dtype=str))
-    df = df[df["domain"] == domain]
-    for col in ("domain_config", "obs"):
-        for r, s in zip(df.index, df[col]):
-            try:
-                json.loads(s)
-            except json.JSONDecodeError:
-                raise InputDataError(f"dataset '{ds}': column '{col}', row {r}: not JSON ({s[:60]!r})") from None
-    return df
+    df = USER_SCHEMA.refine(dataset=ds).check(pd.read_csv(path, dtype=str))
+    return df[df["domain"] == domain]
 
 
 ADMISSIBLE_COLUMNS = ["obs_id", "seed", "key", "complexity", "stratum"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import TableSchema
 from pipelines.medtpe.params import Params
 
 QUESTIONS = {
@@ -95,7 +95,8 @@ def stdlib_docstrings(max_bytes: int) -> list[str]:
 
 CORPUS_SCHEMA = TableSchema("medtpe.general_corpus", {"text": "str"}, no_missing=("text",))
 EHR_SCHEMA = TableSchema("medtpe.ehr", {"record_id": "int", "split": "str", "text": "str",
-                                        "mortality": "int", "long_stay": "int"}, min_rows=4)
+                                        "mortality": "int", "long_stay": "int"}, min_rows=4,
+                         covers={"split": ("train", "test")})
 
 
 def general_corpus(p: Params) -> pd.DataFrame:
@@ -210,8 +211,6 @@ def make_ehr(p: Params) -> pd.DataFrame:
     d = p.data
     if d.ehr_path:
         df = EHR_SCHEMA.check(pd.read_parquet(d.ehr_path))
-        if not {"train", "test"} <= set(df["split"]):
-            raise InputDataError("dataset medtpe.ehr: column 'split' needs both 'train' and 'test' rows")
         return df.reset_index(drop=True)
     rng = np.random.default_rng(d.seed)
     labs = list(LABS)[:d.n_labs]

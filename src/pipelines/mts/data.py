@@ -11,7 +11,8 @@ from pipelines.mts.params import QUALITIES, Params
 
 N_PIX = 64
 XCOLS = [f"x{i}" for i in range(N_PIX)]
-USER_POOL = TableSchema("mts.pool (data.path)", {"y": "int", "is_syn": "bool", "split": "str"}, min_rows=10)
+USER_POOL = TableSchema("mts.pool (data.path)", {"y": "int", "is_syn": "bool", "split": "str"}, min_rows=10,
+                        patterns={"x.*": "number"}, allowed={"split": ("train", "meta", "test")})   # features x0, x1, ...
 
 
 def _shift(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -107,14 +108,7 @@ def _user_pool(p: Params, seed: int) -> pd.DataFrame:
         raise InputDataError(f"dataset 'mts.pool (data.path)': file {path} not found")
     df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     USER_POOL.check(df)
-    from pipelines.core.schemas import InputDataError
     xcols = [c for c in df.columns if str(c).startswith("x")]
-    if not xcols:
-        raise InputDataError("dataset 'mts.pool (data.path)': no feature columns x0, x1, ...")
-    bad = set(df["split"]) - {"train", "meta", "test"}
-    if bad:
-        raise InputDataError(f"dataset 'mts.pool (data.path)': column 'split' has values {sorted(bad)} "
-                             "(train, meta, test)")
     if "quality" not in df:
         df = df.assign(quality=np.where(df["is_syn"], "unknown", "real"))
     out = df[xcols + ["y", "is_syn", "quality", "split"]].copy()

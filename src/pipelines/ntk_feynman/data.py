@@ -8,20 +8,18 @@ import pandas as pd
 from pipelines.core.schemas import InputDataError, TableSchema
 from pipelines.ntk_feynman.params import Params
 
+INPUTS = TableSchema("ntk_feynman.data.inputs_path")     # columns x_0..x_{n0-1}: numeric, finite
+
 
 def input_schema(n0: int) -> TableSchema:
-    return TableSchema("ntk_feynman.data.inputs_path", {f"x_{j}": "number" for j in range(n0)},
-                       no_missing=tuple(f"x_{j}" for j in range(n0)))
+    cols = tuple(f"x_{j}" for j in range(n0))
+    return INPUTS.refine(columns=dict.fromkeys(cols, "number"), no_missing=cols, finite=cols)
 
 
 def check_inputs(df: pd.DataFrame, n0: int) -> np.ndarray:
     """A user's input table (one input per row, columns x_0..x_{n0-1}) as an (m, n0) float array."""
     input_schema(n0).check(df)
     X = df[[f"x_{j}" for j in range(n0)]].to_numpy(float)
-    bad = ~np.isfinite(X).all(1)
-    if bad.any():
-        raise InputDataError(f"dataset 'ntk_feynman.data.inputs_path': row {int(np.argmax(bad))} "
-                             "has a non-finite value")
     zero = (X**2).sum(1) == 0
     if zero.any():
         raise InputDataError(f"dataset 'ntk_feynman.data.inputs_path': row {int(np.argmax(zero))} is the zero vector "

@@ -57,26 +57,22 @@ def make_task(p: Params) -> dict:
             "flip_frac": (y != base).double().mean()}
 
 
-def user_schema(n_in: int) -> TableSchema:
-    return TableSchema("prism.user_table", {**{f"x{i}": "number" for i in range(n_in)}, "y": "int", "split": "str"},
-                       min_rows=10, no_missing=("y", "split"))
+USER_TABLE = TableSchema("prism.user_table", {"y": "int", "split": "str"}, min_rows=10, no_missing=("y", "split"),
+                         allowed={"split": ("public", "train", "test")})     # features x0..x{n_in-1}, y < n_classes
+
+
+def user_schema(n_in: int, n_classes: int) -> TableSchema:
+    return USER_TABLE.refine(columns={f"x{i}": "number" for i in range(n_in)}, ranges={"y": (0, n_classes - 1)})
 
 
 def load_user_task(p: Params) -> dict:
     """A user table (full env): features x0..x{d-1}, integer label y in [0, n_classes), split in
     {public, train, test}. The base MLP (same shape as the teacher) is fit without privacy on `public`;
     DP fine-tuning uses `train`; accuracy is measured on `test`."""
-    from pipelines.core.schemas import InputDataError
     from pipelines.core.training import fit
 
     d = p.data
-    df = user_schema(d.n_in).check(pd.read_parquet(d.path))
-    bad = set(df["split"].unique()) - {"public", "train", "test"}
-    if bad:
-        raise InputDataError(f"dataset 'prism.user_table': column 'split' has values {sorted(bad)} "
-                             "(expected public, train, test)")
-    if df["y"].min() < 0 or df["y"].max() >= d.n_classes:
-        raise InputDataError(f"dataset 'prism.user_table': column 'y' outside [0, {d.n_classes})")
+    df = user_schema(d.n_in, d.n_classes).check(pd.read_parquet(d.path))
     cols = [f"x{i}" for i in range(d.n_in)]
     t = {s: (torch.tensor(g[cols].to_numpy(float)), torch.tensor(g["y"].to_numpy()))
          for s, g in df.groupby("split")}

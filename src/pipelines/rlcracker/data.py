@@ -9,11 +9,12 @@ import pandas as pd
 from pipelines.core.schemas import TableSchema
 from pipelines.rlcracker.params import Params
 
+SPLITS = ("train", "wm_train", "test")
 CORPUS = TableSchema("rlcracker.wm_corpus", {"split": "str", "question": "str", "answer": "str"},
-                     min_rows=4, no_missing=("split", "question", "answer"))
+                     min_rows=4, no_missing=("split", "question", "answer"), allowed={"split": SPLITS},
+                     covers={"split": SPLITS})
 LEXICON = TableSchema("rlcracker.lexicon", {"token": "str", "concept": "str"}, min_rows=2,
                       no_missing=("token", "concept"))
-SPLITS = ("train", "wm_train", "test")
 
 
 def token_name(concept: int, synonym: int) -> str:
@@ -65,12 +66,4 @@ def load_corpus(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
         return synthetic_language(p)
     corpus = CORPUS.check(pd.read_parquet(p.data.corpus_path))
     lexicon = LEXICON.check(pd.read_parquet(p.data.lexicon_path))
-    bad = sorted(set(corpus["split"]) - set(SPLITS))
-    if bad:
-        from pipelines.core.schemas import InputDataError
-        raise InputDataError(f"dataset 'rlcracker.wm_corpus': column 'split' has values {bad}; use {list(SPLITS)}")
-    for split in SPLITS:
-        if not (corpus["split"] == split).any():
-            from pipelines.core.schemas import InputDataError
-            raise InputDataError(f"dataset 'rlcracker.wm_corpus': column 'split' has no '{split}' rows")
     return lexicon.reset_index(drop=True), corpus.reset_index(drop=True)

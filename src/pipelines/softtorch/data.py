@@ -4,25 +4,22 @@ Train and test sequences draw their images from disjoint halves of the image poo
 import numpy as np
 import torch
 
+from pipelines.core.schemas import TableSchema
 from pipelines.softtorch.params import Params
+
+DIGITS_CSV = TableSchema("softtorch.digits.user_csv", {"label": "int"}, min_rows=20, no_missing=("label",),
+                         ranges={"label": (0, 9)}, covers={"label": tuple(range(10))})   # pixels p0..p{h·w−1}
 
 
 def load_user_digits(path: str, shape: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """A user CSV of single-digit images: ``label`` (int 0–9) and ``p0`` … ``p{h·w−1}`` (numbers, any
-    scale: each image is divided by the table's max), checked with core's TableSchema."""
+    """A user CSV of single-digit images: ``label`` (int 0–9, each digit present) and ``p0`` … ``p{h·w−1}``
+    (numbers, any scale: each image is divided by the table's max), checked with :data:`DIGITS_CSV`."""
     import pandas as pd
 
-    from pipelines.core.schemas import InputDataError, TableSchema
-
     h, w = shape
-    cols = {"label": "int", **{f"p{i}": "number" for i in range(h * w)}}
-    df = TableSchema("softtorch.digits.user_csv", cols, min_rows=20, no_missing=tuple(cols)).check(pd.read_csv(path))
-    bad = ~df["label"].between(0, 9)
-    if bad.any():
-        raise InputDataError(f"dataset 'softtorch.digits.user_csv': column 'label' must be 0-9 "
-                             f"(row {int(np.flatnonzero(bad.to_numpy())[0])})")
-    if df["label"].nunique() < 10:
-        raise InputDataError("dataset 'softtorch.digits.user_csv': column 'label' must contain all ten digits")
+    px_cols = tuple(f"p{i}" for i in range(h * w))
+    schema = DIGITS_CSV.refine(columns=dict.fromkeys(px_cols, "number"), no_missing=("label", *px_cols))
+    df = schema.check(pd.read_csv(path))
     px = df[[f"p{i}" for i in range(h * w)]].to_numpy(np.float32)
     return (px / max(float(px.max()), 1e-12)).reshape(-1, h, w), df["label"].to_numpy()
 

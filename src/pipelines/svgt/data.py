@@ -26,7 +26,9 @@ SPLITS = ("pretrain", "value", "bridge", "value_eval_id", "value_eval_ood", "eva
           "eval_harm_newverb", "eval_benign", "eval_lookalike")
 CORPUS = TableSchema("svgt.corpus", {"split": "str", "prompt": "str", "response": "str", "harmful_prompt": "bool",
                                      "harmful_response": "bool", "refusal": "bool", "wrapper": "str",
-                                     "request": "str", "sys": "bool"}, no_missing=("prompt", "response", "split"))
+                                     "request": "str", "sys": "bool"}, no_missing=("prompt", "response", "split"),
+                    allowed={"split": SPLITS},
+                    covers={"split": ("pretrain", "value", "bridge", "eval_harm_id", "eval_benign")})
 
 
 def harm_answer(verb: str, target: str) -> str:
@@ -162,13 +164,5 @@ def load_user_corpus(path: str) -> pd.DataFrame:
 
 
 def check_corpus(df: pd.DataFrame) -> pd.DataFrame:
-    df = CORPUS.check(df)
-    bad = sorted(set(df["split"]) - set(SPLITS))
-    if bad:
-        from pipelines.core.schemas import InputDataError
-        raise InputDataError(f"dataset 'svgt.corpus': column 'split' has unknown value(s) {bad} (known: {SPLITS})")
-    for need in ("pretrain", "value", "bridge", "eval_harm_id", "eval_benign"):
-        if not (df["split"] == need).any():
-            from pipelines.core.schemas import InputDataError
-            raise InputDataError(f"dataset 'svgt.corpus': column 'split' has no '{need}' rows")
-    return df.reset_index(drop=True)
+    """Columns, kinds, known splits and the splits every run needs (:data:`CORPUS`)."""
+    return CORPUS.check(df).reset_index(drop=True)

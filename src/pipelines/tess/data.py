@@ -84,8 +84,13 @@ def generate_windows(p: Params) -> pd.DataFrame:
 
 USER_WINDOWS = "tess.user_windows"
 USER_TEXTS = "tess.user_texts"
-WINDOWS_SCHEMA = {"window_id": "int", "split": "str", "x": "array", "y": "array"}
-TEXTS_SCHEMA = {"window_id": "int", "level": "str", "text": "str"}
+WINDOWS_SCHEMA = TableSchema(USER_WINDOWS, {"window_id": "int", "split": "str", "x": "array", "y": "array"},
+                             min_rows=3, no_missing=("window_id", "split", "x", "y"), unique=("window_id",),
+                             allowed={"split": ("train", "val", "test")}, covers={"split": ("train", "test")},
+                             lengths={"x": None, "y": None})     # one history length L, one horizon H
+TEXTS_SCHEMA = TableSchema(USER_TEXTS, {"window_id": "int", "level": "str", "text": "str"},
+                           no_missing=("window_id", "level", "text"), allowed={"level": LEVELS},
+                           unique=(("window_id", "level"),))
 
 
 def _read_user_table(path: str, dataset: str) -> pd.DataFrame:
@@ -96,26 +101,13 @@ def _read_user_table(path: str, dataset: str) -> pd.DataFrame:
 
 
 def check_user_windows(df: pd.DataFrame, dataset: str = USER_WINDOWS) -> pd.DataFrame:
-    """Columns and kinds (core.schemas), then what the method needs: unique ids, known splits, one history
-    length and one horizon for every window, a train and a test split."""
-    TableSchema(dataset, WINDOWS_SCHEMA, min_rows=3, no_missing=tuple(WINDOWS_SCHEMA)).check(df)
-    if df["window_id"].duplicated().any():
-        raise InputDataError(f"dataset '{dataset}': column 'window_id' has duplicate ids")
-    bad = sorted(set(df["split"]) - {"train", "val", "test"})
-    if bad:
-        raise InputDataError(f"dataset '{dataset}': column 'split' has values {bad[:3]} (train, val or test)")
-    for part in ("train", "test"):
-        if not (df["split"] == part).any():
-            raise InputDataError(f"dataset '{dataset}': column 'split' has no '{part}' window")
-    cols = ["x", "y"] + (["y_no_event"] if "y_no_event" in df else [])
-    for col in cols:
-        lengths = df[col].map(len)
-        if lengths.nunique() != 1:
-            raise InputDataError(f"dataset '{dataset}': column '{col}' holds lists of different lengths "
-                                 f"({sorted(lengths.unique())[:4]})")
-    if "y_no_event" in df and len(df["y_no_event"].iloc[0]) != len(df["y"].iloc[0]):
-        raise InputDataError(f"dataset '{dataset}': column 'y_no_event' must have the length of column 'y'")
-    return df
+    """Columns and kinds and what the method needs (:data:`WINDOWS_SCHEMA`): unique ids, known splits, one
+    history length and one horizon for every window, a train and a test split; an optional counterfactual
+    ``y_no_event`` of the horizon's length."""
+    schema = WINDOWS_SCHEMA.refine(dataset=dataset)
+    if "y_no_event" in df:
+        schema = schema.refine(columns={"y_no_event": "array"}, lengths={"y_no_event": "y"})
+    return schema.check(df)
 
 
 def load_user_windows(path: str) -> pd.DataFrame:
@@ -133,13 +125,9 @@ def load_user_windows(path: str) -> pd.DataFrame:
 
 
 def check_user_texts(texts: pd.DataFrame, windows: pd.DataFrame, dataset: str = USER_TEXTS) -> pd.DataFrame:
-    """Columns and kinds, then: one level-A text for every window (the levels B–E are optional)."""
-    TableSchema(dataset, TEXTS_SCHEMA, no_missing=tuple(TEXTS_SCHEMA)).check(texts)
-    bad = sorted(set(texts["level"]) - set(LEVELS))
-    if bad:
-        raise InputDataError(f"dataset '{dataset}': column 'level' has values {bad[:3]} (A, B, C, D or E)")
-    if texts.duplicated(["window_id", "level"]).any():
-        raise InputDataError(f"dataset '{dataset}': column 'level' has more than one text per (window_id, level)")
+    """Columns, kinds, known levels, one text per (window_id, level) (:data:`TEXTS_SCHEMA`), then: one
+    level-A text for every window (the levels B–E are optional)."""
+    TEXTS_SCHEMA.refine(dataset=dataset).check(texts)
     have_a = set(texts.loc[texts["level"] == "A", "window_id"])
     missing = [int(w) for w in windows["window_id"] if w not in have_a]
     if missing:

@@ -16,9 +16,10 @@ AGENTS = TableSchema("trsp.user_agents", {"sx": "number", "sy": "number", "tx": 
 CANDIDATES = TableSchema("trsp.user_candidates", {"x": "number", "y": "number"}, min_rows=2,
                          no_missing=("x", "y"))
 NODES = TableSchema("trsp.user_graph_nodes", {"node": "int", "x": "number", "y": "number"}, min_rows=2,
-                    no_missing=("x", "y"))
+                    no_missing=("x", "y"), unique=("node",))
 EDGES = TableSchema("trsp.user_graph_edges", {"u": "int", "v": "int", "length_km": "number"}, min_rows=1,
-                    no_missing=("length_km",))
+                    no_missing=("length_km",), finite=("length_km",), ranges={"length_km": (0, None)},
+                    refs={"u": (NODES.dataset, "node"), "v": (NODES.dataset, "node")})
 GRAPH_COLUMNS = ["kind", "node", "x", "y", "u", "v", "length_km"]
 
 # City layout on [0, L]² as fractions of L: three residential clusters, a remote minority suburb and
@@ -149,17 +150,7 @@ def make_graph(p: Params) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("x", "y", "length_km") else
                                           ("object" if c == "kind" else "int64")) for c in GRAPH_COLUMNS})
     nodes = NODES.check(read_table(u.graph_nodes_path, NODES.dataset))
-    edges = EDGES.check(read_table(u.graph_edges_path, EDGES.dataset))
-    if nodes.node.duplicated().any():
-        raise InputDataError(f"dataset 'trsp.user_graph_nodes': column 'node' repeats id {nodes.node[nodes.node.duplicated()].iloc[0]}")
-    known = set(nodes.node)
-    for col in ("u", "v"):
-        bad = ~edges[col].isin(known)
-        if bad.any():
-            raise InputDataError(f"dataset 'trsp.user_graph_edges': column '{col}' names node {edges[col][bad].iloc[0]}, "
-                                 "which is not in trsp.user_graph_nodes")
-    if not np.isfinite(edges.length_km).all() or (edges.length_km < 0).any():
-        raise InputDataError("dataset 'trsp.user_graph_edges': column 'length_km' must be finite and >= 0")
+    edges = EDGES.check(read_table(u.graph_edges_path, EDGES.dataset), tables={NODES.dataset: nodes})
     return pd.concat([nodes[["node", "x", "y"]].assign(kind="node"),
                       edges[["u", "v", "length_km"]].assign(kind="edge")], ignore_index=True)[GRAPH_COLUMNS]
 

@@ -75,15 +75,22 @@ def layout_sequence(regime: str, prompt: list[int], answer: list[int], v: Vocab,
     return seq + [v.pad] * (seq_len - len(seq))
 
 
-def _schema(split: str, path: str) -> TableSchema:
-    return TableSchema(f"wedlm.{split} ({path})", {"regime": "str", "prompt": "array", "answer": "array"},
-                       no_missing=("regime", "prompt", "answer"))
+SCHEMA = TableSchema("wedlm.file", {"regime": "str", "prompt": "array[int]", "answer": "array[int]"},
+                     no_missing=("regime", "prompt", "answer"), row_label="line")
+
+
+def _schema(split: str, path: str, d) -> TableSchema:
+    """:data:`SCHEMA` with the bounds of ``p.data``: known regimes, token ids in [0, n_symbols), a prompt of at
+    most prompt_len − 2 symbols (the regime tag and the separator take two places)."""
+    return SCHEMA.refine(dataset=f"wedlm.{split} ({path})", allowed={"regime": tuple(d.regimes)},
+                         ranges={"prompt": (0, d.n_symbols - 1), "answer": (0, d.n_symbols - 1)},
+                         lengths={"prompt": (None, d.prompt_len - 2)})
 
 
 def read_jsonl(path: str, split: str, p: Params) -> pd.DataFrame:
-    """A user's JSONL file as a table (regime, prompt, answer), checked at the door: the columns and
-    their kinds (core.schemas), then every row's regime, token range and lengths. A bad file stops the
-    run with one line naming the file, the line and the column."""
+    """A user's JSONL file as a table (regime, prompt, answer; its row labels are the line numbers),
+    checked at the door: columns, kinds, regimes, token range and prompt length (core.schemas), then every
+    row's answer length. A bad file stops the run with one line naming the file, the line and the column."""
     d = p.data
     name = f"wedlm.{split} ({path})"
     try:
@@ -100,20 +107,11 @@ def read_jsonl(path: str, split: str, p: Params) -> pd.DataFrame:
         if not isinstance(r, dict):
             raise InputDataError(f"dataset '{name}': line {lineno} is not a JSON object")
         records.append(r)
-    df = _schema(split, path).check(pd.DataFrame.from_records(records) if records else pd.DataFrame())
-    for lineno, (regime, prompt, answer) in zip((n for n, _ in lines), df[["regime", "prompt", "answer"]].itertuples(index=False)):
-        where = f"dataset '{name}': line {lineno}"
-        if regime not in d.regimes:
-            raise InputDataError(f"{where}: column 'regime' value {regime!r} is not in data.regimes")
-        for col, toks in (("prompt", prompt), ("answer", answer)):
-            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < d.n_symbols for t in toks):
-                raise InputDataError(f"{where}: column '{col}' token ids must be integers in "
-                                     f"[0, data.n_symbols={d.n_symbols})")
-        if len(prompt) > d.prompt_len - 2:
-            raise InputDataError(f"{where}: column 'prompt' has {len(prompt)} tokens, at most "
-                                 f"data.prompt_len - 2 = {d.prompt_len - 2}")
+    table = pd.DataFrame.from_records(records, index=[n for n, _ in lines]) if records else pd.DataFrame()
+    df = _schema(split, path, d).check(table)
+    for lineno, regime, answer in zip(df.index, df["regime"], df["answer"]):
         if len(answer) != d.answer_len[regime]:
-            raise InputDataError(f"{where}: column 'answer' has {len(answer)} tokens, "
+            raise InputDataError(f"dataset '{name}': line {lineno}: column 'answer' has {len(answer)} tokens, "
                                  f"data.answer_len[{regime!r}] = {d.answer_len[regime]}")
     return pd.DataFrame({"regime": df["regime"].astype(str), "prompt": [list(x) for x in df["prompt"]],
                          "answer": [list(x) for x in df["answer"]]})

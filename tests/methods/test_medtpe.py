@@ -305,3 +305,31 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
     p = Params.model_validate({**RAW, "data": {**RAW["data"], "ehr_path": str(path)}})
     with pytest.raises(InputDataError, match=r"medtpe\.ehr.*long_stay"):
         make_ehr(p)
+
+
+# ------------------------------------------------------------------------------------------------ test resolution
+def test_per_seed_test_shards_are_disjoint_and_cover_the_test_set():
+    from pipelines.medtpe.data import make_ehr
+    from pipelines.medtpe.train import test_stays
+
+    p = Params.model_validate({**RAW, "seeds": [0, 1, 2]})
+    ehr = make_ehr(p)
+    shards = [set(test_stays(ehr, p, s)["record_id"]) for s in p.seeds]
+    assert sum(map(len, shards)) == p.data.n_test
+    assert set().union(*shards) == set(ehr[ehr.split == "test"]["record_id"])
+    assert not (shards[0] & shards[1]) and not (shards[1] & shards[2])
+    shared = Params.model_validate({**RAW, "seeds": [0, 1], "data": {**RAW["data"], "test_split": "shared"}})
+    assert len(test_stays(ehr, shared, 1)) == p.data.n_test
+
+
+def test_hanley_mcneil_se_matches_a_bootstrap():
+    from sklearn.metrics import roc_auc_score
+
+    from pipelines.medtpe.evaluate import hanley_mcneil_se
+
+    rng = np.random.default_rng(0)
+    y = (rng.random(3000) < 0.13).astype(int)
+    s = rng.normal(size=3000) + 0.9 * y
+    auc = roc_auc_score(y, s)
+    boot = [roc_auc_score(y[i], s[i]) for i in (rng.integers(0, 3000, 3000) for _ in range(300))]
+    assert hanley_mcneil_se(auc, int(y.sum()), int(len(y) - y.sum())) == pytest.approx(np.std(boot), rel=0.25)

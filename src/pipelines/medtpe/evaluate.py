@@ -2,6 +2,8 @@
 token length, prefill latency, AUROC and format compliance vs the original tokeniser and token dropping)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -166,6 +168,37 @@ def derived(p: Params) -> list:
         out += [Diff(col, v, "medtpe_init", name=f"delta.{col}.{v}_minus_medtpe_init")
                 for v in ("medtpe", "medtpe_hard", "extend", "full_ft")]
     out.append(Fn(timing_metrics, timing_names, inputs=["timing"]))
+    out.append(Fn(resolution_metrics, resolution_names, inputs=["original"]))
+    return out
+
+
+def hanley_mcneil_se(auc: float, n_pos: int, n_neg: int) -> float:
+    """Standard error of an AUROC from its value and the class counts (Hanley & McNeil 1982)."""
+    if not (n_pos and n_neg) or math.isnan(auc):
+        return float("nan")
+    q1, q2 = auc / (2 - auc), 2 * auc ** 2 / (1 + auc)
+    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc ** 2) + (n_neg - 1) * (q2 - auc ** 2)) / (n_pos * n_neg)
+    return math.sqrt(max(var, 0.0))
+
+
+def resolution_names(p: Params, planned) -> list[str]:
+    return [f"{k}.{t}.original" for t in p.tasks for k in ("auroc_halfwidth", "test_cases", "test_positives")]
+
+
+def resolution_metrics(values, p: Params, original: pd.DataFrame) -> dict[str, float]:
+    """How finely the test set resolves an AUROC (gate `auroc_resolves_deltas`): the base model's AUROC on
+    every test stay (all seeds' shards pooled, each stay once), 1.96 x its Hanley-McNeil standard error
+    (the 95% test-sampling half-width), and the number of test stays and positives."""
+    d = original.drop_duplicates(["task", "record_id"])
+    out = {}
+    for task in p.tasks:
+        dt = d[d.task == task]
+        y = dt["label"].to_numpy()
+        n_pos, n_neg = int(y.sum()), int(len(y) - y.sum())
+        auc = _auc(y, _risk(dt))[0]
+        out[f"auroc_halfwidth.{task}.original"] = 1.96 * hanley_mcneil_se(auc, n_pos, n_neg)
+        out[f"test_cases.{task}.original"] = float(len(y))
+        out[f"test_positives.{task}.original"] = float(n_pos)
     return out
 
 

@@ -15,6 +15,9 @@ class Data(Strict):
     seed: NonNegativeInt = 0              # the EHR cohort (seeds vary the TPE mining and SSFT)
     n_train: int = Field(ge=20)
     n_test: int = Field(ge=10)
+    # per_seed: each seed scores its own disjoint shard of the n_test stays (the seed interval then carries
+    # the test-sampling noise); shared: every seed scores all of them
+    test_split: Literal["per_seed", "shared"] = "per_seed"
     n_events: list[int] = Field(default=[4, 8], min_length=2, max_length=2)   # events per stay, inclusive
     n_labs: int = Field(default=18, ge=4, le=18)    # lab vocabulary size
     signal_scale: PositiveFloat = 2.0

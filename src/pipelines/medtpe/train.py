@@ -39,6 +39,17 @@ def prompts(df: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
                                     "label": df[t].to_numpy()}) for t in tasks], ignore_index=True)
 
 
+def test_stays(ehr: pd.DataFrame, p: Params, seed: int) -> pd.DataFrame:
+    """The test stays seed ``seed`` is scored on: with ``data.test_split: per_seed`` each seed gets its own
+    disjoint, contiguous shard of the test stays (so the seed interval of a paired delta includes the
+    test-sampling noise and the run covers every test stay once); with ``shared`` every seed scores all."""
+    te = ehr[ehr.split == "test"]
+    if p.data.test_split == "shared" or len(p.seeds) == 1:
+        return te
+    shards = np.array_split(np.arange(len(te)), len(p.seeds))
+    return te.iloc[shards[list(p.seeds).index(seed)]]
+
+
 def pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     lengths = torch.tensor([len(s) for s in seqs])
     ids = torch.full((len(seqs), int(lengths.max())), pad_id, dtype=torch.long)
@@ -150,12 +161,18 @@ def train_original(ehr: pd.DataFrame, bpe_base: dict, p: Params) -> tuple[pd.Dat
         sample_batch=_sampler(seqs, bpe.pad_id, p.base.batch_size, torch.tensor(tr["label"].to_numpy())),
         seed=p.seeds[0], desc="medtpe.original", callback=lambda s: losses.append(s.loss))
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    te = prompts(ehr[ehr.split == "test"], p.tasks)
-    test_ids = [bpe.encode(t) for t in te["text"]]
-    probs = score(model, test_ids, bpe.pad_id)
+    te_all = prompts(ehr[ehr.split == "test"], p.tasks)
+    test_ids = [bpe.encode(t) for t in te_all["text"]]
+    probs_all = score(model, test_ids, bpe.pad_id)
     n_params = sum(q.numel() for q in model.parameters())
-    frames = [_frame(te, probs, yes, no, test_ids, test_ids, [bpe.decode(s) == t for s, t in zip(test_ids, te["text"])],
-                     seed, "original", len(bpe.vocab), n_params, n_params, 0) for seed in p.seeds]
+    frames = []
+    for seed in p.seeds:         # the base model is scored once; each seed reads its own shard of the scores
+        keep = te_all["record_id"].isin(test_stays(ehr, p, seed)["record_id"]).to_numpy()
+        idx = np.flatnonzero(keep)
+        te, ids = te_all.iloc[idx], [test_ids[i] for i in idx]
+        frames.append(_frame(te, probs_all[torch.as_tensor(idx)], yes, no, ids, ids,
+                             [bpe.decode(s) == t for s, t in zip(ids, te["text"])],
+                             seed, "original", len(bpe.vocab), n_params, n_params, 0))
     preds = pd.concat(frames, ignore_index=True)
     from pipelines.medtpe.evaluate import results_table
 
@@ -181,12 +198,12 @@ def train_variant(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dic
     predictions (artifacts, for the plots)."""
     bpe = BPE.from_dict(bpe_base)
     yes0, no0 = answer_ids(bpe)
-    te = prompts(ehr[ehr.split == "test"], p.tasks)
     tr = prompts(ehr[ehr.split == "train"], p.tasks)
-    orig_test = [bpe.encode(t) for t in te["text"]]
     frames, fitlog = [], {}
     for seed in p.seeds:
         node_setup(p, seed)
+        te = prompts(test_stays(ehr, p, seed), p.tasks)
+        orig_test = [bpe.encode(t) for t in te["text"]]
         base = _base_model(base_state, len(bpe.vocab), p)
         n_total = sum(q.numel() for q in base.parameters())
         spec = tpes[str(seed)]

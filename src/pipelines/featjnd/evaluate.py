@@ -200,6 +200,9 @@ def derived_names(p: Params, planned) -> list[str]:
             out.append(f"min_gap_pts.{sp}_acc_snr_le0.featjnd_vs_shuffled")
         out.append(f"abs_dev_from_1.{sp}_jnd_bgfg_ratio.shuffled")
         out += [f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{o}" for sfx in ("", "_dither") for o in OTHERS_E3]
+        # headroom of the plain-rounding comparison (gates): the uniform step's accuracy at its worst
+        # budget, and its loss against clean accuracy (mean over budgets)
+        out += [f"min_qacc.{sp}_qacc.uniform_step", f"qloss_pts.{sp}_qacc_mean.uniform_step"]
     return out
 
 
@@ -254,6 +257,15 @@ def derived_metrics(values, p: Params) -> dict:
             for other in OTHERS_E3:
                 out[f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{other}"] = pts(f"{sp}_qacc_mean{sfx}", "featjnd",
                                                                                 other)
+        # headroom gates of the plain-rounding claims: the uniform allocation's accuracy at the worst budget
+        # (min over Δ0 of the per-budget seed intervals; in accuracy, not points) and its loss against the
+        # clean accuracy, 100·(acc_clean − qacc_mean), per seed
+        out[f"min_qacc.{sp}_qacc.uniform_step"] = _extreme(
+            [est(values.per_seed("uniform_step", f"{sp}_qacc_D{step_tag(d)}")) for d in p.evaluation.quant_steps],
+            min)
+        clean, qmean = values.per_seed("uniform_step", f"{sp}_acc_clean"), values.per_seed(
+            "uniform_step", f"{sp}_qacc_mean")
+        out[f"qloss_pts.{sp}_qacc_mean.uniform_step"] = {s: 100.0 * (clean[s] - qmean[s]) for s in paired(clean, qmean)}
     return out
 
 

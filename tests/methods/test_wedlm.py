@@ -268,7 +268,7 @@ def test_tasks_follow_their_rules_and_file_input(tmp_path):
     from pipelines.wedlm.data import layout_sequence, make_tasks, vocab_of
 
     raw = copy.deepcopy(_base_params())
-    raw["data"]["n_test"] = 20
+    raw["data"].update(n_test=20, count_strides=[1, 2, 3])
     test, tasks = make_tasks(_params(raw))
     strides = set()
     for _, r in test.iterrows():
@@ -286,7 +286,7 @@ def test_tasks_follow_their_rules_and_file_input(tmp_path):
     assert 0.9 < ent < 1.8  # the card's high-entropy regime (≈ 1.2-1.5 nats at T = 1)
     assert strides == set(raw["data"]["count_strides"])
     raw1 = copy.deepcopy(raw)
-    raw1["data"]["count_strides"] = None  # the single stride: +1 mod 32 on every item
+    raw1["data"]["count_strides"] = None  # the default single stride: +1 mod 32 on every item
     test1, _ = make_tasks(_params(raw1))
     for _, r in test1[test1.regime == "count"].iterrows():
         seq = [*r.prompt, *r.answer]

@@ -335,7 +335,8 @@ def test_derived_gaps_are_paired_per_seed_and_extremes_keep_the_seed_mean():
     from pipelines.featjnd.evaluate import derived_metrics, derived_names
 
     p = Params.model_validate({**BASE, "seeds": [0, 1, 2], "variants": ["estimator_s1"],
-                               "evaluation": {"snr_db": [0.0, -5.0]}})
+                               "evaluation": {"snr_db": [0.0, -5.0], "quant_steps": [9.0],
+                                              "quant_steps_by_split": {"s1": [1.75, 2.0]}}})
     acc = {"featjnd": [0.9, 0.8, 0.7], "gauss": [0.85, 0.8, 0.6], "shuffled": [0.88, 0.7, 0.69],
            "shuffled_all": [0.86, 0.79, 0.61], "inverse": [0.5, 0.5, 0.5], "sal_inv": [0.6, 0.6, 0.6],
            "perm_step": [0.1, 0.2, 0.3], "uniform_step": [0.3, 0.2, 0.1]}
@@ -344,7 +345,8 @@ def test_derived_gaps_are_paired_per_seed_and_extremes_keep_the_seed_mean():
         r = Results(v)
         for seed, x in enumerate(xs):
             r.add(seed, s1_acc_snr0=x, s1_acc_snrm5=x - 0.1, s1_auc_acc_vs_snr=x - 0.05, s1_qacc_mean=x,
-                  s1_qacc_mean_dither=x, s1_jnd_bgfg_ratio=1.0 + 0.01 * seed)
+                  s1_qacc_mean_dither=x, s1_jnd_bgfg_ratio=1.0 + 0.01 * seed, s1_acc_clean=0.95,
+                  s1_qacc_D1p75=x + 0.1, s1_qacc_D2=x)  # S1 budgets from quant_steps_by_split, not quant_steps
         tables[v] = r.table()
     out = derived_metrics(SeedValues(tables), p)
     assert set(out) == set(derived_names(p, ["estimator_s1"]))
@@ -355,6 +357,10 @@ def test_derived_gaps_are_paired_per_seed_and_extremes_keep_the_seed_mean():
     assert shuffled.lo < shuffled.value < shuffled.hi
     dev = out["abs_dev_from_1.s1_jnd_bgfg_ratio.shuffled"]
     assert dev.value == pytest.approx(0.01) and dev.lo == 0.0 and dev.hi > 0.01
+    # headroom gates of the S1 plain-rounding claims: the uniform step's worst budget and its loss vs clean
+    worst = out["min_qacc.s1_qacc.uniform_step"]
+    assert worst.value == pytest.approx(0.2) and worst.lo < 0.2 < worst.hi
+    assert out["qloss_pts.s1_qacc_mean.uniform_step"] == pytest.approx({0: 65.0, 1: 75.0, 2: 85.0})
 
 
 # ------------------------------------------------------------------ parameters
@@ -369,6 +375,8 @@ CLAIM_S2 = {"id": "c", "text": "t", "metric": "gap_pts.s2_acc_snr0.featjnd_vs_ga
     ({"estimator": {"noise_dist": "laplace"}}, r"featjnd\.estimator\.noise_dist"),
     ({"evaluation": {"snr_db": []}}, r"featjnd\.evaluation\.snr_db"),
     ({"evaluation": {"quant_steps": [2, -1]}}, r"featjnd\.evaluation"),
+    ({"evaluation": {"quant_steps_by_split": {"s1": [2, 0]}}}, r"featjnd\.evaluation.*quant_steps_by_split"),
+    ({"evaluation": {"quant_steps_by_split": {"s3": [2]}}}, r"featjnd\.evaluation\.quant_steps_by_split"),
     ({"data": {"n_train": 1700}}, r"featjnd\.data.*n_train"),
     ({"data": {"source": "tensor_file"}}, r"featjnd\.data.*path"),
     ({"backbone": {"widths": [8, 8]}}, r"featjnd\.backbone\.widths"),

@@ -268,17 +268,29 @@ def test_tasks_follow_their_rules_and_file_input(tmp_path):
     from pipelines.wedlm.data import layout_sequence, make_tasks, vocab_of
 
     raw = copy.deepcopy(_base_params())
-    raw["data"]["n_test"] = 20
+    raw["data"].update(n_test=20, count_strides=[1, 2, 3])
     test, tasks = make_tasks(_params(raw))
+    strides = set()
     for _, r in test.iterrows():
         if r.regime == "count":
-            assert all((b - a) % 32 == 1 for a, b in zip([*r.prompt, *r.answer], [*r.prompt, *r.answer][1:]))
+            # one stride per item, drawn from data.count_strides and readable from the prompt's last two terms
+            seq = [*r.prompt, *r.answer]
+            diffs = {(b - a) % 32 for a, b in zip(seq, seq[1:])}
+            assert len(diffs) == 1 and len(r.prompt) >= 2
+            strides |= diffs
         elif r.regime == "reverse":
             assert list(r.answer) == list(r.prompt)[::-1]
         assert len(r.answer) == raw["data"]["answer_len"][r.regime]
     chain = tasks["chain"].numpy()
     ent = -(chain * np.log(chain)).sum(1).mean()
     assert 0.9 < ent < 1.8  # the card's high-entropy regime (≈ 1.2-1.5 nats at T = 1)
+    assert strides == set(raw["data"]["count_strides"])
+    raw1 = copy.deepcopy(raw)
+    raw1["data"]["count_strides"] = None  # the default single stride: +1 mod 32 on every item
+    test1, _ = make_tasks(_params(raw1))
+    for _, r in test1[test1.regime == "count"].iterrows():
+        seq = [*r.prompt, *r.answer]
+        assert all((b - a) % 32 == 1 for a, b in zip(seq, seq[1:]))
     # file input: JSONL rows are laid out with tags, SEP, EOS and PAD by the pipeline
     rows = [{"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
             {"regime": "reverse", "prompt": list(range(10)), "answer": list(range(9, -1, -1))}]

@@ -155,7 +155,7 @@ def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params,
         w_jnd = ops.token_weights(j, ev.token_aggregation)
         w_sal = ops.token_weights(sal_inv, ev.token_aggregation)
         qacc: dict[tuple[str, bool], list[float]] = {}
-        for d0 in ev.quant_steps:
+        for d0 in ev.steps_for(split):
             steps_jnd = ops.steps_from_weights(w_jnd, d0)
             allocs = {"featjnd": steps_jnd, "perm_step": ops.permute_steps(steps_jnd.cpu(), gen).to(device),
                       "uniform_step": torch.full_like(steps_jnd, d0),
@@ -200,6 +200,9 @@ def derived_names(p: Params, planned) -> list[str]:
             out.append(f"min_gap_pts.{sp}_acc_snr_le0.featjnd_vs_shuffled")
         out.append(f"abs_dev_from_1.{sp}_jnd_bgfg_ratio.shuffled")
         out += [f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{o}" for sfx in ("", "_dither") for o in OTHERS_E3]
+        # headroom of the plain-rounding comparison (gates): the uniform step's accuracy at its worst
+        # budget, and its loss against clean accuracy (mean over budgets)
+        out += [f"min_qacc.{sp}_qacc.uniform_step", f"qloss_pts.{sp}_qacc_mean.uniform_step"]
     return out
 
 
@@ -254,6 +257,15 @@ def derived_metrics(values, p: Params) -> dict:
             for other in OTHERS_E3:
                 out[f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{other}"] = pts(f"{sp}_qacc_mean{sfx}", "featjnd",
                                                                                 other)
+        # headroom gates of the plain-rounding claims: the uniform allocation's accuracy at the worst budget
+        # (min over Δ0 of the per-budget seed intervals; in accuracy, not points) and its loss against the
+        # clean accuracy, 100·(acc_clean − qacc_mean), per seed
+        out[f"min_qacc.{sp}_qacc.uniform_step"] = _extreme(
+            [est(values.per_seed("uniform_step", f"{sp}_qacc_D{step_tag(d)}")) for d in p.evaluation.steps_for(sp)],
+            min)
+        clean, qmean = values.per_seed("uniform_step", f"{sp}_acc_clean"), values.per_seed(
+            "uniform_step", f"{sp}_qacc_mean")
+        out[f"qloss_pts.{sp}_qacc_mean.uniform_step"] = {s: 100.0 * (clean[s] - qmean[s]) for s in paired(clean, qmean)}
     return out
 
 
@@ -351,6 +363,6 @@ def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
             series[v], errors[v] = [x.mean() for x in vals], [x.std(ddof=0) for x in vals]
         figures[f"acc_vs_snr_{sp}"] = line_plot(ev.snr_db, series, "SNR (dB), energy matched per image",
                                                 "test accuracy", f"{sp.upper()}: accuracy vs SNR", errors)
-        figures[f"qacc_vs_budget_{sp}"] = _quant_plot(d, sp, ev.quant_steps)
+        figures[f"qacc_vs_budget_{sp}"] = _quant_plot(d, sp, ev.steps_for(sp))
     figures["estimator_training"] = _training_plot({sp: arts[sp]["estimators"] for sp in sorted(arts)})
     return figures

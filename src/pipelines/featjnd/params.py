@@ -62,8 +62,15 @@ class Estimator(Strict):
 
 
 class Evaluation(Strict):
+    def steps_for(self, split: str) -> list[float]:
+        """The quantization budgets Δ0 at ``split``: its own grid if it has one, else quant_steps."""
+        return self.quant_steps_by_split.get(split, self.quant_steps)
+
     snr_db: list[float] = Field(default=[10.0, 5.0, 0.0, -5.0], min_length=1)
     quant_steps: list[float] = Field(default=[2.0, 3.0, 4.0], min_length=1)
+    # per-split budget grid replacing quant_steps at that split (e.g. {s1: [1.75, 2.0, 2.25]}); a split
+    # not named uses quant_steps
+    quant_steps_by_split: dict[Literal["s1", "s2"], list[float]] = Field(default_factory=dict)
     token_aggregation: Literal["mean", "rms", "geomean"] = "mean"
     q_clip: PositiveFloat = 10.0
     sal_eps: PositiveFloat = 0.1
@@ -76,6 +83,9 @@ class Evaluation(Strict):
     def _check(self) -> "Evaluation":
         if any(d <= 0 for d in self.quant_steps):
             raise ValueError("quant_steps must all be > 0")
+        for sp, grid in self.quant_steps_by_split.items():
+            if not grid or any(d <= 0 for d in grid) or len(set(grid)) != len(grid):
+                raise ValueError(f"quant_steps_by_split.{sp} must be a non-empty list of distinct steps > 0")
         if len(set(self.snr_db)) != len(self.snr_db):
             raise ValueError("snr_db has duplicates")
         return self

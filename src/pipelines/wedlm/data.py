@@ -49,7 +49,10 @@ def sample_items(regime: str, n: int, rng: np.random.Generator, p, chain: np.nda
     ks = rng.integers(d.min_prompt_terms, d.max_prompt_terms + 1, size=n)
     T = d.max_prompt_terms + a_len
     if regime == "count":
-        seq = (rng.integers(0, S, size=(n, 1)) + d.count_stride * np.arange(T)[None]) % S
+        start = rng.integers(0, S, size=(n, 1))
+        stride = (rng.choice(np.asarray(d.count_strides), size=(n, 1)) if d.count_strides
+                  else d.count_stride)
+        seq = (start + stride * np.arange(T)[None]) % S
     else:  # markov: the answer continues the chain from the prompt's last symbol
         cdf = np.cumsum(chain, 1)
         seq = np.empty((n, T), dtype=np.int64)

@@ -22,6 +22,9 @@ class Data(Strict):
     min_prompt_terms: PositiveInt
     max_prompt_terms: PositiveInt
     count_stride: PositiveInt = 1
+    # set: every count item draws its stride from this list (the stride must be read off the prompt's
+    # last two terms, min_prompt_terms >= 2); None: every item uses count_stride
+    count_strides: list[PositiveInt] | None = Field(default=None, min_length=1)
     markov_sigma: PositiveFloat
     markov_temperature: PositiveFloat
     n_test: PositiveInt
@@ -39,6 +42,9 @@ class Data(Strict):
             raise ValueError("max_prompt_terms must be in [min_prompt_terms, prompt_len - 2]")
         if "reverse" in self.regimes and self.answer_len["reverse"] > self.prompt_len - 2:
             raise ValueError("answer_len['reverse'] must fit in the prompt (≤ prompt_len - 2)")
+        if self.count_strides and len(set(self.count_strides)) > 1 and self.min_prompt_terms < 2:
+            raise ValueError("count_strides with several strides needs min_prompt_terms >= 2 (the stride "
+                             "must be readable from the prompt)")
         if self.source == "file" and not (self.train_path and self.test_path):
             raise ValueError("source 'file' needs train_path and test_path")
         return self

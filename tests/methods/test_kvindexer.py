@@ -268,3 +268,77 @@ def test_truncated_memory_training_reaches_every_memory_parameter():
     for name, q in mem.named_parameters():
         assert q.grad is not None and float(q.grad.abs().sum()) > 0, name
     assert all(q.grad is None for q in ix.parameters())       # the indexer's choice is not differentiated
+
+
+def test_multikey_needles_share_no_value_when_distinct():
+    """``data.multikey_distinct_values``: no value token appears in two needles of one niah_multikey prompt
+    or multi-needle training sequence (so each value has one successor in the context); without it the
+    generator draws every needle on its own and collisions occur."""
+    from pipelines.kvindexer.data import training_sequence
+
+    v = Vocab(8, 16, 16)
+
+    def shared(vals):
+        flat = [x for vs in vals for x in vs]
+        return len(flat) != len(set(flat))
+
+    def needles(ctx):
+        out, i = [], 0
+        while i < len(ctx):
+            if ctx[i] == 3:                                   # [KEY] k [VAL] v1..v4
+                out.append(ctx[i + 3:i + 7])
+                i += 7
+            else:
+                i += 1
+        return out
+
+    rng = np.random.default_rng(0)
+    prs = [make_prompt("niah_multikey", rng, 64, v, distinct=True) for _ in range(200)]
+    assert not any(shared(needles(p["context"])) for p in prs)
+    assert all(p["answer"] in needles(p["context"]) for p in prs)
+    seqs = [training_sequence(rng, 64, v, True, distinct=True) for _ in range(200)]
+    assert not any(shared(needles(s[:64])) for s in seqs)
+    rng = np.random.default_rng(0)
+    assert any(shared(needles(make_prompt("niah_multikey", rng, 64, v)["context"])) for _ in range(200))
+
+
+def test_distinct_values_need_room_in_the_value_vocabulary():
+    raw = copy.deepcopy(RAW)
+    raw["data"].update(multikey_distinct_values=True, n_values=15)        # 4 needles x 4 values > 15
+    with pytest.raises(ParameterError, match="multikey_distinct_values"):
+        validate(Params, raw, "kvindexer")
+
+
+def test_base_model_is_cached_by_the_params_that_determine_it(tmp_path, monkeypatch):
+    """The first run trains and stores the base model under its key; a run with the same key loads it
+    (training is not called) and gets the same weights; an eval-only key shares the entry, a training
+    key does not."""
+    import pipelines.kvindexer.train as T
+
+    raw = copy.deepcopy(RAW)
+    raw["model"]["cache_dir"] = str(tmp_path)
+    p = validate(Params, raw, "kvindexer")
+    first = T.train_base(p)
+    files = list(tmp_path.glob("base_*.pt"))
+    assert first["source"] == "trained" and [f.name for f in files] == [f"base_{T.base_cache_key(p)}.pt"]
+
+    def no_training(*a, **k):
+        raise AssertionError("the cached base model was retrained")
+
+    monkeypatch.setattr(T, "fit", no_training)
+    again = T.train_base(p)
+    assert again["source"] == "cache" and again["history"] == first["history"]
+    assert all(torch.equal(again["state_dict"][k], first["state_dict"][k]) for k in first["state_dict"])
+    other_eval = copy.deepcopy(raw)
+    other_eval["protocol"]["budgets"] = [12]
+    other_eval["eval"]["tasks"] = ["niah_single", "niah_multikey"]
+    assert T.base_cache_key(validate(Params, other_eval, "kvindexer")) == T.base_cache_key(p)
+    for section, key, value in [("model", "steps", 3), ("model", "lr", 2e-3), ("data", "n_filler", 17),
+                                ("data", "multikey_distinct_values", True)]:
+        changed = copy.deepcopy(raw)
+        changed[section][key] = value
+        assert T.base_cache_key(validate(Params, changed, "kvindexer")) != T.base_cache_key(p), key
+    with pytest.raises(AssertionError, match="retrained"):
+        changed = copy.deepcopy(raw)
+        changed["model"]["steps"] = 3
+        T.train_base(validate(Params, changed, "kvindexer"))

@@ -322,3 +322,31 @@ def test_density_and_matched_density_ratios():
     from pipelines.losa.spec import comparison_names
 
     assert set(m) <= set(comparison_names(p, list(res)))
+
+
+def test_full_mask_share_masks_whole_blocks_and_leaves_the_rest_as_before():
+    """``train.full_mask_share``: that share of the samples has every block slot masked with γ = 1 (dense
+    supervision on every answer token); share 0 draws exactly the card's γ-noising."""
+    from pipelines.losa.model import noise_block
+
+    ids = torch.arange(40 * 12).view(40, 12) % 50 + 10
+    a = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(0))
+    b = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(0), full_share=0.0)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not a[1].all(1).all()                                 # γ-noising leaves some slots visible
+    noised, masked, gamma = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(0), full_share=1.0)
+    assert masked.all() and (gamma == 1).all() and (noised[:, 4:] == 3).all() and torch.equal(noised[:, :4], ids[:, :4])
+    _, masked, gamma = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(1), full_share=0.5)
+    full = masked.all(1) & (gamma == 1)
+    assert 0 < full.sum() < len(ids)
+
+
+def test_model_init_scale_defaults_to_inverse_sqrt_width():
+    from pipelines.losa.model import build_model
+
+    p = params(model={"d_model": 64, "n_heads": 2})
+    m = build_model(p, 200, 20)
+    assert m.config.init_std == pytest.approx(64 ** -0.5)
+    w = torch.cat([m.embed.weight.flatten(), m.blocks[0].qkv.weight.flatten()])
+    assert w.std().item() == pytest.approx(64 ** -0.5, rel=0.05)
+    assert build_model(params(model={"init_std": 0.02}), 200, 20).config.init_std == 0.02

@@ -78,9 +78,19 @@ def _values(rng, v: Vocab, k: int) -> list[int]:
     return (v.val0 + rng.choice(v.n_values, size=k, replace=False)).tolist()
 
 
+def _needle_values(rng, v: Vocab, n_needles: int, k: int, distinct: bool) -> list[list[int]]:
+    """The values of ``n_needles`` needles of ``k`` distinct values each; ``distinct``: no value is shared
+    between needles either, so the value that follows another is unambiguous in the whole context."""
+    if not distinct:
+        return [_values(rng, v, k) for _ in range(n_needles)]
+    flat = _values(rng, v, n_needles * k)
+    return [flat[i * k:(i + 1) * k] for i in range(n_needles)]
+
+
 def make_prompt(task: str, rng: np.random.Generator, n_ctx: int, v: Vocab, n_vals: int = 4,
-                n_multi: int = 4) -> dict:
-    """One prompt of ``task``: context, question, answer, positions of the asked needle's tokens, depth."""
+                n_multi: int = 4, distinct: bool = False) -> dict:
+    """One prompt of ``task``: context, question, answer, positions of the asked needle's tokens, depth.
+    ``distinct``: the needles of ``niah_multikey`` share no value."""
     if task == "niah_single":
         k = int(v.key0 + rng.integers(v.n_keys))
         vals = _values(rng, v, n_vals)
@@ -89,7 +99,7 @@ def make_prompt(task: str, rng: np.random.Generator, n_ctx: int, v: Vocab, n_val
         return dict(context=ctx, question=[Q, k, ANS], answer=vals, needle_pos=pos, depth=depths[0])
     if task == "niah_multikey":
         keys = (v.key0 + rng.choice(v.n_keys, size=n_multi, replace=False)).tolist()
-        vals = [_values(rng, v, n_vals) for _ in keys]
+        vals = _needle_values(rng, v, n_multi, n_vals, distinct)
         ctx, starts, depths = _place(rng, n_ctx, [[KEY, k, VAL, *vs] for k, vs in zip(keys, vals)], v)
         a = int(rng.integers(n_multi))
         pos = list(range(starts[a], starts[a] + 3 + n_vals))
@@ -110,14 +120,14 @@ def make_prompt(task: str, rng: np.random.Generator, n_ctx: int, v: Vocab, n_val
 
 
 def training_sequence(rng: np.random.Generator, n_ctx: int, v: Vocab, multi: bool, n_vals: int = 4,
-                      n_multi: int = 4) -> list[int]:
+                      n_multi: int = 4, distinct: bool = False) -> list[int]:
     """A base-model training sequence: one needle and its question, or ``n_multi`` needles followed by a
     question for every key in turn (dense supervision: every token after the context is a target)."""
     if not multi:
         pr = make_prompt("niah_single", rng, n_ctx, v, n_vals)
         return pr["context"] + pr["question"] + pr["answer"]
     keys = (v.key0 + rng.choice(v.n_keys, size=n_multi, replace=False)).tolist()
-    vals = [_values(rng, v, n_vals) for _ in keys]
+    vals = _needle_values(rng, v, n_multi, n_vals, distinct)
     ctx, _, _ = _place(rng, n_ctx, [[KEY, k, VAL, *vs] for k, vs in zip(keys, vals)], v)
     tail = []
     for a in rng.permutation(n_multi):
@@ -142,7 +152,7 @@ def make_prompts(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
                 for i in range(d.n_eval):
                     eval_rows.append({"seed": seed, "task": task, "idx": i,
                                       **make_prompt(task, rng, d.context_len, v, d.n_values_per_needle,
-                                                    d.n_needles_multi)})
+                                                    d.n_needles_multi, d.multikey_distinct_values)})
     train = pd.DataFrame(train_rows)
     if d.source == "file":
         ev = load_user_prompts(d.eval_path, p)

@@ -20,6 +20,7 @@ class Data(Strict):
     n_filler: int = Field(ge=8, le=1024)              # haystack vocabulary
     n_values_per_needle: int = Field(default=4, ge=1, le=8)
     n_needles_multi: int = Field(default=4, ge=2, le=8)
+    multikey_distinct_values: bool = False   # niah_multikey needles share no value (README: why)
     n_train: int = Field(ge=8)                        # indexer / memory training prompts per seed
     n_eval: int = Field(ge=4)                         # evaluation prompts per seed and task
 
@@ -29,6 +30,9 @@ class Data(Strict):
             raise ValueError("data.eval_path is required when data.source is 'file'")
         if self.n_values_per_needle > self.n_values:
             raise ValueError("data.n_values_per_needle must be <= data.n_values")
+        if self.multikey_distinct_values and self.n_needles_multi * self.n_values_per_needle > self.n_values:
+            raise ValueError(f"data.multikey_distinct_values: {self.n_needles_multi} needles x "
+                             f"{self.n_values_per_needle} distinct values exceed data.n_values={self.n_values}")
         return self
 
 
@@ -41,6 +45,7 @@ class Model(TinyTransformer):
     lr: float = Field(gt=0, le=1.0)
     weight_decay: NonNegativeFloat = 0.01
     init_path: str | None = None                      # a saved base state dict (skips training)
+    cache_dir: str | None = None   # trained base models kept here, keyed by a hash of what determines them
     attn_init_std: PositiveFloat | None = None   # None: d_model^-0.5 (core's 0.02 plateaus)
 
 

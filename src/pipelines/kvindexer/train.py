@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import numpy as np
 import pandas as pd
@@ -57,21 +58,58 @@ def _prompt_tensors(df: pd.DataFrame, dev) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 # ------------------------------------------------------------------------------------------ base model
+# Bump when the base model's training recipe changes in code (not in params): old cache entries then miss.
+BASE_RECIPE = 2
+BASE_DATA_KEYS = ("context_len", "n_keys", "n_values", "n_filler", "n_values_per_needle", "n_needles_multi",
+                  "multikey_distinct_values")
+
+
+def base_cache_key(p: Params) -> str:
+    """Hash of everything that determines the trained base model: its sizes and training parameters, the
+    generator parameters of its training sequences and the recipe version (not the eval / policy keys)."""
+    import hashlib
+    import json
+
+    blob = {"recipe": BASE_RECIPE, "model": p.model.model_dump(exclude={"init_path", "cache_dir"}),
+            "data": {k: getattr(p.data, k) for k in BASE_DATA_KEYS}}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _cache_file(p: Params):
+    from pathlib import Path
+
+    return Path(p.model.cache_dir) / f"base_{base_cache_key(p)}.pt" if p.model.cache_dir else None
+
+
 def train_base(p: Params) -> dict:
-    """Train the base LM once per run (``model.seed``): batches alternate one-needle prompts and
-    multi-needle prompts that ask every key in turn; the loss covers every token after the context."""
+    """Train the base LM once (``model.seed``): batches alternate one-needle prompts and multi-needle
+    prompts that ask every key in turn; the loss covers every token after the context. With
+    ``model.cache_dir`` the trained model is kept there under :func:`base_cache_key` and a later run with
+    the same key loads it instead of training; ``model.init_path`` loads a given state dict."""
     m, d = p.model, p.data
     dev = node_setup(p, m.seed)
     model = model_of(p).to(dev)
     if m.init_path:
         model.load_state_dict(torch.load(m.init_path, map_location="cpu")["state_dict"])
-        return {"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, "history": [], "seed": m.seed}
+        return {"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, "history": [], "seed": m.seed,
+                "source": "init_path"}
+    cached = _cache_file(p)
+    if cached is not None and cached.exists():
+        blob = torch.load(cached, map_location="cpu")
+        if blob.get("key") != base_cache_key(p):
+            raise ValueError(f"kvindexer model.cache_dir: {cached} holds key {blob.get('key')!r}, "
+                             f"expected {base_cache_key(p)!r} (delete the file)")
+        model.load_state_dict(blob["state_dict"])
+        log.info("kvindexer base model: loaded from the cache %s", cached)
+        return {"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, "history": blob["history"],
+                "seed": m.seed, "source": "cache", "cache_key": blob["key"]}
     v, N = vocab_of(p), d.context_len
     rng = np.random.default_rng([m.seed, 5])
 
     def sample(step: int, gen: torch.Generator):
         multi = step % 2 == 1
-        seqs = [training_sequence(rng, N, v, multi, d.n_values_per_needle, d.n_needles_multi)
+        seqs = [training_sequence(rng, N, v, multi, d.n_values_per_needle, d.n_needles_multi,
+                                  d.multikey_distinct_values)
                 for _ in range(m.batch_size)]
         return (torch.tensor(seqs, dtype=torch.long, device=dev),)
 
@@ -82,8 +120,15 @@ def train_base(p: Params) -> dict:
     hist: list[float] = []
     fit(model, None, loss_fn, steps=m.steps, sample_batch=sample, lr=m.lr, weight_decay=m.weight_decay,
         scheduler="onecycle", seed=m.seed, desc="kvindexer.base", callback=lambda s: hist.append(s.loss))
-    return {"state_dict": {k: t.detach().cpu() for k, t in model.state_dict().items()}, "history": hist,
-            "seed": m.seed}
+    out = {"state_dict": {k: t.detach().cpu() for k, t in model.state_dict().items()}, "history": hist,
+           "seed": m.seed, "source": "trained"}
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        torch.save({**out, "key": base_cache_key(p)}, tmp)
+        tmp.replace(cached)                       # atomic: a killed run never leaves half a model
+        out["cache_key"] = base_cache_key(p)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ learned parts

@@ -51,8 +51,9 @@ class BlockDiffusionLM(TinyTransformer):
 
 def build_model(p, vocab_size: int, n_prefix: int) -> BlockDiffusionLM:
     m = p.model
+    std = m.init_std if m.init_std is not None else m.d_model ** -0.5
     c = TinyConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, d_ff=m.d_ff,
-                   max_len=n_prefix + p.data.block_size, causal=False, rope_base=m.rope_base)
+                   max_len=n_prefix + p.data.block_size, causal=False, rope_base=m.rope_base, init_std=std)
     return BlockDiffusionLM(c)
 
 
@@ -81,14 +82,21 @@ def bdlm_loss(model: BlockDiffusionLM, ids: torch.Tensor, noised: torch.Tensor, 
     return loss, {"masked_acc": float(acc)}
 
 
-def noise_block(ids: torch.Tensor, n_prefix: int, gamma_min: float, mask_id: int, gen: torch.Generator):
-    """Per-sample γ ~ U(gamma_min, 1], each block slot masked with prob γ, at least one slot masked."""
+def noise_block(ids: torch.Tensor, n_prefix: int, gamma_min: float, mask_id: int, gen: torch.Generator,
+                full_share: float = 0.0):
+    """Per-sample γ ~ U(gamma_min, 1], each block slot masked with prob γ, at least one slot masked.
+    With ``full_share`` > 0 that share of the samples (drawn after the rest) has the whole block masked
+    (γ = 1): every answer slot, every value token included, is a target of the loss."""
     n, L = ids.shape
     B = L - n_prefix
     gamma = 1.0 - (1.0 - gamma_min) * torch.rand(n, generator=gen)
     masked = torch.rand(n, B, generator=gen) < gamma[:, None]
     forced = torch.randint(0, B, (n,), generator=gen)
     masked[torch.arange(n), forced] |= ~masked.any(1)
+    if full_share > 0:
+        full = torch.rand(n, generator=gen) < full_share
+        masked[full] = True
+        gamma = torch.where(full, torch.ones_like(gamma), gamma)
     noised = ids.clone()
     noised[:, n_prefix:] = torch.where(masked, torch.full_like(ids[:, n_prefix:], mask_id), ids[:, n_prefix:])
     return noised, masked, gamma

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from pipelines.core.params import Fraction, MethodParams, Strict
+from pipelines.core.params import Fraction, MethodParams, Probability, Strict
 
 
 class Data(Strict):
@@ -51,6 +51,7 @@ class Model(Strict):
     n_heads: PositiveInt
     d_ff: NonNegativeInt = 0              # 0 → 4 · d_model
     rope_base: PositiveFloat = 10000.0
+    init_std: PositiveFloat | None = None   # every linear / embedding weight ~ N(0, std²); None: d_model^-0.5
 
 
 class Train(Strict):
@@ -60,6 +61,7 @@ class Train(Strict):
     lr: PositiveFloat
     weight_decay: NonNegativeFloat
     gamma_min: float = Field(gt=0, le=1)            # mask rate γ ~ U(gamma_min, 1]
+    full_mask_share: Probability = 0.0   # share of sequences whose whole block is masked (γ = 1)
     grad_clip: PositiveFloat
 
 

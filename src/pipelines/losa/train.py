@@ -37,7 +37,7 @@ def train_base(tasks: dict, p: Params) -> dict:
 
     def sample(step: int, gen: torch.Generator):
         ids = rows[torch.randint(0, len(rows), (t.batch_size,), generator=gen)]
-        noised, masked, gamma = noise_block(ids, n_prefix, t.gamma_min, MASK, gen)
+        noised, masked, gamma = noise_block(ids, n_prefix, t.gamma_min, MASK, gen, t.full_mask_share)
         return ids.to(dev), noised.to(dev), masked.to(dev), gamma.to(dev)
 
     def loss(m, ids, noised, masked, gamma):

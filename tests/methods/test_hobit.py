@@ -16,7 +16,7 @@ from pipelines.hobit import batching as B
 from pipelines.hobit.params import Params
 
 RAW = {"seeds": [0], "threads": 1,
-       "data": {"n_topics": 3, "n_subtopics": 2, "n_facts": 16, "n_test_facts": 16},
+       "data": {"n_topics": 3, "n_subtopics": 2, "n_facts": 16, "n_test_facts": 16, "n_val_facts": 8},
        "model": {"batch_size": 8, "epochs": 2},
        "graph": {"knn_m": 8, "refresh_every": 1},
        "baselines": {"b3_k": 3, "walk_k": 3},

@@ -513,7 +513,7 @@ def test_late_rise_is_the_fitted_rise_over_the_last_window():
 
     assert late_rise([0.3] * 10, 0.2) == pytest.approx(0.0)
     ramp = list(np.linspace(0.0, 0.9, 10))                      # +0.1 per epoch
-    assert late_rise(ramp, 0.2) == pytest.approx(0.3)           # epochs 7 -> 9 plus the one before: 3 steps
+    assert late_rise(ramp, 0.2) == pytest.approx(0.2)           # the last 2 of 10 epochs: from epoch 7 to 9
     rng = np.random.default_rng(0)
     noisy = list(0.4 + 0.02 * rng.standard_normal(30))
     y = np.asarray(noisy[23:])

@@ -396,5 +396,6 @@ def test_frozen_feature_stream_never_draws_pretraining_images():
     assert s["al_x"].shape == (2, 60, 16) and s["al_x_test"].shape == (2, 2 * len(s["x_test"]), 16)
     assert abs(float(s["al_x"].mean())) < 1.0                  # standardised with pretraining statistics
     assert update_rule(p, "al_vr")[1].keywords["lm"] == 640.0 and update_rule(p, "bimu")[1].keywords["lm"] == 161.3
-    pix = make_streams(Params.model_validate(raw(seeds=[0])))
+    pix = make_streams(Params.model_validate(raw(seeds=[0], active={**BASE["active"], "features": "pixels",
+                                                                     "n_per_domain": 20})))
     assert pix["al_x"].shape == (1, 40, 64)                    # pixels: the permuted, shifted images

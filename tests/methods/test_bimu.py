@@ -379,3 +379,23 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
     p = Params.model_validate(raw(data={**BASE["data"], "source": "file", "user_path": str(path)}))
     with pytest.raises(InputDataError, match=r"bimu\.user_images.*'label'"):
         make_streams(p)
+
+
+def test_frozen_feature_stream_never_draws_pretraining_images():
+    """Issue 22: the active learner reads a frozen encoder's features; the encoder's pretraining images are
+    held out of the stream, and the active variants use active.lm."""
+    from pipelines.bimu.data import make_streams
+    from pipelines.bimu.train import update_rule
+
+    act = {**BASE["active"], "features": "frozen", "n_pretrain": 400, "feature_dim": 16, "pretrain_steps": 20,
+           "n_per_domain": 30, "lm": 640.0}
+    p = Params.model_validate(raw(seeds=[0, 1], active=act))
+    s = make_streams(p)
+    held = np.random.default_rng([p.data.split_seed, 7]).permutation(len(s["x_train"]))[:400]
+    assert not set(s["stream_index"].flatten().tolist()) & set(held.tolist())
+    assert s["al_x"].shape == (2, 60, 16) and s["al_x_test"].shape == (2, 2 * len(s["x_test"]), 16)
+    assert abs(float(s["al_x"].mean())) < 1.0                  # standardised with pretraining statistics
+    assert update_rule(p, "al_vr")[1].keywords["lm"] == 640.0 and update_rule(p, "bimu")[1].keywords["lm"] == 161.3
+    pix = make_streams(Params.model_validate(raw(seeds=[0], active={**BASE["active"], "features": "pixels",
+                                                                     "n_per_domain": 20})))
+    assert pix["al_x"].shape == (1, 40, 64)                    # pixels: the permuted, shifted images

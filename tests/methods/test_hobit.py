@@ -16,7 +16,7 @@ from pipelines.hobit import batching as B
 from pipelines.hobit.params import Params
 
 RAW = {"seeds": [0], "threads": 1,
-       "data": {"n_topics": 3, "n_subtopics": 2, "n_facts": 16, "n_test_facts": 16},
+       "data": {"n_topics": 3, "n_subtopics": 2, "n_facts": 16, "n_test_facts": 16, "n_val_facts": 8},
        "model": {"batch_size": 8, "epochs": 2},
        "graph": {"knn_m": 8, "refresh_every": 1},
        "baselines": {"b3_k": 3, "walk_k": 3},
@@ -420,10 +420,10 @@ def test_user_pairs_load(tmp_path):
     _user_table().to_parquet(path)
     p = Params.model_validate({**RAW, "data": {"user_path": str(path)}})
     df = make_pairs(p)
-    assert len(df) == 8 and set(df["split"]) == {"train", "test"}
+    assert len(df) == 8 and set(df["split"]) == {"train", "val", "test"}      # val carved from train
     arr = seed_arrays(df, 0)
-    assert arr["q_train"].shape == (6, 4) and len(arr["corpus"]) == 8
-    assert np.array_equal(arr["fact_corpus"], [0, 0, 1, 2, 3, 4, 5, 6])
+    assert len(arr["q_train"]) + len(arr["q_val"]) == 6 and len(arr["q_val"]) >= 1 and len(arr["corpus"]) == 8
+    assert np.array_equal(np.sort(arr["fact_corpus"]), [0, 0, 1, 2, 3, 4, 5, 6])
 
 
 @pytest.mark.parametrize("mutate, column", [
@@ -461,8 +461,8 @@ def test_report_has_every_planned_claim_metric():
     raw = {**RAW, "seeds": [0, 1], "variants": {**RAW["variants"], "kmeans": {"batcher": "kmeans"},
                                                 "hobit_nofilter": {"batcher": "hobit", "filter": "none"}}}
     p = Params.model_validate(raw)
-    tables = {v: Results(v).add(0, recall_at_1=i / 10, mrr_at_10=i / 9, fn_per_batch=float(i))
-              .add(1, recall_at_1=i / 10 + 0.01, mrr_at_10=i / 9, fn_per_batch=float(i)).table()
+    tables = {v: Results(v).add(0, recall_at_1=i / 10, mrr_at_10=i / 9, fn_per_batch=float(i), val_late_rise=i / 100)
+              .add(1, recall_at_1=i / 10 + 0.01, mrr_at_10=i / 9, fn_per_batch=float(i), val_late_rise=i / 50).table()
               for i, v in enumerate(p.variants)}
     values = SeedValues(tables)
     checks = objective_checks(p)
@@ -471,6 +471,8 @@ def test_report_has_every_planned_claim_metric():
     assert per_seed["diff.recall_at_1.hobit_minus_best_heuristic"] == {0: pytest.approx(-0.3), 1: pytest.approx(-0.3)}
     assert per_seed["diff.fn_per_batch.hobit_nofilter_minus_hobit"] == {0: 4.0, 1: 4.0}
     assert point["greedy.min_ratio_to_brute_force"] == checks["greedy.min_ratio_to_brute_force"]
+    last = len(p.variants) - 1                       # the convergence gate reads the worst variant's seed mean
+    assert point["convergence.max_val_late_rise"] == pytest.approx((last / 100 + last / 50) / 2)
     assert set(point) | set(per_seed) == SPEC.derived_names(p, list(p.variants))
 
 
@@ -480,3 +482,53 @@ def test_missing_user_file_names_the_dataset(tmp_path):
     p = Params.model_validate({**RAW, "data": {"user_path": str(tmp_path / "nope.parquet")}})
     with pytest.raises(InputDataError, match=r"hobit\.data\.user_path .*no file"):
         make_pairs(p)
+
+
+# ------------------------------------------------------------- validation split and convergence (issue 22)
+def test_validation_facts_are_held_out_and_in_the_corpus():
+    from pipelines.hobit.data import make_pairs, seed_arrays
+
+    p = Params.model_validate(RAW)
+    df = make_pairs(p)
+    facts = {s: set(df.loc[df["split"] == s, "fact"]) for s in ("train", "val", "test")}
+    assert len(facts["val"]) == 8 and len(facts["test"]) == 16
+    assert not facts["val"] & facts["train"] and not facts["val"] & facts["test"]
+    arr = seed_arrays(df, 0)
+    assert len(arr["q_val"]) == 8 and set(arr["fact_val"]) <= set(arr["fact_corpus"])
+    assert len(arr["corpus"]) == len(df)                      # train + val + test documents
+
+
+def test_user_pairs_without_val_get_a_carved_validation_split():
+    from pipelines.hobit.data import carve_val
+
+    df = pd.DataFrame({"split": ["train"] * 8 + ["test"] * 2, "fact": [0, 0, 1, 2, 3, 4, 5, 6, 7, 8]})
+    out = carve_val(df, 100)
+    val = set(out.loc[out["split"] == "val", "fact"])
+    assert len(val) == 7 // 4 and set(out.loc[out["split"] == "test", "fact"]) == {7, 8}
+    assert all((out.loc[out["fact"] == f, "split"] == "val").all() for f in val)   # duplicates move together
+
+
+def test_late_rise_is_the_fitted_rise_over_the_last_window():
+    from pipelines.hobit.train import late_rise
+
+    assert late_rise([0.3] * 10, 0.2) == pytest.approx(0.0)
+    ramp = list(np.linspace(0.0, 0.9, 10))                      # +0.1 per epoch
+    assert late_rise(ramp, 0.2) == pytest.approx(0.2)           # the last 2 of 10 epochs: from epoch 7 to 9
+    rng = np.random.default_rng(0)
+    noisy = list(0.4 + 0.02 * rng.standard_normal(30))
+    y = np.asarray(noisy[23:])
+    assert late_rise(noisy, 0.2) == pytest.approx(np.polyfit(np.arange(7), y, 1)[0] * 6)
+
+
+def test_early_stopping_reads_validation_and_stops():
+    from pipelines.hobit.data import make_pairs
+    from pipelines.hobit.train import train_variant
+
+    raw = {**RAW, "model": {**RAW["model"], "epochs": 12, "patience": 1, "lr": 0.05}}
+    p = Params.model_validate(raw)
+    table, _ = train_variant(make_pairs(p), p, "random")
+    final = table[table["step"].isna()].set_index("metric")["value"]
+    curve = table[(table["metric"] == "val_recall_at_1") & table["step"].notna()]["value"].to_numpy()
+    assert final["epochs_run"] == len(curve) and final["val_recall_at_1"] == pytest.approx(curve.max())
+    assert final["best_epoch"] == int(np.argmax(curve))
+    assert final["steps"] == final["epochs_run"] * (final["steps"] / final["epochs_run"])

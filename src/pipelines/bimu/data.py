@@ -48,6 +48,34 @@ def class_weights(n_classes: int, imbalance: float) -> np.ndarray:
     return w / w.sum()
 
 
+def pretrain_encoder(x: np.ndarray, y: np.ndarray, width: int, steps: int, seed: int):
+    """The frozen feature extractor of the active stream: a real-valued D–128–F ReLU MLP with a linear head,
+    trained full-batch with Adam (lr 1e−3) on held-out images that the stream never draws, then frozen (the
+    stand-in for the paper's pretrained CNN). Returns ``encode(x) -> features`` (numpy)."""
+    g = torch.Generator().manual_seed(seed)
+    d, c = x.shape[1], int(y.max()) + 1
+    enc = torch.nn.Sequential(torch.nn.Linear(d, 128), torch.nn.ReLU(), torch.nn.Linear(128, width), torch.nn.ReLU())
+    head = torch.nn.Linear(width, c)
+    with torch.no_grad():
+        for m in (*enc, head):
+            if isinstance(m, torch.nn.Linear):
+                bound = m.in_features ** -0.5
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) * 2 * bound - bound)
+                m.bias.zero_()
+    opt = torch.optim.Adam([*enc.parameters(), *head.parameters()], lr=1e-3)
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(head(enc(xt)), yt).backward()
+        opt.step()
+    enc.eval()
+
+    def encode(v: np.ndarray | torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return enc(torch.as_tensor(v, dtype=torch.float32))
+    return encode
+
+
 def make_streams(p: Params) -> dict:
     """Tensors shared by every variant node: the images, per-seed task permutations and sample orders
     (continual), and per-seed domain transforms and the imbalanced stream (active)."""
@@ -59,6 +87,17 @@ def make_streams(p: Params) -> dict:
     if c.n_per_task > len(xtr):
         raise ValueError(f"bimu.continual.n_per_task: {c.n_per_task} exceeds the {len(xtr)} training images")
     pi = class_weights(n_classes, a.imbalance)
+    pool = np.arange(len(xtr))                  # training images the active stream may draw
+    encode = None
+    if a.features == "frozen":
+        if a.n_pretrain >= len(xtr) - n_classes:
+            raise ValueError(f"bimu.active.n_pretrain: {a.n_pretrain} leaves too few of the {len(xtr)} training "
+                             "images for the active stream")
+        held = np.random.default_rng([p.data.split_seed, 7]).permutation(len(xtr))
+        pre, pool = np.sort(held[:a.n_pretrain]), np.sort(held[a.n_pretrain:])
+        encode = pretrain_encoder(xtr[pre], ytr[pre], a.feature_dim, a.pretrain_steps, p.data.split_seed)
+        f_pre = encode(xtr[pre])
+        f_mu, f_sd = f_pre.mean(), f_pre.std()
     perms, orders, dperm, dshift, sidx = [], [], [], [], []
     for s in p.seeds:
         rng = np.random.default_rng([s, 6055])
@@ -69,17 +108,40 @@ def make_streams(p: Params) -> dict:
         dshift.append(np.stack([1 + rng.uniform(-a.contrast, a.contrast, a.n_domains),
                                 rng.uniform(-a.brightness, a.brightness, a.n_domains)], 1))
         # stream: per step a class drawn from π, then a training image of that class
-        by_class = [np.flatnonzero(ytr == k) for k in range(n_classes)]
+        by_class = [pool[ytr[pool] == k] for k in range(n_classes)]
         cls = rng.choice(n_classes, a.n_domains * a.n_per_domain, p=pi)
         sidx.append(np.array([rng.choice(by_class[k]) for k in cls]))
     t = lambda v, dt=torch.float32: torch.as_tensor(np.asarray(v), dtype=dt)  # noqa: E731
+    al_x, al_xt = active_inputs(t(xtr), t(xte), t(sidx, torch.long), t(dperm, torch.long), t(dshift), a,
+                                None if encode is None else lambda v: (encode(v) - f_mu) / f_sd)
     return {
         "x_train": t(xtr), "y_train": t(ytr, torch.long), "x_test": t(xte), "y_test": t(yte, torch.long),
         "n_classes": n_classes, "seeds": list(p.seeds), "x_range": [float(xtr.min()), float(xtr.max())],
         "task_perms": t(perms, torch.long), "task_orders": t(orders, torch.long),
         "domain_perms": t(dperm, torch.long), "domain_shift": t(dshift), "stream_index": t(sidx, torch.long),
-        "class_weights": t(pi),
+        "class_weights": t(pi), "al_x": al_x, "al_x_test": al_xt,
     }
+
+
+def active_inputs(xtr: torch.Tensor, xte: torch.Tensor, sidx: torch.Tensor, dperm: torch.Tensor,
+                  dshift: torch.Tensor, a, encode=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the active learner reads, per replica: the stream (R, steps, F) and every domain's view of the
+    test images (R, n_domains·N, F). Pixels: each domain permutes the pixels, then shifts contrast and
+    brightness. Frozen features: each domain shifts contrast and brightness of the images (a frozen encoder
+    of permuted pixels would be meaningless; OpenLORIS's factors are illumination, occlusion, size), then
+    the frozen encoder maps them to standardised features."""
+    r, steps = sidx.shape
+    dom = torch.arange(steps) // a.n_per_domain
+    xs, xt = [], []
+    for i in range(r):
+        if encode is None:
+            xs.append(domain_view(xtr[sidx[i]], dperm[i][dom], dshift[i][dom].T[..., None]))
+            xt.append(torch.cat([domain_view(xte, dperm[i, d], dshift[i, d]) for d in range(a.n_domains)]))
+        else:
+            sh = dshift[i][dom]
+            xs.append(encode(sh[:, :1] * xtr[sidx[i]] + sh[:, 1:]))
+            xt.append(torch.cat([encode(dshift[i, d, 0] * xte + dshift[i, d, 1]) for d in range(a.n_domains)]))
+    return torch.stack(xs), torch.stack(xt)
 
 
 def domain_view(x: torch.Tensor, perm: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:

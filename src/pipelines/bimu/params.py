@@ -83,6 +83,13 @@ class Ste(Strict):
 
 
 class Active(Strict):
+    # pixels: the binary net reads the (permuted, shifted) pixels; frozen: it reads the features of a frozen
+    # real-valued encoder pretrained on held-out images (the paper's frozen-CNN OpenLORIS setting)
+    features: Literal["pixels", "frozen"] = "pixels"
+    n_pretrain: int = Field(default=500, ge=20)   # frozen: training images held out to pretrain the encoder
+    feature_dim: int = Field(default=32, ge=2)    # frozen: encoder output width
+    pretrain_steps: PositiveInt = 300             # frozen: full-batch Adam steps of the encoder
+    lm: PositiveFloat | None = None               # ℓ_m of the active learner (None: bimu.lm)
     n_domains: PositiveInt
     n_per_domain: int = Field(ge=10)
     imbalance: float = Field(gt=0, le=1)  # class c has frequency ∝ imbalance^(c / (C − 1))

@@ -16,7 +16,6 @@ import logging
 import numpy as np
 import torch
 
-from pipelines.bimu.data import domain_view
 from pipelines.bimu.model import (BinaryBayesNet, GaussianNet, LambdaRule, MesuRule, MetaAdam, NoiseBlocks,
                                   bayesbinn_delta, bimu_delta, binary_net_loss, hard_probs, online_delta,
                                   relaxed_loss, ste_sign, uncertainty)
@@ -37,7 +36,8 @@ def update_rule(p: Params, variant: str):
     """(init, rule) of a λ-update variant; ``rule(λ, ∂L/∂λ) -> Δλ``."""
     if variant in ("bimu", *ACTIVE):
         b = p.bimu
-        return "uniform", functools.partial(bimu_delta, lm=b.lm, eta=b.eta, eta_max=b.eta_max, kappa=b.kappa,
+        lm = p.active.lm if variant in ACTIVE and p.active.lm is not None else b.lm
+        return "uniform", functools.partial(bimu_delta, lm=lm, eta=b.eta, eta_max=b.eta_max, kappa=b.kappa,
                                             n_mem=b.n_mem, relaxation=b.relaxation)
     if variant in ("bayesbinn", "bayesbinn_official"):
         b = getattr(p, variant)
@@ -85,7 +85,8 @@ class Learner:
             raise ValueError(f"node 'bimu.train.{variant}': the stream was built for seeds {seeds}, this run "
                              f"has {list(p.seeds)}; rerun the data node")
         self.p, self.variant = p, variant
-        r, d, c, h, k = len(seeds), stream["x_train"].shape[1], stream["n_classes"], p.model.hidden, p.model.k_train
+        x_in = stream["al_x"] if variant in ACTIVE else stream["x_train"]
+        r, d, c, h, k = len(seeds), x_in.shape[-1], stream["n_classes"], p.model.hidden, p.model.k_train
         self.eval_gens = _gens(seeds, salt + 2)
         if variant == "mesu":
             m = p.mesu
@@ -210,16 +211,10 @@ def train_active(stream: dict, p: Params, variant: str) -> dict:
     net, noise = lrn.net, lrn.noise
     a, seeds = p.active, stream["seeds"]
     r, c = len(seeds), stream["n_classes"]
-    xtr, ytr, xte, yte = stream["x_train"], stream["y_train"], stream["x_test"], stream["y_test"]
+    ytr, yte = stream["y_train"], stream["y_test"]
     steps = a.n_domains * a.n_per_domain
-    dom = torch.arange(steps) // a.n_per_domain
-    idx = stream["stream_index"]                                            # (R, steps)
-    dperm, dshift = stream["domain_perms"], stream["domain_shift"]
-    xs = torch.stack([domain_view(xtr[idx[i]], dperm[i][dom], dshift[i][dom].T[..., None]) for i in range(r)])
-    ys = ytr[idx]
-    # test set: every domain's view of the test images (task-agnostic), labels repeated per domain
-    xt = torch.stack([torch.cat([domain_view(xte, dperm[i, d], dshift[i, d]) for d in range(a.n_domains)])
-                      for i in range(r)])
+    xs, xt = stream["al_x"], stream["al_x_test"]      # (R, steps, F) and (R, n_domains·N, F), see data.py
+    ys = ytr[stream["stream_index"]]
     yt = yte.repeat(a.n_domains)
     pi = stream["class_weights"].numpy()
     q_gens, labels = _gens(seeds, 31), np.zeros(r, dtype=np.int64)

@@ -48,13 +48,22 @@ def vs_best_heuristic(values, p: Params) -> dict[str, dict[int, float]]:
     return out
 
 
+def convergence(values, p: Params) -> dict[str, float]:
+    """The convergence gate's value: the largest seed-mean ``val_late_rise`` (validation recall@1 still
+    gained over the last ``model.flat_window`` of training) over every variant of the run, and which."""
+    rises = {v: values.mean(v, "val_late_rise") for v in values.variants}
+    worst = max(rises, key=rises.get)
+    return {"convergence.max_val_late_rise": float(rises[worst])}
+
+
 def derived(p: Params) -> list:
     """Differences (recall, MRR, false negatives per batch) between every HOBIT-batched variant and every
     baseline, between ``hobit`` and each ablation, and against the best heuristic batcher; the objective
     checks."""
     from pipelines.core.spec import Diff, Fn
 
-    out = [Fn(checks_metrics, _checks_names, inputs=["checks"])]
+    out = [Fn(checks_metrics, _checks_names, inputs=["checks"]),
+           Fn(convergence, ["convergence.max_val_late_rise"], needs_=list(p.variants))]
     for a, b in p.diff_pairs():
         out += [Diff("recall_at_1", a, b), Diff("mrr_at_10", a, b), Diff("fn_per_batch", b, a)]
     if p.heuristics():
@@ -73,7 +82,12 @@ def _curves(values) -> dict[str, dict[str, list[float]]]:
     out = {}
     for v in values.variants:
         seeds = sorted(values.per_seed(v, "recall_at_1"))
-        out[v] = {k: list(np.mean([values.history(v, k, s)["value"] for s in seeds], axis=0)) for k in CURVES}
+        out[v] = {}
+        for k in CURVES:      # early stopping: seeds may stop at different epochs (padded with NaN)
+            rows = [np.asarray(values.history(v, k, s)["value"], float) for s in seeds]
+            n = max(len(r) for r in rows)
+            pad = np.stack([np.pad(r, (0, n - len(r)), constant_values=np.nan) for r in rows])
+            out[v][k] = list(np.nanmean(pad, axis=0))
     return out
 
 
@@ -102,11 +116,14 @@ def make_plots(p: Params, values, artifacts: dict) -> dict:
     names = list(values.variants)
     curves = _curves(values)
     figs = {}
-    epochs = np.arange(p.model.epochs)
+    n_ep = max(len(curves[v]["val_recall_at_1"]) for v in names)
+    pad = lambda xs: list(xs) + [float("nan")] * (n_ep - len(xs))  # noqa: E731
+    epochs = np.arange(n_ep)
     style = _style(names, p)
-    figs["recall_vs_epoch"] = line_plot(epochs, {v: curves[v]["test_recall_at_1"] for v in names}, "epoch",
-                                        "test recall@1", "recall@1 after each epoch (mean over a variant's seeds)")
-    figs["hardness_vs_epoch"] = line_plot(epochs, {v: curves[v]["hardness"] for v in names}, "epoch",
+    figs["recall_vs_epoch"] = line_plot(epochs, {v: pad(curves[v]["val_recall_at_1"]) for v in names}, "epoch",
+                                        "validation recall@1",
+                                        "validation recall@1 after each epoch (mean over a variant's seeds)")
+    figs["hardness_vs_epoch"] = line_plot(epochs, {v: pad(curves[v]["hardness"]) for v in names}, "epoch",
                                           "top negative cos − positive cos", "in-batch hardness (mean over seeds)")
     _restyle(figs["recall_vs_epoch"], style)
     _restyle(figs["hardness_vs_epoch"], style)

@@ -27,13 +27,15 @@ class Data(Strict):
     w_fact: PositiveFloat = 0.25
     noise: NonNegativeFloat = 0.3
     n_test_facts: PositiveInt = 1024
+    n_val_facts: NonNegativeInt = 1024   # held out for validation: early stopping and every tuning choice
     dup_rate: Probability = 0.142857   # share of train facts with a second pair
 
     @model_validator(mode="after")
     def _test_facts(self):
         n = self.n_topics * self.n_subtopics * self.n_facts
-        if self.n_test_facts >= n:
-            raise ValueError(f"n_test_facts: {self.n_test_facts} leaves no train facts (the world has {n} facts)")
+        if self.n_test_facts + self.n_val_facts >= n:
+            raise ValueError(f"n_test_facts: {self.n_test_facts} (+ n_val_facts {self.n_val_facts}) leaves no "
+                             f"train facts (the world has {n} facts)")
         return self
 
 
@@ -42,8 +44,11 @@ class Model(Strict):
     out_dim: int = Field(default=32, ge=2)
     tau: float = Field(default=0.05, gt=0, le=10)
     batch_size: int = Field(default=64, ge=4)
-    epochs: int = Field(default=10, ge=2)         # epoch 0 is random for every variant
+    epochs: int = Field(default=10, ge=2)         # at most; epoch 0 is random for every variant
+    patience: PositiveInt | None = None           # early stopping: epochs without a better validation recall@1
+    flat_window: Fraction = 0.2                   # the convergence gate reads the last 20% of the epochs run
     lr: PositiveFloat = 1e-3
+    schedule: Literal["constant", "linear_decay"] = "constant"   # linear_decay: lr -> 0 over `epochs`
     weight_decay: NonNegativeFloat = 0.0
     grad_clip: PositiveFloat | None = None
 

@@ -149,10 +149,13 @@ def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
     batcher = EpochBatcher(spec, p, model, q, d, arr["fact_train"], seed, clock)
     if keep:
         batcher.history = []
-    ep = {"train_loss": [], "hardness": [], "train_s": [], "test_recall_at_1": []}
+    ep = {"train_loss": [], "hardness": [], "train_s": [], "val_recall_at_1": []}
     acc = {"loss": 0.0, "hard": 0.0, "secs": 0.0, "k": 0}
-    qt, ct = torch.as_tensor(arr["q_test"], device=device), torch.as_tensor(arr["corpus"], device=device)
-    n_rel = relevant_counts(arr["fact_test"], arr["fact_corpus"])
+    qv, ct = torch.as_tensor(arr["q_val"], device=device), torch.as_tensor(arr["corpus"], device=device)
+    n_rel = relevant_counts(arr["fact_val"], arr["fact_corpus"])
+    if not (n_rel > 0).any():
+        raise InputDataError(f"dataset 'hobit.pairs' (seed {seed}): no validation pairs (split 'val'), which early "
+                             "stopping and the convergence gate read")
 
     def sample_batch(step: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
         epoch, k = divmod(step, spe)
@@ -169,15 +172,21 @@ def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
             ep["train_loss"].append(acc["loss"] / acc["k"])
             ep["hardness"].append(acc["hard"] / acc["k"])
             ep["train_s"].append(acc["secs"])
-            with torch.no_grad():
-                top1 = top_documents(model.encode_q(qt), model.encode_d(ct), 1)[:, 0]
-            hit = arr["fact_corpus"][top1] == arr["fact_test"]
-            ep["test_recall_at_1"].append(float((hit / np.maximum(n_rel, 1))[n_rel > 0].mean()))
             acc.update(loss=0.0, hard=0.0, secs=0.0, k=0)
 
-    fit(model, None, lambda mdl, *bt: infonce(mdl, m.tau, *bt), steps=m.epochs * spe, sample_batch=sample_batch,
-        optimizer="adam", lr=m.lr, weight_decay=m.weight_decay, grad_clip=m.grad_clip, seed=seed,
-        desc=f"hobit.{variant} seed {seed}", callback=on_step)
+    def val_score(mdl: DualEncoder) -> float:
+        """Validation recall@1 after an epoch (the validation queries against the whole corpus), negated:
+        early stopping keeps the best epoch's weights; the test pairs are read only once, at the end."""
+        top1 = top_documents(mdl.encode_q(qv), mdl.encode_d(ct), 1)[:, 0]
+        hit = arr["fact_corpus"][top1] == arr["fact_val"]
+        r1 = float((hit / np.maximum(n_rel, 1))[n_rel > 0].mean())
+        ep["val_recall_at_1"].append(r1)
+        return -r1
+
+    fr = fit(model, None, lambda mdl, *bt: infonce(mdl, m.tau, *bt), steps=m.epochs * spe,
+             sample_batch=sample_batch, val_score=val_score, val_every=spe, patience=m.patience,
+             optimizer="adam", lr=m.lr, scheduler=linear_decay if m.schedule == "linear_decay" else None, weight_decay=m.weight_decay, grad_clip=m.grad_clip, seed=seed,
+             desc=f"hobit.{variant} seed {seed}", callback=on_step)
 
     metrics = evaluate_encoder(model, arr, device, tuple(p.eval.ks))
     lg = batcher.log
@@ -191,7 +200,10 @@ def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
            "batching_s_per_epoch": bs, "train_s_per_epoch": ts,
            "overhead_ratio": bs / ts if ts > 0 else float("nan"),
            "batching_frac_of_epoch": bs / (bs + ts) if bs + ts > 0 else float("nan"),
-           "docs_per_step": float(2 * b if spec.mining else b), "steps": float(m.epochs * spe),
+           "docs_per_step": float(2 * b if spec.mining else b), "steps": float(fr.steps_run),
+           "epochs_run": float(len(ep["val_recall_at_1"])), "best_epoch": float(fr.best_epoch // spe - 1),
+           "val_recall_at_1": float(max(ep["val_recall_at_1"])),
+           "val_late_rise": late_rise(ep["val_recall_at_1"], p.model.flat_window),
            "forced_fills": float(np.sum(lg["forced_fills"]))}
     if spec.batcher == "hobit":
         row["batch_f_mean"] = float(np.nanmean(lg["batch_f_mean"][1:]))
@@ -206,6 +218,25 @@ def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
     return {"seed": seed, "row": row, "history": history, **extra}, table, state
 
 
+def linear_decay(opt: torch.optim.Optimizer, total_steps: int):
+    """The learning rate falls linearly from its peak to 0 over the whole epoch budget (DPR's schedule,
+    without warm-up); with early stopping a run may stop before it reaches 0."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1 - k / max(total_steps, 1)))
+
+
+def late_rise(curve: list[float], window: float) -> float:
+    """How much a per-epoch validation curve still rises over the last ``window`` share of the epochs run:
+    the least-squares slope over those epochs (and the one before them) times the epochs they span (the
+    convergence gate's measure, robust to epoch-to-epoch noise; <= 0 when flat or falling)."""
+    n = len(curve)
+    start = max(n - 1 - int(np.ceil(window * n)), 0)
+    y = np.asarray(curve[start:], float)
+    if len(y) < 2:
+        return float("nan")
+    x = np.arange(len(y), dtype=float)
+    return float(np.polyfit(x, y, 1)[0] * (len(y) - 1))
+
+
 def batch_table(batcher: EpochBatcher, seed: int) -> pd.DataFrame:
     """Every epoch's batches (epoch, batch, position, example, fact), for inspection."""
     frames = []
@@ -218,7 +249,7 @@ def batch_table(batcher: EpochBatcher, seed: int) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-CURVES = ("test_recall_at_1", "train_loss", "hardness", "fn_per_batch", "batching_s", "train_s")   # per epoch
+CURVES = ("val_recall_at_1", "train_loss", "hardness", "fn_per_batch", "batching_s", "train_s")   # per epoch
 
 
 def train_variant(pairs: pd.DataFrame, p: Params, variant: str):

@@ -164,6 +164,9 @@ def _run(**kw: Any) -> dict[str, Any]:
     from pipelines.core.params import ParameterError
     from pipelines.core.runner import GPUUnavailableError, RunnerConfigError, forget_session
 
+    from pipelines.core.logs import set_verbose
+
+    set_verbose(bool(kw.pop("verbose", False)))   # after the plugins' imports, which set their own levels
     pipeline, pipelines = kw.pop("pipeline"), kw.pop("pipelines")
     if pipeline and pipelines:
         raise KedroCliError("Options '--pipeline' and '--pipelines' cannot be used together")
@@ -236,6 +239,9 @@ def _run_params() -> list[click.Parameter]:
             p = copy.copy(p)
             p.callback = split_params
         out.append(p)
+    out.append(click.Option(["-v", "--verbose"], is_flag=True, default=False,
+                            help="Also log every dataset load and save, each node's signature and the "
+                                 "plugins' INFO lines (default output is a progress report)."))
     return out
 
 

@@ -90,18 +90,20 @@ def check_request(names: list[str], env: str | None, conf_source: str | None) ->
             raise click.ClickException(f"env '{env}' not found: no folder {conf / env} (envs: {', '.join(envs)})")
 
 
-def validate_params(names: list[str]) -> None:
+def validate_params(names: list[str], raw: dict[str, dict] | None = None) -> None:
     """The requested methods' parameters against their schemas, before any MLflow run is opened (read
-    with the run's config through core.registry.method_config: no context, so no hook runs twice)."""
+    with the run's config through core.registry.method_config: no context, so no hook runs twice;
+    ``raw`` gives them instead, as ``{method: params}``)."""
     from pipelines.core.params import ParameterError, schema_for, validate
     from pipelines.core.registry import method_config
     from pipelines.core.runctx import DEFAULT_PIPELINE
 
-    raw = {}
-    for n in names:
-        m = DEFAULT_PIPELINE if n == "__default__" else n
-        if method_config(m):
-            raw[m] = method_config(m)
+    if raw is None:
+        raw = {}
+        for n in names:
+            m = DEFAULT_PIPELINE if n == "__default__" else n
+            if method_config(m):
+                raw[m] = method_config(m)
     for n in names:
         m = DEFAULT_PIPELINE if n == "__default__" else n
         schema = schema_for(m)

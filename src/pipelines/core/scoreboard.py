@@ -227,7 +227,8 @@ def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> R
     row = Row(pipeline=m, status="ok", paper=paper, headline=head, claims=claims, verdicts=verdict_counts(claims),
               gates_failed=[g["id"] for g in report.get("gates") or [] if not g.get("passed")],
               claims_held=sum(bool(c.get("holds")) for c in claims), claims_declared=len(claims),
-              wall_seconds=_num(report.get("wall_seconds")), env=report.get("env"),
+              wall_seconds=None if report.get("partial_run") else _num(report.get("wall_seconds")),
+              env=report.get("env"),
               run_id=report.get("run_id"), save_version=report.get("save_version"),
               git_commit=report.get("git_commit"), source=report.get("_source"))
     variants, stds = report.get("variants") or {}, report.get("variants_std") or {}

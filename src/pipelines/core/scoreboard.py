@@ -158,10 +158,14 @@ def infer_headline(report: Mapping[str, Any]) -> dict[str, Any] | None:
             metric, method = ".".join(parts[1:-1]), parts[-1].split("_vs_")[0]
             if method in variants and metric in variants[method]:
                 return {"metric": metric, "method": method, "lower_is_better": True, "inferred": True}
-        if parts[0] == "variants" and len(parts) >= 3 and parts[1] in variants:
-            # "method >= threshold" means higher is better, and vice versa
-            return {"metric": ".".join(parts[2:]), "method": parts[1],
-                    "lower_is_better": c.get("op") in ("<=", "<"), "inferred": True}
+        if parts[0] == "variants" and len(parts) >= 3:
+            # variant names may hold dots (rankcal's "pl_truth.pl_lin"): the longest one that is a variant
+            for k in range(len(parts) - 1, 1, -1):
+                v, metric = ".".join(parts[1:k]), ".".join(parts[k:])
+                if v in variants and metric in (variants[v] or {}):
+                    # "method >= threshold" means higher is better, and vice versa
+                    return {"metric": metric, "method": v,
+                            "lower_is_better": c.get("op") in ("<=", "<"), "inferred": True}
     return None
 
 

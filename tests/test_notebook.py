@@ -73,3 +73,40 @@ def test_notebook_runs_top_to_bottom_against_a_test_store(e2e_project, monkeypat
     assert summary["pipeline"] == PIPELINE and summary["runs"] >= 1
     assert summary["headline"].startswith(PIPELINE) and summary["variants"] >= 2
     assert summary["best_baseline"] and isinstance(summary["method_value"], float)
+
+
+@pytest.mark.e2e
+def test_notebook_runs_for_every_method(e2e_project, test_env_run, monkeypatch):
+    """The same notebook against every registered method's ``--env=test`` run (one kernel, the notebook
+    re-run per method with ``PIPELINE`` set): every method has a headline to plot and a claims table."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    from pipelines.core.registry import discover_methods
+
+    methods = discover_methods()
+    for m in methods:
+        test_env_run(m)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{e2e_project / 'mlflow.db'}")
+    monkeypatch.setenv("RUN_FILTER", "tags.env = 'test'")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    failed = {}
+    with client.setup_kernel():
+        for m in methods:
+            setup = nbformat.v4.new_code_cell(f"import os; os.environ['PIPELINE'] = {m!r}")
+            cells = [setup, *(nbformat.v4.new_code_cell(c.source) for c in code)]
+            try:
+                for i, cell in enumerate(cells):
+                    client.execute_cell(cell, i)
+            except nbclient.exceptions.CellExecutionError as exc:
+                failed[m] = str(exc).strip().splitlines()[-1]
+                continue
+            summary = ast.literal_eval(cells[-1].outputs[-1]["data"]["text/plain"])
+            if summary["pipeline"] != m or summary["runs"] < 1:
+                failed[m] = f"summary {summary}"
+    assert not failed, failed

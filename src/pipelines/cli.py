@@ -90,18 +90,20 @@ def check_request(names: list[str], env: str | None, conf_source: str | None) ->
             raise click.ClickException(f"env '{env}' not found: no folder {conf / env} (envs: {', '.join(envs)})")
 
 
-def validate_params(names: list[str]) -> None:
+def validate_params(names: list[str], raw: dict[str, dict] | None = None) -> None:
     """The requested methods' parameters against their schemas, before any MLflow run is opened (read
-    with the run's config through core.registry.method_config: no context, so no hook runs twice)."""
+    with the run's config through core.registry.method_config: no context, so no hook runs twice;
+    ``raw`` gives them instead, as ``{method: params}``)."""
     from pipelines.core.params import ParameterError, schema_for, validate
     from pipelines.core.registry import method_config
     from pipelines.core.runctx import DEFAULT_PIPELINE
 
-    raw = {}
-    for n in names:
-        m = DEFAULT_PIPELINE if n == "__default__" else n
-        if method_config(m):
-            raw[m] = method_config(m)
+    if raw is None:
+        raw = {}
+        for n in names:
+            m = DEFAULT_PIPELINE if n == "__default__" else n
+            if method_config(m):
+                raw[m] = method_config(m)
     for n in names:
         m = DEFAULT_PIPELINE if n == "__default__" else n
         schema = schema_for(m)
@@ -164,6 +166,9 @@ def _run(**kw: Any) -> dict[str, Any]:
     from pipelines.core.params import ParameterError
     from pipelines.core.runner import GPUUnavailableError, RunnerConfigError, forget_session
 
+    from pipelines.core.logs import set_verbose
+
+    set_verbose(bool(kw.pop("verbose", False)))   # after the plugins' imports, which set their own levels
     pipeline, pipelines = kw.pop("pipeline"), kw.pop("pipelines")
     if pipeline and pipelines:
         raise KedroCliError("Options '--pipeline' and '--pipelines' cannot be used together")
@@ -236,6 +241,9 @@ def _run_params() -> list[click.Parameter]:
             p = copy.copy(p)
             p.callback = split_params
         out.append(p)
+    out.append(click.Option(["-v", "--verbose"], is_flag=True, default=False,
+                            help="Also log every dataset load and save, each node's signature and the "
+                                 "plugins' INFO lines (default output is a progress report)."))
     return out
 
 

@@ -197,3 +197,18 @@ def test_only_default_scale_reports_by_default(tmp_path, capsys):
     assert latest_reports_from_dir(tmp_path)["alpha"]["env"] == "full"
     assert main(["--reports", str(tmp_path), "--pipelines", "alpha"]) == 0
     assert "0.5" in capsys.readouterr().out
+
+
+def test_a_partial_run_is_marked_and_its_wall_time_is_not_the_methods():
+    from pipelines.core.hooks import PlatformHooks
+    from pipelines.core.scoreboard import row_from_report
+
+    hooks = PlatformHooks()
+    for run_params, partial in (({"from_nodes": ["m.train.a"]}, True), ({"node_names": ()}, False)):
+        hooks.before_pipeline_run({"env": "test", "run_id": "v", **run_params}, None, None)
+        report = {"pipeline": "m", "claims": [], "gates": []}
+        hooks._catalog = None
+        hooks._ctx["_t0"] -= 12.0
+        report.update({k: v for k, v in hooks._ctx.items() if not k.startswith("_")}, wall_seconds=12.0)
+        assert report["partial_run"] is partial
+        assert row_from_report(report).wall_seconds == (None if partial else 12.0)

@@ -93,10 +93,18 @@ class FiguresDataset(_FsDataset):
         base = get_filepath_str(self._get_save_path(), self._protocol)
         self._fs.makedirs(base, exist_ok=True)
         for name, fig in figures.items():
-            with self._fs.open(f"{base}/{name}.png", "wb") as f:
+            with self._fs.open(f"{base}/{plot_file_stem(name)}.png", "wb") as f:
                 fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
             plt.close(fig)
         _log_artifacts(base, "plots")
+
+
+def plot_file_stem(name: str) -> str:
+    """A figure's file name from its key: a key built from a user's dataset name (``file:mine``) keeps
+    letters, digits, ``.``, ``_`` and ``-``; anything else (``:``, ``/``, spaces) becomes ``_``."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("._") or "plot"
 
 
 def _log_artifacts(local_dir: str, artifact_path: str) -> None:

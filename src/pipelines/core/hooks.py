@@ -73,6 +73,9 @@ class PlatformHooks:
             "save_version": run_params.get("run_id"),
             "git_commit": git_commit(),
             "runner": runner_name(),
+            # a run of part of the pipeline (--nodes, --from-nodes, --tags ...): its wall time is not the method's
+            "partial_run": any(run_params.get(k) for k in ("node_names", "from_nodes", "to_nodes", "from_inputs",
+                                                           "to_outputs", "tags", "namespaces")),
             "_t0": time.perf_counter(),
         }
         self._logged_params: set[str] = set()

@@ -158,10 +158,14 @@ def infer_headline(report: Mapping[str, Any]) -> dict[str, Any] | None:
             metric, method = ".".join(parts[1:-1]), parts[-1].split("_vs_")[0]
             if method in variants and metric in variants[method]:
                 return {"metric": metric, "method": method, "lower_is_better": True, "inferred": True}
-        if parts[0] == "variants" and len(parts) >= 3 and parts[1] in variants:
-            # "method >= threshold" means higher is better, and vice versa
-            return {"metric": ".".join(parts[2:]), "method": parts[1],
-                    "lower_is_better": c.get("op") in ("<=", "<"), "inferred": True}
+        if parts[0] == "variants" and len(parts) >= 3:
+            # variant names may hold dots (rankcal's "pl_truth.pl_lin"): the longest one that is a variant
+            for k in range(len(parts) - 1, 1, -1):
+                v, metric = ".".join(parts[1:k]), ".".join(parts[k:])
+                if v in variants and metric in (variants[v] or {}):
+                    # "method >= threshold" means higher is better, and vice versa
+                    return {"metric": metric, "method": v,
+                            "lower_is_better": c.get("op") in ("<=", "<"), "inferred": True}
     return None
 
 
@@ -227,7 +231,8 @@ def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> R
     row = Row(pipeline=m, status="ok", paper=paper, headline=head, claims=claims, verdicts=verdict_counts(claims),
               gates_failed=[g["id"] for g in report.get("gates") or [] if not g.get("passed")],
               claims_held=sum(bool(c.get("holds")) for c in claims), claims_declared=len(claims),
-              wall_seconds=_num(report.get("wall_seconds")), env=report.get("env"),
+              wall_seconds=None if report.get("partial_run") else _num(report.get("wall_seconds")),
+              env=report.get("env"),
               run_id=report.get("run_id"), save_version=report.get("save_version"),
               git_commit=report.get("git_commit"), source=report.get("_source"))
     variants, stds = report.get("variants") or {}, report.get("variants_std") or {}

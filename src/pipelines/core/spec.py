@@ -458,14 +458,20 @@ class Method:
         gathered = {"p": P, **{f"r__{v}": results[v] for v in planned},
                     **{f"a__{v}": a for v, a in arts.items()},
                     **{f"i__{k}": ds for k, ds in self.inputs_map().items()}}
-        nodes.append(node(functools.partial(make_plots, self.name), gathered, "plots", name="evaluate.plots",
+        nodes.append(node(_bound(make_plots, self.name), gathered, "plots", name="evaluate.plots",
                           tags=["evaluate"]))
-        nodes.append(node(functools.partial(make_report, self.name), {**gathered, "plots": "plots"}, "report",
+        nodes.append(node(_bound(make_report, self.name), {**gathered, "plots": "plots"}, "report",
                           name="evaluate.report", tags=["evaluate"]))
         return pipeline(Pipeline(nodes), namespace=self.name, parameters={P: P})
 
 
 # ------------------------------------------------------------------------------ evaluate nodes
+def _bound(func: Callable, method: str) -> functools.partial:
+    """``func`` with the method's name bound, carrying ``func``'s name and annotations (Kedro names the
+    node's function and reads its type hints from them; a bare partial has neither)."""
+    return functools.update_wrapper(functools.partial(func, method), func)
+
+
 def load_spec(method: str) -> Method:
     return importlib.import_module(f"pipelines.{method}.spec").SPEC
 
@@ -532,7 +538,7 @@ def compute_derived(spec: Method, p: Any, values: SeedValues, planned: Sequence[
     return point, per_seed
 
 
-def make_report(method: str, plots: Mapping[str, Any] | Iterable[str] = (), **kw: Any) -> dict[str, Any]:
+def make_report(method: str, plots: Any = (), **kw: Any) -> dict[str, Any]:
     from pipelines.core.report import build_report
 
     spec = load_spec(method)

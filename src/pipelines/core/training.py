@@ -99,6 +99,8 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
     ``progress=None`` shows a bar only on a terminal."""
     from tqdm.auto import tqdm
 
+    from pipelines.core.progress import note
+
     if sample_batch is None and train is None:
         raise ValueError("fit: give `train` tensors or a `sample_batch` function")
     if sample_batch is not None and not steps:
@@ -193,6 +195,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
                 callback(StepInfo(step, epoch, lv, size, dt, dc, model, extras, opt, gnorm))
             step += 1
             bar.update(1)
+            note((f"{desc} step", step, total))
             if val_every and val_score is not None and step % val_every == 0:
                 row = {"epoch": epoch, "step": step, "train_loss": lv, **extras}
                 stop = validate(epoch, row)

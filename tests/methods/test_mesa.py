@@ -368,4 +368,5 @@ def test_prefix_style_moves_only_the_heldout_wrappers_before_the_request():
     for prompt in ev[ev.set == "id"].prompt:
         t = prompt.split()
         assert t[0].startswith("wA") and t[-2] == "wB" + t[0][2:]
-    assert not align.prompt.str.contains(r"wA[3-5]").any()     # held-out wrappers never reach D_s
+    harm = align[align.kind == "harmful"]
+    assert not harm.prompt.str.contains(r"wA[3-5]").any()       # held-out wrappers never carry D_s requests

@@ -244,6 +244,20 @@ def test_collapse_rule():
     assert collapse_iteration([(0, 0.3), (10, 0.2), (20, 0.3)], 0.5, 0.2) is None
 
 
+def test_reward_rise_counts_only_the_iterations_before_the_collapse():
+    """The gate's metric by hand: best 10-iteration mean before the collapsed evaluation minus the first
+    10-iteration mean; a rise after the collapse does not count; too few iterations before it give 0."""
+    from pipelines.llds.evaluate import reward_rise
+
+    r = np.r_[np.full(10, 0.1), np.full(10, 0.3), np.zeros(10), np.full(10, 0.9)]
+    it = pd.DataFrame({"iteration": np.arange(40), "train_reward": r})
+    assert reward_rise(it, None) == pytest.approx(0.8)                  # nothing collapsed: the whole run
+    assert reward_rise(it, 30) == pytest.approx(0.2)                    # iterations 0..29 only
+    assert reward_rise(it, 15) == pytest.approx(np.mean(r[5:15]) - 0.1)  # windows ending before iteration 15
+    assert reward_rise(it, 9) == 0.0                                    # fewer than 10 iterations before it
+    assert reward_rise(it.iloc[::-1], 30) == pytest.approx(0.2)         # the frame's row order does not matter
+
+
 def test_grpo_run_is_paired_and_llds_inert_on_first_minibatch():
     """Two variants see the same questions on their first iteration (paired rollouts); d_t = 0 on the first
     mini-batch, so LLDS's first update equals vanilla's; the run's table has every iteration."""

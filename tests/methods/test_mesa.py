@@ -355,3 +355,18 @@ def test_bad_user_tables_name_dataset_and_column(tmp_path):
     ev.to_parquet(paths["eval"])
     out = make_data(p)
     assert len(out[0]) == len(pre)
+
+
+def test_prefix_style_moves_only_the_heldout_wrappers_before_the_request():
+    from pipelines.mesa.data import synthetic
+
+    p = Params.model_validate({**RAW, "data": {**RAW["data"], "heldout_wrapper_style": "prefix"}})
+    _, align, ev = synthetic(p)
+    for prompt in ev[ev.set.isin(["ood", "ood_newharm"])].prompt:
+        t = prompt.split()
+        assert t[0].startswith("wA") and t[1] == "wB" + t[0][2:] and t[-2].startswith("obj")
+    for prompt in ev[ev.set == "id"].prompt:
+        t = prompt.split()
+        assert t[0].startswith("wA") and t[-2] == "wB" + t[0][2:]
+    harm = align[align.kind == "harmful"]
+    assert not harm.prompt.str.contains(r"wA[3-5]").any()       # held-out wrappers never carry D_s requests

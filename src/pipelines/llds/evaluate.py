@@ -57,7 +57,23 @@ def summarise(run: pd.DataFrame, p: Params) -> dict:
         row["llds_active_frac"] = _nanmean(it["llds_active_frac"])
     c = collapse_iteration(list(zip(ev["iteration"], ev["test_em"])), p.collapse.drop, p.collapse.min_max)
     row["collapsed"] = float(c is not None)
+    row["reward_rise_before_collapse"] = reward_rise(it, c)
     return row
+
+
+def reward_rise(it: pd.DataFrame, collapse: int | None) -> float:
+    """How far the train reward rose before the collapse (the gate that RL learned something): the best
+    ``WINDOW``-iteration mean of ``train_reward`` over the iterations before the collapsed evaluation (all of
+    them when nothing collapsed) minus the mean of the first ``WINDOW`` iterations; 0 when fewer than
+    ``WINDOW`` iterations precede the collapse."""
+    r = it.sort_values("iteration")
+    if collapse is not None:
+        r = r[r["iteration"] < collapse]
+    x = r["train_reward"].to_numpy(float)
+    if len(x) < WINDOW:
+        return 0.0
+    windows = np.convolve(x, np.ones(WINDOW) / WINDOW, mode="valid")
+    return float(windows.max() - windows[0])
 
 
 def pairs() -> list[tuple[str, str]]:

@@ -35,6 +35,7 @@ class Corpus:
         self.howto = {h: [self.steps[j] for j in rng.choice(d.n_step_tokens, 3, replace=False)]
                       for h in range(d.n_harm)}
         self.marker = p.answer_marker
+        self.prefix_from = d.n_wrappers_align if d.heldout_wrapper_style == "prefix" else d.n_wrappers
 
     # ---- pieces
     def benign(self, rng) -> tuple[list[str], list[str], str]:
@@ -60,8 +61,12 @@ class Corpus:
     def comply(self, h: int) -> list[str]:
         return ["HOWTO", *self.howto[h]]
 
-    @staticmethod
-    def wrap(prompt: list[str], w: int) -> list[str]:
+    def wrap(self, prompt: list[str], w: int) -> list[str]:
+        """ID wrappers enclose the request (``wA w … wB w``); with ``heldout_wrapper_style: prefix`` the
+        held-out ones precede it (``wA w wB w …``), so the tokens next to the answer marker are the
+        request's own, as in a direct request: a structurally different jailbreak (card pitfall)."""
+        if w >= self.prefix_from:
+            return [f"wA{w}", f"wB{w}", *prompt]
         return [f"wA{w}", *prompt, f"wB{w}"]
 
     def row(self, prompt, answer, kind, task, wrapper, harm) -> dict:

@@ -11,7 +11,10 @@ COMPARE = [("safety_rate_masked_id", "mesa", "head_sft"), ("safety_rate_masked_d
            ("safety_rate_masked_ood", "mesa", "head_sft"), ("safety_rate_ood", "mesa", "head_sft"),
            ("safety_rate_id", "mesa", "head_sft"), ("safety_coverage_k80", "mesa", "head_sft"),
            ("benign_acc", "mesa", "base"), ("benign_acc", "base", "full_sft"),
-           ("safety_rate_masked_id", "mesa", "mesa_no_route"), ("safety_rate_masked_id", "mesa", "full_sft")]
+           ("safety_rate_masked_id", "mesa", "mesa_no_route"), ("safety_rate_masked_id", "mesa", "full_sft"),
+           # the OT choice of experts against random / greedy lowest-cost experts (same count, same refinement)
+           ("safety_rate_masked_id", "mesa", "random_experts"), ("safety_rate_masked_id", "mesa", "greedy"),
+           ("safety_rate_ood", "mesa", "random_experts"), ("safety_rate_ood", "mesa", "greedy")]
 
 
 def base_masking_loss(values, p: Params) -> dict:

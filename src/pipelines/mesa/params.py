@@ -21,6 +21,9 @@ class Data(Strict):
     n_harm_heldout: PositiveInt = 5
     n_wrappers: int = Field(default=6, ge=2, le=50)  # two-token jailbreak wrappers; the first `n_wrappers_align` in D_s
     n_wrappers_align: PositiveInt = 3
+    # held-out wrappers (base training and evaluation only): "around" like the ID ones, or "prefix" (both
+    # tokens before the request: a structurally different jailbreak, so OOD refusal has headroom)
+    heldout_wrapper_style: Literal["around", "prefix"] = "around"
     n_templates: int = Field(default=6, ge=1, le=50)   # prompt templates per benign task and for direct requests
     n_step_tokens: int = Field(default=30, ge=3)     # vocabulary of harm-specific compliance tokens
     max_digits: int = Field(default=5, ge=3, le=12)  # copy / sort / reverse operate on 3..max_digits digits

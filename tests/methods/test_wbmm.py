@@ -537,4 +537,7 @@ def test_report_of_the_test_env_run(test_env_run):
         assert c["metric"] in report["metrics_ci"] and "ci" in c, c["id"]
         assert c["verdict"] in {"holds", "fails", "inconclusive"}
     assert {"speedup_heatmap.png", "latency_float32_c4_h28.png", "train_throughput.png"} <= set(report["artifacts"])
-    assert report["bench_env"]["threads"] == report["threads"] and report["bench_env"]["rounds"] == 8
+    # timings at the stated bench.threads (1), the nets at the node's own count (issue 22)
+    assert report["bench_env"]["threads"] == report["bench_env"]["timing_threads"] == report["timing_threads"] == 1
+    assert report["bench_env"]["node_threads"] == report["threads"] and report["bench_env"]["rounds"] == 8
+    assert report["metrics"]["bench.timing_threads"] == report["metrics"]["train_step.timing_threads"] == 1.0

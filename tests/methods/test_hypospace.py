@@ -453,3 +453,21 @@ def test_bad_user_observation_file_names_dataset_and_column(tmp_path):
                   "obs": ['{"n": 3}']}).to_csv(f, index=False)
     with pytest.raises(InputDataError, match=r"hypospace\.causal_obs.*set a:.*'obs'"):
         make_domain_data(p, "causal")
+
+
+def test_validity_gate_fails_when_only_valid_by_construction_samplers_run():
+    """Issue 22: the offline samplers draw from A (V = 1 by construction), so the gate a validity claim
+    must require fails unless a free-text (LLM) sampler is planned, and the base parameters declare it."""
+    import yaml
+
+    from pipelines.hypospace.spec import free_text_samplers
+
+    raw = raw_params()
+    offline = validate(Params, raw, "hypospace")
+    assert free_text_samplers({}, offline) == {"harness.free_text_samplers": 0.0}
+    with_llm = validate(Params, {**raw, "variants": [*raw["variants"], "llm"]}, "hypospace")
+    assert free_text_samplers({}, with_llm)["harness.free_text_samplers"] == 1.0
+    base = yaml.safe_load(open("conf/base/parameters_hypospace.yml"))["hypospace"]
+    [gate] = [g for g in base["gates"] if g["id"] == "validity_measured_on_a_free_text_sampler"]
+    assert (gate["metric"], gate["op"], gate["threshold"]) == ("harness.free_text_samplers", ">=", 1.0)
+    assert all(c["text"].startswith("harness check") for c in base["claims"])

@@ -314,6 +314,42 @@ def test_run_benchmark_times_every_grid_row_in_rounds():
     assert (bench["seconds"] > 0).all() and env["clock"] == "cpu" and env["rounds"] == 6
 
 
+def test_timings_run_at_the_stated_thread_count_and_restore_it(monkeypatch):
+    """The timing claims are defined at ``bench.threads`` intra-op threads: the timed calls run there
+    whatever ``threads`` the node preamble chose, the count is restored after, and the samples, the env
+    and the derived metrics record it."""
+    from pipelines.wbmm import bench as bench_mod
+    from pipelines.wbmm.data import make_grid, make_images
+    from pipelines.wbmm.evaluate import operator_speed, train_speed_metrics
+
+    seen = []
+    real = bench_mod.interleaved_timing
+
+    def spy(*args, **kw):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(bench_mod, "interleaved_timing", spy)
+    before = torch.get_num_threads()
+    try:
+        p = params(threads=2, bench={"batch": [1], "channels": [2], "sizes": [14], "dw_kernels": [5, 7],
+                                     "windows": [7], "rounds": 6, "warmup": 0, "min_sample_s": 0.0, "threads": 1},
+                   pairs={"matched_rf": [[7, 7]], "matched_params": [[7, 7]], "headline": [7, 5]},
+                   acc=TINY_ACC)
+        bench, env = bench_mod.run_benchmark(make_grid(p), p)
+        assert torch.get_num_threads() == 2                 # the node's own count (threads: 2), restored
+        speed = bench_mod.train_speed(make_images(p), p)
+        assert torch.get_num_threads() == 2
+        assert seen and set(seen) == {1}
+        assert (bench["threads"] == 1).all() and (speed["threads"] == 1).all()
+        assert env["timing_threads"] == 1 and env["node_threads"] == 2 and env["clock"] == "cpu"
+        from pipelines.wbmm.train import columns
+        assert operator_speed({}, p, {"bench": columns(bench)})["bench.timing_threads"] == 1.0
+        assert train_speed_metrics({}, p, {"speed": columns(speed)})["train_step.timing_threads"] == 1.0
+    finally:
+        torch.set_num_threads(before)
+
+
 # --------------------------------------------------------------------------------- training (core fit)
 def _old_loop(pattern, data, p, seed):
     """The pre-port private loop (reference for the port onto core.training.fit): same batches, AdamW,
@@ -408,7 +444,8 @@ def test_one_train_node_per_configured_variant_and_one_per_benchmark(monkeypatch
     ({"acc": {"variants": {"Bad-Name": ["w7"]}}}, r"wbmm\.acc\.variants"),
     ({"acc": {"epochs": 0}}, r"wbmm\.acc\.epochs"),
     ({"bench": {"modes": ["bwd"]}}, r"wbmm\.bench\.modes"),
-    ({"threads": "auto", "bench": {"clock": "cpu"}}, r"wbmm\.bench: .*threads: 1"),
+    ({"bench": {"clock": "cpu", "threads": 2}}, r"wbmm\.bench: .*bench\.threads: 1"),
+    ({"bench": {"threads": 0}}, r"wbmm\.bench\.threads"),
 ])
 def test_bad_parameter_names_the_key(over, key):
     with pytest.raises(ParameterError, match=key):
@@ -500,4 +537,7 @@ def test_report_of_the_test_env_run(test_env_run):
         assert c["metric"] in report["metrics_ci"] and "ci" in c, c["id"]
         assert c["verdict"] in {"holds", "fails", "inconclusive"}
     assert {"speedup_heatmap.png", "latency_float32_c4_h28.png", "train_throughput.png"} <= set(report["artifacts"])
-    assert report["bench_env"]["threads"] == report["threads"] and report["bench_env"]["rounds"] == 8
+    # timings at the stated bench.threads (1), the nets at the node's own count (issue 22)
+    assert report["bench_env"]["threads"] == report["bench_env"]["timing_threads"] == report["timing_threads"] == 1
+    assert report["bench_env"]["node_threads"] == report["threads"] and report["bench_env"]["rounds"] == 8
+    assert report["metrics"]["bench.timing_threads"] == report["metrics"]["train_step.timing_threads"] == 1.0

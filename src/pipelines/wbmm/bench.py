@@ -15,7 +15,8 @@ import ctypes.util
 import math
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pandas as pd
 import torch
@@ -66,13 +67,30 @@ def backend_info(device: torch.device) -> dict[str, object]:
     return info
 
 
+@contextmanager
+def timing_threads(n: int) -> Iterator[int]:
+    """torch's intra-op thread count set to ``n`` (``bench.threads``) for the timed code, and the previous
+    count restored after: a timing claim is defined at a stated thread count, not at whatever ``threads:
+    auto`` resolved to on the machine that ran it (its verdicts moved with it: README)."""
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def _prologue(p: Params, seed: int) -> tuple[torch.device, Callable[[], None], str, dict]:
-    """Node preamble of a timing node: threads / seed / device, the allocator setting, the clock."""
+    """Node preamble of a timing node: seed / device, the allocator setting, the clock (for the thread
+    count of ``bench.threads``, which the caller sets around the timed code with :func:`timing_threads`)."""
     device = node_setup(p, seed)
     env = tune_malloc() if (p.malloc_tuning and device.type == "cpu") else {"malloc_tuned": False}
     env.update(backend_info(device))
+    env.update(node_threads=env["threads"], threads=p.bench.threads, timing_threads=p.bench.threads)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    clock = timing_clock(p.bench.clock, device, torch.get_num_threads())
+    clock = timing_clock(p.bench.clock, device, p.bench.threads)
     env["clock"] = clock
     return device, sync, clock, env
 
@@ -168,6 +186,14 @@ def run_benchmark(grid: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict]:
     b_ = p.bench
     device, sync, clock, env = _prologue(p, p.seeds[0])
     env.update(rounds=b_.rounds, warmup=b_.warmup, min_sample_s=b_.min_sample_s, confidence=b_.confidence)
+    with timing_threads(b_.threads):
+        results = _time_grid(grid, p, device, sync, clock)
+    return pd.DataFrame(results), env
+
+
+def _time_grid(grid: pd.DataFrame, p: Params, device: torch.device, sync: Callable[[], None],
+               clock: str) -> list[dict]:
+    b_ = p.bench
     results = []
     for (dtype, b, c, h), rows in grid.groupby(["dtype", "batch", "channels", "size"], sort=False):
         seed = p.seeds[0] * 1_000_003 + zlib.crc32(f"{dtype}-{b}-{c}-{h}".encode())
@@ -186,17 +212,25 @@ def run_benchmark(grid: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict]:
         for (op, param, mode), (secs, inner) in timed.items():
             for r, s in enumerate(secs):
                 results.append({"dtype": dtype, "batch": int(b), "channels": int(c), "size": int(h), "op": op,
-                                "param": param, "mode": mode, "round": r, "seconds": float(s), "inner": inner})
+                                "param": param, "mode": mode, "round": r, "seconds": float(s), "inner": inner,
+                                "threads": torch.get_num_threads()})
         del calls, x, grad
-    return pd.DataFrame(results), env
+    return results
 
 
 def train_speed(images: dict, p: Params) -> pd.DataFrame:
     """Training-step time of every variant's tiny net, interleaved: each timed call is one step of
     ``core.training.fit`` (forward, cross-entropy, backward, AdamW with its state kept across calls) on
-    the same standardised batch of ``acc.batch_size`` training images. One row per (variant, round)."""
+    the same standardised batch of ``acc.batch_size`` training images, at ``bench.threads`` intra-op threads
+    (:func:`timing_threads`). One row per (variant, round)."""
+    device, sync, clock, _ = _prologue(p, p.seeds[0])
+    with timing_threads(p.bench.threads) as threads:
+        return _train_speed(images, p, device, sync, clock, threads)
+
+
+def _train_speed(images: dict, p: Params, device: torch.device, sync: Callable[[], None], clock: str,
+                 threads: int) -> pd.DataFrame:
     a, seed = p.acc, p.seeds[0]
-    device, sync, clock, _ = _prologue(p, seed)
     xtr, ytr, _, yte, n_classes = prepare(images[str(seed)], device)
     xb, yb = xtr[:a.batch_size], ytr[:a.batch_size]
     fns = {}
@@ -210,5 +244,5 @@ def train_speed(images: dict, p: Params) -> pd.DataFrame:
                 grad_clip=None, seed=seed, progress=False, desc=desc)
         fns[variant] = step
     times = interleaved_timing(fns, rounds=a.speed_rounds, warmup=a.speed_warmup, sync=sync, clock=clock)
-    return pd.DataFrame([{"variant": v, "round": r, "seconds": float(s), "batch_size": len(yb), "clock": clock}
-                         for v, ts in times.items() for r, s in enumerate(ts)])
+    return pd.DataFrame([{"variant": v, "round": r, "seconds": float(s), "batch_size": len(yb), "clock": clock,
+                          "threads": threads} for v, ts in times.items() for r, s in enumerate(ts)])

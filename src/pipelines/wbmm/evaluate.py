@@ -233,12 +233,24 @@ def _speed_frame(speed: Mapping) -> pd.DataFrame:
     return pd.DataFrame(speed["speed"])
 
 
+def _threads(frame: pd.DataFrame) -> float:
+    """The intra-op thread count the samples were timed at (one value: ``bench.threads``)."""
+    if "threads" not in frame or frame.empty:
+        return float("nan")
+    counts = set(frame["threads"].astype(int))
+    if len(counts) != 1:
+        raise ValueError(f"wbmm: timing samples at different thread counts {sorted(counts)}")
+    return float(counts.pop())
+
+
 def operator_speed(values, p: Params, bench: Mapping) -> dict:
-    return estimates(bench_metrics(_bench_frame(bench), p)[1])
+    frame = _bench_frame(bench)
+    return {**estimates(bench_metrics(frame, p)[1]), "bench.timing_threads": _threads(frame)}
 
 
 def train_speed_metrics(values, p: Params, speed: Mapping) -> dict:
-    return estimates(speed_metrics(_speed_frame(speed), p))
+    frame = _speed_frame(speed)
+    return {**estimates(speed_metrics(frame, p)), "train_step.timing_threads": _threads(frame)}
 
 
 SUMMARIES = ("min", "max", "median")
@@ -258,12 +270,12 @@ def _bench_names(p: Params, planned) -> list[str]:
             prefixes.append(f"jump_dw_k13_to_k17.{mode}")
     if {7, 14} <= set(b.windows) and "fwd" in b.modes:
         prefixes.append("gflops_ratio.wbmm_w14_vs_w7")
-    return [f"{x}.{agg}{sfx}" for x in prefixes for agg in SUMMARIES for sfx in suffixes]
+    return ["bench.timing_threads", *(f"{x}.{agg}{sfx}" for x in prefixes for agg in SUMMARIES for sfx in suffixes)]
 
 
 def _speed_names(p: Params, planned) -> list[str]:
     method, *others = list(p.acc.variants)
-    return ([f"train_step.imgs_per_s.{v}" for v in p.acc.variants]
+    return (["train_step.timing_threads"] + [f"train_step.imgs_per_s.{v}" for v in p.acc.variants]
             + [f"ratio.train_imgs_per_s.{method}_vs_{o}" for o in others])
 
 
@@ -277,9 +289,10 @@ def derived(p: Params) -> list:
 def report_extra(p: Params, values, artifacts: Mapping) -> dict:
     bench_env = (artifacts.get("operator_speed") or {}).get("env", {})
     clock = bench_env.get("clock", "wall")
-    return {"bench_env": bench_env,
+    return {"bench_env": bench_env, "timing_threads": p.bench.threads,
             "timing_note": f"speed numbers come from {p.bench.rounds} (operators) and {p.acc.speed_rounds} "
-                           f"(training step) interleaved rounds on the '{clock}' clock; ratios are medians of "
+                           f"(training step) interleaved rounds at {p.bench.threads} intra-op thread(s) "
+                           f"(bench.threads) on the '{clock}' clock; ratios are medians of "
                            f"per-round ratios with {p.bench.confidence:.0%} intervals (grid summaries: joint, "
                            "Bonferroni); compare ratios, not absolute times (machine and load dependent)"}
 

@@ -299,3 +299,35 @@ def test_default_runner_report_equals_sequential_at_the_same_threads(m, test_env
     assert sequential["threads_by_node"] == pooled["threads_by_node"]
     assert _differences(non_timing_values(pooled), non_timing_values(sequential)) == []
     assert [c["id"] for c in pooled["claims"]] == [c["id"] for c in sequential["claims"]]
+
+
+def test_default_runs_benchmark_measures_the_process_tree_and_writes_its_table(tmp_path):
+    """benchmarks/default_runs.py: peak RSS sums a process and its workers; the table lands between markers."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import default_runs
+    finally:
+        sys.path.pop(0)
+    code = "import subprocess, sys, time; b = bytearray(200 * 2**20); subprocess.run([sys.executable, '-c', " \
+           "'b = bytearray(200 * 2**20); import time; time.sleep(3)'])"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        import time
+
+        peak = 0.0
+        while proc.poll() is None:
+            peak = max(peak, default_runs.tree_rss_mb(proc.pid))
+            time.sleep(0.1)
+    finally:
+        proc.wait()
+    assert peak > 400, peak          # both processes' 200 MB
+    doc = tmp_path / "t.md"
+    doc.write_text("# t\n<!-- default-runs:begin -->\nold\n<!-- default-runs:end -->\ntail\n")
+    default_runs.write_table(doc, "| new |")
+    assert doc.read_text() == "# t\n<!-- default-runs:begin -->\n| new |\n<!-- default-runs:end -->\ntail\n"
+    assert set(default_runs.RUNNERS) == {"pool", "sequential"}

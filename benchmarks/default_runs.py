@@ -10,8 +10,8 @@ Each run is a fresh `python -m pipelines run --pipeline=<m>` process in a throw-
 data/ and MLflow store), `threads: auto` unless --threads says otherwise (a number N runs with
 `--params <m>.threads=N`). Runners: `pool` (the default `kedro run`, core.pool.PoolRunner) and `sequential`
 (`--runner=SequentialRunner`); conditions: `idle`, and `loaded` (one busy-looping process per usable CPU for the
-length of the run, as benchmarks/contention.py). Each row has the wall and CPU time, the peak resident memory
-of the whole process tree (sampled every 0.2 s: the driver plus its workers) and the load average before
+length of the run, as benchmarks/contention.py). Each row has the wall and CPU time, the peak memory
+of the whole process tree (PSS, sampled every 0.2 s: the driver plus its workers) and the load average before
 the run. With --out, each report of the first combination is kept as <out>/<m>.report.json and a summary as
 <out>/summary.md / summary.json; --table writes the markdown table between markers in that file.
 """
@@ -37,26 +37,50 @@ from pipelines.core.report import claims_table, gates_table
 RUNNERS = {"pool": [], "sequential": ["--runner", "SequentialRunner"]}
 
 
-def tree_rss_mb(root_pid: int) -> float:
-    """Resident memory of a process and all its descendants (Linux /proc), in MB."""
+def _tree(root_pid: int) -> list[int]:
+    """A process and all its descendants (Linux /proc); forkserver workers are the server's children."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            ppid, pages = int(fields[1]), int(fields[21])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-        rss[int(d.name)] = pages
-    total, todo = 0, [root_pid]
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root_pid]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        out.append(pid)
         todo += children.get(pid, [])
-    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return out
+
+
+def _memory_kb(pid: int) -> int:
+    """Proportional set size (shared pages of forked workers counted once overall), else RSS, in kB."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    try:
+        pages = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[21])
+        return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(f[11]) + int(f[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def tree_rss_mb(root_pid: int) -> float:
+    """Memory of a process and all its descendants (PSS where the kernel gives it), in MB."""
+    return sum(_memory_kb(p) for p in _tree(root_pid)) / 1024
 
 
 def run_default(project: Path, pipeline: str, env: str = "base", runner: str = "pool", threads: str = "auto",
@@ -78,11 +102,15 @@ def run_default(project: Path, pipeline: str, env: str = "base", runner: str = "
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     peak = 0.0
+    ticks: dict[int, int] = {}   # CPU of every process of the tree (workers are not all our children)
     try:
         with tempfile.TemporaryFile("w+") as out:
             proc = subprocess.Popen(cmd, cwd=project, env=environ, stdout=out, stderr=subprocess.STDOUT, text=True)
             while proc.poll() is None:
-                peak = max(peak, tree_rss_mb(proc.pid))
+                tree = _tree(proc.pid)
+                peak = max(peak, sum(_memory_kb(p) for p in tree) / 1024)
+                for p in tree[1:]:
+                    ticks[p] = max(ticks.get(p, 0), _cpu_ticks(p))
                 time.sleep(0.2)
             wall = time.perf_counter() - t0
             out.seek(0)
@@ -92,7 +120,10 @@ def run_default(project: Path, pipeline: str, env: str = "base", runner: str = "
             b.kill()
             b.wait()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the driver (reaped: its rusage) plus what was seen of its descendants (forkserver workers are the
+    # server's children, which nobody here reaps)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu += sum(ticks.values()) / os.sysconf("SC_CLK_TCK")
     if burners:   # the burners are children too: their CPU is not the run's
         cpu = float("nan")
     if proc.returncode != 0:

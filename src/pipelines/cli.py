@@ -19,6 +19,9 @@ from pipelines.core import runctx
 
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "true")
 
+# `kedro run` without --runner: independent train nodes side by side in worker processes (core.pool)
+DEFAULT_RUNNER = "pipelines.core.pool.PoolRunner"
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, name=__file__)
 def cli() -> None:
@@ -175,7 +178,7 @@ def _run(**kw: Any) -> dict[str, Any]:
     names = [pipeline] if pipeline else (sorted(set(pipelines)) or ["__default__"])
     check_request(names, kw.get("env"), kw.get("conf_source"))
     runctx.set_requested_pipelines(names)
-    runner_path = kw.pop("runner") or "SequentialRunner"
+    runner_path = kw.pop("runner") or DEFAULT_RUNNER
     runner_cls = load_obj(runner_path, "kedro.runner")
     runctx.set_runner_name(runner_cls.__name__)
     runner_kwargs = dict(kw.pop("runner_params") or {})

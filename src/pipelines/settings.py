@@ -3,13 +3,15 @@ from pipelines.core import config as _config
 from kedro.framework.session import KedroSession
 
 from pipelines.core.hooks import PlatformHooks
+from pipelines.core.pool import ThreadRecordHooks
 from pipelines.core.progress import ProgressHooks
 from pipelines.core.runner import RunnerConfigHooks
 
 # kedro-mlflow registers its own hook through its entry point; ours stamps and logs the report, logs the
 # typed parameters, names the node in errors and ends MLflow runs FAILED on errors; RunnerConfigHooks hands
-# the GPU-node runner this run's conf/<env>/runner.yml; ProgressHooks prints the run's progress and summary.
-HOOKS = (PlatformHooks(), RunnerConfigHooks(), ProgressHooks())
+# the GPU-node runner this run's conf/<env>/runner.yml; ThreadRecordHooks starts each run's record of the
+# threads its nodes used (the report's threads_by_node) empty; ProgressHooks prints the run's progress and summary.
+HOOKS = (ThreadRecordHooks(), PlatformHooks(), RunnerConfigHooks(), ProgressHooks())
 
 # kedro-viz's dataset-stats / run-event hooks would write .viz/ on every run; `kedro viz` works without them.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-viz",)

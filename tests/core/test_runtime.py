@@ -1,4 +1,5 @@
-"""The thread policy: `auto` = usable CPUs // runs sharing them, an integer wins, a Ray task's
+"""The thread policy: `all` = usable CPUs // runs sharing them (`auto` too where the method scales,
+else 1: tests/core/test_pool.py), an integer wins, a Ray task's
 reservation wins over both; OpenMP's wait policy is passive unless the user set one."""
 import os
 import subprocess
@@ -9,22 +10,22 @@ import pytest
 from pipelines.core import runtime
 
 
-def test_auto_divides_usable_cpus_by_concurrency(monkeypatch):
+def test_all_divides_usable_cpus_by_concurrency(monkeypatch):
     monkeypatch.setattr(runtime, "usable_cpus", lambda: 8)
     monkeypatch.delenv("PIPELINES_THREADS", raising=False)
     monkeypatch.delenv("PIPELINES_CONCURRENCY", raising=False)
-    assert runtime.resolve_threads("auto") == 8
+    assert runtime.resolve_threads("all") == 8
     monkeypatch.setenv("PIPELINES_CONCURRENCY", "3")
-    assert runtime.resolve_threads("auto") == 2
+    assert runtime.resolve_threads("all") == 2
     monkeypatch.setenv("PIPELINES_CONCURRENCY", "16")
-    assert runtime.resolve_threads("auto") == 1
+    assert runtime.resolve_threads("all") == 1
     assert runtime.resolve_threads(5) == 5
     monkeypatch.setenv("PIPELINES_THREADS", "3")
-    assert runtime.resolve_threads("auto") == 3 and runtime.resolve_threads(2) == 2
+    assert runtime.resolve_threads("all") == 3 and runtime.resolve_threads(2) == 2
     monkeypatch.setenv("PIPELINES_CONCURRENCY", "x")
     monkeypatch.delenv("PIPELINES_THREADS")
     with pytest.raises(ValueError, match="PIPELINES_CONCURRENCY"):
-        runtime.resolve_threads("auto")
+        runtime.resolve_threads("all")
 
 
 def test_usable_cpus_respects_affinity_and_quota(tmp_path, monkeypatch):

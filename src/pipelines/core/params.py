@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -48,8 +48,10 @@ def _variant_name(name: str) -> str:
 # A user-chosen variant name (a key of a ``variants: {name: spec}`` mapping): it becomes a node name.
 VariantName = Annotated[str, AfterValidator(_variant_name)]
 
-# `auto`: the platform picks (core.runtime.resolve_threads); an integer wins.
-Threads = Literal["auto"] | Annotated[int, Field(ge=1, le=256)]
+# `auto`: the platform picks (core.runtime.resolve_threads): 1 thread, or every CPU the node may use when the
+# method declares that its models scale (MethodParams.threads_scale); `all`: every CPU the node may use;
+# an integer wins.
+Threads = Literal["auto", "all"] | Annotated[int, Field(ge=1, le=256)]
 
 
 class ClaimSpec(Strict):
@@ -106,7 +108,13 @@ class Headline(Strict):
 
 
 class MethodParams(Strict):
-    """What every method's parameters hold; a method's ``Params`` extends it."""
+    """What every method's parameters hold; a method's ``Params`` extends it.
+
+    ``THREADS_SCALE``: a method whose models are large enough that intra-op threads pay sets it True (or
+    overrides :meth:`threads_scale` with a rule on its sizes); then ``threads: auto`` gives each node every
+    CPU it may use, else one thread (tiny models lose more to the threads' synchronisation than they gain)."""
+
+    THREADS_SCALE: ClassVar[bool] = False
 
     seeds: list[int] = Field(min_length=1)
     threads: Threads = "auto"
@@ -114,6 +122,10 @@ class MethodParams(Strict):
     gates: list[GateSpec] = Field(default_factory=list)
     paper: str | None = None                # short citation / title, shown by the scoreboard
     headline: Headline | None = None
+
+    def threads_scale(self) -> bool:
+        """Whether this run's models gain from more than one intra-op thread (``threads: auto``)."""
+        return bool(self.THREADS_SCALE)
 
     @model_validator(mode="before")
     @classmethod

@@ -13,6 +13,48 @@ _runner: list[str] = []
 _run_config: dict = {}      # env, conf_source and --params of the `kedro run` being set up
 config_cache: dict = {}     # parameters read for that run (core.registry.method_config); cleared per run
 current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_node", default=None)
+# What this run's nodes used, wherever they ran (core.runtime.set_threads in this process; the pool runner
+# and GPUNodeRunner merge what their workers report): {node name: {"threads", "setting"}}, and the number
+# of worker processes the runner used. Reset when a pipeline run starts (core.pool.ThreadRecordHooks).
+_node_threads: dict[str, dict] = {}
+_workers: list[int] = []
+
+
+def record_node_threads(node: str | None, threads: int, setting: str) -> None:
+    """Note that ``node`` (None: outside any node) computed with ``threads`` intra-op threads."""
+    if node is not None:
+        prev = _node_threads.get(node, {}).get("threads", 0)
+        _node_threads[node] = {"threads": max(prev, int(threads)), "setting": setting}
+
+
+def merge_node_threads(records: dict[str, dict]) -> None:
+    """Records a worker process or a Ray task sent back (``{node: {"threads", "setting"}}``)."""
+    for node, r in (records or {}).items():
+        record_node_threads(node, r["threads"], r.get("setting", "auto"))
+
+
+def node_threads() -> dict[str, dict]:
+    return {k: dict(v) for k, v in _node_threads.items()}
+
+
+def take_node_threads() -> dict[str, dict]:
+    """This process's records, forgotten here (a worker hands them back after each node)."""
+    out = node_threads()
+    _node_threads.clear()
+    return out
+
+
+def set_run_workers(n: int) -> None:
+    _workers[:] = [int(n)]
+
+
+def run_workers() -> int:
+    return _workers[0] if _workers else 0
+
+
+def reset_thread_log() -> None:
+    _node_threads.clear()
+    _workers.clear()
 
 
 def set_requested_pipelines(names: list[str] | None) -> None:

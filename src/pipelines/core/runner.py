@@ -30,7 +30,7 @@ from kedro.runner.runner import AbstractRunner
 from kedro.runner.task import Task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipelines.core.runctx import current_node
+from pipelines.core.runctx import current_node, merge_node_threads, set_run_workers, take_node_threads
 
 if TYPE_CHECKING:
     from kedro.pipeline import Pipeline
@@ -267,6 +267,7 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
     os.environ["PIPELINES_THREADS"] = str(max(1, int(cpus)))
     # the NaN guard names the node from current_node, as PlatformHooks.before_node_run does in the driver
     token = current_node.set(node.name)
+    take_node_threads()       # a reused worker: only this task's record goes back
     t0 = time.perf_counter()
     try:
         outputs = node.run(inputs)
@@ -274,7 +275,9 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
     finally:
         current_node.reset(token)
     info = {"host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": list(ray.get_gpu_ids()),
-            "seconds": round(time.perf_counter() - t0, 3)}
+            "seconds": round(time.perf_counter() - t0, 3),
+            # what the node's preamble chose in this task, for the driver's report (threads_by_node)
+            "threads_by_node": take_node_threads()}
     return outputs, info
 
 
@@ -482,6 +485,8 @@ class GPUNodeRunner(AbstractRunner):
                                             is_async=False, run_id=run_id)
             raise error from None
         self.placements[node.name] = info
+        merge_node_threads(info.get("threads_by_node") or {})
+        set_run_workers(len({(p.get("host"), p.get("pid")) for p in self.placements.values()}))
         hook_manager.hook.after_node_run(node=node, catalog=catalog, inputs=inputs, outputs=outputs,
                                          is_async=False, run_id=run_id)
         return outputs

@@ -6,7 +6,7 @@ killed run from the variants that finished.
 ``variant_node(train_variant, "patchtst", [...inputs, "params:m"], "predictions_patchtst")`` calls
 ``train_variant(*inputs, variant="patchtst")``. The node's function keeps the wrapped function's
 signature and type hints (without ``variant``), so Kedro's parameter validation still turns
-``params:m`` into the method's ``Params``; it is a module-level function's closure, so Ray can ship it.
+``params:m`` into the method's ``Params``; it is a picklable object (no closure), so worker processes and Ray can ship it.
 """
 from __future__ import annotations
 
@@ -21,22 +21,36 @@ from kedro.pipeline.node import Node
 TRAIN_TAGS = ("train", "gpu")
 
 
+class VariantFunction:
+    """``func`` with its ``variant`` keyword fixed: a module-level class holding a module-level function and
+    a name, so it pickles by reference (worker processes, Ray) where a closure would not. Its signature and
+    annotations are the wrapped function's minus that argument (Kedro's parameter validation reads them)."""
+
+    def __init__(self, func: Callable[..., Any], variant: str, arg: str = "variant") -> None:
+        sig = inspect.signature(func)
+        if arg not in sig.parameters:
+            raise TypeError(f"{func.__qualname__} has no '{arg}' argument to bind")
+        self.func, self.variant, self.arg = func, variant, arg
+        functools.update_wrapper(self, func)
+        self.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != arg])
+        self.__annotations__ = {k: v for k, v in getattr(func, "__annotations__", {}).items() if k != arg}
+        self.__name__ = f"{func.__name__}[{variant}]"
+        self.__qualname__ = f"{func.__qualname__}[{variant}]"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **{self.arg: self.variant}, **kwargs)
+
+    def __reduce__(self):
+        return (VariantFunction, (self.func, self.variant, self.arg))
+
+    def __repr__(self) -> str:
+        return f"VariantFunction({self.func.__module__}.{self.func.__qualname__}, {self.variant!r})"
+
+
 def bind_variant(func: Callable[..., Any], variant: str, arg: str = "variant") -> Callable[..., Any]:
-    """``func`` with its ``variant`` keyword fixed; signature and annotations kept minus that argument."""
-    sig = inspect.signature(func)
-    if arg not in sig.parameters:
-        raise TypeError(f"{func.__qualname__} has no '{arg}' argument to bind")
-
-    @functools.wraps(func)
-    def bound(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **{arg: variant}, **kwargs)
-
-    bound.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != arg])
-    bound.__annotations__ = {k: v for k, v in getattr(func, "__annotations__", {}).items() if k != arg}
-    bound.__name__ = f"{func.__name__}[{variant}]"
-    bound.__qualname__ = f"{func.__qualname__}[{variant}]"
-    bound.variant = variant
-    return bound
+    """``func`` with its ``variant`` keyword fixed; signature and annotations kept minus that argument
+    (a picklable :class:`VariantFunction`)."""
+    return VariantFunction(func, variant, arg)
 
 
 def variant_node(func: Callable[..., Any], variant: str, inputs: str | Sequence[str] | dict[str, str],
@@ -56,4 +70,4 @@ def gather(**by_variant: Any) -> dict[str, Any]:
     return dict(by_variant)
 
 
-__all__ = ["TRAIN_TAGS", "bind_variant", "gather", "variant_node", "variant_outputs"]
+__all__ = ["TRAIN_TAGS", "VariantFunction", "bind_variant", "gather", "variant_node", "variant_outputs"]

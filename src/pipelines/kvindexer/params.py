@@ -96,6 +96,7 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     data: Data
     model: Model

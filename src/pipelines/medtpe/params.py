@@ -77,6 +77,7 @@ class Timing(Strict):
 
 
 class Params(MethodParams):
+    THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     data: Data
     bpe: BPEParams = BPEParams()
     tpe: TPEParams = TPEParams()

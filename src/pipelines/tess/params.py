@@ -108,6 +108,7 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     data: Data
     labeller: Labeller
     extractor: Extractor = Extractor()

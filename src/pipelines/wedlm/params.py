@@ -111,6 +111,7 @@ def trained_variants(p) -> list[str]:
 
 
 class Params(MethodParams):
+    THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     data: Data
     model: Model

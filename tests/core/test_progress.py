@@ -47,7 +47,7 @@ def test_heartbeat_names_the_step_and_its_note(monkeypatch, caplog):
     beats = [x for x in lines if "running for" in x]
     assert beats and all("m.train.x" in b for b in beats)
     assert any("epoch 3/10 (30%)" in b for b in beats)
-    assert lines[0].startswith("[1/1] m.train.x") and "done" in lines[-1]
+    assert lines[0].startswith("[1/1] m.train.x") and lines[-1].startswith("m.train.x done in")
     n = len(caplog.records)
     time.sleep(0.3)                      # the heartbeat stopped with the step
     assert len(caplog.records) == n

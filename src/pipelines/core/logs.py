@@ -10,6 +10,7 @@ import warnings
 
 # Loggers conf/logging.yml keeps at WARNING; -v sets them to INFO.
 VERBOSE_LOGGERS = ("kedro", "kedro_mlflow", "mlflow")
+DEBUG_WHEN_VERBOSE = ("pipelines.core.pool",)      # each worker's node: pid, seconds, threads
 
 
 class _Stderr:
@@ -35,6 +36,8 @@ logging.captureWarnings(True)
 def set_verbose(on: bool = True) -> None:
     for name in VERBOSE_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO if on else logging.WARNING)
+    for name in DEBUG_WHEN_VERBOSE:
+        logging.getLogger(name).setLevel(logging.DEBUG if on else logging.NOTSET)
 
 
 class _DropNoise(logging.Filter):

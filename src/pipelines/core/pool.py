@@ -253,7 +253,7 @@ class PoolRunner(AbstractRunner):
                         outputs = self._collect(fut, node, inputs, catalog, hook_manager, run_id)
                         _save_outputs(node, outputs, catalog, hook_manager)
                         p = self.placements[node.name]
-                        self._logger.info("Completed node: %s (worker pid %s, %.2fs, threads %s)", node.name,
+                        self._logger.debug("Completed node: %s (worker pid %s, %.2fs, threads %s)", node.name,
                                           p["pid"], time.perf_counter() - t0,
                                           ",".join(str(r["threads"]) for r in p["threads_by_node"].values()) or "-")
                         self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
@@ -314,7 +314,7 @@ class PoolRunner(AbstractRunner):
 
     def _finish(self, node: Node, pipeline, catalog, load_counts, done: set, total: int) -> None:
         done.add(node)
-        self._logger.info("Completed %d out of %d tasks", len(done), total)
+        self._logger.debug("Completed %d out of %d tasks", len(done), total)
         self._release_datasets(node, catalog, load_counts, pipeline)
 
 

@@ -79,7 +79,7 @@ class ProgressHooks:
     run counts only its nodes)."""
 
     def __init__(self) -> None:
-        self._n, self._done, self._t0 = 0, 0, 0.0
+        self._n, self._started, self._done, self._t0 = 0, 0, 0, 0.0
         self._beats: dict[str, _Heartbeat] = {}
         self._reports: list[tuple[str, dict[str, Any]]] = []
         self._catalog = None
@@ -87,7 +87,7 @@ class ProgressHooks:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline, catalog) -> None:
-        self._n, self._done, self._t0 = len(pipeline.nodes), 0, time.perf_counter()
+        self._n, self._started, self._done, self._t0 = len(pipeline.nodes), 0, 0, time.perf_counter()
         self._reports, self._catalog = [], catalog
         names = ", ".join(run_params.get("pipeline_names") or []) or "__default__"
         log.info("%s: %d steps (env %s, save version %s)", names, self._n, run_params.get("env") or "base",
@@ -97,7 +97,8 @@ class ProgressHooks:
     def before_node_run(self, node) -> None:
         note(None)
         with self._lock:
-            k = self._done + 1
+            self._started += 1
+            k = self._started
         log.info("[%d/%d] %s ...", k, self._n, node.name)
         self._beats[node.name] = _Heartbeat(node.name, HEARTBEAT_S)
 
@@ -107,7 +108,7 @@ class ProgressHooks:
         with self._lock:
             self._done += 1
             k = self._done
-        log.info("[%d/%d] %s %s (%s)", k, self._n, node.name, status, fmt_seconds(took))
+        log.info("%s %s in %s (%d/%d done)", node.name, status, fmt_seconds(took), k, self._n)
 
     @hook_impl
     def after_node_run(self, node, outputs: dict[str, Any]) -> None:

@@ -45,6 +45,50 @@ def test_k3_is_an_unbiased_kl_estimate_and_entropy_matches_closed_form():
     assert token_entropy(torch.zeros(1, 8)).item() == pytest.approx(math.log(8), abs=1e-6)
 
 
+
+def test_minus_inf_masked_vocabulary_gives_no_nan():
+    """A vocabulary masked with −inf logits (a restricted sampler) and padding whose log-probs are −inf:
+    the entropy is the closed form over the allowed tokens, and the masked positions put NaN neither
+    into masked_mean / ppo_clip_loss nor into their gradients (they are selected away, not multiplied by 0)."""
+    from pipelines.core.rl import GRPOBatch, masked_mean
+
+    logits = torch.tensor([[0.0, 0.0, -math.inf, -math.inf], [1.0, -math.inf, 0.0, -math.inf]],
+                          requires_grad=True)
+    ent = token_entropy(logits)
+    p1 = torch.softmax(torch.tensor([1.0, 0.0]), 0)
+    assert ent.tolist() == pytest.approx([math.log(2), -(p1 * p1.log()).sum().item()], abs=1e-6)
+    ent.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+    x = torch.tensor([[1.0, 2.0, math.nan], [3.0, -math.inf, math.inf]], requires_grad=True)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    mm = masked_mean(x, mask)
+    assert mm.item() == pytest.approx(2.0)
+    mm.backward()
+    assert x.grad.flatten().tolist() == pytest.approx([1 / 3, 1 / 3, 0.0, 1 / 3, 0.0, 0.0])
+    assert masked_mean(x.detach(), mask, dim=1).tolist() == pytest.approx([1.5, 3.0])
+
+    # padding's log-probs are −inf under both policies: −inf − (−inf) would be NaN
+    logp = torch.tensor([[-0.5, -math.inf], [-1.0, -math.inf]], requires_grad=True)
+    logp_old = torch.tensor([[-0.5, -math.inf], [-1.2, -math.inf]])
+    pad_mask = torch.tensor([[True, False], [True, False]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, info = ppo_clip_loss(logp, logp_old, adv, pad_mask)
+    r = math.exp(0.2)                                       # second row: ratio e^{0.2} > 1.2 → A·clip(ρ)
+    assert loss.item() == pytest.approx(-(1.0 + min(-r, -1.2)) / 2, abs=1e-6)
+    assert math.isfinite(info["ratio_mean"]) and math.isfinite(info["clip_frac"])
+    loss.backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[:, 1].abs().max().item() == 0.0
+
+    # the default GRPO objective with a KL to the reference: finite value and gradient
+    lp = logp.detach().clone().requires_grad_(True)
+    b = GRPOBatch(model=None, ids=None, mask=pad_mask, logp=lp, logits=None, logp_old=logp_old,
+                  logp_ref=logp_old.clone(), advantages=adv, rewards=adv, extras={}, stats={},
+                  index=torch.arange(2), iteration=0)
+    total, logs = ppo_objective(b, kl_coef=0.1)
+    total.backward()
+    assert math.isfinite(total.item()) and math.isfinite(logs["kl_ref"]) and torch.isfinite(lp.grad).all()
+
 # ---- the GRPO loop -------------------------------------------------------------------------------------------
 import torch.nn as nn  # noqa: E402
 

@@ -196,7 +196,7 @@ class VariantSeeds(Strict):
     the method's train node loops over instead of ``seeds``. Opt-in, so that a method which does not honour
     the key rejects it as unknown instead of ignoring it."""
 
-    variant_seeds: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    variant_seeds: dict[VariantName, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
 
     def known_variants(self) -> list[str] | None:
         """Every variant name the method knows. ``variant_seeds`` may name one this run does not plan, so
@@ -241,6 +241,18 @@ def names_of(known, what: str = "variant", min_length: int = 1):
                      AfterValidator(functools.partial(known_names, known=known, what=what))]
 
 
+def keys_of(known, value: Any):
+    """The type of a mapping whose keys come from a fixed set (regimes, the variants a method knows):
+    ``answer_len: keys_of(REGIMES, PositiveInt)``. A key outside the set is a typo and stops the run with
+    one line naming it (``parameter wedlm.data.answer_len.cuont: unknown key (typo?) ...``), like any other
+    key. A mapping whose keys the user chooses (named configurations, each a variant) is
+    ``dict[VariantName, ...]`` instead."""
+    known = tuple(known)
+    if not known:
+        raise ValueError("keys_of: at least one known key")
+    return dict[Literal[known], value]   # type: ignore[valid-type]
+
+
 def _clean_loc(loc: tuple) -> tuple:
     """The key path of an error, without the tags pydantic adds for the members of a union."""
     return tuple(p for p in loc if isinstance(p, int)
@@ -253,6 +265,8 @@ def _describe(errs: list[dict[str, Any]]) -> str:
         return "missing key"
     if first["type"] == "extra_forbidden":
         return "unknown key (typo?)"
+    if first["type"] == "literal_error" and first["loc"] and first["loc"][-1] == "[key]":
+        return f"unknown key (typo?): use {first.get('ctx', {}).get('expected', 'a known key')}"
     msgs = list(dict.fromkeys(e["msg"] for e in errs))   # a union: what each member expected
     got = first.get("input")
     msg = " or ".join([msgs[0], *(m[:1].lower() + m[1:] for m in msgs[1:])])
@@ -267,6 +281,8 @@ def validate(schema: type[T], raw: Any, root: str) -> T:
         return schema.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
+        # a bad key of a keys_of mapping: the error naming the key, not one about its value, comes first
+        errors.sort(key=lambda e: not (e["loc"] and e["loc"][-1] == "[key]"))
         loc = _clean_loc(errors[0]["loc"])
         same = [e for e in errors if _clean_loc(e["loc"]) == loc]
         key = ".".join([root, *(str(p) for p in loc)])

@@ -27,12 +27,24 @@ __all__ = ["GRPOBatch", "GRPOResult", "Rollouts", "group_advantages", "grpo_trai
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim=None) -> torch.Tensor:
+    """The mean of ``x`` over the positions where ``mask`` is non-zero (a bool mask, or weights). Masked
+    positions are selected away (``torch.where``), not multiplied by 0: a NaN or inf there (the log-prob of
+    a −inf-masked token, padding) stays out of the value and of the gradient of ``x``."""
     if mask is None:
         return x.mean() if dim is None else x.mean(dim)
     m = mask.to(x.dtype)
+    xm = torch.where(m != 0, x * m, torch.zeros((), dtype=x.dtype, device=x.device))
     if dim is None:
-        return (x * m).sum() / m.sum().clamp_min(1.0)
-    return (x * m).sum(dim) / m.sum(dim).clamp_min(1.0)
+        return xm.sum() / m.sum().clamp_min(1.0)
+    return xm.sum(dim) / m.sum(dim).clamp_min(1.0)
+
+
+def _masked_to_zero(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``x`` with the masked-out positions replaced by 0 before any arithmetic, so that a −inf there
+    gives neither NaN (−inf − (−inf)) nor a NaN gradient (0 · inf) through the ops that follow."""
+    if mask is None:
+        return x
+    return torch.where(mask.expand_as(x) != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6,
@@ -58,6 +70,8 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     loss and diagnostics (clipped fraction, mean ratio)."""
     if advantages.ndim == 1:
         advantages = advantages[:, None].expand_as(logp)
+    logp, logp_old = _masked_to_zero(logp, mask), _masked_to_zero(logp_old, mask)
+    advantages = _masked_to_zero(advantages, mask)
     ratio = torch.exp(logp - logp_old)
     unclipped, clipped = ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages
     loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
@@ -75,9 +89,13 @@ def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical policy at each position, from logits [..., V]."""
+    """Entropy of the categorical policy at each position, from logits [..., V]. A −inf logit (a masked
+    token) has probability 0 and adds 0 (the limit p·log p → 0), not 0 · (−inf) = NaN, to the value or
+    the gradient."""
     logp = torch.log_softmax(logits.float(), -1)
-    return -(logp.exp() * logp).sum(-1)
+    p = logp.exp()
+    safe = torch.where(p > 0, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    return -(p * safe).sum(-1)
 
 
 @dataclass
@@ -159,7 +177,7 @@ def ppo_objective(b: GRPOBatch, clip: float = 0.2, kl_coef: float = 0.0) -> tupl
     if kl_coef:
         if b.logp_ref is None:
             raise ValueError("ppo_objective: kl_coef > 0 needs a ref_policy")
-        kl = masked_mean(k3_kl(b.logp, b.logp_ref), b.mask)
+        kl = masked_mean(k3_kl(_masked_to_zero(b.logp, b.mask), _masked_to_zero(b.logp_ref, b.mask)), b.mask)
         loss = loss + kl_coef * kl
         logs["kl_ref"] = float(kl.detach())
     return loss, logs

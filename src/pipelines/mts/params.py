@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import MethodParams, Probability, Strict
+from pipelines.core.params import MethodParams, Probability, Strict, VariantName
 
 BASELINES = ("real_only", "uniform", "classifier_filter", "oracle")
 QUALITIES = ("good", "off_manifold", "label_noise", "mixup")
@@ -98,7 +98,7 @@ class Params(MethodParams):
     classifier: Classifier
     meta: Meta
     filter_confidence: Probability  # classifier filter: keep synthetic with p(y) > this
-    selectors: dict[str, Selector]
+    selectors: dict[VariantName, Selector]   # user-named selectors, each a variant when listed
     variants: list[str] = Field(min_length=1)     # one train.<variant> node each
     gsnr: Gsnr
 

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, keys_of
 
 # the theory variants: first-order recursions, the ablation without inter-layer terms, infinite width
 THEORY_VARIANTS = ("recursion", "no_interlayer", "infinite_width")
@@ -238,7 +238,7 @@ def variant_prefix(name: str) -> str | None:
 class Params(MethodParams):
     data: Data
     net: Net
-    activations: dict[str, Activation] = Field(min_length=1)
+    activations: keys_of(ACTIVATION_KINDS, Activation) = Field(min_length=1)
     quadrature: Quadrature
     mc: MonteCarlo
     dntk: DntkMonteCarlo | None = None     # needed by mc_dntk_<activation> variants
@@ -251,14 +251,6 @@ class Params(MethodParams):
     multi_dntk: MultiDntkMonteCarlo | None = None
     multi_ddntk: MultiDdntkMonteCarlo | None = None
     variants: list[str] = Field(min_length=1)   # one train.<variant> node each
-
-    @field_validator("activations")
-    @classmethod
-    def _acts(cls, v: dict[str, Activation]) -> dict[str, Activation]:
-        bad = [a for a in v if a not in ACTIVATION_KINDS]
-        if bad:
-            raise ValueError(f"unknown activation(s) {bad}: use {ACTIVATION_KINDS}")
-        return v
 
     @field_validator("variants")
     @classmethod

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import Fraction, MethodParams, Strict
+from pipelines.core.params import Fraction, MethodParams, Strict, VariantName
 
 Gauge = Literal["s1", "s0.1", "s10", "cond100"]
 
@@ -58,7 +58,7 @@ class Params(MethodParams):
     lora: Lora
     adaptive: Adaptive
     variants: list[str] = Field(min_length=1)       # one train.<variant> node each
-    methods: dict[str, VariantCfg]
+    methods: dict[VariantName, VariantCfg]   # a configuration per variant name
     dtype: Literal["float32", "float64"] = "float64"
     gauge_seeds: list[int] | None = None    # seeds that run the gauge stress test (None: all seeds)
 

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict, names_of
+from pipelines.core.params import MethodParams, Strict, keys_of, names_of
 
 # neuralsort is Grover et al.'s published operator; neuralsort_smoothabs (opt-in, not in the default list)
 # is the SoftTorch library's variant with a soft |·| in A_s
@@ -67,7 +67,7 @@ class Speed(Strict):
 
 class Params(MethodParams):
     variants: names_of(VARIANTS)       # one train.<variant> node each
-    modes: dict[str, Mode]                          # the soft mode each variant runs in
+    modes: keys_of(VARIANTS, Mode)                  # the soft mode each variant runs in
     ot_iters: PositiveInt
     accuracy: Accuracy
     toys: Toys

@@ -1,9 +1,9 @@
 """Typed parameters of `wedlm` (validated before any node runs; an error names the key)."""
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.params import MethodParams, Strict, keys_of
 
 Regime = Literal["count", "markov", "reverse"]
 
@@ -18,7 +18,7 @@ class Data(Strict):
     n_symbols: int = Field(ge=4, le=100_000)
     prompt_len: int = Field(ge=4)               # fixed prompt length after left padding
     seq_len: int = Field(ge=8)                  # training length L (prompt + answer + EOS + PAD tail)
-    answer_len: dict[str, int]                  # answer content length per regime (EOS comes after)
+    answer_len: keys_of(get_args(Regime), int)  # answer content length per regime (EOS comes after)
     min_prompt_terms: PositiveInt
     max_prompt_terms: PositiveInt
     count_stride: PositiveInt = 1

@@ -150,7 +150,7 @@ class Params(MethodParams):
     demo: Demo
     rlhf: Rlhf
     rank_disagreement_datasets: list[str] = Field(default_factory=lambda: ["digits5", "diabetes"])
-    plot_seed: int = 0
+    plot_seed: int | None = None         # the seed whose extra plots/bootstrap are drawn (None: the first seed)
 
     @model_validator(mode="after")
     def _claims_name_run_models(self):
@@ -170,7 +170,9 @@ class Params(MethodParams):
         if missing:
             raise ValueError(f"rank_disagreement_datasets: {missing} not in data.datasets {self.data.datasets} "
                              "(give rankcal.rank_disagreement_datasets=[...] with the datasets)")
-        if self.plot_seed not in self.seeds:
+        if self.plot_seed is None:      # defaults from seeds, so a sweep over seeds needs no plot_seed
+            object.__setattr__(self, "plot_seed", self.seeds[0])
+        elif self.plot_seed not in self.seeds:
             raise ValueError(f"plot_seed: {self.plot_seed} is not one of seeds {self.seeds}")
         return self
 

@@ -165,7 +165,7 @@ class Params(MethodParams):
     random_draws: int = Field(ge=1, le=1000)
     core: Core
     adversarial: Adversarial
-    plot_seed: int = 0
+    plot_seed: int | None = None         # the seed whose extra plots/bootstrap are drawn (None: the first seed)
     plot_k: int = Field(ge=2)
 
     @field_validator("jr_group_factor")
@@ -201,7 +201,9 @@ class Params(MethodParams):
             raise ValueError(f"adversarial.variants: {bad} are not in variants {self.variants}")
         if "random" in self.adversarial.variants:
             raise ValueError("adversarial.variants: 'random' has no deterministic solution to attack")
-        if self.plot_seed not in self.seeds:
+        if self.plot_seed is None:      # defaults from seeds, so a sweep over seeds needs no plot_seed
+            object.__setattr__(self, "plot_seed", self.seeds[0])
+        elif self.plot_seed not in self.seeds:
             raise ValueError(f"plot_seed: {self.plot_seed} is not one of seeds {self.seeds}")
         if not (self.data.city.enabled or self.data.gadget.enabled or self.data.user):
             raise ValueError("data: enable the city, the gadget or give user data")

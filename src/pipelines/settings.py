@@ -4,14 +4,19 @@ from kedro.framework.session import KedroSession
 
 from pipelines.core.hooks import PlatformHooks
 from pipelines.core.runner import RunnerConfigHooks
+from pipelines.core.tracking import GuardedMlflowHook, bound_http_requests
 
-# kedro-mlflow registers its own hook through its entry point; ours stamps and logs the report, logs the
-# typed parameters, names the node in errors and ends MLflow runs FAILED on errors; RunnerConfigHooks hands
-# the GPU-node runner this run's conf/<env>/runner.yml.
-HOOKS = (PlatformHooks(), RunnerConfigHooks())
+# Ours stamps and logs the report, logs the typed parameters, names the node in errors and ends MLflow runs
+# FAILED on errors; RunnerConfigHooks hands the GPU-node runner this run's conf/<env>/runner.yml;
+# kedro-mlflow's hook runs behind core.tracking's guard (a lost tracking server never fails a run), in
+# place of its entry point. Last here = called first, as its entry point was: its run exists for ours.
+HOOKS = (PlatformHooks(), RunnerConfigHooks(), GuardedMlflowHook())
 
 # kedro-viz's dataset-stats / run-event hooks would write .viz/ on every run; `kedro viz` works without them.
-DISABLE_HOOKS_FOR_PLUGINS = ("kedro-viz",)
+DISABLE_HOOKS_FOR_PLUGINS = ("kedro-viz", "kedro_mlflow", "kedro-mlflow")
+
+# MLflow's HTTP retries bounded (where the user has not set them): a lost server is noticed in under a minute
+bound_http_requests()
 
 CONFIG_LOADER_CLASS, CONFIG_LOADER_ARGS = _config.CONFIG_LOADER_CLASS, _config.CONFIG_LOADER_ARGS
 

@@ -1,6 +1,7 @@
 """Project commands: ``kedro run`` (accepts ``--pipeline`` without deprecation noise, names the MLflow
 experiment after the pipeline, turns parameter / claim errors into one line), ``kedro registry list``
-(names only, imports nothing) and ``kedro method new <name>`` (the scaffold)."""
+(names only, imports nothing), ``kedro method new <name>`` (the scaffold) and ``kedro report log
+<report.json>`` (log a saved report to MLflow later: a run whose tracking server was lost)."""
 from __future__ import annotations
 
 import copy
@@ -129,6 +130,14 @@ def unfinished_version(context, names: list[str]) -> tuple[str | None, list[str]
 
     Kedro's ``--only-missing-outputs`` counts a versioned output as existing when *any* version exists;
     resuming means: the killed run's version, with every versioned dataset pinned to it."""
+    state, version, datasets = resume_point(context, names)
+    return (version if state == "unfinished" else None), datasets
+
+
+def resume_point(context, names: list[str]) -> tuple[str, str | None, list[str]]:
+    """(``"unfinished"``, newest version, datasets) when the newest save version has no report (a killed
+    or failed run), (``"finished"``, newest version, datasets) when it has one, (``"none"``, None,
+    datasets) when nothing was saved yet."""
     from kedro.framework.project import pipelines as registered
     from kedro.io import AbstractVersionedDataset
 
@@ -152,9 +161,9 @@ def unfinished_version(context, names: list[str]) -> tuple[str | None, list[str]
                 reports |= found
     every = set().union(*versions.values()) if versions else set()
     if not every:
-        return None, datasets
+        return "none", None, datasets
     newest = max(every)
-    return (None if newest in reports else newest), datasets
+    return ("finished" if newest in reports else "unfinished"), newest, datasets
 
 
 def _run(**kw: Any) -> dict[str, Any]:
@@ -168,6 +177,7 @@ def _run(**kw: Any) -> dict[str, Any]:
     from pipelines.core.hooks import end_mlflow_runs
     from pipelines.core.params import ParameterError
     from pipelines.core.runner import GPUUnavailableError, RunnerConfigError, forget_session
+    from pipelines.core import tracking
 
     from pipelines.core.logs import set_verbose
 
@@ -195,17 +205,31 @@ def _run(**kw: Any) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         validate_params(names)
+        tracking.reset()
+        uri = runctx.tracking_uri()
+        # runs whose process was killed (SIGKILL, OOM, a lost machine) could not end themselves
+        tracking.guarded("the end of earlier killed runs", tracking.reap_dead_runs, uri)
         with settings.SESSION_CLASS.create(**create_kwargs) as session:
             if run_kwargs.get("only_missing_outputs"):
-                version, versioned = unfinished_version(session.load_context(), names)
-                if version is not None:
+                state, version, versioned = resume_point(session.load_context(), names)
+                if state == "finished":
+                    click.echo(f"Nothing to resume: the newest run of {'+'.join(names)} ({version}) finished; "
+                               f"nothing was run (without --only-missing-outputs it runs again)", err=True)
+                    return {}
+                if state == "unfinished":
                     # finish the killed run: its save version, every versioned dataset pinned to it
                     click.echo(f"Resuming run {version}: nodes whose outputs it saved are skipped", err=True)
                     session._store["session_id"] = version
                     session.session_id = version
                     run_kwargs["load_versions"] = {**{d: version for d in versioned},
                                                    **(run_kwargs.get("load_versions") or {})}
-            return session.run(runner=runner_cls(**runner_kwargs), **run_kwargs)
+                    runctx.set_resume(version, tracking.guarded(
+                        "the resumed run's id", tracking.find_parent_run, uri, runctx.experiment_name(), version))
+            result = session.run(runner=runner_cls(**runner_kwargs), **run_kwargs)
+        line = tracking.summary_line()
+        if line:       # the results are saved; what the lost tracking server did not get, in one line
+            raise click.ClickException(line)
+        return result
     except KeyboardInterrupt as exc:
         end_mlflow_runs("KILLED")
         why = str(exc) or "interrupted (Ctrl-C)"
@@ -226,6 +250,7 @@ def _run(**kw: Any) -> dict[str, Any]:
         # this run's env and --params must not shape pipelines built later in the same process
         # (a notebook, a test session): the next create_pipeline() reads the project's defaults again
         runctx.set_run_config(None, None, {})
+        runctx.set_resume(None)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
@@ -283,6 +308,38 @@ def registry_describe(name: str) -> None:
         raise KedroCliError(f"'{name}' pipeline not found") from None
     for n in pipe.nodes:
         click.echo(f"- {n.name}  [{', '.join(sorted(n.tags))}]")
+
+
+@cli.group("report")
+def report_group() -> None:
+    """Saved reports."""
+
+
+@report_group.command("log")
+@click.argument("paths", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--experiment", default=None,
+              help="MLflow experiment (default: $MLFLOW_EXPERIMENT_NAME, else the report's pipeline).")
+@click.option("--tracking-uri", default=None,
+              help="Store to log to (default: $MLFLOW_TRACKING_URI, else <project root>/mlflow.db).")
+def report_log(paths: tuple[Path, ...], experiment: str | None, tracking_uri: str | None) -> None:
+    """Log saved reports (data/08_reporting/<m>/report.json/<version>/report.json) to MLflow: each as a
+    parent run with one child run per variant, its parameters and its plots. For a run whose tracking
+    server was lost: its run left RUNNING there is ended FAILED and tagged with the new run's id."""
+    from pipelines.core.mlflow_logging import RelogError, relog_report
+
+    uri = tracking_uri or runctx.tracking_uri()
+    for path in paths:
+        try:
+            done = relog_report(path, uri, experiment)
+        except RelogError as exc:
+            raise click.ClickException(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the store refused or is unreachable: one line
+            msg = " ".join(str(exc).split())
+            raise click.ClickException(f"{path}: not logged to {uri}: {msg[:300]}") from None
+        ended = f"; ended its earlier run {', '.join(done['ended'])} FAILED" if done["ended"] else ""
+        click.echo(f"{path}: logged to MLflow run {done['run_id']} (experiment {done['experiment']}, {uri}): "
+                   f"{done['variants']} variant runs, {done['params']} parameters, {done['plots']} plots{ended}")
 
 
 @cli.group()

@@ -108,7 +108,7 @@ PARAMS_YML = f"""{PROBE}:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    PKG.mkdir()
+    PKG.mkdir(exist_ok=True)
     try:
         (PKG / "__init__.py").write_text("")
         (PKG / "params.py").write_text(PARAMS_PY)
@@ -156,7 +156,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 def _strip(report: dict) -> dict:
-    drop = {"wall_seconds", "save_version", "git_commit"}
+    drop = {"wall_seconds", "save_version", "git_commit", "resumed_from", "wall_seconds_covers"}
     return {k: v for k, v in report.items() if k not in drop}
 
 

@@ -112,5 +112,7 @@ def _log_artifacts(local_dir: str, artifact_path: str) -> None:
         import mlflow
     except ImportError:  # pragma: no cover
         return
-    if mlflow.active_run() is not None:
-        mlflow.log_artifacts(local_dir, artifact_path=artifact_path)
+    if mlflow.active_run() is not None:   # a lost tracking server never fails the node (core.tracking)
+        from pipelines.core.tracking import guarded
+
+        guarded(artifact_path, mlflow.log_artifacts, local_dir, artifact_path=artifact_path)

@@ -11,6 +11,7 @@ DEFAULT_PIPELINE = "tess"
 _requested: list[str] = []
 _runner: list[str] = []
 _run_config: dict = {}      # env, conf_source and --params of the `kedro run` being set up
+_resume: dict = {}          # the killed run a `kedro run --only-missing-outputs` resumes
 config_cache: dict = {}     # parameters read for that run (core.registry.method_config); cleared per run
 current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_node", default=None)
 # What this run's nodes used, wherever they ran (core.runtime.set_threads in this process; the pool runner
@@ -72,6 +73,18 @@ def set_run_config(env: str | None, conf_source: str | None, runtime_params: dic
 
 def run_config() -> dict:
     return {"env": None, "conf_source": None, "runtime_params": {}, **_run_config}
+
+
+def set_resume(save_version: str | None, mlflow_run_id: str | None = None) -> None:
+    """Called by the project's ``kedro run --only-missing-outputs`` when it resumes a killed run
+    (``None`` clears it): the hooks tag the new run and stamp its report with it."""
+    _resume.clear()
+    if save_version:
+        _resume.update(save_version=save_version, mlflow_run_id=mlflow_run_id)
+
+
+def resume_info() -> dict | None:
+    return dict(_resume) or None
 
 
 def set_runner_name(name: str) -> None:

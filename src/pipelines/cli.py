@@ -187,6 +187,8 @@ def _run(**kw: Any) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         validate_params(names)
+        if callable(getattr(runner_cls, "preflight", None)):  # e.g. a Ray cluster refusing this driver
+            runner_cls.preflight(create_kwargs["env"], **runner_kwargs)
         with settings.SESSION_CLASS.create(**create_kwargs) as session:
             if run_kwargs.get("only_missing_outputs"):
                 version, versioned = unfinished_version(session.load_context(), names)

@@ -205,6 +205,8 @@ def _run(**kw: Any) -> dict[str, Any]:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         validate_params(names)
+        if callable(getattr(runner_cls, "preflight", None)):  # e.g. a Ray cluster refusing this driver
+            runner_cls.preflight(create_kwargs["env"], **runner_kwargs)
         tracking.reset()
         uri = runctx.tracking_uri()
         # runs whose process was killed (SIGKILL, OOM, a lost machine) could not end themselves

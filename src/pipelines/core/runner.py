@@ -54,6 +54,9 @@ class RunnerConfig(BaseModel):
     cpus_per_node: float = Field(default=1, ge=0)  # CPUs each gpu-node task reserves
     allow_cpu_fallback: bool = False
     max_retries: int = Field(default=3, ge=0)  # Ray re-runs a task whose worker process died
+    # a gpu node's task waiting this long with no alive Ray node able to run it (its GPU node lost):
+    # the run fails naming the node, or (allow_cpu_fallback) the task is sent again with num_gpus=0
+    lost_node_timeout_s: float = Field(default=60, gt=0)
     cuda_outputs: Literal["convert", "reject"] = "convert"
     local_cpus: int | None = Field(default=None, ge=1)  # size of a local instance; None = all
     runtime_env: dict[str, Any] | None = None  # passed to ray.init (e.g. env_vars, working_dir)
@@ -171,6 +174,68 @@ class GPUUnavailableError(RuntimeError):
     """A ``gpu`` node was asked of a cluster that cannot give it the GPUs."""
 
 
+class RayNodeLostError(GPUUnavailableError):
+    """A gpu node's task can no longer be scheduled: the cluster lost the node(s) with its GPUs."""
+
+
+class RayConnectError(RunnerConfigError):
+    """The driver cannot join the Ray cluster (unreachable, or token authentication refused it)."""
+
+
+AUTH_HINT = ("set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token> (or RAY_AUTH_TOKEN_PATH) "
+             "in the driver's environment")
+
+
+def _connect_error(address: str, exc: BaseException, captured: str = "") -> RayConnectError:
+    text = f"{exc} {captured}"
+    if "AuthenticationError" in type(exc).__name__ or "InvalidAuthToken" in text or "Unauthenticated" in text:
+        return RayConnectError(f"the Ray cluster at {address} refused this driver (token authentication): "
+                               f"{AUTH_HINT}")
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RayConnectError(f"cannot connect to the Ray cluster at {address}: {first}")
+
+
+class _CaptureStderr:
+    """Ray's C++ client writes its retries to file descriptor 2: hold them, give them back on success."""
+
+    def __enter__(self):
+        import tempfile
+
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile(mode="w+b")
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        self.text = self._file.read().decode(errors="replace")
+        self._file.close()
+
+
+def probe_cluster(address: str, timeout_ms: int = 3000) -> None:
+    """Check, before any MLflow run opens, that this driver may join the cluster at ``address``
+    (``host:port`` of its GCS): a RayConnectError in one line if token auth refuses it or none answers.
+    ``local``/``ray://`` addresses are not probed (the connection itself reports them)."""
+    addr = address.strip()
+    if addr.lower() in ("local", "auto") or addr.startswith("ray://") or ":" not in addr:
+        return
+    from ray._raylet import InnerGcsClient
+
+    with _CaptureStderr() as cap:
+        try:
+            InnerGcsClient.standalone(addr, None, timeout_ms)
+            err = None
+        except Exception as exc:  # noqa: BLE001 - Ray's RpcError / AuthenticationError
+            err = exc
+    if err is not None:
+        raise _connect_error(addr, err, cap.text)
+    # success: nothing worth repeating on stderr
+
+
 class CudaOutputError(TypeError):
     """A remote node returned CUDA tensors while ``cuda_outputs: reject``."""
 
@@ -274,7 +339,9 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
         outputs = _cpu_outputs(node.name, outputs, cuda_outputs)
     finally:
         current_node.reset(token)
+    ctx = ray.get_runtime_context()
     info = {"host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": list(ray.get_gpu_ids()),
+            "node_id": ctx.get_node_id(),
             "seconds": round(time.perf_counter() - t0, 3),
             # what the node's preamble chose in this task, for the driver's report (threads_by_node)
             "threads_by_node": take_node_threads()}
@@ -304,12 +371,22 @@ class GPUNodeRunner(AbstractRunner):
         self.config: RunnerConfig | None = None
         self.placements: dict[str, dict] = {}  # node name → where its Ray task ran
         self._warned_fallback = False
+        self._gpu_nodes: dict[str, str] = {}  # Ray node id → name, of the nodes with GPUs at the start
 
     def __str__(self) -> str:  # recorded by Kedro as run_params["runner"]
         return f"GPUNodeRunner({self.config.describe()})" if self.config else "GPUNodeRunner"
 
     def _get_executor(self, max_workers: int) -> None:
         return None
+
+    @classmethod
+    def preflight(cls, env: str | None = None, **overrides: Any) -> None:
+        """Called by ``kedro run`` before the session (and its MLflow run) starts: a Ray cluster that
+        refuses this driver (token auth without a token) or does not answer fails in one line."""
+        overrides.pop("is_async", None)
+        cfg = resolve_config(overrides, load_runner_conf(env))
+        if cfg.backend == "ray":
+            probe_cluster(cfg.address)
 
     # -- configuration ---------------------------------------------------------------------------
     def _configure(self, hook_manager) -> RunnerConfig:
@@ -350,6 +427,8 @@ class GPUNodeRunner(AbstractRunner):
         """Join or start Ray; True if this runner started (and so must stop) it."""
         import ray
 
+        import ray.exceptions as rex
+
         if ray.is_initialized():  # a caller (a notebook, a test) already connected: reuse, leave running
             return False
         kwargs: dict[str, Any] = {"runtime_env": worker_runtime_env(cfg.runtime_env),
@@ -359,7 +438,27 @@ class GPUNodeRunner(AbstractRunner):
         else:
             kwargs["address"] = cfg.address
         self._logger.info("GPUNodeRunner: connecting to Ray (%s)", cfg.address)
-        ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+        import signal
+        import threading
+
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGTERM) if main else None
+        try:
+            with _CaptureStderr() as cap:
+                try:
+                    ray.init(**{k: v for k, v in kwargs.items() if v is not None})
+                    err = None
+                except (ConnectionError, rex.RayError) as exc:
+                    err = exc
+        finally:
+            # ray.init installs its own SIGTERM handler (sys.exit): keep the caller's, so `kedro run`
+            # ends a terminated Ray run KILLED as it does an inline one
+            if main and previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        if err is not None:
+            raise _connect_error(cfg.address, err, cap.text) from None
+        if cap.text.strip():
+            sys.stderr.write(cap.text)
         return True
 
     def _check_resources(self, remote: dict[Node, float], cfg: RunnerConfig) -> dict[Node, float]:
@@ -368,6 +467,8 @@ class GPUNodeRunner(AbstractRunner):
 
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         per_node = [n.get("Resources", {}).get("GPU", 0.0) for n in nodes]
+        self._gpu_nodes = {n["NodeID"]: n.get("NodeName") or n.get("NodeManagerAddress", "?")
+                           for n in nodes if n.get("Resources", {}).get("GPU", 0.0) > 0}
         total = ray.cluster_resources()
         summary = ", ".join(f"{k}: {v:g}" for k, v in sorted(total.items())
                             if not k.startswith(("node:", "memory", "object_store")))
@@ -407,6 +508,7 @@ class GPUNodeRunner(AbstractRunner):
         load_counts = Counter(chain.from_iterable(n.inputs for n in nodes))
         todo, done = set(nodes), set()
         inflight: dict[Any, tuple[Node, dict[str, Any], float]] = {}
+        unschedulable: dict[Node, float] = {}  # gpu node → since when no alive Ray node can run it
         self._logger.info("GPUNodeRunner: %d of %d nodes go to Ray (%s): %s", len(remote), len(nodes),
                           cfg.address, ", ".join(f"{n.name}[gpus={g:g}]" for n, g in remote.items()))
         try:
@@ -416,16 +518,14 @@ class GPUNodeRunner(AbstractRunner):
                 for node in (n for n in ready if n in remote):
                     inputs = self._load_inputs(node, catalog, hook_manager, run_id)
                     try:
-                        ref = task_fn.options(
-                            num_gpus=remote[node], num_cpus=cfg.cpus_per_node, max_retries=cfg.max_retries,
-                            retry_exceptions=False, name=node.name,
-                        ).remote(node, inputs, cfg.cuda_outputs)
+                        ref = self._submit(task_fn, node, inputs, remote[node], cfg)
                     except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
                         raise RemoteNodeError(
                             f"node '{node.name}': its function or inputs cannot be shipped to Ray "
                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                             "define node functions in an importable module") from exc
                     inflight[ref] = (node, inputs, time.perf_counter())
+                    unschedulable.pop(node, None)
                     todo.discard(node)
                 local = [n for n in ready if n not in remote]
                 if local:  # one driver node, then look again: it may unlock more gpu nodes
@@ -439,7 +539,11 @@ class GPUNodeRunner(AbstractRunner):
                     if todo:
                         raise RuntimeError(f"GPUNodeRunner: cannot schedule {sorted(n.name for n in todo)}")
                     break
-                finished, _ = ray.wait(list(inflight), num_returns=1)
+                # bounded waits: signals (SIGTERM, Ctrl-C) are handled, and a lost GPU node is noticed
+                finished, _ = ray.wait(list(inflight), num_returns=1, timeout=min(2.0, cfg.lost_node_timeout_s))
+                if not finished:
+                    self._watch_lost_nodes(inflight, remote, unschedulable, task_fn, cfg)
+                    continue
                 for ref in finished:
                     node, inputs, t0 = inflight.pop(ref)
                     outputs = self._collect(ref, node, inputs, catalog, hook_manager, run_id, cfg)
@@ -453,9 +557,51 @@ class GPUNodeRunner(AbstractRunner):
             self._suggest_resume_scenario(pipeline, done, catalog)
             raise
 
+    @staticmethod
+    def _submit(task_fn, node: Node, inputs: dict[str, Any], gpus: float, cfg: RunnerConfig):
+        return task_fn.options(num_gpus=gpus, num_cpus=cfg.cpus_per_node, max_retries=cfg.max_retries,
+                               retry_exceptions=False, name=node.name).remote(node, inputs, cfg.cuda_outputs)
+
+    def _watch_lost_nodes(self, inflight: dict, remote: dict[Node, float], unschedulable: dict[Node, float],
+                          task_fn, cfg: RunnerConfig) -> None:
+        """A task waiting for GPUs that no alive node has any more (its node was lost; Ray would retry it
+        forever): after ``lost_node_timeout_s``, fail naming the node, or send it again on CPU."""
+        import ray
+
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        now = time.monotonic()
+        for ref, (node, inputs, _t0) in list(inflight.items()):
+            gpus = remote[node]
+            if gpus <= 0 or any(n.get("Resources", {}).get("GPU", 0.0) >= gpus
+                                and n.get("Resources", {}).get("CPU", 0.0) >= cfg.cpus_per_node for n in alive):
+                unschedulable.pop(node, None)
+                continue
+            since = unschedulable.setdefault(node, now)
+            if now - since < cfg.lost_node_timeout_s:
+                continue
+            alive_ids = {n["NodeID"] for n in alive}
+            lost = [f"{name} (node id {nid[:12]})" for nid, name in self._gpu_nodes.items() if nid not in alive_ids]
+            what = f"lost {', '.join(lost)}" if lost else "has no node with that many GPUs"
+            ray.cancel(ref, force=True)
+            del inflight[ref]
+            if cfg.allow_cpu_fallback:
+                self._logger.warning(
+                    "GPUNodeRunner: node '%s' asks for %g GPU(s) but the Ray cluster (%s) %s for %.0f s; "
+                    "it runs again on CPU (allow_cpu_fallback: true)", node.name, gpus, cfg.address, what,
+                    now - since)
+                remote[node] = 0.0
+                inflight[self._submit(task_fn, node, inputs, 0.0, cfg)] = (node, inputs, time.perf_counter())
+                unschedulable.pop(node, None)
+                continue
+            raise RayNodeLostError(
+                f"node '{node.name}' asks for {gpus:g} GPU(s) but the Ray cluster ({cfg.address}) {what}: "
+                f"no alive node can run it (waited {now - since:.0f} s, lost_node_timeout_s="
+                f"{cfg.lost_node_timeout_s:g}). Set allow_cpu_fallback: true to run it on CPU instead.")
+
     def _where(self, name: str) -> str:
         p = self.placements.get(name, {})
-        return f"{p.get('host')} pid {p.get('pid')} gpus {p.get('gpu_ids')}"
+        return (f"{p.get('host')} pid {p.get('pid')} gpus {p.get('gpu_ids')} "
+                f"ray node {str(p.get('node_id'))[:12]}")
 
     def _finish(self, node: Node, pipeline, catalog, load_counts, done: set, total: int) -> None:
         done.add(node)

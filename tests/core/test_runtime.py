@@ -43,6 +43,9 @@ def test_usable_cpus_respects_affinity_and_quota(tmp_path, monkeypatch):
 def test_node_setup_sets_threads_and_records_them(monkeypatch):
     monkeypatch.delenv("PIPELINES_THREADS", raising=False)
     monkeypatch.delenv("PIPELINES_CONCURRENCY", raising=False)
+    from pipelines.core.runctx import take_node_threads
+
+    take_node_threads()        # a run earlier in this process left its nodes' record (a run's hook clears it)
 
     class P:
         threads = 1

@@ -247,16 +247,13 @@ def test_bad_runner_settings_name_the_key():
 
 
 # ------------------------------------------------------------------------- end to end, every pipeline
-TIMING = re.compile(r"(^|[._])(ms|us|ns|s|sec|seconds|time|times|wall|latency|throughput|speedup|per_s|"
-                    r"tokens_per_s|clock|overhead)([._]|$)|_ms\b|_s\b|speedup|latency|seconds")
-
-
 def non_timing_values(report: dict) -> dict:
     """What benchmarks/compare_reports.py compares (variant and derived metrics), less timings, which
     differ between any two runs."""
     flat = {f"variants.{v}.{k}": x for v, row in report["variants"].items() for k, x in row.items()}
     flat.update(report.get("metrics", {}))
-    return {k: x for k, x in flat.items() if not TIMING.search(k)}
+    timings = set(report["timing_metrics"])
+    return {k: x for k, x in flat.items() if k not in timings}
 
 
 def _differences(a: dict, b: dict) -> list[str]:

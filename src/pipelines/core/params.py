@@ -115,6 +115,12 @@ class MethodParams(Strict):
     CPU it may use, else one thread (tiny models lose more to the threads' synchronisation than they gain)."""
 
     THREADS_SCALE: ClassVar[bool] = False
+    #: metric names (fnmatch patterns, matched against a variant metric's name and a derived metric's name)
+    #: that measure the machine rather than the method: wall-clock times, rates and ratios of times. Two
+    #: runs of the same code differ in them, so report comparisons (resume checks, runner equivalence,
+    #: benchmarks/compare_reports.py) leave them out. Names that say so already (``*_seconds``, ``*_ms``,
+    #: ``speedup``, ``latency``, ``throughput``, ``*_per_s`` …) need no entry (core.report.TIMING_NAME).
+    TIMING_METRICS: ClassVar[tuple[str, ...]] = ()
 
     seeds: list[int] = Field(min_length=1)
     threads: Threads = "auto"

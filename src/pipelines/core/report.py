@@ -5,14 +5,35 @@ by ``PlatformHooks`` when the report is saved, so node functions stay pure.
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pipelines.core.claims import evaluate_claims, evaluate_gates, flat_metrics, verdict_counts
 from pipelines.core.stats import ESTIMATOR, Estimate, t_interval
+
+#: a metric whose name says it is a time, a rate or a ratio of times (one dot-separated or
+#: underscore-separated word of the name)
+TIMING_NAME = re.compile(r"(^|[._])(ms|us|ns|s|sec|seconds|time|times|wall|latency|throughput|speedup|per_s|"
+                         r"tokens_per_s|clock|overhead)([._]|$)|_ms\b|_s\b|speedup|latency|seconds")
+
+
+def timing_metrics(flat: Iterable[str], declared: Iterable[str] = ()) -> list[str]:
+    """The keys of ``flat`` (``variants.<v>.<metric>`` or a derived metric's name) that are timings: by
+    name (:data:`TIMING_NAME`) or matching one of the method's ``TIMING_METRICS`` patterns."""
+    declared = tuple(declared)
+    out = []
+    for key in flat:
+        bare = key.split(".", 2)[2] if key.startswith("variants.") and key.count(".") >= 2 else key
+        if TIMING_NAME.search(bare) or any(fnmatch.fnmatchcase(bare, p) or fnmatch.fnmatchcase(key, p)
+                                           for p in declared):
+            out.append(key)
+    return sorted(out)
+
 
 def params_dict(params: Any) -> dict[str, Any]:
     """A method's parameters as plain data (its typed ``Params`` model or an already plain mapping)."""
@@ -110,6 +131,7 @@ def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
     ``histories`` maps a variant to ``{metric: series}`` (see :func:`history_series`): quantities that
     evolve over training. They are logged with steps to that variant's MLflow child run (the UI draws the
     curves); a key that is not a variant (e.g. ``"run"``) goes to the parent run."""
+    declared_timings = tuple(getattr(type(params), "TIMING_METRICS", ()))
     params = params_dict(params)
     mean, std, per_seed = aggregate_seeds(rows)
     intervals: dict[str, Estimate] = {}
@@ -153,6 +175,8 @@ def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
         **({"metrics_per_seed": {k: {str(s): x for s, x in d.items()} for k, d in derived_per_seed.items()}}
            if derived_per_seed else {}),
         "interval": ESTIMATOR,
+        # what measures the machine, not the method: comparisons of two runs leave these out
+        "timing_metrics": timing_metrics(values, declared_timings),
         "gates": gates,
         "gates_passed": all(g["passed"] for g in gates),
         "claims": claims,

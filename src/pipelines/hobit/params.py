@@ -118,6 +118,7 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    TIMING_METRICS = ("batching_frac_of_epoch",)   # share of the epoch's wall time spent building batches
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     data: Data = Field(default_factory=Data)
     model: Model = Field(default_factory=Model)

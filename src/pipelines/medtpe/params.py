@@ -78,6 +78,7 @@ class Timing(Strict):
 
 class Params(MethodParams):
     THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
+    TIMING_METRICS = ("prefill_reduction_per_token_reduction*",)   # measured prefill times
     data: Data
     bpe: BPEParams = BPEParams()
     tpe: TPEParams = TPEParams()

@@ -124,6 +124,8 @@ class Acc(Strict):
 
 
 class Params(MethodParams):
+    # measured operator speeds and their ratios
+    TIMING_METRICS = ("gflops_effective*", "gflops_ratio*", "jump_dw_*", "w14_faster_than_dw5*")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     malloc_tuning: bool = True  # raise glibc's mmap/trim thresholds before timing (see README)
     bench: Bench

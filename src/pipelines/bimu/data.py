@@ -13,6 +13,7 @@ import torch
 
 from pipelines.bimu.params import Params
 from pipelines.core.schemas import TableSchema
+from pipelines.core.training import fit
 
 USER_IMAGES = TableSchema("bimu.user_images", {"label": "int", "split": "str"}, min_rows=20,
                           patterns={r"x\d+": "number"}, no_missing=("label", "split", r"x\d+"),
@@ -62,12 +63,11 @@ def pretrain_encoder(x: np.ndarray, y: np.ndarray, width: int, steps: int, seed:
                 bound = m.in_features ** -0.5
                 m.weight.copy_(torch.rand(m.weight.shape, generator=g) * 2 * bound - bound)
                 m.bias.zero_()
-    opt = torch.optim.Adam([*enc.parameters(), *head.parameters()], lr=1e-3)
     xt, yt = torch.as_tensor(x), torch.as_tensor(y)
-    for _ in range(steps):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(head(enc(xt)), yt).backward()
-        opt.step()
+    # full batch, plain Adam, unclipped: `steps` epochs of one step each
+    fit(torch.nn.Sequential(enc, head), [xt, yt],
+        lambda m, xb, yb: torch.nn.functional.cross_entropy(m(xb), yb), epochs=steps, batch_size=None,
+        optimizer="adam", lr=1e-3, weight_decay=0.0, grad_clip=None, seed=seed, desc="bimu.encoder")
     enc.eval()
 
     def encode(v: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -29,15 +29,14 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kedro.framework.hooks import hook_impl
-from kedro.runner.runner import AbstractRunner
 from kedro.runner.task import Task
 
 from pipelines.core import runctx
+from pipelines.core.scheduling import OffloadingRunner, load_inputs
 
 if TYPE_CHECKING:
     from kedro.pipeline import Pipeline
@@ -148,7 +147,7 @@ class ThreadRecordHooks:
         runctx.reset_thread_log()
 
 
-class PoolRunner(AbstractRunner):
+class PoolRunner(OffloadingRunner):
     """Train nodes in worker processes, everything else in this process (see the module docstring).
 
     ``--runner-params workers=N`` fixes the number of workers; ``start_method=spawn|forkserver``."""
@@ -205,63 +204,36 @@ class PoolRunner(AbstractRunner):
             forkserver.ensure_running()
         executor = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_init)
         try:
-            self._run_pooled(pipeline, catalog, hook_manager, run_id, set(pooled), n, executor, env)
+            self._n, self._executor, self._env, self._cwd = n, executor, env, str(Path.cwd())
+            self._drive(pipeline, catalog, hook_manager, run_id, set(pooled))
         except BaseException:
             _stop(executor)
             raise
         else:
             executor.shutdown(wait=True)
 
-    # -- the scheduling loop ---------------------------------------------------------------------
-    def _run_pooled(self, pipeline: Pipeline, catalog, hook_manager, run_id, pooled: set, n: int,
-                    executor: ProcessPoolExecutor, env: dict[str, str | None]) -> None:
-        nodes = pipeline.nodes            # topological order: driver nodes run in SequentialRunner's order
-        order = {nd: i for i, nd in enumerate(nodes)}
-        deps = pipeline.node_dependencies
-        load_counts = Counter(chain.from_iterable(nd.inputs for nd in nodes))
-        todo, done = set(nodes), set()
-        inflight: dict[Future, tuple[Node, dict[str, Any], float]] = {}
-        cwd = str(Path.cwd())
-        try:
-            while todo or inflight:
-                ready = sorted((nd for nd in todo if deps[nd] <= done), key=order.__getitem__)
-                # as many pooled nodes as there are free workers: inputs are loaded only when a worker can
-                # take them, so the driver never holds more than the workers' inputs at once
-                for node in [nd for nd in ready if nd in pooled][:max(0, n - len(inflight))]:
-                    todo.discard(node)
-                    submitted = self._submit(node, catalog, hook_manager, run_id, executor, env, cwd)
-                    if submitted is None:      # its function cannot be shipped: it runs here
-                        self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
-                        break
-                    inflight[submitted[0]] = (node, submitted[1], time.perf_counter())
-                else:
-                    local = [nd for nd in ready if nd not in pooled]
-                    if local:   # one driver node, then look again: it may unlock more train nodes
-                        node = local[0]
-                        todo.discard(node)
-                        Task(node=node, catalog=catalog, hook_manager=hook_manager, is_async=self._is_async,
-                             run_id=run_id).execute()
-                        self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
-                        continue
-                    if not inflight:
-                        if todo:
-                            raise RuntimeError(f"PoolRunner: cannot schedule {sorted(nd.name for nd in todo)}")
-                        break
-                    finished, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        node, inputs, t0 = inflight.pop(fut)
-                        outputs = self._collect(fut, node, inputs, catalog, hook_manager, run_id)
-                        _save_outputs(node, outputs, catalog, hook_manager)
-                        p = self.placements[node.name]
-                        self._logger.debug("Completed node: %s (worker pid %s, %.2fs, threads %s)", node.name,
-                                          p["pid"], time.perf_counter() - t0,
-                                          ",".join(str(r["threads"]) for r in p["threads_by_node"].values()) or "-")
-                        self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
-        except BaseException:
-            for fut in inflight:
-                fut.cancel()
-            self._suggest_resume_scenario(pipeline, done, catalog)
-            raise
+    # -- how a node travels (the loop is core.scheduling's) -----------------------------------------
+    def _capacity(self) -> int:
+        return self._n
+
+    def _offload(self, node: Node, catalog, hook_manager, run_id) -> tuple[Future, dict[str, Any]] | None:
+        return self._submit(node, catalog, hook_manager, run_id, self._executor, self._env, self._cwd)
+
+    def _wait(self, inflight: dict) -> list:
+        finished, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+        return list(finished)
+
+    def _outputs(self, handle, node: Node, inputs, catalog, hook_manager, run_id) -> dict[str, Any]:
+        return self._collect(handle, node, inputs, catalog, hook_manager, run_id)
+
+    def _cancel(self, handles: list) -> None:
+        for fut in handles:
+            fut.cancel()
+
+    def _completed(self, node: Node, seconds: float) -> None:
+        p = self.placements[node.name]
+        self._logger.debug("Completed node: %s (worker pid %s, %.2fs, threads %s)", node.name, p["pid"], seconds,
+                           ",".join(str(r["threads"]) for r in p["threads_by_node"].values()) or "-")
 
     def _submit(self, node: Node, catalog, hook_manager, run_id, executor: ProcessPoolExecutor,
                 env: dict[str, str | None], cwd: str) -> tuple[Future, dict[str, Any]] | None:
@@ -274,12 +246,7 @@ class PoolRunner(AbstractRunner):
             Task(node=node, catalog=catalog, hook_manager=hook_manager, is_async=self._is_async,
                  run_id=run_id).execute()
             return None
-        inputs = {}
-        for name in node.inputs:
-            hook_manager.hook.before_dataset_loaded(dataset_name=name, node=node)
-            inputs[name] = catalog.load(name)
-            hook_manager.hook.after_dataset_loaded(dataset_name=name, data=inputs[name], node=node)
-        inputs.update(Task._collect_inputs_from_hook(node, catalog, inputs, False, hook_manager, run_id=run_id))
+        inputs = load_inputs(node, catalog, hook_manager, run_id)
         try:
             blob = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001
@@ -311,20 +278,6 @@ class PoolRunner(AbstractRunner):
         hook_manager.hook.after_node_run(node=node, catalog=catalog, inputs=inputs, outputs=outputs,
                                          is_async=False, run_id=run_id)
         return outputs
-
-    def _finish(self, node: Node, pipeline, catalog, load_counts, done: set, total: int) -> None:
-        done.add(node)
-        self._logger.debug("Completed %d out of %d tasks", len(done), total)
-        self._release_datasets(node, catalog, load_counts, pipeline)
-
-
-def _save_outputs(node: Node, outputs: dict[str, Any], catalog, hook_manager) -> None:
-    for name, data in outputs.items():
-        hook_manager.hook.before_dataset_saved(dataset_name=name, data=data, node=node)
-        catalog.save(name, data)
-        hook_manager.hook.after_dataset_saved(dataset_name=name, data=data, node=node)
-    for name in node.confirms:
-        catalog.confirm(name)
 
 
 def _stop(executor: ProcessPoolExecutor) -> None:

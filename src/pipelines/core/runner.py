@@ -20,17 +20,15 @@ import re
 import socket
 import sys
 import time
-from collections import Counter
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from kedro.framework.hooks import hook_impl
-from kedro.runner.runner import AbstractRunner
-from kedro.runner.task import Task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines.core.runctx import current_node, merge_node_threads, set_run_workers, take_node_threads
+from pipelines.core.scheduling import OffloadingRunner, load_inputs
 
 if TYPE_CHECKING:
     from kedro.pipeline import Pipeline
@@ -359,7 +357,7 @@ def worker_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ runner
-class GPUNodeRunner(AbstractRunner):
+class GPUNodeRunner(OffloadingRunner):
     """Runs ``gpu``-tagged nodes as Ray tasks, everything else (loads, saves, hooks) in the driver.
 
     Keyword arguments (``--runner-params key=value,...``) override ``runner.yml`` key by key."""
@@ -496,66 +494,50 @@ class GPUNodeRunner(AbstractRunner):
                 f"node(s).{hint}")
         return out
 
-    # -- the scheduling loop ---------------------------------------------------------------------
+    # -- how a node travels (the loop is core.scheduling's) -----------------------------------------
     def _run_with_ray(self, pipeline: Pipeline, catalog, hook_manager, run_id, remote: dict[Node, float],
                       cfg: RunnerConfig) -> None:
         import ray
 
-        task_fn = ray.remote(_execute_remote)
-        nodes = pipeline.nodes  # topological order: driver nodes run in the order SequentialRunner uses
-        order = {n: i for i, n in enumerate(nodes)}
-        deps = pipeline.node_dependencies
-        load_counts = Counter(chain.from_iterable(n.inputs for n in nodes))
-        todo, done = set(nodes), set()
-        inflight: dict[Any, tuple[Node, dict[str, Any], float]] = {}
-        unschedulable: dict[Node, float] = {}  # gpu node → since when no alive Ray node can run it
-        self._logger.info("GPUNodeRunner: %d of %d nodes go to Ray (%s): %s", len(remote), len(nodes),
+        self._task_fn, self._remote, self._cfg = ray.remote(_execute_remote), remote, cfg
+        self._unschedulable: dict[Node, float] = {}  # gpu node → since when no alive Ray node can run it
+        self._logger.info("GPUNodeRunner: %d of %d nodes go to Ray (%s): %s", len(remote), len(pipeline.nodes),
                           cfg.address, ", ".join(f"{n.name}[gpus={g:g}]" for n, g in remote.items()))
+        # every ready gpu node is submitted at once: independent ones run concurrently
+        self._drive(pipeline, catalog, hook_manager, run_id, set(remote))
+
+    def _offload(self, node: Node, catalog, hook_manager, run_id) -> tuple[Any, dict[str, Any]]:
+        inputs = load_inputs(node, catalog, hook_manager, run_id)
         try:
-            while todo or inflight:
-                ready = sorted((n for n in todo if deps[n] <= done), key=order.__getitem__)
-                # Every ready gpu node is submitted at once: independent ones run concurrently.
-                for node in (n for n in ready if n in remote):
-                    inputs = self._load_inputs(node, catalog, hook_manager, run_id)
-                    try:
-                        ref = self._submit(task_fn, node, inputs, remote[node], cfg)
-                    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-                        raise RemoteNodeError(
-                            f"node '{node.name}': its function or inputs cannot be shipped to Ray "
-                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                            "define node functions in an importable module") from exc
-                    inflight[ref] = (node, inputs, time.perf_counter())
-                    unschedulable.pop(node, None)
-                    todo.discard(node)
-                local = [n for n in ready if n not in remote]
-                if local:  # one driver node, then look again: it may unlock more gpu nodes
-                    node = local[0]
-                    todo.discard(node)
-                    Task(node=node, catalog=catalog, hook_manager=hook_manager, is_async=self._is_async,
-                         run_id=run_id).execute()
-                    self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
-                    continue
-                if not inflight:
-                    if todo:
-                        raise RuntimeError(f"GPUNodeRunner: cannot schedule {sorted(n.name for n in todo)}")
-                    break
-                # bounded waits: signals (SIGTERM, Ctrl-C) are handled, and a lost GPU node is noticed
-                finished, _ = ray.wait(list(inflight), num_returns=1, timeout=min(2.0, cfg.lost_node_timeout_s))
-                if not finished:
-                    self._watch_lost_nodes(inflight, remote, unschedulable, task_fn, cfg)
-                    continue
-                for ref in finished:
-                    node, inputs, t0 = inflight.pop(ref)
-                    outputs = self._collect(ref, node, inputs, catalog, hook_manager, run_id, cfg)
-                    self._save_outputs(node, outputs, catalog, hook_manager)
-                    self._logger.info("Completed node: %s (Ray task, %.2fs, %s)", node.name,
-                                      time.perf_counter() - t0, self._where(node.name))
-                    self._finish(node, pipeline, catalog, load_counts, done, len(nodes))
-        except BaseException:
-            for ref in inflight:  # not force: killing workers would make the next run start new ones
-                ray.cancel(ref)
-            self._suggest_resume_scenario(pipeline, done, catalog)
-            raise
+            ref = self._submit(self._task_fn, node, inputs, self._remote[node], self._cfg)
+        except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
+            raise RemoteNodeError(
+                f"node '{node.name}': its function or inputs cannot be shipped to Ray "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                "define node functions in an importable module") from exc
+        self._unschedulable.pop(node, None)
+        return ref, inputs
+
+    def _wait(self, inflight: dict) -> list:
+        import ray
+
+        # bounded waits: signals (SIGTERM, Ctrl-C) are handled, and a lost GPU node is noticed
+        finished, _ = ray.wait(list(inflight), num_returns=1, timeout=min(2.0, self._cfg.lost_node_timeout_s))
+        if not finished:
+            self._watch_lost_nodes(inflight, self._remote, self._unschedulable, self._task_fn, self._cfg)
+        return finished
+
+    def _outputs(self, handle, node: Node, inputs, catalog, hook_manager, run_id) -> dict[str, Any]:
+        return self._collect(handle, node, inputs, catalog, hook_manager, run_id, self._cfg)
+
+    def _cancel(self, handles: list) -> None:
+        import ray
+
+        for ref in handles:  # not force: killing workers would make the next run start new ones
+            ray.cancel(ref)
+
+    def _completed(self, node: Node, seconds: float) -> None:
+        self._logger.info("Completed node: %s (Ray task, %.2fs, %s)", node.name, seconds, self._where(node.name))
 
     @staticmethod
     def _submit(task_fn, node: Node, inputs: dict[str, Any], gpus: float, cfg: RunnerConfig):
@@ -603,22 +585,6 @@ class GPUNodeRunner(AbstractRunner):
         return (f"{p.get('host')} pid {p.get('pid')} gpus {p.get('gpu_ids')} "
                 f"ray node {str(p.get('node_id'))[:12]}")
 
-    def _finish(self, node: Node, pipeline, catalog, load_counts, done: set, total: int) -> None:
-        done.add(node)
-        self._logger.info("Completed %d out of %d tasks", len(done), total)
-        self._release_datasets(node, catalog, load_counts, pipeline)
-
-    @staticmethod
-    def _load_inputs(node: Node, catalog, hook_manager, run_id) -> dict[str, Any]:
-        inputs = {}
-        for name in node.inputs:
-            hook_manager.hook.before_dataset_loaded(dataset_name=name, node=node)
-            inputs[name] = catalog.load(name)
-            hook_manager.hook.after_dataset_loaded(dataset_name=name, data=inputs[name], node=node)
-        inputs.update(Task._collect_inputs_from_hook(node, catalog, inputs, False, hook_manager,
-                                                     run_id=run_id))
-        return inputs
-
     def _collect(self, ref, node: Node, inputs, catalog, hook_manager, run_id, cfg: RunnerConfig):
         import ray
         import ray.exceptions as rex
@@ -636,12 +602,3 @@ class GPUNodeRunner(AbstractRunner):
         hook_manager.hook.after_node_run(node=node, catalog=catalog, inputs=inputs, outputs=outputs,
                                          is_async=False, run_id=run_id)
         return outputs
-
-    @staticmethod
-    def _save_outputs(node: Node, outputs: dict[str, Any], catalog, hook_manager) -> None:
-        for name, data in outputs.items():
-            hook_manager.hook.before_dataset_saved(dataset_name=name, data=data, node=node)
-            catalog.save(name, data)
-            hook_manager.hook.after_dataset_saved(dataset_name=name, data=data, node=node)
-        for name in node.confirms:
-            catalog.confirm(name)

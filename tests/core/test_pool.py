@@ -170,7 +170,7 @@ def test_auto_is_one_thread_unless_the_method_scales(monkeypatch):
 def test_a_method_declares_that_it_scales():
     from pipelines.core.params import MethodParams
     from pipelines.core.runtime import params_scale
-    from pipelines.core.spec import validated_params
+    from pipelines.core.registry import validated_params
 
     class Big(MethodParams):
         THREADS_SCALE = True

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.core import sweep as sw
+from pipelines.core import versions
 from tests.conftest import make_project
 
 GRID_A = "rankcal.ece.n_bins=10,15"
@@ -84,13 +85,13 @@ def test_a_point_reads_back_its_own_dataset_versions(tmp_path):
                                                       version=Version(None, save_version))})
 
     mine, other = catalog("2026-01-01T00.00.00.000Z"), catalog("2026-01-01T00.00.00.001Z")
-    assert sw.pin_own_version(mine, "m.metrics", {})
+    assert versions.pin_own_version(mine, "m.metrics", {})
     mine.save("m.metrics", {"point": "mine"})
     other.save("m.metrics", {"point": "other"})          # a newer version, written meanwhile
     assert mine.load("m.metrics") == {"point": "mine"}
     plain = catalog("2026-01-01T00.00.00.000Z")           # what Kedro alone does: the newest version
     assert plain.load("m.metrics") == {"point": "other"}
-    assert not sw.pin_own_version(mine, "m.metrics", {"m.metrics": "x"})  # a version the run pinned itself
+    assert not versions.pin_own_version(mine, "m.metrics", {"m.metrics": "x"})  # a version the run pinned itself
 
 
 def test_no_two_point_sessions_share_a_millisecond(tmp_path, monkeypatch):
@@ -104,24 +105,24 @@ def test_no_two_point_sessions_share_a_millisecond(tmp_path, monkeypatch):
         def create(cls):
             return generate_timestamp()
 
-    monkeypatch.setenv(sw.SESSION_LOCK_ENV, str(tmp_path / "sessions.lock"))
-    unique = sw.unique_session_class(Session)
+    monkeypatch.setenv(versions.SESSION_LOCK_ENV, str(tmp_path / "sessions.lock"))
+    unique = versions.unique_session_class(Session)
     with ThreadPoolExecutor(8) as pool:
         ids = list(pool.map(lambda _: unique.create(), range(24)))
     assert len(set(ids)) == 24
-    assert sw.unique_session_class(unique) is unique      # never wrapped (and locked) twice
+    assert versions.unique_session_class(unique) is unique      # never wrapped (and locked) twice
 
 
 def test_a_raced_point_is_discarded(tmp_path):
     log = ("WARNING  .../kedro/io/core.py:1049: UserWarning: Save version '2026-12-01T10.58.21.648Z' did not match\n"
            "         load version '2026-12-01T10.58.21.880Z' for pipelines.core.datasets.TableDataset(filepath=\n"
            "         PurePosixPath('/p/data/02_intermediate/m/datasets.parquet'), protocol='file')")
-    assert sw._RACE.search(" ".join(log.split()))
+    assert sw.base._RACE.search(" ".join(log.split()))
     report = tmp_path / "data" / "08_reporting" / "m" / "report.json" / "V" / "report.json"
     report.parent.mkdir(parents=True)
     report.write_text("{}")
     p = {"index": 3, "attempts": 1, "status": "ok", "report": str(report.relative_to(tmp_path)), "claims": [{}]}
-    sw._discard({}, p, None, tmp_path, tmp_path / "sweep", "Error: raced")
+    sw.driver._discard({}, p, None, tmp_path, tmp_path / "sweep", "Error: raced")
     assert p["status"] == "failed" and p["claims"] == [] and not report.parent.exists()
     assert (tmp_path / "sweep" / "discarded" / "point-3.attempt-1.report.json").is_file()
 

@@ -83,7 +83,8 @@ def test_one_train_node_per_planned_variant(m):
     """Core builds one train.<variant> node per variant of the validated params; nothing else trains but
     the shared training steps the method declares (``Data(..., stage="train")``, e.g. a base model)."""
     from pipelines.core.registry import load_pipeline
-    from pipelines.core.spec import load_spec, validated_params
+    from pipelines.core.registry import validated_params
+    from pipelines.core.spec import load_spec
 
     spec = load_spec(m)
     trained = spec.trained(validated_params(m, spec))

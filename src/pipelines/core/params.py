@@ -74,9 +74,10 @@ class GateSpec(Strict):
     threshold: float
 
 
-class TinyTransformer(Strict):
-    """The shared tiny-transformer block (core.seqmodels.TinyConfig's sizes): a method's ``model: TinyTransformer``
-    (or a subclass adding its own keys) instead of re-declaring d_model / n_layers / n_heads."""
+class TinyTransformerParams(Strict):
+    """The shared tiny-transformer block (core.seqmodels.TinyConfig's sizes): a method's
+    ``model: TinyTransformerParams`` (or a subclass adding its own keys) instead of re-declaring d_model /
+    n_layers / n_heads."""
     d_model: int = Field(default=64, ge=8)
     n_layers: int = Field(default=2, ge=1)
     n_heads: int = Field(default=4, ge=1)

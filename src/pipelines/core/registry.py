@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from pipelines.core.runctx import DEFAULT_PIPELINE
 
@@ -30,11 +31,22 @@ def has_spec(name: str) -> bool:
     return (PACKAGE_DIR / name / "spec.py").is_file()
 
 
-def load_pipeline(name: str):
-    if has_spec(name):
-        from pipelines.core.spec import build
+def validated_params(method: str, spec=None) -> Any:
+    """The method's params of the run being set up, validated (what the pipeline is built from)."""
+    from pipelines.core.params import validate
+    from pipelines.core.spec import load_spec
 
-        return build(name)
+    spec = spec or load_spec(method)
+    return validate(spec.params, method_config(method), method)
+
+
+def load_pipeline(name: str):
+    """``create_pipeline`` of a method: for a spec'd one, the pipeline of this run's validated params."""
+    if has_spec(name):
+        from pipelines.core.spec import load_spec
+
+        spec = load_spec(name)
+        return spec.pipeline(validated_params(name, spec))
     module = importlib.import_module(f"pipelines.{name}.pipeline")
     return module.create_pipeline()
 

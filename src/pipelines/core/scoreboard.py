@@ -36,6 +36,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.headline import finite as _num
+from pipelines.core.headline import headline_of, infer_headline  # noqa: F401 (this module's API too)
+
 NOT_RUN = "not run"
 DEFAULT_HEADLINE_TOLERANCE = 0.05
 SCHEMA_VERSION = 1
@@ -132,54 +135,6 @@ def report_of_run(tracking_uri: str, run) -> dict[str, Any] | None:
     return report
 
 
-# ----------------------------------------------------------------------------------------- headline
-def _params_file_block(pipeline: str, project: Path | None) -> dict[str, Any]:
-    """``headline`` / ``paper`` from conf/base/parameters_<m>.yml, if the project declares them there."""
-    if project is None:
-        return {}
-    path = project / "conf" / "base" / f"parameters_{pipeline}.yml"
-    if not path.is_file():
-        return {}
-    try:
-        import yaml
-
-        block = (yaml.safe_load(path.read_text()) or {}).get(pipeline) or {}
-    except Exception:  # noqa: BLE001 - an unreadable file only loses the declaration
-        return {}
-    return {k: block[k] for k in ("headline", "paper") if k in block}
-
-
-def infer_headline(report: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A headline from the first claim that names a variant metric; None if no claim does."""
-    variants = report.get("variants") or {}
-    for c in report.get("claims") or []:
-        parts = str(c.get("metric", "")).split(".")
-        if parts[0] == "relative_gain" and len(parts) >= 3 and "_vs_" in parts[-1]:
-            metric, method = ".".join(parts[1:-1]), parts[-1].split("_vs_")[0]
-            if method in variants and metric in variants[method]:
-                return {"metric": metric, "method": method, "lower_is_better": True, "inferred": True}
-        if parts[0] == "variants" and len(parts) >= 3:
-            # variant names may hold dots (rankcal's "pl_truth.pl_lin"): the longest one that is a variant
-            for k in range(len(parts) - 1, 1, -1):
-                v, metric = ".".join(parts[1:k]), ".".join(parts[k:])
-                if v in variants and metric in (variants[v] or {}):
-                    # "method >= threshold" means higher is better, and vice versa
-                    return {"metric": metric, "method": v,
-                            "lower_is_better": c.get("op") in ("<=", "<"), "inferred": True}
-    return None
-
-
-def headline_of(report: Mapping[str, Any], project: Path | None = None) -> tuple[dict[str, Any] | None, str | None]:
-    declared = _params_file_block(report["pipeline"], project)
-    head = report.get("headline") or declared.get("headline") or infer_headline(report)
-    paper = report.get("paper") or declared.get("paper")
-    if head is not None:
-        head = {"lower_is_better": True, **head}
-        if not head.get("method"):
-            head["method"] = report["pipeline"]
-    return head, paper
-
-
 # ----------------------------------------------------------------------------------------- rows
 @dataclass
 class Row:
@@ -205,12 +160,6 @@ class Row:
     source: str | None = None
 
 
-def _num(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def gain(method: float, baseline: float, lower_is_better: bool) -> float | None:

@@ -566,21 +566,5 @@ def variant_rows(rows: list[dict[str, Any]], per_seed: dict[str, dict[int, float
     return rows
 
 
-# ------------------------------------------------------------------------------------- registry
-def validated_params(method: str, spec: Method | None = None) -> Any:
-    """The method's params of the run being set up, validated (what the pipeline is built from)."""
-    from pipelines.core.params import validate
-    from pipelines.core.registry import method_config
-
-    spec = spec or load_spec(method)
-    return validate(spec.params, method_config(method), method)
-
-
-def build(method: str):
-    """``create_pipeline`` for a spec'd method: the pipeline of this run's validated params."""
-    spec = load_spec(method)
-    return spec.pipeline(validated_params(method, spec))
-
-
 __all__ = ["Data", "Derived", "Diff", "Fn", "Gain", "Method", "json_records", "Ratio", "Results", "SeedValues", "Train",
-           "build", "default_plots", "load_spec", "paired"]
+           "default_plots", "load_spec", "paired"]

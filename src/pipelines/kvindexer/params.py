@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import MethodParams, Strict, TinyTransformer
+from pipelines.core.params import MethodParams, Strict, TinyTransformerParams
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
 POLICIES = ("full_kv", "streamingllm", "h2o", "snapkv", "random", "oracle", "indexer", "indexer_memory",
@@ -36,8 +36,8 @@ class Data(Strict):
         return self
 
 
-class Model(TinyTransformer):
-    """The base model's sizes (core's TinyTransformer block: d_model, n_layers, n_heads, d_ff, dropout) and
+class Model(TinyTransformerParams):
+    """The base model's sizes (core's TinyTransformerParams block: d_model, n_layers, n_heads, d_ff, dropout) and
     its training."""
     seed: NonNegativeInt = 0                # the base model is trained once per run
     steps: PositiveInt

@@ -116,20 +116,15 @@ def test_callback_sees_the_optimizer_state_and_clipping_is_optional():
     assert moments[1].norm() < moments[0].norm() * 1e-4          # clipped gradient, smaller moment
 
 
-def test_pre_step_runs_before_each_step_on_the_same_batch():
+def test_no_gradient_clipping_unless_asked():
     x, y = _ls_problem()
-    model = torch.nn.Linear(3, 1, bias=False)
-    order = []
-
-    def sample(step, gen):
-        return x[step:step + 4], y[step:step + 4]
-
-    def pre(m, batch, opt):
-        order.append(("pre", float(batch[0][0, 0]), len(opt.state)))
-
-    fit(model, None, lambda m, a, b: (order.append(("loss", float(a[0, 0]), 0)),
-                                      torch.nn.functional.mse_loss(m(a), b))[1],
-        sample_batch=sample, steps=3, pre_step=pre, progress=False)
-    assert [o[0] for o in order] == ["pre", "loss"] * 3
-    assert [o[1] for o in order[0::2]] == [o[1] for o in order[1::2]]        # the same batch
-    assert order[0][2] == 0 and order[2][2] == 1                                 # before, then after a step
+    norms = {}
+    for clip in (None, 0.5):
+        seen = []
+        model = torch.nn.Linear(3, 1, bias=False)
+        kw = {} if clip is None else {"grad_clip": clip}
+        fit(model, (x, y), lambda m, a, b: torch.nn.functional.mse_loss(m(a), b), epochs=2, batch_size=None,
+            callback=lambda s: seen.append(s.grad_norm), progress=False, **kw)
+        norms[clip] = seen
+    assert norms[None] == [None, None]                   # the default measures and clips nothing
+    assert all(n is not None and n > 0 for n in norms[0.5])

@@ -77,9 +77,8 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
         lr: float = 1e-3, weight_decay: float = 1e-4, batch_size: int | None = 128, optimizer: str | Callable = "adamw",
         scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = None, patience: int | None = None,
         val_every: int | None = None, seed: int = 0, desc: str = "model", progress: bool | None = None,
-        grad_clip: float | None = 1.0, callback: Callable[[StepInfo], None] | None = None,
-        pre_step: Callable[[torch.nn.Module, tuple, torch.optim.Optimizer], None] | None = None,
-        params: Sequence[torch.Tensor] | None = None, drop_last_timing: bool = True) -> FitResult:
+        grad_clip: float | None = None, callback: Callable[[StepInfo], None] | None = None,
+        params: Sequence[torch.Tensor] | None = None) -> FitResult:
     """Train ``model`` in place.
 
     Data, one of:
@@ -91,11 +90,9 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
     ``scheduler``: ``"onecycle"`` or ``callable(optimizer, total_steps)``, stepped every step.
     ``val_score(model)`` (lower is better) runs after every epoch (or every ``val_every`` steps) and
     drives early stopping with ``patience``; the best weights are restored at the end.
-    ``pre_step(model, batch, optimizer)`` runs before each step's loss (inside its timing), e.g. the
-    meta update of a bi-level method; ``callback(StepInfo)`` runs after every step (it sees the model and
-    the optimizer).
-    ``grad_clip`` clips the global gradient norm at 1.0 BY DEFAULT; pass ``grad_clip=None`` when the
-    optimizer's own dynamics are the object of study (clipping changes them).
+    ``callback(StepInfo)`` runs after every step (it sees the model and the optimizer).
+    ``grad_clip``: clip the global gradient norm at this value (off by default: clipping changes an
+    optimizer's dynamics, which many methods study; a method that wants it says so, e.g. ``grad_clip=1.0``).
     ``progress=None`` shows a bar only on a terminal."""
     from tqdm.auto import tqdm
 
@@ -162,8 +159,6 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             sync()
             t0, c0 = time.perf_counter(), time.process_time()
             gnorm = None
-            if pre_step is not None:   # e.g. a bi-level method's meta step on this batch, before the real one
-                pre_step(model, batch, opt)
             if is_lbfgs:
                 def closure():
                     opt.zero_grad(set_to_none=True)
@@ -186,7 +181,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             sync()
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             size = len(batch[0]) if batch and hasattr(batch[0], "__len__") else bs
-            if not drop_last_timing or size == bs or sample_batch is not None:
+            if size == bs or sample_batch is not None:   # a short last batch is not a step time
                 result.step_seconds.append(dt)
             lv = float(loss.detach())
             ep_loss += lv * size

@@ -97,7 +97,7 @@ def train_estimator(images: dict, backbones: dict, p: Params, variant: str) -> d
 
         res = fit(est, [fn_train, clean_train], loss_fn, epochs=e.epochs, lr=e.lr, weight_decay=0.0,
                   batch_size=e.batch_size, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=gen)),
-                  desc=f"featjnd {variant} seed {seed}", callback=dual_ascent)
+                  desc=f"featjnd {variant} seed {seed}", callback=dual_ascent, grad_clip=1.0)
         steps = math.ceil(len(fn_train) / e.batch_size)
         history = torch.tensor([[h["epoch"], h["train_loss"],
                                  sum(fl for fl, _ in log[i * steps:(i + 1) * steps]) / steps,

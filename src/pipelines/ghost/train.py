@@ -31,7 +31,7 @@ def train_model(corpus: dict[str, torch.Tensor], p: Params) -> dict:
 
     fit(model, None, lambda m, ids: M.lm_loss(m, ids), steps=t.steps, sample_batch=sample, lr=t.lr,
         weight_decay=t.weight_decay, scheduler="onecycle", seed=t.seed, desc="ghost.mamba2_tiny",
-        callback=lambda info: losses.append(info.loss))
+        callback=lambda info: losses.append(info.loss), grad_clip=1.0)
     val_nll = M.mean_nll(model, corpus["val"], p.eval.eval_batch)
     return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
             "state_dict": model.state_dict(), "history": torch.tensor(losses),

@@ -119,7 +119,7 @@ def train_base(p: Params) -> dict:
 
     hist: list[float] = []
     fit(model, None, loss_fn, steps=m.steps, sample_batch=sample, lr=m.lr, weight_decay=m.weight_decay,
-        scheduler="onecycle", seed=m.seed, desc="kvindexer.base", callback=lambda s: hist.append(s.loss))
+        scheduler="onecycle", seed=m.seed, desc="kvindexer.base", callback=lambda s: hist.append(s.loss), grad_clip=1.0)
     out = {"state_dict": {k: t.detach().cpu() for k, t in model.state_dict().items()}, "history": hist,
            "seed": m.seed, "source": "trained"}
     if cached is not None:
@@ -170,7 +170,7 @@ def train_indexer(model: KVTransformer, tr: pd.DataFrame, p: Params, seed: int, 
 
     hist: list[float] = []
     fit(indexer, None, loss_fn, steps=ix.steps, sample_batch=sample, lr=ix.lr, scheduler="onecycle", seed=seed,
-        desc="kvindexer.indexer", callback=lambda s: hist.append(s.loss))
+        desc="kvindexer.indexer", callback=lambda s: hist.append(s.loss), grad_clip=1.0)
     indexer.eval()
     return indexer, hist
 
@@ -203,7 +203,7 @@ def train_memory(model: KVTransformer, tr: pd.DataFrame, p: Params, seed: int, d
 
     hist: list[float] = []
     fit(memory, None, loss_fn, steps=mm.steps, sample_batch=sample, lr=mm.lr, scheduler="onecycle", seed=seed,
-        desc="kvindexer.memory", callback=lambda s: hist.append(s.loss))
+        desc="kvindexer.memory", callback=lambda s: hist.append(s.loss), grad_clip=1.0)
     memory.eval()
     return memory, hist
 

@@ -71,7 +71,7 @@ def train_base(spec: dict, sft: dict, test: dict, p: Params) -> tuple[dict, dict
     fit(model, None, _masked_nll, steps=p.sft.steps, lr=p.sft.lr, optimizer="adamw", weight_decay=0.0,
         scheduler="onecycle", seed=p.sft.seed, desc="llds.base",
         sample_batch=lambda i, g: (sft["ids"][i * bs:(i + 1) * bs], sft["mask"][i * bs:(i + 1) * bs]),
-        callback=lambda s: losses.append(s.loss))
+        callback=lambda s: losses.append(s.loss), grad_clip=1.0)
     env = env_from_dict(spec)
     g = torch.Generator().manual_seed(p.data.eval_seed + 2)
     probe_b = rollout(model, env, draw_episodes(spec, p.data.n_probe, g), g, temperature=p.rl.temperature)

@@ -159,7 +159,7 @@ def train_original(ehr: pd.DataFrame, bpe_base: dict, p: Params) -> tuple[pd.Dat
     losses: list[float] = []
     fit(model, None, _answer_loss(yes, no), steps=p.base.steps, lr=p.base.lr, weight_decay=0.01,
         sample_batch=_sampler(seqs, bpe.pad_id, p.base.batch_size, torch.tensor(tr["label"].to_numpy())),
-        seed=p.seeds[0], desc="medtpe.original", callback=lambda s: losses.append(s.loss))
+        seed=p.seeds[0], desc="medtpe.original", callback=lambda s: losses.append(s.loss), grad_clip=1.0)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     te_all = prompts(ehr[ehr.split == "test"], p.tasks)
     test_ids = [bpe.encode(t) for t in te_all["text"]]
@@ -276,7 +276,7 @@ def _ssft(model, base, bpe: BPE, tok: TPE, tr: pd.DataFrame, new_rows: list[int]
     losses: list[float] = []
     fit(model, None, loss_fn, steps=p.ssft.steps, lr=lr, weight_decay=0.0, params=params,
         sample_batch=_sampler(seqs, bpe.pad_id, p.ssft.batch_size, teacher), seed=seed,
-        desc=f"medtpe.{variant}", callback=lambda s: losses.append(s.loss))
+        desc=f"medtpe.{variant}", callback=lambda s: losses.append(s.loss), grad_clip=1.0)
     if variant != "full_ft":
         moved = max(float((model.embed.weight[frozen] - before[0]).abs().max()),
                     float((model.head.weight[frozen] - before[1]).abs().max()))

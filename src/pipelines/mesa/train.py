@@ -130,7 +130,7 @@ def fit_base(pre: pd.DataFrame, align: pd.DataFrame, ev: pd.DataFrame, p: Params
     fit(model, None, loss_fn, steps=p.base.steps,
         sample_batch=lambda i, g: (torch.randint(len(enc), (p.base.batch_size,), generator=g),),
         lr=p.base.lr, weight_decay=p.base.weight_decay, optimizer="adamw", scheduler="onecycle", seed=seed,
-        desc="mesa.base", callback=cb)
+        desc="mesa.base", callback=cb, grad_clip=1.0)
     model = model.cpu()
     state = {"vocab": vocab, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
     harm_enc = M.encode(align[align.kind == "harmful"], tok)
@@ -323,7 +323,7 @@ def align_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profi
                     hist[k].append(s.extras[k])
 
         fit(model, None, loss_fn, steps=p.align.steps, sample_batch=sample, lr=p.align.lr, weight_decay=0.0,
-            optimizer="adam", seed=seed, desc=f"mesa.{variant}", callback=cb, params=params)
+            optimizer="adam", seed=seed, desc=f"mesa.{variant}", callback=cb, params=params, grad_clip=1.0)
         for h in handles:
             h.remove()
         model = model.cpu()

@@ -90,7 +90,7 @@ def load_user_task(p: Params) -> dict:
     torch.manual_seed(d.seed)
     net = MLP()
     fit(net, list(t["public"]), lambda m, a, b: torch.nn.functional.cross_entropy(m(a), b), epochs=30,
-        batch_size=256, optimizer="adam", lr=3e-3, seed=d.seed, desc="prism.base")
+        batch_size=256, optimizer="adam", lr=3e-3, seed=d.seed, desc="prism.base", grad_clip=1.0)
     wt = {"W1": net.l1.weight, "b1": net.l1.bias, "W2": net.l2.weight, "b2": net.l2.bias,
           "W3": net.l3.weight, "b3": net.l3.bias}
     return {"x_train": t["train"][0], "y_train": t["train"][1], "x_test": t["test"][0], "y_test": t["test"][1],

@@ -55,7 +55,7 @@ def _fit_lm(model, make_rows, cfg, seed: int, desc: str) -> list[float]:
 
     fit(model, None, _lm_loss, steps=cfg.steps, sample_batch=sample_batch, lr=cfg.lr, optimizer="adamw",
         weight_decay=0.0, batch_size=None, seed=seed, desc=desc, scheduler=_cosine,
-        callback=lambda s: losses.append(s.loss))
+        callback=lambda s: losses.append(s.loss), grad_clip=1.0)
     return losses
 
 

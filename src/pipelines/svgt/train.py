@@ -79,7 +79,8 @@ def train_backbone(corpus: pd.DataFrame, p: Params) -> tuple[dict, dict]:
     losses: list[float] = []
     fit(bb, None, lambda model, idx: _lm_loss(model, b[idx]), steps=p.backbone.steps,
         sample_batch=_sampler(len(b), p.backbone.batch_size), lr=p.backbone.lr, weight_decay=p.backbone.weight_decay,
-        scheduler="onecycle", seed=p.seeds[0], desc="svgt.backbone", callback=lambda s: losses.append(s.loss))
+        scheduler="onecycle", seed=p.seeds[0], desc="svgt.backbone", callback=lambda s: losses.append(s.loss),
+        grad_clip=1.0)
     saved = {"state": to_cpu(bb.state_dict()), "vocab": vocab, "m": m, "r": r}
     return saved, {"loss": losses}
 
@@ -136,14 +137,14 @@ def train_value(corpus: pd.DataFrame, backbone: dict, p: Params) -> tuple[dict, 
 
         sampler = _sampler(len(feats["y"]), v.batch_size)
         fit(vm, None, loss1, steps=v.steps, sample_batch=sampler, lr=v.lr_stage1, weight_decay=1e-4, seed=seed,
-            desc=f"svgt.value.stage1[{seed}]", callback=lambda s: hist["stage1_bce"].append(s.loss))
+            desc=f"svgt.value.stage1[{seed}]", callback=lambda s: hist["stage1_bce"].append(s.loss), grad_clip=1.0)
         new = [q for mod in vm.value.stage2_parts() for q in mod.parameters()] + [vm.value.scale]
         new_ids = {id(q) for q in new}
         old = [q for q in vm.parameters() if id(q) not in new_ids]
         opt = lambda _params: torch.optim.AdamW([{"params": new, "lr": v.lr_stage2_new},   # noqa: E731
                                                  {"params": old, "lr": v.lr_stage2_old}], weight_decay=1e-4)
         fit(vm, None, loss2, steps=v.steps, sample_batch=sampler, optimizer=opt, seed=seed,
-            desc=f"svgt.value.stage2[{seed}]", callback=lambda s: hist["stage2_bce"].append(s.loss))
+            desc=f"svgt.value.stage2[{seed}]", callback=lambda s: hist["stage2_bce"].append(s.loss), grad_clip=1.0)
         metrics = {f"value_auc_{k}": _auc(f["y"].numpy(), value_scores(vm, f).numpy()) for k, f in evals.items()}
         states[str(seed)] = to_cpu(vm.state_dict())
         logs[str(seed)] = {"metrics": metrics, "histories": hist}
@@ -409,7 +410,7 @@ def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states:
             hist = {"sft_ce": []}
             fit(bb, None, lambda model, idx: _lm_loss(model, b[idx]), steps=p.lora.steps,
                 sample_batch=_sampler(len(b), p.lora.batch_size), lr=p.lora.lr, weight_decay=0.0, seed=seed,
-                desc=f"svgt.lora_sft[{seed}]", callback=lambda s: hist["sft_ce"].append(s.loss))
+                desc=f"svgt.lora_sft[{seed}]", callback=lambda s: hist["sft_ce"].append(s.loss), grad_clip=1.0)
             bb.eval()
             res[variant].history(seed, "sft_ce", hist["sft_ce"])
             add(variant, seed, evaluate_intervention(w, M.NoIntervention(), p, bb=bb),

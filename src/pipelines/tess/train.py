@@ -157,7 +157,7 @@ def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p: Params, seed
     t0 = time.perf_counter()
     res = fit(model, tensors, loss_fn, val_score=val_mse, epochs=p.train.epochs, lr=p.train.lr,
               weight_decay=p.train.weight_decay, batch_size=p.train.batch_size, patience=p.train.patience,
-              seed=seed, desc=desc)
+              seed=seed, desc=desc, grad_clip=1.0)
     seconds = time.perf_counter() - t0
     return {"model": model.cpu(), "epochs": res.epochs_run, "best_val_mse": res.best_val, "train_seconds": seconds}
 

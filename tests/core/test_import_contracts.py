@@ -44,3 +44,18 @@ def test_unknown_api_name_lists_the_public_ones():
 
     with pytest.raises(AttributeError, match="the public API: .*MethodParams"):
         api.not_a_name  # noqa: B018
+
+
+def test_a_new_method_is_named_in_every_contract(tmp_path):
+    """`kedro method new` adds the method to each list (what the first test checks for the registry)."""
+    from pipelines.core.scaffold import add_to_import_contracts
+
+    p = tmp_path / "pyproject.toml"
+    p.write_text((ROOT / "pyproject.toml").read_text())
+    assert add_to_import_contracts(p, "aaa_new") and not add_to_import_contracts(p, "aaa_new")
+    c = {x["id"]: x for x in tomllib.loads(p.read_text())["tool"]["importlinter"]["contracts"]}
+    assert "pipelines.aaa_new" in c["methods-use-the-api"]["source_modules"]
+    assert "pipelines.aaa_new" in c["methods-independent"]["modules"]
+    assert "pipelines.aaa_new" in c["core-imports-no-method"]["forbidden_modules"]
+    assert "pipelines.aaa_new.** -> pipelines.core.api" in c["methods-use-the-api"]["ignore_imports"]
+    assert c["methods-independent"]["modules"] == sorted(c["methods-independent"]["modules"])

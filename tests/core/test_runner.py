@@ -274,7 +274,7 @@ STAMPS = ("wall_seconds", "save_version", "git_commit", "runner", "workers", "pa
 @pytest.fixture
 def gpu_probe(e2e_project):
     """A scaffolded method whose train node is tagged gpu (removed afterwards)."""
-    created = scaffold(PROBE, title="runner probe", root=ROOT)
+    created = scaffold(PROBE, title="runner probe", root=ROOT, contracts=False)
     try:
         pipe_py = ROOT / "src" / "pipelines" / PROBE / "pipeline.py"
         pipe_py.write_text(pipe_py.read_text().replace('tags=["train"]', 'tags=["train", "gpu"]'))

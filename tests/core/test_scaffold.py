@@ -12,7 +12,7 @@ NAME = "zz_scaffold_probe"
 
 @pytest.fixture
 def scaffolded():
-    created = scaffold(NAME, title="probe", root=ROOT)
+    created = scaffold(NAME, title="probe", root=ROOT, contracts=False)
     try:
         yield created
     finally:
@@ -43,7 +43,7 @@ def test_scaffolded_method_runs_end_to_end(scaffolded, e2e_project):
 
 def test_scaffold_refuses_existing_and_bad_names(scaffolded):
     with pytest.raises(ScaffoldError, match="exists already"):
-        scaffold(NAME, root=ROOT)
+        scaffold(NAME, root=ROOT, contracts=False)
     for bad in ("Bad", "1x", "core", "a-b", "class"):
         with pytest.raises(ScaffoldError, match="method name"):
-            scaffold(bad, root=ROOT)
+            scaffold(bad, root=ROOT, contracts=False)

@@ -79,3 +79,28 @@ def test_http_bounds_only_where_unset():
     set_ = tracking.bound_http_requests(env)
     assert env["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300" and "MLFLOW_HTTP_REQUEST_TIMEOUT" not in set_
     assert env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+
+
+def test_relog_finds_the_plots_where_the_versioned_plots_dataset_saves_them(tmp_path):
+    """FiguresDataset (versioned) writes data/08_reporting/<m>/plots/<version>/plots/*.png; a relog logs them."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.core.mlflow_logging import relog_report
+
+    version = "2026-01-01T00.00.00.000Z"
+    base = tmp_path / "data" / "08_reporting" / "m"
+    report = base / "report.json" / version / "report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"pipeline": "m", "save_version": version, "variants": {"a": {"x": 1.0}},
+                                  "claims": [], "metrics": {}}))
+    (report.parent / "params.json").write_text(json.dumps({"m.n": "3"}))
+    plots = base / "plots" / version / "plots"
+    plots.mkdir(parents=True)
+    (plots / "curve.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = relog_report(report, uri)
+    assert done["plots"] == 1 and done["variants"] == 1 and done["params"] == 1
+    client = MlflowClient(tracking_uri=uri)
+    assert [f.path for f in client.list_artifacts(done["run_id"], "plots")] == ["plots/curve.png"]

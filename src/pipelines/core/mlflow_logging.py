@@ -101,6 +101,19 @@ def _read_report(path: Path) -> dict[str, Any]:
     return report
 
 
+def _plots_dir(report: Path) -> Path | None:
+    """The folder holding the PNGs saved with ``report`` (same save version): the versioned plots dataset
+    writes ``data/08_reporting/<m>/plots/<version>/plots/*.png`` (Kedro's ``<filepath>/<version>/<name>``);
+    a flat ``plots/<version>/*.png`` is read too."""
+    if len(report.parents) <= 2:
+        return None
+    version_dir = report.parents[2] / "plots" / report.parent.name
+    for d in (version_dir / "plots", version_dir):
+        if d.is_dir() and any(d.glob("*.png")):
+            return d
+    return None
+
+
 def relog_report(path: Path, tracking_uri: str, experiment: str | None = None) -> dict[str, Any]:
     """Log the report saved at ``path`` (``data/08_reporting/<m>/report.json/<version>/report.json``) as
     a new parent run with one child per variant, its parameters (``params.json`` beside it) and its plots
@@ -113,7 +126,7 @@ def relog_report(path: Path, tracking_uri: str, experiment: str | None = None) -
     report = _read_report(path)
     m = report["pipeline"]
     version = str(report.get("save_version") or path.parent.name)
-    plots = path.parents[2] / "plots" / path.parent.name if len(path.parents) > 2 else None
+    plots = _plots_dir(path)
     params_file = path.parent / "params.json"
     params = json.loads(params_file.read_text()) if params_file.is_file() else {}
     name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or m

@@ -193,3 +193,30 @@ def test_a_cut_file_on_the_command_line_is_one_line(tmp_path):
     assert len(errors) == 1, res.output
     assert f"prism.data.path ({cut})" in errors[0] and "not a readable parquet file (truncated" in errors[0]
     assert "Traceback" not in res.output
+
+
+def _validated(m: str, key: str, value):
+    from pipelines.core.params import schema_for, validate
+
+    raw = copy.deepcopy(_deep_merge(_raw("base", m), _raw("test", m)))
+    _set(raw, key, value)
+    return validate(schema_for(m), raw, m)
+
+
+def test_a_cut_init_state_dict_is_one_line(tmp_path):
+    """``model.init_path`` (a state dict the user gives instead of training: kvindexer, wedlm) goes through
+    the same reader: a cut file stops the node in one line naming the key and the file."""
+    from pipelines.kvindexer.train import train_base
+    from pipelines.wedlm.data import make_tasks
+    from pipelines.wedlm.params import trained_variants
+    from pipelines.wedlm.train import train_variant
+
+    cut = tmp_path / "init.pt"
+    _write_cut(cut, "pt")
+    p = _validated("kvindexer", "model.init_path", str(cut))
+    with pytest.raises(InputDataError, match=rf"^dataset 'kvindexer\.model\.init_path \({cut}\)': not a torch\.save"):
+        train_base(p)
+    p = _validated("wedlm", "model.init_path", str(cut))
+    test, tasks = make_tasks(p)
+    with pytest.raises(InputDataError, match=rf"^dataset 'wedlm\.model\.init_path \({cut}\)': not a torch\.save"):
+        train_variant(tasks, test, p, trained_variants(p)[0])

@@ -480,7 +480,7 @@ def test_missing_user_file_names_the_dataset(tmp_path):
     from pipelines.hobit.data import make_pairs
 
     p = Params.model_validate({**RAW, "data": {"user_path": str(tmp_path / "nope.parquet")}})
-    with pytest.raises(InputDataError, match=r"hobit\.data\.user_path .*no file"):
+    with pytest.raises(InputDataError, match=r"hobit\.data\.user_path .*nope\.parquet.*file not found"):
         make_pairs(p)
 
 

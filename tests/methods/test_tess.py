@@ -551,7 +551,7 @@ def test_bad_user_tables_name_the_dataset_and_column(tmp_path, table, breaks, ma
 def test_missing_user_file_names_the_dataset(tmp_path):
     from pipelines.tess.data import generate_windows
 
-    with pytest.raises(InputDataError, match=r"dataset 'tess\.user_windows': cannot read"):
+    with pytest.raises(InputDataError, match=r"dataset 'tess\.data\.windows_path \(.*nope\.parquet\)': file not found"):
         generate_windows(_files_params(tmp_path / "nope.parquet", tmp_path / "texts.parquet"))
 
 

@@ -466,7 +466,7 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
         make_instances(validate(Params, r, "trsp"))
     r2 = copy.deepcopy(r)
     r2["data"]["user"]["agents_path"] = str(tmp_path / "missing.csv")
-    with pytest.raises(InputDataError, match=r"trsp\.user_agents.*missing\.csv does not exist"):
+    with pytest.raises(InputDataError, match=r"trsp\.data\.user\.agents_path .*missing\.csv.*file not found"):
         make_instances(validate(Params, r2, "trsp"))
     pd.DataFrame({"sx": [0.0, 1], "sy": [0.0, 1], "tx": [2.0, 3], "ty": ["a", "b"]}).to_csv(f, index=False)
     with pytest.raises(InputDataError, match=r"trsp\.user_agents.*'ty'"):

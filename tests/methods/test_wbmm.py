@@ -521,7 +521,7 @@ def test_bad_user_npz_stops_at_the_door_naming_dataset_and_column(tmp_path, chan
 def test_missing_npz_is_an_input_error(tmp_path):
     from pipelines.wbmm.data import make_images
 
-    with pytest.raises(InputDataError, match=r"no file at .*nope\.npz"):
+    with pytest.raises(InputDataError, match=r"wbmm\.acc\.data_path .*nope\.npz.*file not found"):
         make_images(params(acc={"data_path": str(tmp_path / "nope.npz")}))
 
 

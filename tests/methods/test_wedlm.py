@@ -339,7 +339,7 @@ def test_missing_input_file_is_one_line(tmp_path):
 
     raw = copy.deepcopy(_base_params())
     raw["data"].update(source="file", train_path=str(tmp_path / "no.jsonl"), test_path=str(tmp_path / "no.jsonl"))
-    with pytest.raises(InputDataError, match=r"wedlm\.test .*cannot be read"):
+    with pytest.raises(InputDataError, match=r"wedlm\.data\.test_path .*no\.jsonl.*file not found"):
         make_tasks(_params(raw))
 
 

@@ -2,13 +2,11 @@
 regression task), or a user table of (x, y) under ``mlp.data_path``, checked before any training."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from pipelines.adamspike.params import Params
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 
 
 def fn64(n_points: int = 64) -> pd.DataFrame:
@@ -22,11 +20,9 @@ USER_TABLE = TableSchema("adamspike.user_data", {"x": "number", "y": "number"}, 
 
 def load_user_table(path: str) -> pd.DataFrame:
     """A .parquet or .csv with numeric, finite columns ``x`` and ``y`` (one row per training point)."""
-    f = Path(path)
     name = f"{USER_TABLE.dataset} ({path})"
-    if not f.is_file():
-        raise InputDataError(f"dataset '{name}': file not found")
-    df = USER_TABLE.refine(dataset=name).check(pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f))
+    df = read_user_file(path, key="adamspike.mlp.data_path", schema=USER_TABLE.refine(dataset=name),
+                        kind=("csv", "parquet"))
     return pd.DataFrame({"x": df["x"].astype(float), "y": df["y"].astype(float)})
 
 

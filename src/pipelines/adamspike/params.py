@@ -2,7 +2,7 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -70,6 +70,7 @@ class Stages(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"mlp.data_path": "csv"}
     device: Literal["auto", "cpu", "cuda"] = "cpu"     # the 193-parameter MLP is fastest on the CPU
     quad: Quad = Field(default_factory=Quad)
     mlp: Mlp = Field(default_factory=Mlp)

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from pipelines.bimu.params import Params
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.core.training import fit
 
 USER_IMAGES = TableSchema("bimu.user_images", {"label": "int", "split": "str"}, min_rows=20,
@@ -31,7 +31,7 @@ def check_user_images(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def _images(p: Params) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     if p.data.source == "file":
-        x, y, tr = check_user_images(pd.read_csv(p.data.user_path))
+        x, y, tr = check_user_images(read_user_file(p.data.user_path, key="bimu.data.user_path", kind="csv"))
         return x[tr], y[tr], x[~tr], y[~tr]
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split

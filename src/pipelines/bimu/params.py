@@ -2,7 +2,7 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
@@ -102,6 +102,8 @@ class Active(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.user_path": "csv"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     data: Data
     model: Model
     variants: names_of(VARIANTS)       # one train.<variant> node each

@@ -122,6 +122,13 @@ class MethodParams(Strict):
     #: benchmarks/compare_reports.py) leave them out. Names that say so already (``*_seconds``, ``*_ms``,
     #: ``speedup``, ``latency``, ``throughput``, ``*_per_s`` …) need no entry (core.report.TIMING_NAME).
     TIMING_METRICS: ClassVar[tuple[str, ...]] = ()
+    #: the files a user supplies: parameter key under the method (``data.path``) -> the kind
+    #: core.schemas.read_user_file reads it as (``parquet``, ``csv``, ``npz``, ``pt``, ``jsonl`` ...); every
+    #: such file is read through it, so a missing, empty or cut file stops the run in one line naming the
+    #: key and the file. ``USER_FILE_SETTINGS``: the other parameters a run that reads them sets
+    #: (``{"data.source": "file"}``). tests/methods/test_user_files.py feeds each one a cut file.
+    USER_FILES: ClassVar[dict[str, str]] = {}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {}
 
     seeds: list[int] = Field(min_length=1)
     threads: Threads = "auto"

@@ -303,15 +303,16 @@ class TableSchema:
 
 
 def read_feature_csv(path: str | Path, dataset: str, columns: Mapping[str, str], min_rows: int,
-                     hint: str) -> tuple[pd.DataFrame, list[str]]:
+                     hint: str, key: str | None = None) -> tuple[pd.DataFrame, list[str]]:
     """A user CSV of numeric feature columns ``x_*`` and the named ``columns`` (name → kind), none of them
     with a gap. A missing file (the message ends with ``hint``, in parentheses: what the file should be),
     no ``x_*`` column or a schema miss stops the run with one line naming ``dataset``. Returns the table
-    and its feature columns; the method checks the values."""
+    and its feature columns; the method checks the values. ``key``: the parameter an unreadable file is
+    reported under (:func:`read_user_file`; default ``dataset``)."""
     path = Path(path)
     if not path.is_file():
         raise InputDataError(f"dataset '{dataset}': {path} not found ({hint})")
-    df = pd.read_csv(path)
+    df = read_user_file(path, key=key or dataset, kind="csv")
     feats = [c for c in df.columns if str(c).startswith("x_")]
     if not feats:
         raise InputDataError(f"dataset '{dataset}': no feature column x_* "
@@ -321,4 +322,93 @@ def read_feature_csv(path: str | Path, dataset: str, columns: Mapping[str, str],
     return df, feats
 
 
-__all__ = ["InputDataError", "KINDS", "TableSchema", "read_feature_csv"]
+# ------------------------------------------------------------------------------------------ user files
+#: file suffix -> kind of :func:`read_user_file`
+SUFFIX_KINDS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".json": "json",
+                ".jsonl": "jsonl", ".npz": "npz", ".npy": "npy", ".pt": "pt", ".pth": "pt", ".txt": "txt"}
+FILE_KINDS = ("parquet", "csv", "tsv", "json", "jsonl", "npz", "npy", "pt", "txt")
+_KIND_WORDS = {"parquet": "a readable parquet file (truncated, or not parquet?)",
+               "csv": "a readable CSV file", "tsv": "a readable tab-separated file",
+               "json": "a readable JSON file (truncated?)", "jsonl": "a readable JSON-lines file (truncated?)",
+               "npz": "a readable .npz file (truncated, or not np.savez?)",
+               "npy": "a readable .npy file (truncated, or not np.save?)",
+               "pt": "a torch.save file of tensors (truncated?)", "txt": "a readable UTF-8 text file"}
+
+
+def user_file_kind(path: str | Path, kind: str | tuple[str, ...] | None = None) -> str:
+    """The kind :func:`read_user_file` reads ``path`` as: ``kind`` itself when one is given; with a tuple,
+    the kind the suffix names if it is one of them, else the tuple's first; with None, the suffix's kind."""
+    if isinstance(kind, str):
+        return kind
+    by_suffix = SUFFIX_KINDS.get(Path(str(path)).suffix.lower())
+    if kind is None:
+        return by_suffix or ""
+    return by_suffix if by_suffix in kind else kind[0]
+
+
+def _read_kind(path: Path, kind: str, read_kw: Mapping[str, Any]) -> Any:
+    if kind == "parquet":
+        return pd.read_parquet(path, **read_kw)
+    if kind in ("csv", "tsv"):
+        return pd.read_csv(path, **({"sep": "\t"} if kind == "tsv" else {}), **read_kw)
+    if kind == "json":
+        return json.loads(path.read_text(encoding="utf-8"))
+    if kind == "jsonl":
+        return pd.read_json(path, lines=True, **read_kw)
+    if kind == "npz":
+        with np.load(path, allow_pickle=False, **read_kw) as z:    # every array now: a cut file fails here
+            return {k: z[k] for k in z.files}
+    if kind == "npy":
+        return np.load(path, allow_pickle=False, **read_kw)
+    if kind == "pt":
+        import torch
+
+        return torch.load(path, map_location="cpu", weights_only=True, **read_kw)
+    if kind == "txt":
+        return path.read_text(encoding="utf-8", errors="strict")
+    raise ValueError(f"read_user_file: unknown kind {kind!r} (one of {FILE_KINDS})")
+
+
+def _first_line(exc: BaseException, n: int = 160) -> str:
+    text = " ".join(str(exc).split()) or "no message"
+    return f"{type(exc).__name__}: {text[:n]}" + ("..." if len(text) > n else "")
+
+
+def read_user_file(path: str | Path | None, *, key: str, schema: TableSchema | None = None,
+                   kind: str | tuple[str, ...] | None = None, tables: Mapping[str, pd.DataFrame] | None = None,
+                   **read_kw: Any) -> Any:
+    """A file the user names in parameter ``key`` (``"prism.data.path"``), read and, given ``schema``,
+    checked. Whatever keeps it from being read (no file, a folder, an empty or cut file, another format)
+    raises :class:`InputDataError` in one line naming ``key``, the file and what is wrong, e.g.
+    ``dataset 'prism.data.path (data/x.parquet)': not a readable parquet file (truncated, or not parquet?):
+    ArrowInvalid: ...``, before anything else runs.
+
+    ``kind``: ``parquet``, ``csv``, ``tsv``, ``json`` (a value), ``jsonl`` (a table), ``npz`` (a dict of
+    arrays, all read now), ``npy``, ``pt`` (``torch.save``, weights only) or ``txt``; a tuple picks by the
+    suffix (else its first kind), None by the suffix alone (:func:`user_file_kind`). ``read_kw`` go to the
+    reader (``dtype=str`` for a CSV); ``tables`` to ``schema.check`` (its ``refs``)."""
+    if path is None or str(path) == "":
+        raise InputDataError(f"dataset '{key}': no file given")
+    p = Path(str(path))
+    where = f"dataset '{key} ({p})'"
+    k = user_file_kind(p, kind)
+    if k not in FILE_KINDS:
+        raise InputDataError(f"{where}: a file suffix this parameter does not read "
+                             f"(one of {', '.join(s for s, v in SUFFIX_KINDS.items() if v in FILE_KINDS)})")
+    if p.is_dir():
+        raise InputDataError(f"{where}: a folder, not a {k} file")
+    if not p.is_file():
+        raise InputDataError(f"{where}: file not found")
+    if p.stat().st_size == 0 and k != "txt":      # an empty text is read: its method says what it lacks
+        raise InputDataError(f"{where}: the file is empty (0 bytes), not {_KIND_WORDS[k]}")
+    try:
+        data = _read_kind(p, k, read_kw)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's input error, in one line
+        raise InputDataError(f"{where}: not {_KIND_WORDS[k]}: {_first_line(exc)}") from None
+    return data if schema is None else schema.check(data, tables=tables)
+
+
+__all__ = ["FILE_KINDS", "InputDataError", "KINDS", "TableSchema", "read_feature_csv", "read_user_file",
+           "user_file_kind"]

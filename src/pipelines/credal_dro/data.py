@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.credal_dro.params import Newsvendor, Params
 
 
@@ -53,7 +53,7 @@ def read_demand(path: Path) -> np.ndarray:
     """A user demand file: CSV with a numeric, finite, non-negative column ``demand``."""
     if not path.is_file():
         raise InputDataError(f"dataset '{DEMAND.dataset}': {path} not found (a CSV with a column 'demand')")
-    return DEMAND.check(pd.read_csv(path))["demand"].to_numpy(float)
+    return read_user_file(path, key=DEMAND.dataset, schema=DEMAND, kind="csv")["demand"].to_numpy(float)
 
 
 def make_newsvendor(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -116,7 +116,7 @@ def read_regression(p: Params) -> pd.DataFrame:
     if not path.is_file():
         raise InputDataError(f"dataset '{ds}': {path} not found (a CSV of numeric columns with '{r.target}' "
                              f"and '{r.shift_feature}')")
-    return REGRESSION.refine(columns={r.target: "number", r.shift_feature: "number"}).check(pd.read_csv(path))
+    return REGRESSION.refine(columns={r.target: "number", r.shift_feature: "number"}).check(read_user_file(path, key=ds, kind="csv"))
 
 
 def make_regression(p: Params) -> pd.DataFrame:
@@ -182,7 +182,7 @@ def read_classification(p: Params) -> pd.DataFrame:
     path = Path(p.classification.user_path)
     if not path.is_file():
         raise InputDataError(f"dataset '{ds}': {path} not found (a CSV with x_*, y, group, split)")
-    df = CLASSIFICATION.check(pd.read_csv(path))
+    df = read_user_file(path, key=ds, schema=CLASSIFICATION, kind="csv")
     feats = [c for c in df.columns if str(c).startswith("x_")]
     df = df.copy()
     df["y"] = np.where(df["y"] > 0, 1, -1)

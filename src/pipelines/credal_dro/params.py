@@ -2,7 +2,7 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -136,6 +136,9 @@ class Solver(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"newsvendor.user_path": "csv",
+                                            "regression.user_path": "csv",
+                                            "classification.user_path": "csv"}
     newsvendor: Newsvendor
     regression: Regression
     classification: Classification

@@ -16,7 +16,8 @@ def read_user_table(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     column, a wrong dtype, a gap or a bad label stops the run with one line naming dataset and column."""
     ds = "engram.user_table"
     df, feats = read_feature_csv(path, ds, {"label": "int"}, min_rows=4,
-                                 hint="data.path: a CSV with columns label, x_*; see src/pipelines/engram/README.md")
+                                 hint="data.path: a CSV with columns label, x_*; see src/pipelines/engram/README.md",
+                                 key="engram.data.path")
     y = df["label"].to_numpy(np.int64)
     classes = np.unique(y)
     if classes[0] != 0 or not np.array_equal(classes, np.arange(len(classes))) or len(classes) < 2:

@@ -2,7 +2,7 @@
 runs; a bad value stops the command with one line naming its key)."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
@@ -93,6 +93,8 @@ class Unlearn(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.path": "csv"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     device: Literal["cpu"] = "cpu"   # tiny MLPs and float64 edits: everything runs on the CPU
     data: Data = Field(default_factory=Data)
     model: Model

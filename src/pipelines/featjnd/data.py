@@ -3,12 +3,10 @@ sklearn's bundled 8×8 digits pasted on a cluttered canvas, with the digit mask 
 test E2), or a user's tensor file (full scale; format in the README)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.featjnd.params import Params
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -105,15 +103,7 @@ def load_tensor_file(path: str) -> dict[str, torch.Tensor]:
     """A user's data: ``torch.save`` of a dict with x_{train,val,test} (N×C×H×W float), y_* (N long) and
     optionally mask_test (N×H×W bool, the object mask for E2), checked by :func:`check_tensor_file`."""
     where = f"featjnd.data.path ({path})"
-    p = Path(path)
-    if not p.is_file():
-        raise InputDataError(f"dataset '{where}': file not found (input format: src/pipelines/featjnd/README.md)")
-    try:
-        data = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - a pickle of anything else, a truncated file
-        raise InputDataError(f"dataset '{where}': not a torch.save file of tensors "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from None
-    data = check_tensor_file(data, where)
+    data = check_tensor_file(read_user_file(path, key="featjnd.data.path", kind="pt"), where)
     out = {k: v for k, v in data.items() if k.startswith(("x_", "y_", "mask_"))}
     for split in SPLIT_NAMES:  # the models are float32 and the losses take long class ids
         out[f"x_{split}"], out[f"y_{split}"] = out[f"x_{split}"].float(), torch.as_tensor(out[f"y_{split}"]).long()

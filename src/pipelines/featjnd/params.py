@@ -1,7 +1,7 @@
 """Typed parameters of `featjnd`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
 import re
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
@@ -102,6 +102,8 @@ def split_of(variant: str) -> str:
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.path": "pt"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "tensor_file"}
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data
     backbone: Backbone

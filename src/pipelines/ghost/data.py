@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.ghost.params import Params
 
 SPLITS = ("train", "val", "calib", "test")
@@ -91,7 +91,7 @@ def make_corpus(p: Params) -> dict[str, torch.Tensor]:
     for ``markov_mqar``, ``mqar_mask_<split>``: the positions of queried values)."""
     d = p.data
     if d.source == "file":
-        return load_user_corpus(pd.read_parquet(d.user_file), p)
+        return load_user_corpus(read_user_file(d.user_file, key="ghost.data.user_file", kind="parquet"), p)
     if d.kind == "markov_mqar":
         out = {}
         sizes = {"train": d.n_train, "val": d.n_val, "calib": d.n_calib, "test": d.n_test}

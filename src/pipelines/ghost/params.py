@@ -2,7 +2,7 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -114,6 +114,8 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.user_file": "parquet"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     data: Data
     model: Model

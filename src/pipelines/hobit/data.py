@@ -3,12 +3,10 @@ a query view and a document view of each fact through different random maps, so 
 needed; a share of train facts duplicated: the contradictory negatives), or a user parquet of pairs."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.hobit.params import Params
 
 SHARED = -1                     # the seed value of a table every seed uses (the user's pairs)
@@ -69,13 +67,7 @@ def make_pairs(p: Params) -> pd.DataFrame:
     if p.data.user_path:
         path = p.data.user_path
         name = f"hobit.data.user_path ({path})"
-        if not Path(path).is_file():
-            raise InputDataError(f"dataset '{name}': no file at {path}")
-        try:
-            df = pd.read_parquet(path)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's input error
-            raise InputDataError(f"dataset '{name}': not a readable parquet ({type(exc).__name__}: {exc})") from None
-        df = check_pairs(df, name)
+        df = check_pairs(read_user_file(path, key="hobit.data.user_path", kind="parquet"), name)
         df = df[["split", "fact", "q", "d"]].copy()
         df["q"] = df["q"].map(lambda v: np.asarray(v, np.float32))
         df["d"] = df["d"].map(lambda v: np.asarray(v, np.float32))

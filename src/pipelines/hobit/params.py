@@ -3,7 +3,7 @@ any node runs, and a bad value stops the command with one line naming the key (c
 run, that every claim names a metric this run's variants or declarations produce)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -118,6 +118,7 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.user_path": "parquet"}
     TIMING_METRICS = ("batching_frac_of_epoch",)   # share of the epoch's wall time spent building batches
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     data: Data = Field(default_factory=Data)

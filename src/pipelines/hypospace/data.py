@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.hypospace.domains import domain_for
 from pipelines.hypospace.params import Params
 
@@ -125,10 +125,8 @@ def read_user_observations(path: str | Path, domain: str) -> pd.DataFrame:
     see README), checked (:data:`USER_SCHEMA`, every row) before anything runs; rows of other domains are then
     ignored."""
     ds = f"{USER_SCHEMA.dataset} ({path})"
-    path = Path(path)
-    if not path.is_file():
-        raise InputDataError(f"dataset '{ds}': file not found")
-    df = USER_SCHEMA.refine(dataset=ds).check(pd.read_csv(path, dtype=str))
+    df = read_user_file(path, key="hypospace.user_observations", schema=USER_SCHEMA.refine(dataset=ds),
+                        kind="csv", dtype=str)
     return df[df["domain"] == domain]
 
 

@@ -3,7 +3,7 @@ any node runs, and a bad value stops the command with one line naming the key (a
 domain the run does not plan stops it too: core's ``Method.check``)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -119,6 +119,7 @@ class Llm(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"user_observations": "csv"}
     variants: names_of(VARIANTS, "sampler")              # one train.<variant> node each
     domains: Domains
     protocol: Protocol

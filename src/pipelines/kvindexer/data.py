@@ -164,10 +164,9 @@ def make_prompts(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def load_user_prompts(path: str, p: Params) -> pd.DataFrame:
     """A parquet table of prompts in this vocabulary (README, "Input format"), checked at the door."""
-    from pipelines.core.schemas import InputDataError
+    from pipelines.core.schemas import InputDataError, read_user_file
 
-    df = pd.read_parquet(path)
-    df = PROMPTS.check(df)
+    df = read_user_file(path, key="kvindexer.data.eval_path", schema=PROMPTS, kind="parquet")
     v, n = vocab_of(p), p.data.context_len
     for i, r in df.iterrows():
         if len(r["context"]) != n:

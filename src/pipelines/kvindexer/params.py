@@ -1,6 +1,6 @@
 """Typed parameters of `kvindexer`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -96,6 +96,8 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.eval_path": "parquet"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     data: Data

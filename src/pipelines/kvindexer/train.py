@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from pipelines.core.errors import NonFiniteLossError
 from pipelines.core.runctx import current_node
 from pipelines.core.runtime import node_setup
+from pipelines.core.schemas import read_user_file
 from pipelines.core.training import fit
 from pipelines.kvindexer.data import training_sequence, vocab_of
 from pipelines.kvindexer.model import (Indexer, KVTransformer, LatentMemory, Protocol, indexer_kl_loss, stream,
@@ -90,7 +91,7 @@ def train_base(p: Params) -> dict:
     dev = node_setup(p, m.seed)
     model = model_of(p).to(dev)
     if m.init_path:
-        model.load_state_dict(torch.load(m.init_path, map_location="cpu")["state_dict"])
+        model.load_state_dict(read_user_file(m.init_path, key="kvindexer.model.init_path", kind="pt")["state_dict"])
         return {"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, "history": [], "seed": m.seed,
                 "source": "init_path"}
     cached = _cache_file(p)

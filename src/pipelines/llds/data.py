@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.llds.env import Env, builtin_env, gold_trajectories
 from pipelines.llds.params import Params
 
@@ -92,7 +92,9 @@ def make_env(p: Params) -> dict:
     """data.env: the environment's spec (entities, relations, question types, the user KB if any)."""
     d = p.data
     if d.source == "file":
-        return user_env(pd.read_parquet(d.facts_path), pd.read_parquet(d.questions_path), p)
+        facts = read_user_file(d.facts_path, key="llds.data.facts_path", kind="parquet")
+        questions = read_user_file(d.questions_path, key="llds.data.questions_path", kind="parquet")
+        return user_env(facts, questions, p)
     return env_to_dict(builtin_env(d.n_persons, d.n_cities, d.n_countries, d.n_orgs, d.p_true, d.n_facts, d.ood_obs))
 
 

@@ -2,7 +2,7 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -88,6 +88,8 @@ class Collapse(Strict):
 
 
 class Params(MethodParams, VariantSeeds):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.facts_path": "parquet", "data.questions_path": "parquet"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data = Data()
     model: ModelParams = ModelParams()

@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.losa.params import Params
 
 PAD, BOS, EOS, MASK, SEP = 0, 1, 2, 3, 4
@@ -90,8 +89,7 @@ def _user_tasks(p: Params) -> dict:
     from pipelines.core.schemas import InputDataError
 
     path = str(p.data.path)
-    df = pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path)
-    df = USER_TABLE.check(df)
+    df = read_user_file(path, key="losa.data.path", schema=USER_TABLE, kind=("csv", "parquet"))
     bad = sorted(set(df["split"]) - {"train", "eval"})
     if bad:
         raise InputDataError(f"dataset 'losa.user_table': column 'split' has values {bad} (use train / eval)")

@@ -3,7 +3,7 @@ any node runs, and a bad value stops the command with one line naming the key (a
 budget this run does not plan is stopped by core's check of the spec, before any node runs)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -109,6 +109,8 @@ class Locality(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.path": "parquet"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data
     model: Model

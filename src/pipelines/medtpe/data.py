@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.medtpe.params import Params
 
 QUESTIONS = {
@@ -101,7 +101,7 @@ EHR_SCHEMA = TableSchema("medtpe.ehr", {"record_id": "int", "split": "str", "tex
 
 def general_corpus(p: Params) -> pd.DataFrame:
     if p.data.corpus_path:
-        df = CORPUS_SCHEMA.check(pd.read_parquet(p.data.corpus_path))
+        df = read_user_file(p.data.corpus_path, key="medtpe.data.corpus_path", schema=CORPUS_SCHEMA, kind="parquet")
         return df[["text"]].reset_index(drop=True)
     return pd.DataFrame({"text": stdlib_docstrings(p.data.corpus_bytes)})
 
@@ -210,7 +210,7 @@ def make_ehr(p: Params) -> pd.DataFrame:
     """One table of stays (train then test rows): text, both labels, split."""
     d = p.data
     if d.ehr_path:
-        df = EHR_SCHEMA.check(pd.read_parquet(d.ehr_path))
+        df = read_user_file(d.ehr_path, key="medtpe.data.ehr_path", schema=EHR_SCHEMA, kind="parquet")
         return df.reset_index(drop=True)
     rng = np.random.default_rng(d.seed)
     labs = list(LABS)[:d.n_labs]

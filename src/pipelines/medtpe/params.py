@@ -1,6 +1,6 @@
 """Typed parameters of `medtpe`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -77,6 +77,7 @@ class Timing(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.corpus_path": "parquet", "data.ehr_path": "parquet"}
     THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     TIMING_METRICS = ("prefill_reduction_per_token_reduction*",)   # measured prefill times
     data: Data

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.mesa.params import Params
 
 TASKS = ("add", "copy", "sort", "rev")
@@ -133,9 +133,9 @@ def make_data(p: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """data.corpus: (moe_pretrain, align_safety, eval_sets), synthetic or the user's checked tables."""
     if p.data.pretrain_path is None:
         return synthetic(p)
-    pre = PRETRAIN.check(pd.read_parquet(p.data.pretrain_path))
-    align = ALIGN.check(pd.read_parquet(p.data.align_path))
-    ev = EVAL.check(pd.read_parquet(p.data.eval_path))
+    pre, align, ev = (read_user_file(getattr(p.data, k), key=f"mesa.data.{k}", kind="parquet")
+                      for k in ("pretrain_path", "align_path", "eval_path"))   # every file read, then checked
+    pre, align, ev = PRETRAIN.check(pre), ALIGN.check(align), EVAL.check(ev)
     return check_tables(pre, align, ev, p)
 
 

@@ -1,6 +1,6 @@
 """Typed parameters of `mesa`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -99,6 +99,9 @@ class Align(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.pretrain_path": "parquet",
+                                            "data.align_path": "parquet",
+                                            "data.eval_path": "parquet"}
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data
     model: Model = Model()

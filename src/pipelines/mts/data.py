@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.mts.params import QUALITIES, Params
 
 N_PIX = 64
@@ -103,11 +103,7 @@ def _user_pool(p: Params, seed: int) -> pd.DataFrame:
     from pathlib import Path
 
     path = Path(p.data.path)
-    if not path.is_file():
-        from pipelines.core.schemas import InputDataError
-        raise InputDataError(f"dataset 'mts.pool (data.path)': file {path} not found")
-    df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-    USER_POOL.check(df)
+    df = read_user_file(path, key="mts.data.path", schema=USER_POOL, kind=("csv", "parquet"))
     xcols = [c for c in df.columns if str(c).startswith("x")]
     if "quality" not in df:
         df = df.assign(quality=np.where(df["is_syn"], "unknown", "real"))

@@ -1,6 +1,6 @@
 """Typed parameters of `mts`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -93,6 +93,8 @@ class Gsnr(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.path": "parquet"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "table"}
     data: Data
     features: Features
     classifier: Classifier

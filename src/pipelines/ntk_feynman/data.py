@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.ntk_feynman.params import Params
 
 INPUTS = TableSchema("ntk_feynman.data.inputs_path")     # columns x_0..x_{n0-1}: numeric, finite
@@ -32,7 +32,7 @@ def make_inputs(p: Params) -> dict:
     variant reads (``pair``: the two inputs of the two-input kernel extension; x_a is input 0)."""
     d = p.data
     if d.inputs_path:
-        X = check_inputs(pd.read_csv(d.inputs_path), d.n0)
+        X = check_inputs(read_user_file(d.inputs_path, key="ntk_feynman.data.inputs_path", kind="csv"), d.n0)
         source = d.inputs_path
     else:
         rng = np.random.default_rng(d.input_seed)

@@ -236,6 +236,7 @@ def variant_prefix(name: str) -> str | None:
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.inputs_path": "csv"}
     data: Data
     net: Net
     activations: keys_of(ACTIVATION_KINDS, Activation) = Field(min_length=1)

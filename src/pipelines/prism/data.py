@@ -2,10 +2,9 @@
 model; the private task perturbs its two hidden weight matrices by rank-k terms whose strength is found by
 bisection so a given fraction of labels flips. Also the privacy calibration (σ per ε), computed once."""
 import numpy as np
-import pandas as pd
 import torch
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.prism.params import Params
 
 
@@ -72,7 +71,7 @@ def load_user_task(p: Params) -> dict:
     from pipelines.core.training import fit
 
     d = p.data
-    df = user_schema(d.n_in, d.n_classes).check(pd.read_parquet(d.path))
+    df = read_user_file(d.path, key="prism.data.path", schema=user_schema(d.n_in, d.n_classes), kind="parquet")
     cols = [f"x{i}" for i in range(d.n_in)]
     t = {s: (torch.tensor(g[cols].to_numpy(float)), torch.tensor(g["y"].to_numpy()))
          for s, g in df.groupby("split")}

@@ -1,6 +1,6 @@
 """Typed parameters of `prism`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -53,6 +53,7 @@ class VariantCfg(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.path": "parquet"}
     data: Data
     privacy: Privacy
     lora: Lora

@@ -93,7 +93,8 @@ def read_user_file(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     ds = f"file:{name}"
     df, feats = read_feature_csv(path, ds, {"ranking": "str"}, min_rows=2,
                                  hint="data.user_dir holds <name>.csv files with columns x_* and 'ranking'; "
-                                      "see src/pipelines/rankcal/README.md")
+                                      "see src/pipelines/rankcal/README.md",
+                                 key=f"rankcal.data.user_dir ({ds})")
     try:
         orderings = [[int(t) for t in str(s).strip("()[] ").split(",")] for s in df["ranking"]]
     except ValueError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.recm.params import Params
 
 # a user table (--env=full): one row per (ε, sample), arrays of length L
@@ -79,7 +79,7 @@ def make_data(p: Params) -> pd.DataFrame:
 
 def load_user_data(path: str, p: Params) -> pd.DataFrame:
     """A user's parquet table (README: columns eps, split, u_prev, u_now, u_next), checked at the door."""
-    df = USER_TABLE.check(pd.read_parquet(path))
+    df = read_user_file(path, key="recm.data.path", schema=USER_TABLE, kind="parquet")
     return check_table(df, p)
 
 

@@ -2,7 +2,7 @@
 any node runs, and a bad value stops the command with one line naming the key."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -94,6 +94,7 @@ class Variant(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.path": "parquet"}
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data
     model: Model = Field(default_factory=Model)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.rlcracker.params import Params
 
 SPLITS = ("train", "wm_train", "test")
@@ -64,6 +64,7 @@ def load_corpus(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
     """data.corpus: (lexicon, corpus), synthetic or read from the user's files and checked."""
     if p.data.source == "synthetic":
         return synthetic_language(p)
-    corpus = CORPUS.check(pd.read_parquet(p.data.corpus_path))
-    lexicon = LEXICON.check(pd.read_parquet(p.data.lexicon_path))
+    corpus = read_user_file(p.data.corpus_path, key="rlcracker.data.corpus_path", kind="parquet")
+    lexicon = read_user_file(p.data.lexicon_path, key="rlcracker.data.lexicon_path", kind="parquet")
+    corpus, lexicon = CORPUS.check(corpus), LEXICON.check(lexicon)
     return lexicon.reset_index(drop=True), corpus.reset_index(drop=True)

@@ -1,6 +1,6 @@
 """Typed parameters of `rlcracker`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -98,6 +98,8 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.corpus_path": "parquet", "data.lexicon_path": "parquet"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     data: Data = Data()
     watermark: Watermark = Watermark()
     model: ModelCfg = ModelCfg()

@@ -4,7 +4,7 @@ Train and test sequences draw their images from disjoint halves of the image poo
 import numpy as np
 import torch
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.softtorch.params import Params
 
 DIGITS_CSV = TableSchema("softtorch.digits.user_csv", {"label": "int"}, min_rows=20, no_missing=("label",),
@@ -14,12 +14,11 @@ DIGITS_CSV = TableSchema("softtorch.digits.user_csv", {"label": "int"}, min_rows
 def load_user_digits(path: str, shape: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """A user CSV of single-digit images: ``label`` (int 0–9, each digit present) and ``p0`` … ``p{h·w−1}``
     (numbers, any scale: each image is divided by the table's max), checked with :data:`DIGITS_CSV`."""
-    import pandas as pd
 
     h, w = shape
     px_cols = tuple(f"p{i}" for i in range(h * w))
     schema = DIGITS_CSV.refine(columns=dict.fromkeys(px_cols, "number"), no_missing=("label", *px_cols))
-    df = schema.check(pd.read_csv(path))
+    df = read_user_file(path, key="softtorch.digits.user_csv", schema=schema, kind="csv")
     px = df[[f"p{i}" for i in range(h * w)]].to_numpy(np.float32)
     return (px / max(float(px.max()), 1e-12)).reshape(-1, h, w), df["label"].to_numpy()
 

@@ -1,6 +1,6 @@
 """Typed parameters of `softtorch`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -66,6 +66,7 @@ class Speed(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"digits.user_csv": "csv"}
     variants: names_of(VARIANTS)       # one train.<variant> node each
     modes: keys_of(VARIANTS, Mode)                  # the soft mode each variant runs in
     ot_iters: PositiveInt

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.svgt.params import Params
 
 TOPICS = ["ocean", "music", "garden", "chess", "planets", "bread", "rivers", "cats", "trains", "poems", "clouds",
@@ -159,7 +159,7 @@ def make_corpus(p: Params) -> pd.DataFrame:
 
 def load_user_corpus(path: str) -> pd.DataFrame:
     """A user's corpus (parquet or csv) with the columns of :data:`CORPUS`; checked before any training."""
-    df = pd.read_csv(path) if str(path).endswith(".csv") else pd.read_parquet(path)
+    df = read_user_file(path, key="svgt.data.user_path", kind=("parquet", "csv"))
     return check_corpus(df)
 
 

@@ -1,6 +1,6 @@
 """Typed parameters of `svgt`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -91,6 +91,7 @@ class Eval(Strict):
 
 
 class Params(MethodParams, VariantSeeds):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.user_path": "parquet"}
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: Data = Data()
     backbone: Backbone = Backbone()

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.tess.lexicon import BANK, DEFAULT, DIRECTION, DISTRACTORS, LABELS, LAG_GROUPS, PRIMITIVES
 from pipelines.tess.paraphrases import open_bank
 from pipelines.tess.params import Params
@@ -93,11 +93,8 @@ TEXTS_SCHEMA = TableSchema(USER_TEXTS, {"window_id": "int", "level": "str", "tex
                            unique=(("window_id", "level"),))
 
 
-def _read_user_table(path: str, dataset: str) -> pd.DataFrame:
-    try:
-        return pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - one line naming the dataset and the file
-        raise InputDataError(f"dataset '{dataset}': cannot read {path}: {type(exc).__name__}: {exc}") from None
+def _read_user_table(path: str, key: str) -> pd.DataFrame:
+    return read_user_file(path, key=key, kind="parquet")
 
 
 def check_user_windows(df: pd.DataFrame, dataset: str = USER_WINDOWS) -> pd.DataFrame:
@@ -112,7 +109,7 @@ def check_user_windows(df: pd.DataFrame, dataset: str = USER_WINDOWS) -> pd.Data
 
 def load_user_windows(path: str) -> pd.DataFrame:
     """User windows (README: 'Bring your own data'): parquet with window_id, split, x, y (lists)."""
-    df = check_user_windows(_read_user_table(path, USER_WINDOWS)).copy()
+    df = check_user_windows(_read_user_table(path, "tess.data.windows_path")).copy()
     df["x"] = [np.asarray(v, "float32") for v in df["x"]]
     df["y"] = [np.asarray(v, "float32") for v in df["y"]]
     if "y_no_event" not in df:  # without a counterfactual the event path is the deviation from the history mean
@@ -319,7 +316,7 @@ def render_texts(windows: pd.DataFrame, gt: pd.DataFrame, p: Params) -> tuple[pd
     test renderings differ only in the replaced phrases. ``texts_seen`` is empty for user data."""
     d = p.data
     if d.source == "files":
-        texts = check_user_texts(_read_user_table(d.texts_path, USER_TEXTS), windows).copy()
+        texts = check_user_texts(_read_user_table(d.texts_path, "tess.data.texts_path"), windows).copy()
         texts = texts[texts["window_id"].isin(set(windows["window_id"]))]
         if "narrative_start" not in texts:
             texts["narrative_start"] = 0

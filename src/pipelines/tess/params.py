@@ -1,5 +1,5 @@
 """Typed parameters of `tess` (validated before any node runs; unknown keys are rejected)."""
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -108,6 +108,8 @@ class Eval(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.windows_path": "parquet", "data.texts_path": "parquet"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "files"}
     THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     data: Data
     labeller: Labeller

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import TableSchema, read_user_file
 from pipelines.trsp.instance import Instance, from_metric, from_points
 from pipelines.trsp.params import Params
 
@@ -94,26 +94,22 @@ def gadget_points(walk_ab: float, walk_cd: float, jitter: float, n_random: int,
     return s, t, groups, cand
 
 
-def read_table(path: str, dataset: str) -> pd.DataFrame:
-    """A user's .csv or .parquet table; a missing or unreadable file names the dataset."""
-    from pathlib import Path
-
-    if not Path(path).is_file():
-        raise InputDataError(f"dataset '{dataset}': file {path} does not exist")
-    try:
-        return pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path)
-    except Exception as exc:  # noqa: BLE001 - one line naming the dataset
-        raise InputDataError(f"dataset '{dataset}': {path} could not be read ({type(exc).__name__}: {exc})") from exc
+def read_table(path: str, key: str) -> pd.DataFrame:
+    """A user's .csv or .parquet table (parameter ``trsp.data.user.<key>``); a missing or unreadable file
+    names the parameter and the file."""
+    return read_user_file(path, key=f"trsp.data.user.{key}", kind=("csv", "parquet"))
 
 
 def user_rows(p: Params) -> list[pd.DataFrame]:
     u, c = p.data.user, p.data.city
-    agents = AGENTS.check(read_table(u.agents_path, AGENTS.dataset))
+    agents = read_table(u.agents_path, "agents_path")
+    cands = read_table(u.candidates_path, "candidates_path") if u.candidates_path else None   # read, then checked
+    agents = AGENTS.check(agents)
     s = agents[["sx", "sy"]].to_numpy(float)
     t = agents[["tx", "ty"]].to_numpy(float)
     groups = agents["group"].astype(str).to_numpy() if "group" in agents else np.array(["all"] * len(s))
-    if u.candidates_path:
-        cand = CANDIDATES.check(read_table(u.candidates_path, CANDIDATES.dataset))[["x", "y"]].to_numpy(float)
+    if cands is not None:
+        cand = CANDIDATES.check(cands)[["x", "y"]].to_numpy(float)
     else:
         o = np.vstack([s, t]).min(0)   # the grid spans the trips' bounding square
         L = float(max(np.ptp(np.vstack([s, t]), 0).max(), 1e-9))
@@ -149,8 +145,9 @@ def make_graph(p: Params) -> pd.DataFrame:
     if u is None or u.graph_nodes_path is None:
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("x", "y", "length_km") else
                                           ("object" if c == "kind" else "int64")) for c in GRAPH_COLUMNS})
-    nodes = NODES.check(read_table(u.graph_nodes_path, NODES.dataset))
-    edges = EDGES.check(read_table(u.graph_edges_path, EDGES.dataset), tables={NODES.dataset: nodes})
+    nodes, edges = read_table(u.graph_nodes_path, "graph_nodes_path"), read_table(u.graph_edges_path, "graph_edges_path")
+    nodes = NODES.check(nodes)
+    edges = EDGES.check(edges, tables={NODES.dataset: nodes})
     return pd.concat([nodes[["node", "x", "y"]].assign(kind="node"),
                       edges[["u", "v", "length_km"]].assign(kind="edge")], ignore_index=True)[GRAPH_COLUMNS]
 

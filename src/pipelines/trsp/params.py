@@ -3,7 +3,7 @@ any node runs, and a bad value stops the command with one line naming the key.""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -156,6 +156,10 @@ class Adversarial(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.user.agents_path": "parquet",
+                                            "data.user.candidates_path": "parquet",
+                                            "data.user.graph_nodes_path": "parquet",
+                                            "data.user.graph_edges_path": "parquet"}
     metric: Literal["l1", "l2"]
     deviation: Literal["set", "ordered"]            # what a JR group proposes (README: "Definitions")
     jr_group_factor: float = Field(gt=0, le=10)     # JR groups have ⌈f·n/k⌉ agents (bound claims: f >= 2)

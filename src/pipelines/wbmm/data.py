@@ -4,14 +4,13 @@ is checked (arrays, columns, dtypes, sizes) before any training."""
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.wbmm.ops import unfold_buffer_mb
 from pipelines.wbmm.params import Params
 
@@ -72,14 +71,7 @@ def check_npz(arrays: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]
 
 def load_npz(path: str, size: int, train_limit: int | None) -> dict[str, torch.Tensor]:
     name = f"wbmm.acc.data_path ({path})"
-    if not Path(path).is_file():
-        raise InputDataError(f"dataset '{name}': no file at {path}")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as exc:
-        raise InputDataError(f"dataset '{name}': not a readable .npz ({exc})") from None
-    a = check_npz(arrays, name)
+    a = check_npz(read_user_file(path, key="wbmm.acc.data_path", kind="npz"), name)
     split = {f"x_{s}": _resize(torch.as_tensor(a[f"x_{s}"].astype(np.float32)), size) for s in SPLITS}
     split.update({f"y_{s}": torch.as_tensor(a[f"y_{s}"].astype(np.int64)) for s in SPLITS})
     if train_limit:

@@ -3,7 +3,7 @@ a bad value stops the run with one line naming its key)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -124,6 +124,7 @@ class Acc(Strict):
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"acc.data_path": "npz"}
     # measured operator speeds and their ratios
     TIMING_METRICS = ("gflops_effective*", "gflops_ratio*", "jump_dw_*", "w14_faster_than_dw5*")
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.wedlm.params import Params
 
 
@@ -90,17 +90,17 @@ def _schema(split: str, path: str, d) -> TableSchema:
                          lengths={"prompt": (None, d.prompt_len - 2)})
 
 
-def read_jsonl(path: str, split: str, p: Params) -> pd.DataFrame:
-    """A user's JSONL file as a table (regime, prompt, answer; its row labels are the line numbers),
-    checked at the door: columns, kinds, regimes, token range and prompt length (core.schemas), then every
-    row's answer length. A bad file stops the run with one line naming the file, the line and the column."""
-    d = p.data
-    name = f"wedlm.{split} ({path})"
-    try:
-        with open(path) as f:
-            lines = [(i + 1, line) for i, line in enumerate(f) if line.strip()]
-    except OSError as exc:
-        raise InputDataError(f"dataset '{name}': cannot be read ({exc.strerror})") from None
+def _jsonl_name(path: str, split: str) -> str:
+    return f"wedlm.{split} (wedlm.data.{split}_path = {path})"
+
+
+def jsonl_table(path: str, split: str) -> pd.DataFrame:
+    """A user's JSONL file as a table, one row per non-blank line (labelled by its line number), unchecked.
+    No file, an empty or a binary one, or a line that is not a JSON object (a cut file) stops the run with
+    one line naming the parameter, the file and the line."""
+    name = _jsonl_name(path, split)
+    text = read_user_file(path, key=f"wedlm.data.{split}_path", kind="txt")
+    lines = [(i + 1, line) for i, line in enumerate(text.split("\n")) if line.strip()]
     records = []
     for lineno, line in lines:
         try:
@@ -110,7 +110,17 @@ def read_jsonl(path: str, split: str, p: Params) -> pd.DataFrame:
         if not isinstance(r, dict):
             raise InputDataError(f"dataset '{name}': line {lineno} is not a JSON object")
         records.append(r)
-    table = pd.DataFrame.from_records(records, index=[n for n, _ in lines]) if records else pd.DataFrame()
+    return pd.DataFrame.from_records(records, index=[n for n, _ in lines]) if records else pd.DataFrame()
+
+
+def read_jsonl(path: str, split: str, p: Params, table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A user's JSONL file as a table (regime, prompt, answer; its row labels are the line numbers),
+    checked at the door: columns, kinds, regimes, token range and prompt length (core.schemas), then every
+    row's answer length. A bad file stops the run with one line naming the file, the line and the column.
+    ``table``: the file as :func:`jsonl_table` read it already."""
+    d = p.data
+    name = _jsonl_name(path, split)
+    table = jsonl_table(path, split) if table is None else table
     df = _schema(split, path, d).check(table)
     for lineno, regime, answer in zip(df.index, df["regime"], df["answer"]):
         if len(answer) != d.answer_len[regime]:
@@ -129,8 +139,9 @@ def make_tasks(p: Params) -> tuple[pd.DataFrame, dict]:
     chain = markov_chain(d.n_symbols, d.markov_sigma, d.markov_temperature, d.seed)
     extra: dict = {"chain": torch.tensor(chain, dtype=torch.float64)}
     if d.source == "file":
-        test = read_jsonl(d.test_path, "test", p)
-        train = read_jsonl(d.train_path, "train", p)
+        tables = {s: jsonl_table(getattr(d, f"{s}_path"), s) for s in ("test", "train")}   # both read, then checked
+        test = read_jsonl(d.test_path, "test", p, tables["test"])
+        train = read_jsonl(d.train_path, "train", p, tables["train"])
         v = vocab_of(p)
         extra["train_sequences"] = torch.tensor(
             [layout_sequence(r, pr, a, v, d.prompt_len, d.seq_len)

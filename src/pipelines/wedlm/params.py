@@ -1,5 +1,5 @@
 """Typed parameters of `wedlm` (validated before any node runs; an error names the key)."""
-from typing import Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
@@ -111,6 +111,8 @@ def trained_variants(p) -> list[str]:
 
 
 class Params(MethodParams):
+    USER_FILES: ClassVar[dict[str, str]] = {"data.train_path": "jsonl", "data.test_path": "jsonl"}
+    USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
     THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     data: Data

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from pipelines.core.runtime import node_setup
+from pipelines.core.schemas import read_user_file
 from pipelines.core.training import StepInfo, fit
 from pipelines.wedlm.data import training_batch, vocab_of
 from pipelines.wedlm.evaluate import decode_test
@@ -110,7 +111,7 @@ def train_model(tasks: dict, test: pd.DataFrame, p: Params, variant: str) -> tup
     seeds = list(p.seeds) if variant == "wedlm" else list(p.train.ar_only_seeds)
     chain = tasks["chain"].numpy()
     rows = tasks.get("train_sequences")
-    init = torch.load(p.model.init_path, map_location="cpu", weights_only=True) if p.model.init_path else None
+    init = read_user_file(p.model.init_path, key="wedlm.model.init_path", kind="pt") if p.model.init_path else None
     models, logs, decodes, traces = {}, [], [], {}
     for seed in seeds:
         dev = node_setup(p, seed)     # threads, seed (the initial weights), device

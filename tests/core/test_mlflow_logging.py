@@ -206,3 +206,34 @@ def test_kedro_run_is_what_the_ui_shows(tmp_path):
         assert {k for k in p if k.startswith("variants.")} == \
             {f"variants.{k.split('.', 3)[3]}" for k in declared if k.startswith(f"{FAST}.variants.{name}.")}
     assert children[FAST].data.params["config.alpha"] == declared[f"{FAST}.{FAST}.alpha"]
+
+
+def test_a_sweep_creates_its_experiment_as_classic_ml(tmp_path):
+    from pipelines.core.sweep import Store
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = Store(uri, "sweep_exp", tmp_path)
+    assert store.client.get_experiment(store.experiment_id).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML_KIND
+    old = MlflowClient(uri).create_experiment("older")                # made before the platform tagged kinds
+    assert EXPERIMENT_KIND_TAG not in MlflowClient(uri).get_experiment(old).tags
+    Store(uri, "older", tmp_path)                                   # tagged before any point starts
+    assert MlflowClient(uri).get_experiment(old).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML_KIND
+
+
+def test_a_lost_tagging_race_is_no_failure(store):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    exp = client.create_experiment("raced")
+
+    class Raced:   # another run sets the tag between our read and our write, and our write fails
+        def get_experiment(self, eid):
+            return client.get_experiment(eid)
+
+        def set_experiment_tag(self, eid, key, value):
+            client.set_experiment_tag(eid, key, value)
+            raise RuntimeError("UNIQUE constraint failed: experiment_tags.key, experiment_tags.experiment_id")
+
+    assert mark_experiment_kind(exp, Raced()) is False

@@ -41,7 +41,12 @@ def mark_experiment_kind(experiment_id: str, client: Any = None) -> bool:
         client = MlflowClient()
     if EXPERIMENT_KIND_TAG in (client.get_experiment(experiment_id).tags or {}):
         return False
-    client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML_KIND)
+    try:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML_KIND)
+    except Exception:  # noqa: BLE001 - a concurrent run tagged it first (sqlite upsert race): theirs stands
+        if EXPERIMENT_KIND_TAG in (client.get_experiment(experiment_id).tags or {}):
+            return False
+        raise
     return True
 
 

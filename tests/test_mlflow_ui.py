@@ -1,7 +1,8 @@
 """The MLflow UI, checked as a user would: `mlflow server` on 127.0.0.1 over the store of a TESS
 ``--env=test`` run, headless Chromium (the distribution's, driven by playwright; no browser download):
-the parent run and one child run per variant are listed, and Compare shows the variants' metrics.
-Screenshots go to test-artifacts/."""
+the experiment opens on its runs (not on GenAI traces) with the parent run named ``<pipeline> · <env> ·
+<save version>``, the headline metric shows as a column, the parent run and one child run per variant
+are listed, and Compare shows the variants' metrics. Screenshots go to test-artifacts/."""
 from __future__ import annotations
 
 import os
@@ -90,16 +91,21 @@ def test_runs_listed_and_compare_shows_variant_metrics(mlflow_server, browser_pa
     from mlflow.tracking import MlflowClient
     from playwright.sync_api import sync_playwright
 
+    from pipelines.core.mlflow_logging import CLASSIC_ML_KIND, EXPERIMENT_KIND_TAG
     from pipelines.core.scoreboard import headline_of, parent_runs, report_of_run
 
     base, uri = mlflow_server
     client = MlflowClient(uri)
     parent = parent_runs(uri, "tags.env = 'test'", [PIPELINE])[0]
     exp_id, pid = parent.info.experiment_id, parent.info.run_id
+    assert client.get_experiment(exp_id).tags.get(EXPERIMENT_KIND_TAG) == CLASSIC_ML_KIND
+    assert parent.info.run_name == f"{PIPELINE} · test · {parent.data.tags['save_version']}"
     children = client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{pid}' and tags.role = 'variant'")
     variants = {r.info.run_id: r.data.tags["variant"] for r in children}
     assert len(variants) >= 2 and PIPELINE in variants.values()
     head, _ = headline_of(report_of_run(uri, parent))
+    head_metric = f"headline.{head['metric']}"
+    head_value = parent.data.metrics[head_metric]
     by_name = {name: rid for rid, name in variants.items()}
     picked = [PIPELINE, *[b for b in (head or {}).get("baselines", sorted(by_name)) if b in by_name and b != PIPELINE]]
     compared = {by_name[n]: n for n in picked[:5]}
@@ -110,14 +116,32 @@ def test_runs_listed_and_compare_shows_variant_metrics(mlflow_server, browser_pa
         try:
             page = browser.new_page(viewport={"width": 1800, "height": 1100})
             page.set_default_timeout(60_000)
-            # the experiment's runs, as a user opens them from the experiment list
-            page.goto(f"{base}/#/experiments/{exp_id}/runs", wait_until="load")
+            # the experiment as the docs open it: the runs table, not the GenAI overview / traces
+            # (MLflow 3.17's UI follows its "GenAI | Model training" switch, workflowType, over the tag)
+            page.goto(f"{base}/#/experiments/{exp_id}?workflowType=machine_learning", wait_until="load")
             parent_link = page.locator(f'a[href$="/runs/{pid}"]')
             parent_link.wait_for()
+            assert "/traces" not in page.url and "/overview" not in page.url, page.url
+            assert not page.get_by_text("No data available for the selected time range").count()
             close_assistant = page.locator('button[data-component-id="mlflow.assistant.chat_panel.close"]')
             if close_assistant.count():  # the side panel of newer UIs hides half the table in screenshots
                 close_assistant.first.click()
             assert parent_link.inner_text().strip() == parent.info.run_name
+            # the headline metric as a column (Columns → its name), with the parent run's value
+            page.get_by_role("button", name=re.compile(r"^Columns")).first.click()
+            page.keyboard.type(head_metric)
+            page.get_by_text(head_metric, exact=True).first.click()
+            page.keyboard.press("Escape")
+            page.locator(f'[role=columnheader]:has-text("{head_metric}")').first.wait_for()
+            # the grid draws a row's pinned and scrolled cells in separate [role=row]s of one row-index
+            index = page.locator(f'[role=row]:has(a[href$="/runs/{pid}"])').first.get_attribute("row-index")
+            row_text = " ".join(page.locator(f'[role=row][row-index="{index}"]').all_inner_texts())
+            shown = [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", row_text)]
+            assert any(abs(x - head_value) <= 5.1e-3 * abs(head_value) + 1e-12 for x in shown), (head_value, row_text)
+            page.screenshot(path=str(ARTIFACTS / "mlflow_experiment.png"))
+            # the experiment's runs, as a user opens them from the experiment list
+            page.goto(f"{base}/#/experiments/{exp_id}/runs", wait_until="load")
+            parent_link.wait_for()
             # expand the parent: one child run per variant, named after the variant
             page.locator(f'[role=row]:has(a[href$="/runs/{pid}"]) '
                          'button[data-component-id*="runnamecellrenderer"]').click()

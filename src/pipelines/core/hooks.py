@@ -16,7 +16,7 @@ from typing import Any
 from kedro.framework.hooks import hook_impl
 
 from pipelines.core import tracking
-from pipelines.core.runctx import current_node, git_commit, resume_info, runner_name
+from pipelines.core.runctx import DEFAULT_PIPELINE, current_node, git_commit, resume_info, runner_name
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,12 @@ def end_mlflow_runs(status: str = "FINISHED") -> None:
         tracking.guarded("the run's end", mlflow.end_run, status)
 
 
-def log_typed_params(inputs: dict[str, Any], logged: set[str], into: dict[str, str] | None = None) -> None:
+def log_typed_params(inputs: dict[str, Any], logged: set[str], into: dict[str, str] | None = None,
+                     trees: dict[str, Any] | None = None) -> None:
     """Log a node's typed ``params:<m>`` flattened (``m.data.n_train`` ...) to the active MLflow run,
     once per run: kedro-mlflow flattens dicts only, and Kedro now hands nodes a ``Params`` model.
-    ``into`` collects them too (with or without MLflow), for the ``params.json`` beside the report."""
+    ``into`` collects them too (with or without MLflow), for the ``params.json`` beside the report;
+    ``trees`` collects each ``m``'s nested dict (a variant's own parameters go on its child run)."""
     import sys
 
     mlflow = sys.modules.get("mlflow")
@@ -63,7 +65,10 @@ def log_typed_params(inputs: dict[str, Any], logged: set[str], into: dict[str, s
             else:
                 flat[prefix] = str(v)[:6000]
 
-        walk(name[len("params:"):], params_dict(value))
+        tree = params_dict(value)
+        walk(name[len("params:"):], tree)
+        if trees is not None:
+            trees[name[len("params:"):]] = tree
         if into is not None:
             into.update(flat)
         if not active:
@@ -72,21 +77,27 @@ def log_typed_params(inputs: dict[str, Any], logged: set[str], into: dict[str, s
             tracking.guarded("parameters", mlflow.log_params, dict(list(flat.items())[i:i + 100]))
 
 
-def tag_owner(resumed: dict[str, Any] | None, save_version: str | None) -> None:
+def tag_owner(resumed: dict[str, Any] | None, save_version: str | None, name: str | None = None) -> None:
     """Tag the active (parent) run with its owning process, its save version and, when it resumes a
-    killed run, ``resumed_from`` (and the killed run with ``resumed_by``)."""
+    killed run, ``resumed_from`` (and the killed run with ``resumed_by``); name it ``name``, and tag its
+    experiment as classic ML training (the MLflow UI opens it on its runs, not on GenAI traces)."""
     import sys
 
     mlflow = sys.modules.get("mlflow")
     if mlflow is None or mlflow.active_run() is None:
         return
+    from pipelines.core.mlflow_logging import mark_experiment_kind
+
     tags = tracking.process_tags()
+    if name:
+        tags["mlflow.runName"] = name
     if save_version:
         tags["save_version"] = str(save_version)
     if resumed:
         tags["resumed_from"] = resumed.get("mlflow_run_id") or f"save version {resumed['save_version']}"
         tags["resumed_from_version"] = str(resumed["save_version"])
     tracking.guarded("the run's tags", mlflow.set_tags, tags)
+    tracking.guarded("the experiment's kind", mark_experiment_kind, mlflow.active_run().info.experiment_id)
     if resumed and resumed.get("mlflow_run_id"):
         run_id = mlflow.active_run().info.run_id
         tracking.guarded("the run's tags", mlflow.MlflowClient().set_tag, resumed["mlflow_run_id"],
@@ -117,8 +128,14 @@ class PlatformHooks:
         }
         self._logged_params: set[str] = set()
         self._params: dict[str, str] = {}
+        self._param_trees: dict[str, Any] = {}
         self._resumed = resume_info()
-        tag_owner(self._resumed, self._ctx["save_version"])
+        from pipelines.core.mlflow_logging import parent_run_name
+
+        names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
+        shown = "+".join(DEFAULT_PIPELINE if n == "__default__" else str(n) for n in names)
+        name = parent_run_name(shown, self._ctx["env"], self._ctx["save_version"])
+        tag_owner(self._resumed, self._ctx["save_version"], name)
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -131,7 +148,8 @@ class PlatformHooks:
     @hook_impl
     def before_node_run(self, node, inputs: dict[str, Any]) -> None:
         current_node.set(node.name)
-        log_typed_params(inputs, getattr(self, "_logged_params", set()), getattr(self, "_params", None))
+        log_typed_params(inputs, getattr(self, "_logged_params", set()), getattr(self, "_params", None),
+                         getattr(self, "_param_trees", None))
 
     @hook_impl
     def after_node_run(self, node) -> None:
@@ -167,7 +185,8 @@ class PlatformHooks:
 
                 tracking.note_report(_shown(path))
                 (path.parent / "params.json").write_text(json.dumps(getattr(self, "_params", {}), indent=1))
-            run_id = tracking.guarded("the report and its variant runs", log_report, data)
+            run_id = tracking.guarded("the report and its variant runs", log_report, data,
+                                      getattr(self, "_param_trees", {}).get(data.get("pipeline")))
             if run_id:
                 log.info("report %s logged to MLflow run %s (+%d variant runs)", dataset_name, run_id,
                          len(data.get("variants", {})))

@@ -1,7 +1,12 @@
-"""Log a report to MLflow: the parent run (tags, derived metrics, claims, report.json) and one child
-run per variant carrying the same metric names, so the UI's Compare shows variants side by side.
+"""Log a report to MLflow: the parent run (tags, derived metrics, the headline, claims and gates with
+their counts, report.json) and one child run per variant, named after it, carrying the same metric
+names and the variant's own parameters, so the UI's Compare shows variants side by side.
 :func:`relog_report` logs a report saved earlier (a run whose tracking server was lost) the same way,
-with its parameters and plots: ``kedro report log <report.json>``."""
+with its parameters and plots: ``kedro report log <report.json>``.
+
+The MLflow 3 UI opens an experiment on the page its ``mlflow.experimentKind`` tag names (GenAI traces
+when it is unset); :func:`mark_experiment_kind` tags the platform's experiments as classic ML training
+(the runs table). Parent runs are named ``<pipeline> · <env> · <save version>`` (:func:`parent_run_name`)."""
 from __future__ import annotations
 
 import json
@@ -22,6 +27,94 @@ def _finite(d: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+# the value the MLflow 3 UI (mlflow/server/js) gives "Machine learning": its experiment page is the runs table
+CLASSIC_ML_KIND = "custom_model_development"
+
+
+def mark_experiment_kind(experiment_id: str, client: Any = None) -> bool:
+    """Tag experiment ``experiment_id`` as classic ML training unless it already has a kind (a kind set
+    in the UI is kept); returns whether it was tagged."""
+    if client is None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient()
+    if EXPERIMENT_KIND_TAG in (client.get_experiment(experiment_id).tags or {}):
+        return False
+    try:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML_KIND)
+    except Exception:  # noqa: BLE001 - a concurrent run tagged it first (sqlite upsert race): theirs stands
+        if EXPERIMENT_KIND_TAG in (client.get_experiment(experiment_id).tags or {}):
+            return False
+        raise
+    return True
+
+
+def parent_run_name(pipeline: str, env: str | None, save_version: str | None) -> str:
+    """``<pipeline> · <env> · <save version>``: the runs of one pipeline told apart in the runs table."""
+    return " · ".join(str(x) for x in (pipeline, env or "base", save_version) if x)
+
+
+def variant_params(params: Mapping[str, Any] | None, variant: str) -> dict[str, str]:
+    """The parameters that are ``variant``'s own, from the method's parameters (a nested dict): every
+    entry keyed by the variant's name (``variants.<v>``, ``configs.<v>``, ``variant_seeds.<v>``, a
+    top-level ``<v>:`` block ...) and the item named ``v`` of a list of ``{name: ...}`` items. Keys are the
+    path without the variant's name (``variants.kind``, ``variant_seeds``; a top-level block: ``config.*``),
+    so Compare lines them up across variants."""
+    out: dict[str, str] = {}
+
+    def put(path: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, x in value.items():
+                put(f"{path}.{k}", x)
+        else:
+            out.setdefault(path, str(value)[:6000])
+
+    def walk(path: str, node: Any) -> None:
+        if isinstance(node, Mapping):
+            for k, x in node.items():
+                if k == variant:
+                    put(path or "config", x)
+                elif isinstance(x, Mapping | list):
+                    walk(f"{path}.{k}" if path else str(k), x)
+        elif isinstance(node, list):
+            for x in node:
+                if isinstance(x, Mapping) and x.get("name") == variant:
+                    put(path, {k: v for k, v in x.items() if k != "name"})
+
+    walk("", params or {})
+    return out
+
+
+def variant_seeds(report: Mapping[str, Any], variant: str) -> list[int]:
+    """The seeds ``variant`` ran on: the first n of the report's seeds, n = its per-seed values (a
+    variant on fewer seeds runs on a prefix of them, core.params.VariantSeeds)."""
+    seeds = list(report.get("seeds") or [])
+    n = max((len(x) for x in ((report.get("per_seed") or {}).get(variant) or {}).values()), default=0)
+    return seeds[:n] if 0 < n <= len(seeds) else seeds
+
+
+def headline_metrics(report: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) of the report's headline as the scoreboard reads it: ``headline.<metric>`` (the
+    method's value), ``headline.<metric>_std``, ``headline.best_baseline.<metric>``,
+    ``headline.relative_gain`` (> 0: the method beats its best baseline); none without a headline."""
+    from pipelines.core.scoreboard import row_from_report
+
+    row = row_from_report(report)
+    head = row.headline
+    if not head or not head.get("metric"):
+        return {}, {}
+    metric = head["metric"]
+    metrics = _finite({f"headline.{metric}": row.method_value, f"headline.{metric}_std": row.method_std,
+                       f"headline.best_baseline.{metric}": row.best_baseline_value,
+                       "headline.relative_gain": row.relative_gain})
+    tags = {"headline": f"{metric} of {head['method']} "
+                        f"({'lower' if head.get('lower_is_better', True) else 'higher'} is better)"}
+    if row.best_baseline:
+        tags["headline.best_baseline"] = row.best_baseline
+    return metrics, tags
+
+
 def _log_histories(run_id: str, series: Mapping[str, Mapping[str, list]]) -> None:
     """Metric histories with their steps (non-finite points skipped: MLflow stores floats only)."""
     import time
@@ -38,8 +131,10 @@ def _log_histories(run_id: str, series: Mapping[str, Mapping[str, list]]) -> Non
         client.log_batch(run_id, metrics=batch[i:i + 1000])
 
 
-def log_report(report: Mapping[str, Any]) -> str | None:
-    """Log into the active run (the parent kedro-mlflow started); returns its id, or None if none."""
+def log_report(report: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> str | None:
+    """Log into the active run (the parent kedro-mlflow started); returns its id, or None if none.
+    ``params``: the method's parameters (nested), whose entries for a variant go on its child run
+    (:func:`variant_params`)."""
     import mlflow
 
     parent = mlflow.active_run()
@@ -62,6 +157,14 @@ def log_report(report: Mapping[str, Any]) -> str | None:
     tags["verdicts"] = " ".join(f"{k}={n}" for k, n in counts.items())
     mlflow.set_tags({"verdicts": tags["verdicts"]})
     metrics.update(_finite({"claims_held": report.get("claims_held"), "wall_seconds": report.get("wall_seconds")}))
+    gates = report.get("gates") or []
+    metrics.update({"claims_declared": float(len(report.get("claims") or [])),
+                    "gates_passed": float(sum(bool(g.get("passed")) for g in gates)),
+                    "gates_declared": float(len(gates))})
+    head_metrics, head_tags = headline_metrics(report)
+    metrics.update(head_metrics)
+    if head_tags:
+        mlflow.set_tags(head_tags)
     mlflow.log_metrics(metrics)
     mlflow.log_dict(dict(report), "report.json")
     histories = report.get("histories") or {}
@@ -78,10 +181,39 @@ def log_report(report: Mapping[str, Any]) -> str | None:
         values = _finite(row)
         values.update({f"{k}_std": v for k, v in _finite(stds.get(variant, {})).items()})
         mlflow.log_metrics(values)
+        seeds = variant_seeds(report, variant)
+        own = {**variant_params(params, variant), "variant": variant, "seeds": str(seeds),
+               "n_seeds": str(len(seeds))}
+        items = list(own.items())
+        for i in range(0, len(items), 100):   # MLflow's batch limit
+            mlflow.log_params(dict(items[i:i + 100]))
         if variant in histories:
             _log_histories(child.info.run_id, histories[variant])
         mlflow.end_run()
     return parent.info.run_id
+
+
+def unflatten_params(flat: Mapping[str, str]) -> dict[str, Any]:
+    """``params.json``'s flattened strings (``m.variants.a.kind``) as a nested dict, each value read back
+    as the Python literal it was written from where it is one (lists, numbers, booleans)."""
+    import ast
+
+    tree: dict[str, Any] = {}
+    for key, text in flat.items():
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = text
+        *parents, leaf = key.split(".")
+        node = tree
+        for k in parents:
+            nxt = node.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                break
+            node = nxt
+        else:
+            node[leaf] = value
+    return tree
 
 
 class RelogError(ValueError):
@@ -136,11 +268,13 @@ def relog_report(path: Path, tracking_uri: str, experiment: str | None = None) -
         location = None
         if tracking_uri.startswith("sqlite:///"):   # as the project's own runs: mlartifacts beside the db
             location = (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
-        exp_id = client.create_experiment(name, artifact_location=location)
+        exp_id = client.create_experiment(name, artifact_location=location,
+                                          tags={EXPERIMENT_KIND_TAG: CLASSIC_ML_KIND})
     else:
         exp_id = exp.experiment_id
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp_id)
+        mark_experiment_kind(exp_id, client)
     stale = [r for r in client.search_runs([exp_id], filter_string=f"tags.save_version = '{version}' and "
                                                                    f"attributes.status = 'RUNNING'")
              if "mlflow.parentRunId" not in r.data.tags]
@@ -149,12 +283,12 @@ def relog_report(path: Path, tracking_uri: str, experiment: str | None = None) -
     try:
         while mlflow.active_run() is not None:
             mlflow.end_run()
-        with mlflow.start_run(experiment_id=exp_id, run_name=m,
+        with mlflow.start_run(experiment_id=exp_id, run_name=parent_run_name(m, report.get("env"), version),
                               tags={"relogged_from": str(path), "save_version": version}) as run:
             items = list(params.items())
             for i in range(0, len(items), 100):   # MLflow's batch limit
                 mlflow.log_params(dict(items[i:i + 100]))
-            log_report(report)
+            log_report(report, unflatten_params(params).get(m))
             pngs = sorted(plots.glob("*.png")) if plots is not None and plots.is_dir() else []
             if pngs:
                 mlflow.log_artifacts(str(plots), artifact_path="plots")

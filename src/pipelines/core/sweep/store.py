@@ -53,13 +53,19 @@ class Store:
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             try:
-                return self.client.create_experiment(name, artifact_location=artifact_location)
+                from pipelines.core.mlflow_logging import CLASSIC_ML_KIND, EXPERIMENT_KIND_TAG
+
+                return self.client.create_experiment(name, artifact_location=artifact_location,
+                                                     tags={EXPERIMENT_KIND_TAG: CLASSIC_ML_KIND})
             except Exception:  # noqa: BLE001 - created meanwhile by someone else: use theirs
                 exp = self.client.get_experiment_by_name(name)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":  # kedro-mlflow restores it too (restore_if_deleted)
             self.client.restore_experiment(exp.experiment_id)
+        from pipelines.core.mlflow_logging import mark_experiment_kind
+
+        mark_experiment_kind(exp.experiment_id, self.client)   # here, not by the concurrent points
         return exp.experiment_id
 
     def point_run(self, sweep_id: str, index: int, attempt: int, stdout: str):

@@ -209,7 +209,7 @@ def test_kedro_run_is_what_the_ui_shows(tmp_path):
 
 
 def test_a_sweep_creates_its_experiment_as_classic_ml(tmp_path):
-    from pipelines.core.sweep import Store
+    from pipelines.core.sweep.store import Store
 
     from mlflow.tracking import MlflowClient
 

@@ -67,3 +67,34 @@ def headline_of(report: Mapping[str, Any], project: Path | None = None) -> tuple
         if not head.get("method"):
             head["method"] = report["pipeline"]
     return head, paper
+
+
+def headline_values(report: Mapping[str, Any], head: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The headline's numbers in a report: the method's value and seed std, the best baseline (among the
+    declared ``baselines``, else every other variant) and its value, and the relative gain (> 0: the method
+    is better). Missing or non-finite values are None."""
+    out: dict[str, Any] = {"method_value": None, "method_std": None, "best_baseline": None,
+                           "best_baseline_value": None, "relative_gain": None}
+    if not head:
+        return out
+    variants, stds = report.get("variants") or {}, report.get("variants_std") or {}
+    metric, method, lower = head["metric"], head["method"], bool(head.get("lower_is_better", True))
+    out["method_value"] = finite((variants.get(method) or {}).get(metric))
+    out["method_std"] = finite((stds.get(method) or {}).get(metric))
+    allowed = set(head.get("baselines") or variants)  # a declared list narrows "best baseline"
+    baselines = {v: finite(vals.get(metric)) for v, vals in variants.items() if v != method and v in allowed}
+    baselines = {v: x for v, x in baselines.items() if x is not None}
+    if baselines:
+        best = (min if lower else max)(baselines, key=baselines.get)
+        out["best_baseline"], out["best_baseline_value"] = best, baselines[best]
+        if out["method_value"] is not None:
+            out["relative_gain"] = gain(out["method_value"], baselines[best], lower)
+    return out
+
+
+def gain(method: float, baseline: float, lower_is_better: bool) -> float | None:
+    """core.metrics.relative_gain, None where it is undefined (a zero baseline)."""
+    from pipelines.core.metrics import relative_gain
+
+    g = relative_gain(method=method, baseline=baseline, lower_is_better=lower_is_better)
+    return g if math.isfinite(g) else None

@@ -98,20 +98,20 @@ def headline_metrics(report: Mapping[str, Any]) -> tuple[dict[str, float], dict[
     """(metrics, tags) of the report's headline as the scoreboard reads it: ``headline.<metric>`` (the
     method's value), ``headline.<metric>_std``, ``headline.best_baseline.<metric>``,
     ``headline.relative_gain`` (> 0: the method beats its best baseline); none without a headline."""
-    from pipelines.core.scoreboard import row_from_report
+    from pipelines.core.headline import headline_of, headline_values
 
-    row = row_from_report(report)
-    head = row.headline
+    head, _ = headline_of(report)
     if not head or not head.get("metric"):
         return {}, {}
+    row = headline_values(report, head)
     metric = head["metric"]
-    metrics = _finite({f"headline.{metric}": row.method_value, f"headline.{metric}_std": row.method_std,
-                       f"headline.best_baseline.{metric}": row.best_baseline_value,
-                       "headline.relative_gain": row.relative_gain})
+    metrics = _finite({f"headline.{metric}": row["method_value"], f"headline.{metric}_std": row["method_std"],
+                       f"headline.best_baseline.{metric}": row["best_baseline_value"],
+                       "headline.relative_gain": row["relative_gain"]})
     tags = {"headline": f"{metric} of {head['method']} "
                         f"({'lower' if head.get('lower_is_better', True) else 'higher'} is better)"}
-    if row.best_baseline:
-        tags["headline.best_baseline"] = row.best_baseline
+    if row["best_baseline"]:
+        tags["headline.best_baseline"] = row["best_baseline"]
     return metrics, tags
 
 

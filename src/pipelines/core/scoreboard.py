@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import math
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.headline import finite as _num
-from pipelines.core.headline import headline_of, infer_headline  # noqa: F401 (this module's API too)
+from pipelines.core.headline import gain, headline_of, headline_values, infer_headline  # noqa: F401 (API too)
 
 NOT_RUN = "not run"
 DEFAULT_HEADLINE_TOLERANCE = 0.05
@@ -162,14 +161,6 @@ class Row:
 
 
 
-def gain(method: float, baseline: float, lower_is_better: bool) -> float | None:
-    """core.metrics.relative_gain, None where it is undefined (a zero baseline)."""
-    from pipelines.core.metrics import relative_gain
-
-    g = relative_gain(method=method, baseline=baseline, lower_is_better=lower_is_better)
-    return g if math.isfinite(g) else None
-
-
 def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> Row:
     m = report["pipeline"]
     head, paper = headline_of(report, project)
@@ -184,19 +175,8 @@ def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> R
               env=report.get("env"),
               run_id=report.get("run_id"), save_version=report.get("save_version"),
               git_commit=report.get("git_commit"), source=report.get("_source"))
-    variants, stds = report.get("variants") or {}, report.get("variants_std") or {}
-    if head:
-        metric, method, lower = head["metric"], head["method"], bool(head.get("lower_is_better", True))
-        row.method_value = _num((variants.get(method) or {}).get(metric))
-        row.method_std = _num((stds.get(method) or {}).get(metric))
-        allowed = set(head.get("baselines") or variants)  # a declared list narrows "best baseline"
-        baselines = {v: _num(vals.get(metric)) for v, vals in variants.items() if v != method and v in allowed}
-        baselines = {v: x for v, x in baselines.items() if x is not None}
-        if baselines:
-            best = (min if lower else max)(baselines, key=baselines.get)
-            row.best_baseline, row.best_baseline_value = best, baselines[best]
-            if row.method_value is not None:
-                row.relative_gain = gain(row.method_value, baselines[best], lower)
+    for k, v in headline_values(report, head).items():
+        setattr(row, k, v)
     return row
 
 

@@ -24,6 +24,7 @@ from pipelines.core.runner import (
     RemoteNodeError,
     RunnerConfigError,
     RunnerConfigHooks,
+    SignalRelay,
     _cpu_outputs,
     load_runner_conf,
     node_gpus,
@@ -187,15 +188,44 @@ def test_inline_backend_is_sequential(monkeypatch):
     assert "ray" not in str(runner)
 
 
+def test_signal_relay_gives_back_the_sigterm_handlers_exception():
+    """Ray's blocking calls turn what a signal handler raises into a bare KeyboardInterrupt; inside the
+    relay the run still ends with kedro run's RunInterrupted (exit 143 "terminated (SIGTERM)", as inline)."""
+    import signal
+
+    from pipelines.cli import RunInterrupted, _on_sigterm
+
+    def ray_like_wait():  # what ray.wait does when a signal arrives while it blocks
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None
+
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        with pytest.raises(KeyboardInterrupt) as bare:
+            ray_like_wait()
+        assert type(bare.value) is KeyboardInterrupt  # without the relay: a Ctrl-C
+        with pytest.raises(RunInterrupted, match=r"terminated \(SIGTERM\)"), SignalRelay():
+            ray_like_wait()
+        assert signal.getsignal(signal.SIGTERM) is _on_sigterm  # the caller's handler is back
+        with pytest.raises(KeyboardInterrupt) as ctrl_c, SignalRelay():
+            raise KeyboardInterrupt()  # a real Ctrl-C stays one
+        assert type(ctrl_c.value) is KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # ----------------------------------------------------------------------------------- local Ray
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    # Workers import the node functions of this test module by name: give them the repo root.
+    # Workers import the node functions of this test module by name: give them the repo root, and this
+    # checkout's package (not whichever one is pip-installed), as the test process has.
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}})
     try:
         yield ray
     finally:

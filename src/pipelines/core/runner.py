@@ -22,7 +22,7 @@ import sys
 import time
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from kedro.framework.hooks import hook_impl
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -356,6 +356,53 @@ def worker_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     return env
 
 
+class SignalRelay:
+    """Gives back what the caller's SIGTERM handler raised while Ray blocked.
+
+    Ray's blocking calls (``ray.wait``, ``ray.get``) check for signals themselves and turn any
+    ``KeyboardInterrupt`` a handler raises (``kedro run``'s ``RunInterrupted`` on SIGTERM) into a bare
+    ``KeyboardInterrupt``: the run would end as a Ctrl-C (exit 130, "interrupted (Ctrl-C)") instead of
+    "terminated (SIGTERM)" (143) as an inline run does. Inside this block the handler's own exception is
+    recorded and re-raised in place of Ray's."""
+
+    def __init__(self, signum: int | None = None) -> None:
+        import signal
+
+        self.signum = signal.SIGTERM if signum is None else signum
+        self.previous: Any = None
+        self.raised: BaseException | None = None
+
+    def __enter__(self) -> Self:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        previous = signal.getsignal(self.signum)
+        if not callable(previous):  # SIG_DFL / SIG_IGN: nothing is raised, nothing to relay
+            return self
+        self.previous = previous
+
+        def relay(signum, frame):
+            try:
+                previous(signum, frame)
+            except BaseException as exc:
+                self.raised = exc
+                raise
+
+        signal.signal(self.signum, relay)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(self.signum, self.previous)
+        if isinstance(exc, KeyboardInterrupt) and self.raised is not None and exc is not self.raised:
+            raise self.raised.with_traceback(None) from None
+        return False
+
+
 # ------------------------------------------------------------------------------------------ runner
 class GPUNodeRunner(OffloadingRunner):
     """Runs ``gpu``-tagged nodes as Ray tasks, everything else (loads, saves, hooks) in the driver.
@@ -411,15 +458,16 @@ class GPUNodeRunner(OffloadingRunner):
             self._logger.info("GPUNodeRunner: no gpu-tagged node; running in this process")
             super()._run(pipeline, catalog, hook_manager, run_id)
             return
-        started = self._connect(cfg)
-        try:
-            remote = self._check_resources(remote, cfg)
-            self._run_with_ray(pipeline, catalog, hook_manager, run_id, remote, cfg)
-        finally:
-            if started:
-                import ray
+        with SignalRelay():  # SIGTERM ends a Ray run as it ends an inline one
+            started = self._connect(cfg)
+            try:
+                remote = self._check_resources(remote, cfg)
+                self._run_with_ray(pipeline, catalog, hook_manager, run_id, remote, cfg)
+            finally:
+                if started:
+                    import ray
 
-                ray.shutdown()
+                    ray.shutdown()
 
     def _connect(self, cfg: RunnerConfig) -> bool:
         """Join or start Ray; True if this runner started (and so must stop) it."""

@@ -79,7 +79,8 @@ def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> dict
 
 
 def check_request(names: list[str], env: str | None, conf_source: str | None) -> None:
-    """Refuse, in one line and before anything is created, an unknown pipeline or env."""
+    """Refuse, in one line and before anything is created, an unknown pipeline or env, or an env whose
+    config files are not all valid YAML (``<file>:<line>:<col>: <problem>``)."""
     from pipelines.core.registry import discover_methods
     from pipelines.core.runctx import project_root
 
@@ -92,6 +93,11 @@ def check_request(names: list[str], env: str | None, conf_source: str | None) ->
         if not (conf / env).is_dir():
             envs = sorted(p.name for p in conf.iterdir() if p.is_dir()) if conf.is_dir() else []
             raise click.ClickException(f"env '{env}' not found: no folder {conf / env} (envs: {', '.join(envs)})")
+    # a config file that is not valid YAML: its file, line and column in one line, before anything runs
+    from pipelines.core.config import CONFIG_LOADER_ARGS, check_config_files
+
+    check_config_files(Path(conf_source) if conf_source else project_root() / settings.CONF_SOURCE, env,
+                       CONFIG_LOADER_ARGS["base_env"], CONFIG_LOADER_ARGS["default_run_env"])
 
 
 def validate_params(names: list[str], raw: dict[str, dict] | None = None) -> None:

@@ -466,3 +466,41 @@ def test_variant_node_trains_decodes_and_timing_is_interleaved():
     est = ratio_ci(a, b)
     assert m["ratio.tokens_per_sec_count.wedlm_vs_ar"] == pytest.approx(est.ratio)
     assert m["ratio.tokens_per_sec_count.wedlm_vs_ar.ci_high"] == pytest.approx(est.ci_high)
+
+
+def test_own_data_builds_no_synthetic_chain(tmp_path, monkeypatch):
+    """`source: file` (the --env=full default) reads the user's rows and builds no Markov chain: at
+    n_symbols = 32,000 that chain alone is 8 GB, and the run was killed at 23.8 GB before reading the
+    files. Training and decoding run without it (markov rows have no true NLL)."""
+    import tracemalloc
+
+    import pipelines.wedlm.data as data
+    from pipelines.wedlm.train import train_model
+
+    def no_chain(*a, **k):
+        raise AssertionError("own-data run built the synthetic Markov chain")
+
+    monkeypatch.setattr(data, "markov_chain", no_chain)
+    raw = _tiny_raw()
+    rows = [{"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
+            {"regime": "markov", "prompt": [5, 6], "answer": list(range(12))},
+            {"regime": "reverse", "prompt": list(range(10)), "answer": list(range(9, -1, -1))}]
+    for name in ("train", "test"):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    raw["data"].update(source="file", train_path=str(tmp_path / "train.jsonl"),
+                       test_path=str(tmp_path / "test.jsonl"))
+    big = copy.deepcopy(raw)
+    big["data"]["n_symbols"] = 32000
+    tracemalloc.start()
+    try:
+        test, tasks = data.make_tasks(_params(big))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "chain" not in tasks and len(test) == 3
+    assert peak < 50e6, f"own-data make_tasks allocated {peak / 1e6:.0f} MB"
+    p = _params(raw)
+    test, tasks = data.make_tasks(p)
+    _, log, dec, _ = train_model(tasks, test, p, "wedlm")
+    assert len(log) and dec[dec.regime == "markov"]["nll"].isna().all()
+    assert dec[dec.regime != "markov"]["nll"].isna().all()

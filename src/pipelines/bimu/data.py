@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from pipelines.bimu.params import Params
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.core.training import fit
 
 USER_IMAGES = TableSchema("bimu.user_images", {"label": "int", "split": "str"}, min_rows=20,
@@ -85,7 +85,9 @@ def make_streams(p: Params) -> dict:
     n_classes, d = int(max(ytr.max(), yte.max()) + 1), xtr.shape[1]
     c, a = p.continual, p.active
     if c.n_per_task > len(xtr):
-        raise ValueError(f"bimu.continual.n_per_task: {c.n_per_task} exceeds the {len(xtr)} training images")
+        where = f" of {p.data.user_path}" if p.data.source == "file" else ""
+        raise InputDataError(f"bimu.continual.n_per_task: {c.n_per_task} exceeds the {len(xtr)} training "
+                             f"images{where}; lower it (--params bimu.continual.n_per_task=...) or give more")
     pi = class_weights(n_classes, a.imbalance)
     pool = np.arange(len(xtr))                  # training images the active stream may draw
     encode = None

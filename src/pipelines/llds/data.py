@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
 from pipelines.llds.env import Env, builtin_env, gold_trajectories
 from pipelines.llds.params import Params
 
@@ -110,7 +110,11 @@ def draw_episodes(spec: dict, n: int, gen: torch.Generator, split: str = "train"
         pool = pool & (qs["qtype"] == qtype)
     rows = pool.nonzero()[:, 0]
     if not len(rows):
-        raise ValueError(f"data.questions: no {split} questions of type {qtype}")
+        what = f" of type '{env.qtype_names[qtype]}'" if qtype is not None else ""
+        # the user's table is too small for its split (a DatasetError: the run stops in one line)
+        raise InputDataError(f"dataset 'llds.questions (data.questions_path)': no {split} questions{what}; "
+                             f"give more rows of that type (the test split is a random data.test_fraction "
+                             f"of the questions)")
     pick = rows[torch.randint(len(rows), (n,), generator=gen)]
     return env.episodes_from(qs["subject"][pick], qs["qtype"][pick], env.sample_kb(n, gen), qs["answer"][pick])
 

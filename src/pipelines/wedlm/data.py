@@ -131,13 +131,14 @@ def read_jsonl(path: str, split: str, p: Params, table: pd.DataFrame | None = No
 
 
 def make_tasks(p: Params) -> tuple[pd.DataFrame, dict]:
-    """The test set (one row per item: regime, prompt, answer) and the task tensors (markov chain;
-    with ``source: file`` also the training rows, both files checked before any training)."""
+    """The test set (one row per item: regime, prompt, answer) and the task tensors: with ``source:
+    synthetic`` the Markov chain the items are drawn from; with ``source: file`` the training rows (both
+    files checked before any training) and no chain: nothing synthetic is built for the user's data (an
+    n_symbols² chain is 8 GB at n_symbols = 32,000), so their markov rows have no true NLL."""
     import torch
 
     d = p.data
-    chain = markov_chain(d.n_symbols, d.markov_sigma, d.markov_temperature, d.seed)
-    extra: dict = {"chain": torch.tensor(chain, dtype=torch.float64)}
+    extra: dict = {}
     if d.source == "file":
         tables = {s: jsonl_table(getattr(d, f"{s}_path"), s) for s in ("test", "train")}   # both read, then checked
         test = read_jsonl(d.test_path, "test", p, tables["test"])
@@ -147,6 +148,8 @@ def make_tasks(p: Params) -> tuple[pd.DataFrame, dict]:
             [layout_sequence(r, pr, a, v, d.prompt_len, d.seq_len)
              for r, pr, a in zip(train.regime, train.prompt, train.answer)], dtype=torch.long)
     else:
+        chain = markov_chain(d.n_symbols, d.markov_sigma, d.markov_temperature, d.seed)
+        extra["chain"] = torch.tensor(chain, dtype=torch.float64)
         rng = np.random.default_rng([d.seed, 1])  # the training stream uses the model seeds instead
         frames = []
         for regime in d.regimes:

@@ -77,7 +77,7 @@ def _load(sd: dict, p: Params, dev) -> torch.nn.Module:
     return model.eval()
 
 
-def decode_test(sd: dict, variant: str, seed: int, test: pd.DataFrame, chain: np.ndarray, p: Params,
+def decode_test(sd: dict, variant: str, seed: int, test: pd.DataFrame, chain: np.ndarray | None, p: Params,
                 dev) -> tuple[pd.DataFrame, dict]:
     """Decode the test set (each regime as one batch) with one trained model: every decoder config for
     ``wedlm`` weights (the main variants, the τ frontier, the sweep), greedy AR for ``ar_only``. Returns
@@ -103,7 +103,7 @@ def decode_test(sd: dict, variant: str, seed: int, test: pd.DataFrame, chain: np
                              "processed": r.processed[k], "cached": r.cached[k], "fills": r.fills[k],
                              "out_of_order": r.out_of_order[k],
                              "nll": _markov_nll(list(pr), gen, d.answer_len[regime], chain)
-                             if regime == "markov" else math.nan})
+                             if regime == "markov" and chain is not None else math.nan})
             if cfg["kind"] == "main":
                 traces.setdefault(regime, {})[cfg["variant"]] = r.trace
     return pd.DataFrame(rows), traces
@@ -193,7 +193,7 @@ def _variant_rows(dec: pd.DataFrame, timing: pd.DataFrame, regimes: list[str]) -
             row[f"exact_match_{r}"] = s["exact_match"]
             row[f"tokens_per_forward_{r}"] = s["tokens_per_forward"]
             row[f"forwards_per_token_{r}"] = s["forwards_per_token"]
-            if r == "markov":
+            if r == "markov" and not math.isnan(s["true_nll"]):   # NaN: own data, no generating chain
                 row["true_nll_markov"] = s["true_nll"]
         t = timing[(timing.variant == variant) & (timing.seed == seed)]
         row["tokens_per_sec_cpu"] = t["tokens"].sum() / t["seconds"].sum()
@@ -237,7 +237,9 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
 
     figs = {}
     for r in regimes:
-        metric, ylabel = ("true_nll", "true NLL (nats/token, lower is better)") if r == "markov" else \
+        has_nll = (r == "markov" and "true_nll" in frontier     # own data: no chain, so exact match instead
+                   and frontier.loc[frontier.regime == r, "true_nll"].notna().any())
+        metric, ylabel = ("true_nll", "true NLL (nats/token, lower is better)") if has_nll else \
             ("exact_match", "exact match (%)")
         fig, ax = plt.subplots(figsize=(6, 4.2))
         for dec, style in (("stream", "o-"), ("block", "s--")):
@@ -250,7 +252,7 @@ def _plots(means: dict, frontier: pd.DataFrame, sweep: pd.DataFrame, traces: dic
                             textcoords="offset points")
         for v, mk in (("ar", "k*"), ("ar_only", "kx"), ("wedlm", "r^"), ("wedlm_fast", "gv"), ("blockwise", "bD")):
             if v in means and f"tokens_per_forward_{r}" in means[v]:
-                y = means[v].get("true_nll_markov" if r == "markov" else f"exact_match_{r}")
+                y = means[v].get("true_nll_markov" if has_nll else f"exact_match_{r}")
                 ax.plot(means[v][f"tokens_per_forward_{r}"], y, mk, ms=9, label=v)
         figs[f"frontier_{r}"] = finish(
             fig, ax, 7, xlabel="tokens per forward (higher = faster)", ylabel=ylabel,

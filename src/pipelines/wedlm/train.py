@@ -34,7 +34,7 @@ def _ar_target_mask(x: torch.Tensor, pad: int, prompt_len: int) -> torch.Tensor:
     return ~(left & (x == pad))
 
 
-def batch_sampler(p: Params, chain: np.ndarray, seed: int, objective: str, dev: torch.device,
+def batch_sampler(p: Params, chain: np.ndarray | None, seed: int, objective: str, dev: torch.device,
                   train_rows: torch.Tensor | None = None):
     """``sample_batch(step, gen)`` for core.training.fit. ``gen`` is fit's torch generator (seeded with
     the model seed): it draws the rows of a file dataset and the dual-stream masks; the synthetic
@@ -73,7 +73,7 @@ def _loss(objective: str, ar_weight: float):
     return mixed
 
 
-def train_one(p: Params, chain: np.ndarray, seed: int, objective: str, dev: torch.device,
+def train_one(p: Params, chain: np.ndarray | None, seed: int, objective: str, dev: torch.device,
               train_rows: torch.Tensor | None = None, init_state: dict | None = None,
               desc: str = "wedlm") -> tuple[dict, list[dict]]:
     """Train one model with core.training.fit (AdamW, one-cycle with 10 % warm-up, gradient clipping);
@@ -109,7 +109,7 @@ def train_model(tasks: dict, test: pd.DataFrame, p: Params, variant: str) -> tup
     if variant not in OBJECTIVES:
         raise ValueError(f"unknown wedlm variant {variant!r} (one of {sorted(OBJECTIVES)})")
     seeds = list(p.seeds) if variant == "wedlm" else list(p.train.ar_only_seeds)
-    chain = tasks["chain"].numpy()
+    chain = tasks["chain"].numpy() if "chain" in tasks else None   # None: the user's own data
     rows = tasks.get("train_sequences")
     init = read_user_file(p.model.init_path, key="wedlm.model.init_path", kind="pt") if p.model.init_path else None
     models, logs, decodes, traces = {}, [], [], {}

@@ -257,6 +257,10 @@ def _check_request(root: Path, pipeline: str, env: str | None) -> None:
         raise click.ClickException(f"pipeline '{pipeline}' is not registered; registered: {', '.join(known)}")
     if env and not (root / "conf" / env).is_dir():
         raise click.ClickException(f"env '{env}' not found: no folder {root / 'conf' / env}")
+    from pipelines.core.config import CONFIG_LOADER_ARGS, check_config_files
+
+    # every point would fail on it: the broken file's line, once, before any point starts
+    check_config_files(root / "conf", env, CONFIG_LOADER_ARGS["base_env"], CONFIG_LOADER_ARGS["default_run_env"])
 
 
 @click.command("sweep")

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import ROOT, make_project
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.full_env]
 
 LIMIT_BYTES = 6 << 30      # a quarter of the 24 GB machine of the issue: a data stage is far below it
 TIMEOUT_S = 240        # a data stage still running then (a full-size synthetic corpus) is skipped, said

@@ -4,6 +4,7 @@ table side by side (value and verdict).
 
     python benchmarks/compare_reports.py OLD.report.json NEW.report.json [--rtol 1e-9]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,24 @@ def compare(old: dict, new: dict, rtol: float = 1e-9) -> dict:
     newc = {c["id"]: c for c in new.get("claims", [])}
     for c in old.get("claims", []):
         n = newc.get(c["id"], {})
-        claims.append((c["id"], c.get("value"), c.get("verdict", "holds" if c.get("holds") else "fails"),
-                       n.get("value"), n.get("verdict"), n.get("ci"), n.get("untested_by")))
-    return {"changed": changed, "only_old": only_old, "only_new": only_new, "claims": claims,
-            "n_common": len(set(flat["old"]) & set(flat["new"]))}
+        claims.append(
+            (
+                c["id"],
+                c.get("value"),
+                c.get("verdict", "holds" if c.get("holds") else "fails"),
+                n.get("value"),
+                n.get("verdict"),
+                n.get("ci"),
+                n.get("untested_by"),
+            )
+        )
+    return {
+        "changed": changed,
+        "only_old": only_old,
+        "only_new": only_new,
+        "claims": claims,
+        "n_common": len(set(flat["old"]) & set(flat["new"])),
+    }
 
 
 def _f(x) -> str:
@@ -47,8 +62,10 @@ def _f(x) -> str:
 
 
 def markdown(res: dict) -> str:
-    out = [f"{res['n_common']} values in both; {len(res['changed'])} differ; "
-           f"{len(res['only_old'])} only before; {len(res['only_new'])} only after"]
+    out = [
+        f"{res['n_common']} values in both; {len(res['changed'])} differ; "
+        f"{len(res['only_old'])} only before; {len(res['only_new'])} only after"
+    ]
     for k, a, b in res["changed"][:40]:
         out.append(f"- changed `{k}`: {a!r} → {b!r}")
     if res["only_old"]:

@@ -15,6 +15,7 @@ project copy (its own data/ and MLflow store), `threads: auto`:
 Rounds interleave the conditions (idle, loaded, idle_off, then rotated), so drift hits them alike. Goals:
 loaded ≤ 2.5× idle for each pipeline; idle no more than 5% slower than idle_off.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,14 @@ def make_project(dest: Path) -> Path:
 
 
 def run_once(project: Path, pipeline: str, env: str, condition: str) -> dict:
-    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "PIPELINES_CONCURRENCY",
-                                                                  "PIPELINES_THREADS", "OMP_NUM_THREADS")}
-    environ.update(KEDRO_DISABLE_TELEMETRY="true", MPLBACKEND="Agg",
-                   MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}")
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "PIPELINES_CONCURRENCY", "PIPELINES_THREADS", "OMP_NUM_THREADS")
+    }
+    environ.update(
+        KEDRO_DISABLE_TELEMETRY="true", MPLBACKEND="Agg", MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}"
+    )
     if condition.endswith("_off"):
         environ["OMP_WAIT_POLICY"] = ""
     burners = []
@@ -57,8 +62,13 @@ def run_once(project: Path, pipeline: str, env: str, condition: str) -> dict:
         time.sleep(0.5)
     try:
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-m", "pipelines", "run", "--pipeline", pipeline, "--env", env],
-                             cwd=project, env=environ, capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-m", "pipelines", "run", "--pipeline", pipeline, "--env", env],
+            cwd=project,
+            env=environ,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - t0
     finally:
         for b in burners:
@@ -69,8 +79,13 @@ def run_once(project: Path, pipeline: str, env: str, condition: str) -> dict:
         raise SystemExit(f"{pipeline} ({condition}) failed: {' | '.join(tail)}")
     reports = sorted((project / "data" / "08_reporting" / pipeline / "report.json").glob("*/report.json"))
     rep = json.loads(reports[-1].read_text())
-    return {"pipeline": pipeline, "condition": condition, "wall_s": wall,
-            "threads": rep.get("threads"), "omp_wait_policy": rep.get("omp_wait_policy")}
+    return {
+        "pipeline": pipeline,
+        "condition": condition,
+        "wall_s": wall,
+        "threads": rep.get("threads"),
+        "omp_wait_policy": rep.get("omp_wait_policy"),
+    }
 
 
 def summarise(rows: list[dict], pipelines: list[str], conditions=CONDITIONS) -> tuple[str, list[dict]]:
@@ -79,19 +94,27 @@ def summarise(rows: list[dict], pipelines: list[str], conditions=CONDITIONS) -> 
     head = [*(f"{c} s" for c in conditions), "loaded / idle", "idle / idle_off", "loaded_off / idle_off"]
     lines = ["| pipeline | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for m in pipelines:
-        med = {c: statistics.median(r["wall_s"] for r in rows if r["pipeline"] == m and r["condition"] == c)
-               for c in conditions}
+        med = {
+            c: statistics.median(r["wall_s"] for r in rows if r["pipeline"] == m and r["condition"] == c)
+            for c in conditions
+        }
 
         def ratio(a: str, b: str) -> float | None:
             return med[a] / med[b] if a in med and b in med else None
 
-        row = {"pipeline": m, **{f"{c}_s": med[c] for c in conditions},
-               "loaded_over_idle": ratio("loaded", "idle"), "idle_over_default": ratio("idle", "idle_off"),
-               "loaded_off_over_idle_off": ratio("loaded_off", "idle_off")}
+        row = {
+            "pipeline": m,
+            **{f"{c}_s": med[c] for c in conditions},
+            "loaded_over_idle": ratio("loaded", "idle"),
+            "idle_over_default": ratio("idle", "idle_off"),
+            "loaded_off_over_idle_off": ratio("loaded_off", "idle_off"),
+        }
         out.append(row)
         cells = [f"{med[c]:.1f}" for c in conditions]
-        cells += [f"{v:.2f}×" if v is not None else "" for v in
-                  (row["loaded_over_idle"], row["idle_over_default"], row["loaded_off_over_idle_off"])]
+        cells += [
+            f"{v:.2f}×" if v is not None else ""
+            for v in (row["loaded_over_idle"], row["idle_over_default"], row["loaded_off_over_idle_off"])
+        ]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines), out
 
@@ -110,19 +133,23 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for m in args.pipelines:
                 conds = tuple(args.conditions)
-                order = conds[r % len(conds):] + conds[:r % len(conds)]
+                order = conds[r % len(conds) :] + conds[: r % len(conds)]
                 for c in order:
                     row = run_once(project, m, args.env, c)
                     rows.append({**row, "round": r})
-                    print(f"round {r} {m:8s} {c:9s} {row['wall_s']:7.1f} s  threads={row['threads']} "
-                          f"omp={row['omp_wait_policy']!r}", flush=True)
+                    print(
+                        f"round {r} {m:8s} {c:9s} {row['wall_s']:7.1f} s  threads={row['threads']} "
+                        f"omp={row['omp_wait_policy']!r}",
+                        flush=True,
+                    )
     table, summary = summarise(rows, args.pipelines, args.conditions)
     print(f"\n{usable_cpus()} usable CPUs, env {args.env}, {args.rounds} round(s), medians:\n")
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"rows": rows, "summary": summary, "env": args.env,
-                                        "cpus": usable_cpus()}, indent=2))
+        args.out.write_text(
+            json.dumps({"rows": rows, "summary": summary, "env": args.env, "cpus": usable_cpus()}, indent=2)
+        )
     return 0
 
 

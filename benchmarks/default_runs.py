@@ -15,6 +15,7 @@ of the whole process tree (PSS, sampled every 0.2 s: the driver plus its workers
 the run. With --out, each report of the first combination is kept as <out>/<m>.report.json and a summary as
 <out>/summary.md / summary.json; --table writes the markdown table between markers in that file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,6 @@ from contention import make_project  # noqa: E402
 
 from pipelines.core.registry import discover_methods
 from pipelines.core.report import claims_table, gates_table
-
 
 RUNNERS = {"pool": [], "sequential": ["--runner", "SequentialRunner"]}
 
@@ -83,12 +83,22 @@ def tree_rss_mb(root_pid: int) -> float:
     return sum(_memory_kb(p) for p in _tree(root_pid)) / 1024
 
 
-def run_default(project: Path, pipeline: str, env: str = "base", runner: str = "pool", threads: str = "auto",
-                condition: str = "idle") -> tuple[dict, dict]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("PIPELINES_CONCURRENCY", "PIPELINES_THREADS",
-                                                                  "OMP_NUM_THREADS")}
-    environ.update(KEDRO_DISABLE_TELEMETRY="true", MPLBACKEND="Agg",
-                   MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}")
+def run_default(
+    project: Path,
+    pipeline: str,
+    env: str = "base",
+    runner: str = "pool",
+    threads: str = "auto",
+    condition: str = "idle",
+) -> tuple[dict, dict]:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PIPELINES_CONCURRENCY", "PIPELINES_THREADS", "OMP_NUM_THREADS")
+    }
+    environ.update(
+        KEDRO_DISABLE_TELEMETRY="true", MPLBACKEND="Agg", MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}"
+    )
     cmd = [sys.executable, "-m", "pipelines", "run", "--pipeline", pipeline, "--env", env, *RUNNERS[runner]]
     if threads != "auto":
         cmd += ["--params", f"{pipeline}.threads={threads}"]
@@ -102,7 +112,7 @@ def run_default(project: Path, pipeline: str, env: str = "base", runner: str = "
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     peak = 0.0
-    ticks: dict[int, int] = {}   # CPU of every process of the tree (workers are not all our children)
+    ticks: dict[int, int] = {}  # CPU of every process of the tree (workers are not all our children)
     try:
         with tempfile.TemporaryFile("w+") as out:
             proc = subprocess.Popen(cmd, cwd=project, env=environ, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -124,31 +134,42 @@ def run_default(project: Path, pipeline: str, env: str = "base", runner: str = "
     # server's children, which nobody here reaps)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     cpu += sum(ticks.values()) / os.sysconf("SC_CLK_TCK")
-    if burners:   # the burners are children too: their CPU is not the run's
+    if burners:  # the burners are children too: their CPU is not the run's
         cpu = float("nan")
     if proc.returncode != 0:
         tail = log.strip().splitlines()[-3:]
         raise RuntimeError(f"{pipeline} ({runner}, {condition}, threads {threads}) failed: {' | '.join(tail)}")
     reports = sorted((project / "data" / "08_reporting" / pipeline / "report.json").glob("*/report.json"))
     rep = json.loads(reports[-1].read_text())
-    row = {"pipeline": pipeline, "runner": runner, "condition": condition, "threads_asked": threads,
-           "wall_s": round(wall, 1), "cpu_s": round(cpu, 1) if cpu == cpu else None,
-           "peak_rss_mb": round(peak, 1), "workers": rep.get("workers"),
-           "threads": rep.get("threads"), "claims_held": rep["claims_held"],
-           "claims_declared": rep["claims_declared"], "load_before": round(load, 2),
-           "verdicts": rep.get("verdicts", {}),
-           "gates_failed": [g["id"] for g in rep.get("gates", []) if not g.get("passed")]}
+    row = {
+        "pipeline": pipeline,
+        "runner": runner,
+        "condition": condition,
+        "threads_asked": threads,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1) if cpu == cpu else None,
+        "peak_rss_mb": round(peak, 1),
+        "workers": rep.get("workers"),
+        "threads": rep.get("threads"),
+        "claims_held": rep["claims_held"],
+        "claims_declared": rep["claims_declared"],
+        "load_before": round(load, 2),
+        "verdicts": rep.get("verdicts", {}),
+        "gates_failed": [g["id"] for g in rep.get("gates", []) if not g.get("passed")],
+    }
     return row, rep
 
 
 def _row_line(r: dict) -> str:
     v = r.get("verdicts", {})
-    return (f"| {r['pipeline']} | {r.get('runner', 'sequential')} | {r.get('condition', 'idle')} | "
-            f"{r.get('threads_asked', 'auto')} | {r['wall_s']} | {r['cpu_s']} | {r.get('peak_rss_mb')} | "
-            f"{r.get('workers')} | {r['threads']} | "
-            f"{r['claims_held']}/{r['claims_declared']} | "
-            + " / ".join(str(v.get(k, 0)) for k in ("holds", "fails", "inconclusive", "untested"))
-            + f" | {', '.join(r.get('gates_failed', [])) or '-'} | {r['load_before']} |")
+    return (
+        f"| {r['pipeline']} | {r.get('runner', 'sequential')} | {r.get('condition', 'idle')} | "
+        f"{r.get('threads_asked', 'auto')} | {r['wall_s']} | {r['cpu_s']} | {r.get('peak_rss_mb')} | "
+        f"{r.get('workers')} | {r['threads']} | "
+        f"{r['claims_held']}/{r['claims_declared']} | "
+        + " / ".join(str(v.get(k, 0)) for k in ("holds", "fails", "inconclusive", "untested"))
+        + f" | {', '.join(r.get('gates_failed', [])) or '-'} | {r['load_before']} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runners", nargs="+", default=["pool"], choices=sorted(RUNNERS))
     ap.add_argument("--conditions", nargs="+", default=["idle"], choices=["idle", "loaded"])
     ap.add_argument("--threads", nargs="+", default=["auto"], help="auto, all, or numbers")
-    ap.add_argument("--table", type=Path, help="write the table into this markdown file, between "
-                    "<!-- default-runs:begin --> and <!-- default-runs:end -->")
+    ap.add_argument(
+        "--table",
+        type=Path,
+        help="write the table into this markdown file, between "
+        "<!-- default-runs:begin --> and <!-- default-runs:end -->",
+    )
     args = ap.parse_args(argv)
     names = args.pipelines or discover_methods()
     rows, failures = [], []
@@ -176,27 +201,39 @@ def main(argv: list[str] | None = None) -> int:
                     print(exc, file=sys.stderr, flush=True)
                     continue
                 rows.append(row)
-                print(f"{m} [{runner}, {condition}, threads {threads}]: {row['wall_s']} s wall, {row['cpu_s']} s CPU, "
-                      f"peak {row['peak_rss_mb']} MB, {row['workers']} workers, {row['claims_held']}/"
-                      f"{row['claims_declared']} claims (load before {row['load_before']:.2f})", flush=True)
+                print(
+                    f"{m} [{runner}, {condition}, threads {threads}]: {row['wall_s']} s wall, {row['cpu_s']} s CPU, "
+                    f"peak {row['peak_rss_mb']} MB, {row['workers']} workers, {row['claims_held']}/"
+                    f"{row['claims_declared']} claims (load before {row['load_before']:.2f})",
+                    flush=True,
+                )
                 if args.out and i == 0:
                     args.out.mkdir(parents=True, exist_ok=True)
                     # how this report was made, for the README block (benchmarks/readme_tables.py)
-                    rep["default_run"] = {"wall_s": row["wall_s"], "cpu_s": row["cpu_s"],
-                                          "load_before": row["load_before"], "runner": runner,
-                                          "peak_rss_mb": row["peak_rss_mb"],
-                                          "usable_cpus": rep.get("usable_cpus"), "date": time.strftime("%Y-%m-%d")}
+                    rep["default_run"] = {
+                        "wall_s": row["wall_s"],
+                        "cpu_s": row["cpu_s"],
+                        "load_before": row["load_before"],
+                        "runner": runner,
+                        "peak_rss_mb": row["peak_rss_mb"],
+                        "usable_cpus": rep.get("usable_cpus"),
+                        "date": time.strftime("%Y-%m-%d"),
+                    }
                     (args.out / f"{m}.report.json").write_text(json.dumps(rep, indent=1))
                     gates = gates_table(rep)
-                    (args.out / f"{m}.claims.md").write_text((gates + "\n\n" if gates else "") + claims_table(rep) + "\n")
-    lines = ["| pipeline | runner | load | threads asked | wall s | CPU s | peak RSS MB | workers | threads used "
-             "| claims held | holds / fails / inconclusive / untested | gates failed | load before |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                    (args.out / f"{m}.claims.md").write_text(
+                        (gates + "\n\n" if gates else "") + claims_table(rep) + "\n"
+                    )
+    lines = [
+        "| pipeline | runner | load | threads asked | wall s | CPU s | peak RSS MB | workers | threads used "
+        "| claims held | holds / fails / inconclusive / untested | gates failed | load before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     lines += [_row_line(r) for r in rows]
     print("\n".join(lines))
     if args.table:
         write_table(args.table, "\n".join(lines))
-    if args.out:   # a partial re-run updates its pipelines' rows and keeps the others'
+    if args.out:  # a partial re-run updates its pipelines' rows and keeps the others'
         summary = args.out / "summary.json"
         kept = json.loads(summary.read_text())["rows"] if summary.is_file() else []
         done = {r["pipeline"] for r in rows}
@@ -212,7 +249,7 @@ def write_table(path: Path, table: str) -> None:
     text = path.read_text() if path.is_file() else ""
     block = f"{begin}\n{table}\n{end}"
     if begin in text and end in text:
-        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)

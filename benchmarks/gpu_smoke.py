@@ -16,6 +16,7 @@ memory; on ``cpu`` it was handed only ``cpu`` and allocated none.
 Writes a markdown table (method, node, device, CUDA MiB, seconds, ok, note) to ``--out`` and prints it;
 exits 1 when a node is not ok. Seconds are wall time on whatever machine ran it: a record, not a claim.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ class _Recorder:
     def __init__(self, method: str, device: str) -> None:
         self.method, self.device = method, device
         self.rows: list[dict] = []
-        self.handed: list[str] = []      # devices core.runtime.get_device returned during the node
+        self.handed: list[str] = []  # devices core.runtime.get_device returned during the node
         self._t0 = 0.0
 
     def wrap_get_device(self) -> None:
@@ -79,8 +80,13 @@ class _Recorder:
         seconds = time.perf_counter() - self._t0
         peak = cuda.max_memory_allocated() if cuda is not None else 0
         handed = sorted(set(self.handed))
-        row = {"method": self.method, "node": node.name, "device": ",".join(handed) or "-",
-               "cuda_mib": round(peak / 2 ** 20, 1), "seconds": round(seconds, 2)}
+        row = {
+            "method": self.method,
+            "node": node.name,
+            "device": ",".join(handed) or "-",
+            "cuda_mib": round(peak / 2**20, 1),
+            "seconds": round(seconds, 2),
+        }
         row["ok"], row["note"] = judge(self.device, handed, peak, error)
         self.rows.append(row)
 
@@ -162,10 +168,19 @@ def run_one(method: str, device: str, env: str, project: Path) -> list[dict]:
     except Exception as exc:  # noqa: BLE001 - reported in the table, one line
         failure = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
     seen = {r["node"] for r in rec.rows}
-    for name in nodes:          # a gpu node that never ran (an upstream node or the run failed first)
+    for name in nodes:  # a gpu node that never ran (an upstream node or the run failed first)
         if name not in seen:
-            rec.rows.append({"method": method, "node": name, "device": "-", "cuda_mib": 0.0, "seconds": 0.0,
-                             "ok": False, "note": f"did not run ({failure or 'not reached'})"})
+            rec.rows.append(
+                {
+                    "method": method,
+                    "node": name,
+                    "device": "-",
+                    "cuda_mib": 0.0,
+                    "seconds": 0.0,
+                    "ok": False,
+                    "note": f"did not run ({failure or 'not reached'})",
+                }
+            )
     return rec.rows
 
 
@@ -187,11 +202,16 @@ def make_project(dest: Path) -> Path:
 
 
 def markdown(rows: list[dict], device: str, env: str) -> str:
-    head = (f"GPU smoke: every `gpu` node at `--env={env}`, asked for `{device}` "
-            f"({sum(r['ok'] for r in rows)} of {len(rows)} ok)\n\n"
-            "| method | node | device | CUDA MiB | seconds | ok | note |\n|---|---|---|---|---|---|---|\n")
-    return head + "".join(f"| {r['method']} | `{r['node']}` | {r['device']} | {r['cuda_mib']:g} | {r['seconds']:g} | "
-                          f"{'yes' if r['ok'] else '**no**'} | {r['note'].replace('|', '/')} |\n" for r in rows)
+    head = (
+        f"GPU smoke: every `gpu` node at `--env={env}`, asked for `{device}` "
+        f"({sum(r['ok'] for r in rows)} of {len(rows)} ok)\n\n"
+        "| method | node | device | CUDA MiB | seconds | ok | note |\n|---|---|---|---|---|---|---|\n"
+    )
+    return head + "".join(
+        f"| {r['method']} | `{r['node']}` | {r['device']} | {r['cuda_mib']:g} | {r['seconds']:g} | "
+        f"{'yes' if r['ok'] else '**no**'} | {r['note'].replace('|', '/')} |\n"
+        for r in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--env", default="test", help="sizes (default: test)")
     ap.add_argument("--methods", default=None, help="comma-separated subset (default: every method)")
-    ap.add_argument("--out", type=Path, default=None, help="markdown table (default: benchmarks/results/"
-                                                            "gpu_smoke_<device>.md)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="markdown table (default: benchmarks/results/gpu_smoke_<device>.md)"
+    )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per method")
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)        # internal: run one method here
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one method here
     ap.add_argument("--project", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or ROOT / "benchmarks" / "results" / f"gpu_smoke_{a.device}.md"
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "true", "MPLBACKEND": "Agg"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("RAY_ADDRESS", None)                 # inline backend: the nodes run in the method's process
+    env.pop("RAY_ADDRESS", None)  # inline backend: the nodes run in the method's process
     if a.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     rows: list[dict] = []
@@ -230,23 +251,57 @@ def main(argv: list[str] | None = None) -> int:
         env["MLFLOW_TRACKING_URI"] = f"sqlite:///{project / 'mlflow.db'}"
         for m in methods:
             js = Path(tmp) / f"{m}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", m, "--device", a.device, "--env", a.env,
-                   "--project", str(project), "--json", str(js)]
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--one",
+                m,
+                "--device",
+                a.device,
+                "--env",
+                a.env,
+                "--project",
+                str(project),
+                "--json",
+                str(js),
+            ]
             try:
-                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout,
-                                     check=False)
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout, check=False)
                 got = json.loads(js.read_text()) if js.exists() else None
                 if got is None:
-                    tail = [ln for ln in (res.stderr or "").splitlines() if ln.strip()][-1:] or [f"exit {res.returncode}"]
-                    got = [{"method": m, "node": "-", "device": "-", "cuda_mib": 0.0, "seconds": 0.0, "ok": False,
-                            "note": tail[0][:200]}]
+                    tail = [ln for ln in (res.stderr or "").splitlines() if ln.strip()][-1:] or [
+                        f"exit {res.returncode}"
+                    ]
+                    got = [
+                        {
+                            "method": m,
+                            "node": "-",
+                            "device": "-",
+                            "cuda_mib": 0.0,
+                            "seconds": 0.0,
+                            "ok": False,
+                            "note": tail[0][:200],
+                        }
+                    ]
             except subprocess.TimeoutExpired:
-                got = [{"method": m, "node": "-", "device": "-", "cuda_mib": 0.0, "seconds": a.timeout, "ok": False,
-                        "note": f"ran past --timeout {a.timeout:g} s"}]
+                got = [
+                    {
+                        "method": m,
+                        "node": "-",
+                        "device": "-",
+                        "cuda_mib": 0.0,
+                        "seconds": a.timeout,
+                        "ok": False,
+                        "note": f"ran past --timeout {a.timeout:g} s",
+                    }
+                ]
             rows += got
             for r in got:
-                print(f"{r['method']:12s} {r['node']:40s} {r['device']:5s} {r['seconds']:8.2f}s "
-                      f"{'ok' if r['ok'] else 'NOT OK ' + r['note']}", flush=True)
+                print(
+                    f"{r['method']:12s} {r['node']:40s} {r['device']:5s} {r['seconds']:8.2f}s "
+                    f"{'ok' if r['ok'] else 'NOT OK ' + r['note']}",
+                    flush=True,
+                )
     table = markdown(rows, a.device, a.env)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table)

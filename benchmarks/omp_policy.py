@@ -11,6 +11,7 @@ Each (policy, load) cell is a fresh process (the policy is read when OpenMP star
   1thread       torch.set_num_threads(1)
 Prints the median and the 90th percentile milliseconds per step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,12 +57,14 @@ def cell(policy: str, loaded: bool, threads: int, steps: int) -> dict:
     env.update(spec)
     burners = []
     if loaded:
-        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                   for _ in range(len(os.sched_getaffinity(0)))]
+        burners = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(os.sched_getaffinity(0)))
+        ]
         time.sleep(0.3)
     try:
-        res = subprocess.run([sys.executable, "-c", CHILD, str(n), str(steps)], env=env, capture_output=True,
-                             text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", CHILD, str(n), str(steps)], env=env, capture_output=True, text=True, check=True
+        )
     finally:
         for b in burners:
             b.kill()
@@ -82,13 +85,18 @@ def main(argv: list[str] | None = None) -> int:
             for policy in POLICIES:
                 res = cell(policy, loaded, args.threads, args.steps)
                 rows.append({"round": r, "policy": policy, "loaded": loaded, **res})
-                print(f"round {r} {'loaded' if loaded else 'idle':6s} {policy:9s} median {res['median_ms']:8.2f} ms"
-                      f"  p90 {res['p90_ms']:8.2f} ms", flush=True)
+                print(
+                    f"round {r} {'loaded' if loaded else 'idle':6s} {policy:9s} median {res['median_ms']:8.2f} ms"
+                    f"  p90 {res['p90_ms']:8.2f} ms",
+                    flush=True,
+                )
     print("\n| policy | idle median ms | loaded median ms | loaded p90 ms |\n|---|---|---|---|")
     for policy in POLICIES:
+
         def med(loaded: bool, key: str = "median_ms") -> float:
             v = sorted(x[key] for x in rows if x["policy"] == policy and x["loaded"] == loaded)
             return v[len(v) // 2]
+
         print(f"| {policy} | {med(False):.2f} | {med(True):.2f} | {med(True, 'p90_ms'):.2f} |")
     if args.out:
         with open(args.out, "w") as f:

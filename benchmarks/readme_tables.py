@@ -6,6 +6,7 @@
 
 A README's prose reads from its table; the table never drifts from the report (a test runs the check).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,25 +37,36 @@ def timing_line(rep: dict) -> str:
     d = rep.get("default_run") or {}
     gates = rep.get("gates") or []
     failed = [g["id"] for g in gates if not g.get("passed")]
-    gate_txt = ("no gates declared" if not gates else
-                f"gate(s) failed: {', '.join(failed)}" if failed else f"all {len(gates)} gate(s) pass")
+    gate_txt = (
+        "no gates declared"
+        if not gates
+        else f"gate(s) failed: {', '.join(failed)}"
+        if failed
+        else f"all {len(gates)} gate(s) pass"
+    )
     threads = f"`threads: {rep.get('threads_setting', 'auto')}` → {rep.get('threads')}"
     if d:
-        how = (f"{d['wall_s']:.1f} s wall, {d['cpu_s']:.1f} s CPU ({threads}) on {d.get('usable_cpus', '?')} cores, "
-               f"load {d['load_before']:.2f} before it, {d['date']}")
+        how = (
+            f"{d['wall_s']:.1f} s wall, {d['cpu_s']:.1f} s CPU ({threads}) on {d.get('usable_cpus', '?')} cores, "
+            f"load {d['load_before']:.2f} before it, {d['date']}"
+        )
     else:
         how = f"pipeline wall {rep.get('wall_seconds', float('nan')):.1f} s ({threads})"
     n = len(rep.get("seeds") or [])
-    return (f"Default run (`python benchmarks/default_runs.py`): {how}; {n} seed(s), 95% t-intervals over seeds; "
-            f"claims: {_counts(rep)}; {gate_txt}.")
+    return (
+        f"Default run (`python benchmarks/default_runs.py`): {how}; {n} seed(s), 95% t-intervals over seeds; "
+        f"claims: {_counts(rep)}; {gate_txt}."
+    )
 
 
 def render(method: str, rep: dict) -> str:
     gates = gates_table(rep)
     body = "\n\n".join(x for x in (gates, claims_table(rep), timing_line(rep)) if x)
-    return (f"{BEGIN} generated from benchmarks/results/default_runs/{method}.report.json by "
-            f"`python benchmarks/readme_tables.py --write`; edit the report's run, not this block -->\n"
-            f"{body}\n{END}")
+    return (
+        f"{BEGIN} generated from benchmarks/results/default_runs/{method}.report.json by "
+        f"`python benchmarks/readme_tables.py --write`; edit the report's run, not this block -->\n"
+        f"{body}\n{END}"
+    )
 
 
 def _replace_tables(text: str, block: str) -> str | None:
@@ -74,7 +86,7 @@ def _replace_tables(text: str, block: str) -> str | None:
             i += 1
         else:
             break
-    return "\n".join(lines[:start] + [block] + lines[end + 1:])
+    return "\n".join(lines[:start] + [block] + lines[end + 1 :])
 
 
 def updated(method: str) -> tuple[Path, str, str]:
@@ -111,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 stale.append(str(readme.relative_to(ROOT)))
     if stale:
-        print("out of date with their default-run report (run `python benchmarks/readme_tables.py --write`): "
-              + ", ".join(stale), file=sys.stderr)
+        print(
+            "out of date with their default-run report (run `python benchmarks/readme_tables.py --write`): "
+            + ", ".join(stale),
+            file=sys.stderr,
+        )
         return 1
     return 0
 

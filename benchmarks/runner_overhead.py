@@ -15,6 +15,7 @@
    give the speedup the scheduling alone allows.
 Never a timed assertion in tests: numbers depend on the machine and on who else uses it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,14 +90,12 @@ def main() -> None:
 
     logging.disable(logging.WARNING)  # Kedro logs every load/save at INFO: keep the timing clean
     one = pipeline([node(trivial, "x", "y", name="train.trivial", tags=["gpu"])])
-    chain = pipeline([node(trivial, f"x{i}", f"x{i + 1}", name=f"train.t{i}", tags=["gpu"])
-                      for i in range(args.chain)])
+    chain = pipeline([node(trivial, f"x{i}", f"x{i + 1}", name=f"train.t{i}", tags=["gpu"]) for i in range(args.chain)])
     inline = GPUNodeRunner(address=None)
     on_ray = GPUNodeRunner(address="local", allow_cpu_fallback=True)
 
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     ray_start = time.perf_counter() - t0
     try:
         cold = _timed_run(on_ray, one, {"x": 0})
@@ -108,8 +107,12 @@ def main() -> None:
         c_ray = statistics.median(_timed_run(on_ray, chain, {"x0": 0}) for _ in range(5))
 
         iters = calibrate_iters(args.heavy_seconds)
-        two = pipeline([node(heavy, ["params:s0", "params:iters"], "h0", name="train.heavy0", tags=["gpu"]),
-                        node(heavy, ["params:s1", "params:iters"], "h1", name="train.heavy1", tags=["gpu"])])
+        two = pipeline(
+            [
+                node(heavy, ["params:s0", "params:iters"], "h0", name="train.heavy0", tags=["gpu"]),
+                node(heavy, ["params:s1", "params:iters"], "h1", name="train.heavy1", tags=["gpu"]),
+            ]
+        )
         values = {"params:s0": 0, "params:s1": 1, "params:iters": iters}
         heavy_cold = _timed_run(on_ray, two, values)
         h_inline = [_timed_run(inline, two, values) for _ in range(args.heavy_repeats)]
@@ -118,8 +121,12 @@ def main() -> None:
             h_ray.append(_timed_run(on_ray, two, values))
             # > 1 means the two tasks ran at the same time (2 = fully overlapped)
             overlap.append(sum(p["seconds"] for p in on_ray.placements.values()) / h_ray[-1])
-        wait2 = pipeline([node(waiting, ["params:s0", "params:w"], "w0", name="train.wait0", tags=["gpu"]),
-                          node(waiting, ["params:s1", "params:w"], "w1", name="train.wait1", tags=["gpu"])])
+        wait2 = pipeline(
+            [
+                node(waiting, ["params:s0", "params:w"], "w0", name="train.wait0", tags=["gpu"]),
+                node(waiting, ["params:s1", "params:w"], "w1", name="train.wait1", tags=["gpu"]),
+            ]
+        )
         wvalues = {"params:s0": 0, "params:s1": 1, "params:w": args.heavy_seconds}
         w_inline = _timed_run(inline, wait2, wvalues)
         w_ray = _timed_run(on_ray, wait2, wvalues)
@@ -128,9 +135,13 @@ def main() -> None:
 
     med_i, med_r = statistics.median(t_inline), statistics.median(t_ray)
     fig = {
-        "ray_version": ray.__version__, "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
-        "ray_start_seconds": round(ray_start, 2), "first_dispatch_cold_seconds": round(cold, 3),
-        "trivial_inline_median_ms": round(1e3 * med_i, 2), "trivial_ray_median_ms": round(1e3 * med_r, 2),
+        "ray_version": ray.__version__,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+        "ray_start_seconds": round(ray_start, 2),
+        "first_dispatch_cold_seconds": round(cold, 3),
+        "trivial_inline_median_ms": round(1e3 * med_i, 2),
+        "trivial_ray_median_ms": round(1e3 * med_r, 2),
         "overhead_per_node_median_ms": round(1e3 * (med_r - med_i), 2),
         "overhead_per_node_p90_ms": round(1e3 * (sorted(t_ray)[int(0.9 * len(t_ray))] - med_i), 2),
         "chain_overhead_per_node_ms": round(1e3 * (c_ray - c_inline) / args.chain, 2),
@@ -147,8 +158,10 @@ def main() -> None:
         print(f"| {k} | {v} |")
     ok_overhead = fig["overhead_per_node_median_ms"] <= 50
     ok_speedup = fig["speedup_two_heavy_nodes"] >= 1.7
-    print(f"\noverhead goal (<= 50 ms): {'met' if ok_overhead else 'NOT met'}; "
-          f"speedup goal (>= 1.7x): {'met' if ok_speedup else 'NOT met'}")
+    print(
+        f"\noverhead goal (<= 50 ms): {'met' if ok_overhead else 'NOT met'}; "
+        f"speedup goal (>= 1.7x): {'met' if ok_speedup else 'NOT met'}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(fig, f, indent=2)

@@ -11,6 +11,7 @@ returns the *same* namespaced pipeline, everything in memory (MemoryDatasets), k
 Each command is a fresh process (what a user waits for); the median of ``--repeats`` runs is reported.
 Not a test: timings on a shared machine are noisy, so nothing here asserts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,11 @@ def platform_project(dest: Path, method: str = METHOD) -> Path:
     (dest / "data").mkdir(exist_ok=True)
     src = ROOT / "src" / "pipelines"
     others = set(discover_methods())
-    shutil.copytree(src, dest / "src" / "pipelines",
-                    ignore=lambda d, names: [n for n in names if n == "__pycache__"
-                                             or (Path(d) == src and n in others)])
+    shutil.copytree(
+        src,
+        dest / "src" / "pipelines",
+        ignore=lambda d, names: [n for n in names if n == "__pycache__" or (Path(d) == src and n in others)],
+    )
     scaffold(method, title="start-up benchmark", root=dest)
     return dest
 
@@ -58,16 +61,19 @@ def bare_project(dest: Path, method: str = METHOD) -> Path:
     (dest / "conf" / "local").mkdir(parents=True, exist_ok=True)
     (dest / "pyproject.toml").write_text(
         '[tool.kedro]\npackage_name = "bare_bench"\nproject_name = "bare-bench"\n'
-        'kedro_init_version = "1.7.0"\nsource_dir = "src"\n')
+        'kedro_init_version = "1.7.0"\nsource_dir = "src"\n'
+    )
     (pkg / "__init__.py").write_text("")
     (dest / "conf" / "base" / "catalog.yml").write_text("{}\n")  # everything in memory
     # no plugin hooks: bare Kedro as the floor (kedro-mlflow, kedro-viz's run events, telemetry off)
     (pkg / "settings.py").write_text(
-        'DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow", "kedro-viz", "kedro-telemetry")\n')
+        'DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow", "kedro-viz", "kedro-telemetry")\n'
+    )
     (pkg / "pipeline_registry.py").write_text(
         f"from pipelines.{method}.pipeline import create_pipeline\n\n\n"
         "def register_pipelines():\n    p = create_pipeline()\n"
-        f"    return {{'{method}': p, '__default__': p}}\n")
+        f"    return {{'{method}': p, '__default__': p}}\n"
+    )
     return dest
 
 
@@ -79,8 +85,10 @@ def copy_params(platform: Path, bare: Path, method: str = METHOD) -> None:
     test = yaml.safe_load((platform / "conf" / "test" / f"parameters_{method}.yml").read_text())[method]
 
     def merge(a: dict, b: dict) -> dict:
-        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                        for k, v in b.items()}}
+        return {
+            **a,
+            **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v for k, v in b.items()},
+        }
 
     (bare / "conf" / "base" / "parameters.yml").write_text(yaml.safe_dump({method: merge(base, test)}))
 
@@ -104,8 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         plat = platform_project(Path(tmp) / "platform")
         bare = bare_project(Path(tmp) / "bare")
         copy_params(plat, bare)
-        env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "true", "MPLBACKEND": "Agg",
-               "PYTHONPATH": str(plat / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {
+            **os.environ,
+            "KEDRO_DISABLE_TELEMETRY": "true",
+            "MPLBACKEND": "Agg",
+            "PYTHONPATH": str(plat / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
         env.pop("MLFLOW_TRACKING_URI", None)  # the platform run uses <copy>/mlflow.db
         cmds = {
             "platform: kedro run --pipeline=m --env=test": ([KEDRO, "run", f"--pipeline={METHOD}", "--env=test"], plat),
@@ -123,11 +135,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'command':50s} {'median s':>9s}  runs")
     for k, v in times.items():
         print(f"{k:50s} {med[k]:9.2f}  {', '.join(f'{x:.2f}' for x in v)}")
-    print(f"{'platform overhead (platform - bare)':50s} {overhead:9.2f}  goal <= 1.50 -> "
-          f"{'met' if overhead <= 1.5 else 'NOT met'}")
+    print(
+        f"{'platform overhead (platform - bare)':50s} {overhead:9.2f}  goal <= 1.50 -> "
+        f"{'met' if overhead <= 1.5 else 'NOT met'}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"runs_s": times, "median_s": med, "overhead_s": overhead,
-                                         "cpus": os.cpu_count(), "load_avg": os.getloadavg()}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "runs_s": times,
+                    "median_s": med,
+                    "overhead_s": overhead,
+                    "cpus": os.cpu_count(),
+                    "load_avg": os.getloadavg(),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

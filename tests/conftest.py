@@ -1,5 +1,6 @@
 """Shared fixtures: a throw-away copy of the project (conf + a link to src) so end-to-end runs write
 their versioned data and their MLflow store (sqlite) under a temporary folder, never into the repo."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ class PipelineRun:
     exit_code: int
     output: str
     tracking_uri: str
-    report_path: Path | None = None          # the newest report version right after this run
+    report_path: Path | None = None  # the newest report version right after this run
 
     @property
     def report(self) -> dict:
@@ -40,8 +41,9 @@ def make_project(dest: Path) -> Path:
     return dest
 
 
-def run_kedro(project: Path, pipeline: str, env: str = "test", extra: list[str] | None = None,
-              tracking_uri: str | None = None) -> PipelineRun:
+def run_kedro(
+    project: Path, pipeline: str, env: str = "test", extra: list[str] | None = None, tracking_uri: str | None = None
+) -> PipelineRun:
     """Invoke the project's ``kedro run`` command in-process from ``project``."""
     from click.testing import CliRunner
     from kedro.framework.startup import bootstrap_project
@@ -54,8 +56,7 @@ def run_kedro(project: Path, pipeline: str, env: str = "test", extra: list[str] 
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:
         bootstrap_project(project)
-        res = CliRunner().invoke(run, ["--pipeline", pipeline, "--env", env, *(extra or [])],
-                                 catch_exceptions=True)
+        res = CliRunner().invoke(run, ["--pipeline", pipeline, "--env", env, *(extra or [])], catch_exceptions=True)
     finally:
         os.chdir(old_cwd)
         if old_uri is None:
@@ -127,5 +128,7 @@ def pytest_collection_finish(session):
 
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_default_dtype() != torch.float32:
-        raise pytest.UsageError("a test module set torch's default dtype at import time; use a fixture that "
-                                "restores it (see tests/methods/test_prism.py)")
+        raise pytest.UsageError(
+            "a test module set torch's default dtype at import time; use a fixture that "
+            "restores it (see tests/methods/test_prism.py)"
+        )

@@ -3,17 +3,21 @@ the checks a run makes before it starts (pipeline and env known, options parse, 
 cross-field rule of every method it names valid, every claim and gate computable). Placeholders are
 filled with a real method (`<method>`, `<slug>`, `<m>`) and one of its variants (`<variant>`).
 The runs themselves are covered by the registry's end-to-end tests; this keeps the docs from drifting."""
+
 from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "src" / "pipelines").glob("*/README.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "src" / "pipelines").glob("*/README.md")),
+]
 FENCE = re.compile(r"```(?:bash|sh|shell|console)?\n(.*?)```", re.S)
 
 
@@ -25,7 +29,7 @@ def documented_commands() -> list[tuple[str, str]]:
                 line = line.strip().removeprefix("$ ")
                 if re.match(r"kedro (run|sweep)\b", line):
                     out.append((str(doc.relative_to(ROOT)), line))
-    seen, unique = set(), []     # the same command in several docs is checked once
+    seen, unique = set(), []  # the same command in several docs is checked once
     for where, line in out:
         key = tuple(_args(line))
         if key not in seen:
@@ -45,7 +49,7 @@ def _args(line: str) -> list[str]:
 
 
 COMMANDS = documented_commands()
-SHOWN_FAILING = {("rankcal.ece.n_bins", "-3")}      # the docs' example of a point that fails
+SHOWN_FAILING = {("rankcal.ece.n_bins", "-3")}  # the docs' example of a point that fails
 
 
 def _raw(names: list[str], env: str | None, params: dict) -> dict[str, dict]:
@@ -73,8 +77,11 @@ def test_the_docs_have_commands():
     assert len(COMMANDS) > 20
 
 
-@pytest.mark.parametrize("where,line", [c for c in COMMANDS if c[1].startswith("kedro run")],
-                         ids=[f"{c[0]}:{c[1][:60]}" for c in COMMANDS if c[1].startswith("kedro run")])
+@pytest.mark.parametrize(
+    "where,line",
+    [c for c in COMMANDS if c[1].startswith("kedro run")],
+    ids=[f"{c[0]}:{c[1][:60]}" for c in COMMANDS if c[1].startswith("kedro run")],
+)
 def test_documented_run_command_passes_the_pre_run_checks(where, line, monkeypatch):
     from pipelines import cli
 
@@ -89,8 +96,11 @@ def test_documented_run_command_passes_the_pre_run_checks(where, line, monkeypat
     cli.validate_params(names, _raw(names, kw.get("env"), kw.get("params") or {}))
 
 
-@pytest.mark.parametrize("where,line", [c for c in COMMANDS if c[1].startswith("kedro sweep") and "--grid" in c[1]],
-                         ids=[f"{c[0]}:{c[1][:60]}" for c in COMMANDS if c[1].startswith("kedro sweep") and "--grid" in c[1]])
+@pytest.mark.parametrize(
+    "where,line",
+    [c for c in COMMANDS if c[1].startswith("kedro sweep") and "--grid" in c[1]],
+    ids=[f"{c[0]}:{c[1][:60]}" for c in COMMANDS if c[1].startswith("kedro sweep") and "--grid" in c[1]],
+)
 def test_documented_sweep_points_pass_the_pre_run_checks(where, line, monkeypatch):
     from pipelines import cli
     from pipelines.core.params import ParameterError
@@ -107,7 +117,7 @@ def test_documented_sweep_points_pass_the_pre_run_checks(where, line, monkeypatc
     for point in expand_grid(grids):
         raw = _raw([pipeline], env, {k: parse_value(v) for k, v in point.items()})
         bad = [k for k, v in point.items() if (k, v) in SHOWN_FAILING]
-        if bad:      # docs/sweeps.md shows how a bad point fails: it must really fail, naming the key
+        if bad:  # docs/sweeps.md shows how a bad point fails: it must really fail, naming the key
             with pytest.raises(ParameterError, match=bad[0]):
                 cli.validate_params([pipeline], raw)
         else:

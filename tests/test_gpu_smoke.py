@@ -1,6 +1,7 @@
 """benchmarks/gpu_smoke.py: the command that runs every ``gpu`` node on one device. On a machine without a
 GPU its ``--device cpu`` path runs here, end to end, on one method at ``--env=test`` sizes: the same
 runner, hook and table as the CUDA run, with the device check reversed."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,19 +18,35 @@ _spec.loader.exec_module(smoke)
 def test_judge_says_where_a_node_ran():
     boom = RuntimeError("CUDA out of memory")
     assert smoke.judge("cuda", ["cuda"], 1024, None) == (True, "")
-    assert smoke.judge("cuda", ["cuda"], 0, None)[0] is False            # handed cuda, nothing allocated there
+    assert smoke.judge("cuda", ["cuda"], 0, None)[0] is False  # handed cuda, nothing allocated there
     assert smoke.judge("cuda", ["cpu"], 0, None) == (False, "handed cpu, not cuda")
     assert smoke.judge("cpu", ["cpu"], 0, None) == (True, "")
     assert smoke.judge("cpu", ["cpu", "cuda"], 10, None)[0] is False
-    assert smoke.judge("cpu", [], 0, None)[0] is False                   # never asked core.runtime for a device
+    assert smoke.judge("cpu", [], 0, None)[0] is False  # never asked core.runtime for a device
     assert smoke.judge("cuda", ["cuda"], 10, boom) == (False, "RuntimeError: CUDA out of memory")
 
 
 def test_markdown_table_has_one_row_per_node():
-    rows = [{"method": "m", "node": "m.train.a", "device": "cuda", "cuda_mib": 12.5, "seconds": 1.25, "ok": True,
-             "note": ""},
-            {"method": "m", "node": "m.train.b", "device": "cpu", "cuda_mib": 0.0, "seconds": 0.5, "ok": False,
-             "note": "handed cpu, not cuda"}]
+    rows = [
+        {
+            "method": "m",
+            "node": "m.train.a",
+            "device": "cuda",
+            "cuda_mib": 12.5,
+            "seconds": 1.25,
+            "ok": True,
+            "note": "",
+        },
+        {
+            "method": "m",
+            "node": "m.train.b",
+            "device": "cpu",
+            "cuda_mib": 0.0,
+            "seconds": 0.5,
+            "ok": False,
+            "note": "handed cpu, not cuda",
+        },
+    ]
     text = smoke.markdown(rows, "cuda", "test")
     assert "1 of 2 ok" in text
     assert "| m | `m.train.a` | cuda | 12.5 | 1.25 | yes |  |" in text

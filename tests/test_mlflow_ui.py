@@ -3,6 +3,7 @@
 the experiment opens on its runs (not on GenAI traces) with the parent run named ``<pipeline> · <env> ·
 <save version>``, the headline metric shows as a column, the parent run and one child run per variant
 are listed, and Compare shows the variants' metrics. Screenshots go to test-artifacts/."""
+
 from __future__ import annotations
 
 import os
@@ -23,13 +24,23 @@ from tests.test_notebook import PIPELINE, tess_store
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 
 
 def chromium_path() -> str | None:
-    candidates = [os.environ.get("CHROMIUM_PATH"), "/usr/bin/chromium",
-                  *(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))]
+    candidates = [
+        os.environ.get("CHROMIUM_PATH"),
+        "/usr/bin/chromium",
+        *(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")),
+    ]
     return next((c for c in candidates if c and Path(c).is_file() and os.access(c, os.X_OK)), None)
 
 
@@ -71,9 +82,27 @@ def mlflow_server(e2e_project, browser_path):
     log = (e2e_project / f"mlflow_server_{port}.log").open("w")
     # one worker: uvicorn's multi-worker supervisor kills slow-starting workers on a busy machine
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--default-artifact-root",
-         (e2e_project / "mlartifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=e2e_project, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            uri,
+            "--default-artifact-root",
+            (e2e_project / "mlartifacts").as_uri(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=e2e_project,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc, timeout_s=180)
@@ -143,8 +172,9 @@ def test_runs_listed_and_compare_shows_variant_metrics(mlflow_server, browser_pa
             page.goto(f"{base}/#/experiments/{exp_id}/runs", wait_until="load")
             parent_link.wait_for()
             # expand the parent: one child run per variant, named after the variant
-            page.locator(f'[role=row]:has(a[href$="/runs/{pid}"]) '
-                         'button[data-component-id*="runnamecellrenderer"]').click()
+            page.locator(
+                f'[role=row]:has(a[href$="/runs/{pid}"]) button[data-component-id*="runnamecellrenderer"]'
+            ).click()
             for rid, name in variants.items():
                 link = page.locator(f'a[href$="/runs/{rid}"]')
                 link.wait_for()

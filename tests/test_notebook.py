@@ -1,5 +1,6 @@
 """notebooks/compare_runs.ipynb runs top to bottom against the sqlite store of a TESS ``--env=test`` run
 (nbclient, a real kernel), and is committed without outputs."""
+
 from __future__ import annotations
 
 import ast
@@ -56,8 +57,9 @@ def test_notebook_runs_top_to_bottom_against_a_test_store(e2e_project, monkeypat
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    )
     try:
         client.execute()  # raises CellExecutionError naming the failing cell
     finally:
@@ -93,8 +95,9 @@ def test_notebook_runs_for_every_method(e2e_project, test_env_run, monkeypatch):
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    )
     failed = {}
     with client.setup_kernel():
         for m in methods:

@@ -1,5 +1,6 @@
 """Every method README's gates and claims tables equal its committed default-run report
 (`benchmarks/results/default_runs/<m>.report.json`), and the generator is a real round trip."""
+
 import importlib.util
 import json
 from pathlib import Path

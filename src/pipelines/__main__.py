@@ -1,4 +1,5 @@
 """``python -m pipelines`` runs the Kedro CLI from the project root (same as ``kedro``)."""
+
 import os
 import sys
 from pathlib import Path

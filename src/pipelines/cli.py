@@ -2,6 +2,7 @@
 experiment after the pipeline, turns parameter / claim errors into one line), ``kedro registry list``
 (names only, imports nothing), ``kedro method new <name>`` (the scaffold) and ``kedro report log
 <report.json>`` (log a saved report to MLflow later: a run whose tracking server was lost)."""
+
 from __future__ import annotations
 
 import copy
@@ -65,12 +66,16 @@ def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> dict
             raise click.BadParameter(
                 f"'{key}': claims are declared before a run and cannot be overridden on the command line; "
                 f"declare them in conf/<env>/parameters_{parts[0]}.yml and run with --env=<env>",
-                ctx=ctx, param=param)
+                ctx=ctx,
+                param=param,
+            )
         if any(p.isdigit() for p in parts):
             raise click.BadParameter(
                 f"'{key}' addresses one item of a list; give the whole list instead "
-                f"(e.g. {'.'.join(parts[:next(i for i, p in enumerate(parts) if p.isdigit())])}=[...])",
-                ctx=ctx, param=param)
+                f"(e.g. {'.'.join(parts[: next(i for i, p in enumerate(parts) if p.isdigit())])}=[...])",
+                ctx=ctx,
+                param=param,
+            )
         dot_list.append(f"{key}={val}")
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist(dot_list))
@@ -96,8 +101,12 @@ def check_request(names: list[str], env: str | None, conf_source: str | None) ->
     # a config file that is not valid YAML: its file, line and column in one line, before anything runs
     from pipelines.core.config import CONFIG_LOADER_ARGS, check_config_files
 
-    check_config_files(Path(conf_source) if conf_source else project_root() / settings.CONF_SOURCE, env,
-                       CONFIG_LOADER_ARGS["base_env"], CONFIG_LOADER_ARGS["default_run_env"])
+    check_config_files(
+        Path(conf_source) if conf_source else project_root() / settings.CONF_SOURCE,
+        env,
+        CONFIG_LOADER_ARGS["base_env"],
+        CONFIG_LOADER_ARGS["default_run_env"],
+    )
 
 
 def validate_params(names: list[str], raw: dict[str, dict] | None = None) -> None:
@@ -124,7 +133,7 @@ def validate_params(names: list[str], raw: dict[str, dict] | None = None) -> Non
         p = validate(schema, raw[m], m)
         from pipelines.core.registry import has_spec
 
-        if has_spec(m):        # every claim and gate names something this run produces
+        if has_spec(m):  # every claim and gate names something this run produces
             from pipelines.core.spec import load_spec
 
             load_spec(m).check(p)
@@ -147,7 +156,7 @@ def resume_point(context, names: list[str]) -> tuple[str, str | None, list[str]]
     from kedro.framework.project import pipelines as registered
     from kedro.io import AbstractVersionedDataset
 
-    context._pipelines_to_validate = list(names)   # else Kedro validates (and imports) every pipeline
+    context._pipelines_to_validate = list(names)  # else Kedro validates (and imports) every pipeline
     catalog = context.catalog
     versions: dict[str, set[str]] = {}
     datasets: list[str] = []
@@ -178,16 +187,15 @@ def _run(**kw: Any) -> dict[str, Any]:
     from kedro.io import DatasetError
     from kedro.validation.exceptions import ParameterValidationError
 
+    from pipelines.core import tracking
     from pipelines.core.claims import ClaimError
     from pipelines.core.errors import NonFiniteLossError
     from pipelines.core.hooks import end_mlflow_runs
+    from pipelines.core.logs import set_verbose
     from pipelines.core.params import ParameterError
     from pipelines.core.runner import GPUUnavailableError, RunnerConfigError, forget_session
-    from pipelines.core import tracking
 
-    from pipelines.core.logs import set_verbose
-
-    set_verbose(bool(kw.pop("verbose", False)))   # after the plugins' imports, which set their own levels
+    set_verbose(bool(kw.pop("verbose", False)))  # after the plugins' imports, which set their own levels
     pipeline, pipelines = kw.pop("pipeline"), kw.pop("pipelines")
     if pipeline and pipelines:
         raise KedroCliError("Options '--pipeline' and '--pipelines' cannot be used together")
@@ -206,7 +214,9 @@ def _run(**kw: Any) -> dict[str, Any]:
     runctx.set_run_config(create_kwargs["env"], create_kwargs["conf_source"], params)
     run_kwargs = {
         "tags": tuple(kw.pop("tags")),
-        "node_names": tuple(kw.pop("node_names")), "pipeline_names": names, **kw,
+        "node_names": tuple(kw.pop("node_names")),
+        "pipeline_names": names,
+        **kw,
     }
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
@@ -221,21 +231,30 @@ def _run(**kw: Any) -> dict[str, Any]:
             if run_kwargs.get("only_missing_outputs"):
                 state, version, versioned = resume_point(session.load_context(), names)
                 if state == "finished":
-                    click.echo(f"Nothing to resume: the newest run of {'+'.join(names)} ({version}) finished; "
-                               f"nothing was run (without --only-missing-outputs it runs again)", err=True)
+                    click.echo(
+                        f"Nothing to resume: the newest run of {'+'.join(names)} ({version}) finished; "
+                        f"nothing was run (without --only-missing-outputs it runs again)",
+                        err=True,
+                    )
                     return {}
                 if state == "unfinished":
                     # finish the killed run: its save version, every versioned dataset pinned to it
                     click.echo(f"Resuming run {version}: nodes whose outputs it saved are skipped", err=True)
                     session._store["session_id"] = version
                     session.session_id = version
-                    run_kwargs["load_versions"] = {**{d: version for d in versioned},
-                                                   **(run_kwargs.get("load_versions") or {})}
-                    runctx.set_resume(version, tracking.guarded(
-                        "the resumed run's id", tracking.find_parent_run, uri, runctx.experiment_name(), version))
+                    run_kwargs["load_versions"] = {
+                        **{d: version for d in versioned},
+                        **(run_kwargs.get("load_versions") or {}),
+                    }
+                    runctx.set_resume(
+                        version,
+                        tracking.guarded(
+                            "the resumed run's id", tracking.find_parent_run, uri, runctx.experiment_name(), version
+                        ),
+                    )
             result = session.run(runner=runner_cls(**runner_kwargs), **run_kwargs)
         line = tracking.summary_line()
-        if line:       # the results are saved; what the lost tracking server did not get, in one line
+        if line:  # the results are saved; what the lost tracking server did not get, in one line
             raise click.ClickException(line)
         return result
     except KeyboardInterrupt as exc:
@@ -243,8 +262,14 @@ def _run(**kw: Any) -> dict[str, Any]:
         why = str(exc) or "interrupted (Ctrl-C)"
         click.echo(f"Error: run {why}; its MLflow run is marked KILLED", err=True)
         raise SystemExit(143 if isinstance(exc, RunInterrupted) else 130) from None
-    except (ParameterError, ClaimError, NonFiniteLossError, DatasetError, GPUUnavailableError,
-            RunnerConfigError) as exc:
+    except (
+        ParameterError,
+        ClaimError,
+        NonFiniteLossError,
+        DatasetError,
+        GPUUnavailableError,
+        RunnerConfigError,
+    ) as exc:
         end_mlflow_runs("FAILED")
         raise click.ClickException(str(exc)) from None
     except ParameterValidationError as exc:  # Kedro's own check, should ours ever let something through
@@ -254,7 +279,7 @@ def _run(**kw: Any) -> dict[str, Any]:
         end_mlflow_runs("FAILED")
         raise
     finally:
-        forget_session()   # a failed before_pipeline_run skips the runner hooks' own clean-up
+        forget_session()  # a failed before_pipeline_run skips the runner hooks' own clean-up
         # this run's env and --params must not shape pipelines built later in the same process
         # (a notebook, a test session): the next create_pipeline() reads the project's defaults again
         runctx.set_run_config(None, None, {})
@@ -277,15 +302,25 @@ def _run_params() -> list[click.Parameter]:
             p = copy.copy(p)
             p.callback = split_params
         out.append(p)
-    out.append(click.Option(["-v", "--verbose"], is_flag=True, default=False,
-                            help="Also log every dataset load and save, each node's signature and the "
-                                 "plugins' INFO lines (default output is a progress report)."))
+    out.append(
+        click.Option(
+            ["-v", "--verbose"],
+            is_flag=True,
+            default=False,
+            help="Also log every dataset load and save, each node's signature and the "
+            "plugins' INFO lines (default output is a progress report).",
+        )
+    )
     return out
 
 
-run = click.Command("run", params=_run_params(), callback=_run,
-                    help="Run a pipeline: `kedro run --pipeline=<method> [--env=test|full]`. "
-                         "Without --pipeline it runs the flagship (tess).")
+run = click.Command(
+    "run",
+    params=_run_params(),
+    callback=_run,
+    help="Run a pipeline: `kedro run --pipeline=<method> [--env=test|full]`. "
+    "Without --pipeline it runs the flagship (tess).",
+)
 cli.add_command(run)
 
 
@@ -324,12 +359,17 @@ def report_group() -> None:
 
 
 @report_group.command("log")
-@click.argument("paths", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--experiment", default=None,
-              help="MLflow experiment (default: $MLFLOW_EXPERIMENT_NAME, else the report's pipeline).")
-@click.option("--tracking-uri", default=None,
-              help="Store to log to (default: $MLFLOW_TRACKING_URI, else <project root>/mlflow.db).")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--experiment",
+    default=None,
+    help="MLflow experiment (default: $MLFLOW_EXPERIMENT_NAME, else the report's pipeline).",
+)
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="Store to log to (default: $MLFLOW_TRACKING_URI, else <project root>/mlflow.db).",
+)
 def report_log(paths: tuple[Path, ...], experiment: str | None, tracking_uri: str | None) -> None:
     """Log saved reports (data/08_reporting/<m>/report.json/<version>/report.json) to MLflow: each as a
     parent run with one child run per variant, its parameters and its plots. For a run whose tracking
@@ -346,8 +386,10 @@ def report_log(paths: tuple[Path, ...], experiment: str | None, tracking_uri: st
             msg = " ".join(str(exc).split())
             raise click.ClickException(f"{path}: not logged to {uri}: {msg[:300]}") from None
         ended = f"; ended its earlier run {', '.join(done['ended'])} FAILED" if done["ended"] else ""
-        click.echo(f"{path}: logged to MLflow run {done['run_id']} (experiment {done['experiment']}, {uri}): "
-                   f"{done['variants']} variant runs, {done['params']} parameters, {done['plots']} plots{ended}")
+        click.echo(
+            f"{path}: logged to MLflow run {done['run_id']} (experiment {done['experiment']}, {uri}): "
+            f"{done['variants']} variant runs, {done['params']} parameters, {done['plots']} plots{ended}"
+        )
 
 
 @cli.group()

@@ -1,4 +1,5 @@
 """Project pipelines: every method sub-package with a ``pipeline.py``, imported only when asked for."""
+
 from pipelines.core.registry import LazyPipelines
 
 

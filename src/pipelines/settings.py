@@ -1,7 +1,8 @@
 """Kedro project settings: hooks, config loader, the MLflow resolvers."""
-from pipelines.core import config as _config
+
 from kedro.framework.session import KedroSession
 
+from pipelines.core import config as _config
 from pipelines.core.hooks import PlatformHooks
 from pipelines.core.pool import ThreadRecordHooks
 from pipelines.core.progress import ProgressHooks

@@ -7,6 +7,7 @@ its database ``mlflow``, started again when a test left it killed. :class:`Mlflo
 started again over the same database, at the same URL (the fault tests kill it mid-run). Without the
 PostgreSQL binaries (``.ci/install_postgres.sh``) or psycopg2 (the dev extra) the tests that use them skip,
 saying which is missing."""
+
 from __future__ import annotations
 
 import glob
@@ -32,8 +33,10 @@ def free_port() -> int:
 
 def postgres_bin() -> Path | None:
     """The newest /usr/lib/postgresql/<major>/bin holding initdb and pg_ctl (Debian's layout)."""
-    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(Path(d).parent.name)
-                  if Path(d).parent.name.isdigit() else 0)
+    dirs = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda d: int(Path(d).parent.name) if Path(d).parent.name.isdigit() else 0,
+    )
     for d in reversed(dirs):
         if all(os.access(Path(d) / b, os.X_OK) for b in ("initdb", "pg_ctl", "createdb")):
             return Path(d)
@@ -45,10 +48,10 @@ class PostgresCluster:
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
-        self.root = Path(tempfile.mkdtemp(prefix="pg-mlflow-"))   # not under pytest's 0700 root-owned tree
+        self.root = Path(tempfile.mkdtemp(prefix="pg-mlflow-"))  # not under pytest's 0700 root-owned tree
         self.data, self.port, self.user = self.root / "data", free_port(), "postgres"
         self.as_user: list[str] = []
-        if os.geteuid() == 0:                # initdb refuses root: run the cluster as `postgres`
+        if os.geteuid() == 0:  # initdb refuses root: run the cluster as `postgres`
             if shutil.which("runuser") is None:
                 raise RuntimeError("running as root and runuser is missing")
             shutil.chown(self.root, user="postgres")
@@ -57,15 +60,28 @@ class PostgresCluster:
     def _run(self, *cmd: str) -> None:
         res = subprocess.run([*self.as_user, *cmd], capture_output=True, text=True, timeout=120, check=False)
         if res.returncode != 0:
-            raise RuntimeError(f"{Path(cmd[0]).name} failed ({res.returncode}): "
-                               f"{' '.join((res.stderr or res.stdout).split())[:300]}")
+            raise RuntimeError(
+                f"{Path(cmd[0]).name} failed ({res.returncode}): {' '.join((res.stderr or res.stdout).split())[:300]}"
+            )
 
     def start(self) -> None:
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust",
-                  "-E", "UTF8", "--no-sync")
+        self._run(
+            str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync"
+        )
         opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c full_page_writes=off"
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "postgres.log"),
-                  "-w", "-t", "60", "-o", opts, "start")
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "postgres.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            opts,
+            "start",
+        )
 
     def create_database(self, name: str) -> str:
         """Create database ``name``; returns its SQLAlchemy URI (mlflow's ``--backend-store-uri``; the driver named:
@@ -75,8 +91,12 @@ class PostgresCluster:
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            subprocess.run([*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                            "stop"], capture_output=True, timeout=60, check=False)
+            subprocess.run(
+                [*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -96,15 +116,33 @@ class MlflowServer:
         log = (self.log_dir / f"mlflow_server_{self.port}_{self.starts}.log").open("w")
         # one worker: uvicorn's multi-worker supervisor kills slow-starting workers on a busy machine
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
-             "--artifacts-destination", self.artifacts.as_uri(), "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                self.backend,
+                "--artifacts-destination",
+                self.artifacts.as_uri(),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}: "
-                                   f"{' '.join(Path(log.name).read_text().split()[-40:])}")
+                raise RuntimeError(
+                    f"mlflow server exited with {self.proc.returncode}: "
+                    f"{' '.join(Path(log.name).read_text().split()[-40:])}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:

@@ -1,4 +1,5 @@
 """The claims evaluator: holds / does not hold / missing metric (an error) / NaN never holds."""
+
 import math
 
 import pytest
@@ -13,11 +14,21 @@ def claim(metric, op, threshold, id="c"):
     return {"id": id, "text": "t", "metric": metric, "op": op, "threshold": threshold}
 
 
-@pytest.mark.parametrize("op,threshold,holds", [(">=", 0.375, True), (">", 0.375, False), ("<=", 0.375, True),
-                                                ("<", 0.375, False), (">=", 0.5, False), ("<", 0.5, True)])
+@pytest.mark.parametrize(
+    "op,threshold,holds",
+    [
+        (">=", 0.375, True),
+        (">", 0.375, False),
+        ("<=", 0.375, True),
+        ("<", 0.375, False),
+        (">=", 0.5, False),
+        ("<", 0.5, True),
+    ],
+)
 def test_ops_on_derived_metric(op, threshold, holds):
-    [c] = evaluate_claims([claim("relative_gain.test_mse.tess_vs_patchtst", op, threshold)],
-                          flat_metrics(VARIANTS, METRICS))
+    [c] = evaluate_claims(
+        [claim("relative_gain.test_mse.tess_vs_patchtst", op, threshold)], flat_metrics(VARIANTS, METRICS)
+    )
     assert c["holds"] is holds and c["value"] == 0.375 and c["threshold"] == threshold
 
 

@@ -1,5 +1,6 @@
 """A config file that is not valid YAML is named in one line, ``<file>:<line>:<col>: <problem>``: by
 ``kedro run`` and ``kedro sweep`` before anything starts (no MLflow run), and by the project's config loader."""
+
 from __future__ import annotations
 
 import os
@@ -28,14 +29,17 @@ def _no_mlflow_run(project: Path) -> None:
             assert con.execute("select count(*) from runs").fetchone()[0] == 0
 
 
-@pytest.mark.parametrize("rel, text", [
-    # an unclosed flow list in the env's parameters: the parser stops on the next line
-    ("test/parameters_mesa.yml", "mesa_extra:\n  a: [1, 2\n  b: 3\n"),
-    # a tab where YAML wants spaces, in conf/base's catalog
-    ("base/catalog.yml", "\nbroken:\n\ttype: x\n"),
-    # a key given twice (OmegaConf refuses duplicates)
-    ("test/runner.yml", "\ndup_key: 1\ndup_key: 2\n"),
-])
+@pytest.mark.parametrize(
+    "rel, text",
+    [
+        # an unclosed flow list in the env's parameters: the parser stops on the next line
+        ("test/parameters_mesa.yml", "mesa_extra:\n  a: [1, 2\n  b: 3\n"),
+        # a tab where YAML wants spaces, in conf/base's catalog
+        ("base/catalog.yml", "\nbroken:\n\ttype: x\n"),
+        # a key given twice (OmegaConf refuses duplicates)
+        ("test/runner.yml", "\ndup_key: 1\ndup_key: 2\n"),
+    ],
+)
 def test_run_names_broken_yaml_in_one_line(tmp_path, rel, text):
     project = make_project(tmp_path / "p")
     path = _break(project, rel, text)
@@ -47,7 +51,7 @@ def test_run_names_broken_yaml_in_one_line(tmp_path, rel, text):
     m = LINE.match(lines[0])
     assert m, lines[0]
     assert Path(m["file"]).resolve() == path.resolve()
-    assert n_lines - 3 <= int(m["line"]) <= n_lines + 1 and int(m["col"]) >= 1   # 1-based, near the edit
+    assert n_lines - 3 <= int(m["line"]) <= n_lines + 1 and int(m["col"]) >= 1  # 1-based, near the edit
     assert "Traceback" not in res.output
     _no_mlflow_run(project)
 

@@ -1,6 +1,7 @@
 """docker/: the compose file is valid (compose-spec schema; `docker compose config` where the client has
 the compose plugin), the Dockerfiles lint clean (hadolint), secrets come only from a git-ignored env
 file with a committed example, and the images pin the versions pyproject.toml asks for."""
+
 from __future__ import annotations
 
 import re
@@ -49,8 +50,9 @@ def test_compose_matches_the_compose_spec():
     exe = _tool("check-jsonschema")
     if exe is None:
         pytest.skip("check-jsonschema is not installed (pip install check-jsonschema)")
-    res = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -60,10 +62,17 @@ def test_docker_compose_config_resolves():
         pytest.skip("no docker client on this machine")
     probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
-        pytest.skip("the docker client has no compose plugin ("
-                    + ((probe.stderr or probe.stdout).strip().splitlines() or ["?"])[0][:100] + ")")
-    res = subprocess.run([docker, "compose", "-f", str(COMPOSE), "--env-file", str(DOCKER / ".env.example"),
-                          "config", "--quiet"], capture_output=True, text=True, timeout=120)
+        pytest.skip(
+            "the docker client has no compose plugin ("
+            + ((probe.stderr or probe.stdout).strip().splitlines() or ["?"])[0][:100]
+            + ")"
+        )
+    res = subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE), "--env-file", str(DOCKER / ".env.example"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -81,7 +90,7 @@ def test_stack_has_the_services_it_promises(compose):
     assert SERVICES <= set(services)
     mlflow_cmd = " ".join(services["mlflow"]["command"])
     assert "postgresql+psycopg2://" in mlflow_cmd and "@postgres:5432/" in mlflow_cmd
-    assert "--artifacts-destination \"s3://" in mlflow_cmd and "--serve-artifacts" in mlflow_cmd
+    assert '--artifacts-destination "s3://' in mlflow_cmd and "--serve-artifacts" in mlflow_cmd
     assert services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
     gpu = services["ray-gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["driver"] == "nvidia" and gpu["capabilities"] == ["gpu"]
@@ -96,8 +105,11 @@ def test_stack_has_the_services_it_promises(compose):
 def test_secrets_come_from_a_git_ignored_env_file(compose):
     text = COMPOSE.read_text()
     used = set(re.findall(r"(?<!\$)\$\{([A-Z0-9_]+)", text))  # $${X} is the container's own
-    example = dict(line.split("=", 1) for line in (DOCKER / ".env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))
+    example = dict(
+        line.split("=", 1)
+        for line in (DOCKER / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     from_shell = {"GIT_COMMIT"}  # set per build from the shell, not a setting of the stack
     missing = used - from_shell - set(example)
     assert not missing, f"not in .env.example: {sorted(missing)}"
@@ -130,4 +142,4 @@ def test_images_pin_what_pyproject_asks_for():
     assert re.search(r"ARG CUDA_IMAGE=nvidia/cuda:\S+", text)
     assert re.search(r"ARG TORCH_INDEX=https://download.pytorch.org/whl/cu\d+", text)
     assert text.index('"torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"') < text.index('".[gpu]"')
-    assert "kedro\", \"run\"" in cpu.read_text()
+    assert 'kedro", "run"' in cpu.read_text()

@@ -1,5 +1,6 @@
 """The import contracts in pyproject.toml (checked by `lint-imports` in .ci/run) name every registered method,
 and the public API (pipelines.core.api) resolves every name it lists, lazily."""
+
 from __future__ import annotations
 
 import subprocess
@@ -31,8 +32,10 @@ def test_api_names_resolve_and_load_lazily():
 
     for name in api.__all__:
         assert getattr(api, name) is not None, name
-    code = ("import sys; from pipelines.core.api import MethodParams, Method, TableSchema; "
-            "import pipelines.credal_dro.params; print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    code = (
+        "import sys; from pipelines.core.api import MethodParams, Method, TableSchema; "
+        "import pipelines.credal_dro.params; print('torch' in sys.modules, 'matplotlib' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], out.stdout
 

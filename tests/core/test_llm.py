@@ -1,4 +1,5 @@
 """core.llm: the OpenAI-compatible client against a stub server on 127.0.0.1; cache and errors."""
+
 import json
 
 import pytest
@@ -14,7 +15,7 @@ def test_chat_roundtrip_cache_and_offline_replay(tmp_path):
         assert c.texts([{"role": "user", "content": "hi"}], n=2, temperature=0.7) == ["echo hi", "echo hi"]
         assert c.calls == 1 and c.cache_hits == 1
         assert s.requests[0]["model"] == "m1" and s.requests[0]["n"] == 2
-        c.texts([{"role": "user", "content": "hi"}], n=2, temperature=0.0)   # another body: another request
+        c.texts([{"role": "user", "content": "hi"}], n=2, temperature=0.0)  # another body: another request
         assert c.calls == 2
     rows = [json.loads(line) for line in cache.read_text().splitlines()]
     assert len(rows) == 2 and all(r["model"] == "m1" for r in rows)

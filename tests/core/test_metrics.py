@@ -1,6 +1,7 @@
 """core.metrics against independent references: the ECE against a loop-written brute force (near-equal
 scores are ties), the tie-aware argmax, the order-statistic interval against enumerated binomial
 coverage, and interleaved timing."""
+
 import itertools
 import math
 
@@ -8,8 +9,15 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from pipelines.core.metrics import (argmax_ties, binned_ece, equal_mass_bins, interleaved_timing, median_ci,
-                                    ratio_ci, snap_ties)
+from pipelines.core.metrics import (
+    argmax_ties,
+    binned_ece,
+    equal_mass_bins,
+    interleaved_timing,
+    median_ci,
+    ratio_ci,
+    snap_ties,
+)
 
 
 def bf_ece(scores, hits, n_bins, tol=1e-9):
@@ -66,7 +74,7 @@ def test_snap_ties_and_argmax_ties():
     assert (snap_ties(x)[[0, 1, 3]] == snap_ties(x)[0]).all() and snap_ties(x)[4] == 0.5
     a = np.array([[0.049999999999999996, 0.05, 0.01], [0.1, 0.3, 0.3 + 1e-16]])
     assert argmax_ties(a).tolist() == [0, 1]
-    assert np.argmax(a, 1).tolist() == [1, 2]   # plain argmax splits the tie
+    assert np.argmax(a, 1).tolist() == [1, 2]  # plain argmax splits the tie
 
 
 def test_median_ci_coverage_is_exact_for_the_chosen_order_statistics():
@@ -74,10 +82,10 @@ def test_median_ci_coverage_is_exact_for_the_chosen_order_statistics():
         x = np.arange(n, dtype=float)
         med, lo, hi = median_ci(x, 0.95)
         assert med == np.median(x)
-        if n < 6:   # too few values for 95%: no interval at all (a claim on it is inconclusive)
+        if n < 6:  # too few values for 95%: no interval at all (a claim on it is inconclusive)
             assert (lo, hi) == (-math.inf, math.inf)
             continue
-        k = int(lo) + 1                      # interval = (x_(k), x_(n-k+1))
+        k = int(lo) + 1  # interval = (x_(k), x_(n-k+1))
         cover = sum(binom.pmf(j, n, 0.5) for j in range(k, n - k + 1))
         assert cover >= 0.95
         cover_narrower = sum(binom.pmf(j, n, 0.5) for j in range(k + 1, n - k))
@@ -96,8 +104,9 @@ def test_ratio_ci_of_paired_rounds():
 
 def test_interleaved_timing_inner_counts_per_function():
     calls = []
-    out = interleaved_timing({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2,
-                             warmup=0, inner={"a": 3})
+    out = interleaved_timing(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2, warmup=0, inner={"a": 3}
+    )
     assert calls.count("a") == 6 and calls.count("b") == 2 and len(out["a"]) == 2
     with pytest.raises(ValueError):
         interleaved_timing({"a": lambda: None}, rounds=1, inner=0)

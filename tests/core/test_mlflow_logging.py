@@ -4,14 +4,22 @@ runs named after their variant and carrying its own parameters and seeds, the he
 gate counts as parent metrics. Unit checks on a sqlite store, a re-logged report, and one ``kedro run
 --env=test`` of a fast method (recm: a ``variants: {name: spec}`` mapping, a top-level ``recm:`` block,
 a headline and gates)."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from pipelines.core.mlflow_logging import (CLASSIC_ML_KIND, EXPERIMENT_KIND_TAG, mark_experiment_kind,
-                                           parent_run_name, unflatten_params, variant_params, variant_seeds)
+from pipelines.core.mlflow_logging import (
+    CLASSIC_ML_KIND,
+    EXPERIMENT_KIND_TAG,
+    mark_experiment_kind,
+    parent_run_name,
+    unflatten_params,
+    variant_params,
+    variant_seeds,
+)
 from pipelines.core.report import build_report
 from tests.conftest import run_kedro
 
@@ -20,20 +28,29 @@ FAST = "recm"
 PARAMS = {
     "seeds": [0, 1, 2],
     "headline": {"metric": "mse", "method": "ours", "lower_is_better": True},
-    "ours": {"alpha": 0.01},                                   # a top-level block named after a variant
+    "ours": {"alpha": 0.01},  # a top-level block named after a variant
     "variants": {"ours": {"kind": "recm", "rule": "two_ema"}, "base": {"kind": "strict"}},
     "variant_seeds": {"base": 1},
-    "gates": [{"id": "base_learns", "text": "t", "metric": "variants.base.mse", "op": "<=", "threshold": 5.0},
-              {"id": "never", "text": "t", "metric": "variants.ours.mse", "op": "<", "threshold": 0.0}],
-    "claims": [{"id": "ours_better", "text": "t", "metric": "variants.ours.mse", "op": "<=", "threshold": 1.5,
-                "requires": []},
-               {"id": "ours_worse", "text": "t", "metric": "variants.ours.mse", "op": ">=", "threshold": 3.0,
-                "requires": []},
-               {"id": "gated", "text": "t", "metric": "variants.ours.mse", "op": "<=", "threshold": 9.0,
-                "requires": ["never"]}],
+    "gates": [
+        {"id": "base_learns", "text": "t", "metric": "variants.base.mse", "op": "<=", "threshold": 5.0},
+        {"id": "never", "text": "t", "metric": "variants.ours.mse", "op": "<", "threshold": 0.0},
+    ],
+    "claims": [
+        {"id": "ours_better", "text": "t", "metric": "variants.ours.mse", "op": "<=", "threshold": 1.5, "requires": []},
+        {"id": "ours_worse", "text": "t", "metric": "variants.ours.mse", "op": ">=", "threshold": 3.0, "requires": []},
+        {
+            "id": "gated",
+            "text": "t",
+            "metric": "variants.ours.mse",
+            "op": "<=",
+            "threshold": 9.0,
+            "requires": ["never"],
+        },
+    ],
 }
-ROWS = [{"variant": "ours", "seed": s, "mse": 1.0 + 0.1 * s} for s in (0, 1, 2)] + \
-       [{"variant": "base", "seed": 0, "mse": 2.0}]
+ROWS = [{"variant": "ours", "seed": s, "mse": 1.0 + 0.1 * s} for s in (0, 1, 2)] + [
+    {"variant": "base", "seed": 0, "mse": 2.0}
+]
 
 
 def _report() -> dict:
@@ -41,8 +58,11 @@ def _report() -> dict:
 
 
 def test_variant_params_are_the_entries_keyed_by_the_variant():
-    assert variant_params(PARAMS, "ours") == {"config.alpha": "0.01", "variants.kind": "recm",
-                                              "variants.rule": "two_ema"}
+    assert variant_params(PARAMS, "ours") == {
+        "config.alpha": "0.01",
+        "variants.kind": "recm",
+        "variants.rule": "two_ema",
+    }
     assert variant_params(PARAMS, "base") == {"variants.kind": "strict", "variant_seeds": "1"}
     # a list of {name: ...} items (losa's variants), a list of names (nothing of their own)
     listed = {"variants": [{"name": "dense", "kind": "dense"}, {"name": "sparse", "kind": "s", "frac": 0.2}]}
@@ -62,8 +82,9 @@ def test_parent_run_name_and_flattened_params_read_back():
     assert parent_run_name("tess", "test", "2026-12-03T06.00.00.000Z") == "tess · test · 2026-12-03T06.00.00.000Z"
     assert parent_run_name("tess", None, None) == "tess · base"
     flat = {"alpha.seeds": "[0, 1]", "alpha.variants.a.kind": "dense", "alpha.n": "3", "alpha.on": "True"}
-    assert unflatten_params(flat) == {"alpha": {"seeds": [0, 1], "variants": {"a": {"kind": "dense"}}, "n": 3,
-                                                "on": True}}
+    assert unflatten_params(flat) == {
+        "alpha": {"seeds": [0, 1], "variants": {"a": {"kind": "dense"}}, "n": 3, "on": True}
+    }
 
 
 @pytest.fixture
@@ -82,8 +103,10 @@ def store(tmp_path):
 
 
 def _children(client, parent):
-    return {r.info.run_name: r for r in client.search_runs(
-        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
+    return {
+        r.info.run_name: r
+        for r in client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    }
 
 
 def test_parent_metrics_and_child_params(store, tmp_path):
@@ -100,7 +123,9 @@ def test_parent_metrics_and_child_params(store, tmp_path):
     client = MlflowClient(store)
     parent = client.get_run(run.info.run_id)
     m = parent.data.metrics
-    assert m["headline.mse"] == pytest.approx(1.1) and m["headline.mse_std"] == pytest.approx(rep["variants_std"]["ours"]["mse"])
+    assert m["headline.mse"] == pytest.approx(1.1) and m["headline.mse_std"] == pytest.approx(
+        rep["variants_std"]["ours"]["mse"]
+    )
     assert m["headline.best_baseline.mse"] == 2.0 and m["headline.relative_gain"] == pytest.approx(0.45)
     assert parent.data.tags["headline"] == "mse of ours (lower is better)"
     assert parent.data.tags["headline.best_baseline"] == "base"
@@ -108,11 +133,21 @@ def test_parent_metrics_and_child_params(store, tmp_path):
     assert (m["claims_held"], m["claims_declared"], m["gates_passed"], m["gates_declared"]) == (1, 3, 1, 2)
     children = _children(client, parent)
     assert set(children) == {"ours", "base"}
-    assert children["ours"].data.params == {"variant": "ours", "seeds": "[0, 1, 2]", "n_seeds": "3",
-                                            "config.alpha": "0.01", "variants.kind": "recm",
-                                            "variants.rule": "two_ema"}
-    assert children["base"].data.params == {"variant": "base", "seeds": "[0]", "n_seeds": "1",
-                                            "variants.kind": "strict", "variant_seeds": "1"}
+    assert children["ours"].data.params == {
+        "variant": "ours",
+        "seeds": "[0, 1, 2]",
+        "n_seeds": "3",
+        "config.alpha": "0.01",
+        "variants.kind": "recm",
+        "variants.rule": "two_ema",
+    }
+    assert children["base"].data.params == {
+        "variant": "base",
+        "seeds": "[0]",
+        "n_seeds": "1",
+        "variants.kind": "strict",
+        "variant_seeds": "1",
+    }
     assert children["base"].data.metrics["mse"] == 2.0
 
 
@@ -152,9 +187,14 @@ def test_relogged_report_is_named_tagged_and_has_variant_params(store, tmp_path)
     folder = tmp_path / "data" / "08_reporting" / "alpha" / "report.json" / rep["save_version"]
     folder.mkdir(parents=True)
     (folder / "report.json").write_text(json.dumps(rep))
-    flat = {"alpha.seeds": "[0, 1, 2]", "alpha.ours.alpha": "0.01", "alpha.variants.ours.kind": "recm",
-            "alpha.variants.ours.rule": "two_ema", "alpha.variants.base.kind": "strict",
-            "alpha.variant_seeds.base": "1"}
+    flat = {
+        "alpha.seeds": "[0, 1, 2]",
+        "alpha.ours.alpha": "0.01",
+        "alpha.variants.ours.kind": "recm",
+        "alpha.variants.ours.rule": "two_ema",
+        "alpha.variants.base.kind": "strict",
+        "alpha.variant_seeds.base": "1",
+    }
     (folder / "params.json").write_text(json.dumps(flat))
     done = relog_report(folder / "report.json", store, "alpha")
     client = MlflowClient(store)
@@ -195,7 +235,9 @@ def test_kedro_run_is_what_the_ui_shows(tmp_path):
         assert m["headline.relative_gain"] == pytest.approx(row.relative_gain)
     assert {k: int(m[f"claims_{k}"]) for k in report["verdicts"]} == report["verdicts"]
     assert m["claims_held"] == report["claims_held"] and m["claims_declared"] == report["claims_declared"]
-    assert m["gates_passed"] == sum(g["passed"] for g in report["gates"]) and m["gates_declared"] == len(report["gates"])
+    assert m["gates_passed"] == sum(g["passed"] for g in report["gates"]) and m["gates_declared"] == len(
+        report["gates"]
+    )
     children = _children(client, parent)
     assert set(children) == set(report["variants"])
     declared = json.loads((res.report_path.parent / "params.json").read_text())
@@ -203,22 +245,23 @@ def test_kedro_run_is_what_the_ui_shows(tmp_path):
         p = child.data.params
         assert p["variant"] == name and p["seeds"] == str(report["seeds"]), name
         assert p["variants.kind"] == declared[f"{FAST}.variants.{name}.kind"], name
-        assert {k for k in p if k.startswith("variants.")} == \
-            {f"variants.{k.split('.', 3)[3]}" for k in declared if k.startswith(f"{FAST}.variants.{name}.")}
+        assert {k for k in p if k.startswith("variants.")} == {
+            f"variants.{k.split('.', 3)[3]}" for k in declared if k.startswith(f"{FAST}.variants.{name}.")
+        }
     assert children[FAST].data.params["config.alpha"] == declared[f"{FAST}.{FAST}.alpha"]
 
 
 def test_a_sweep_creates_its_experiment_as_classic_ml(tmp_path):
-    from pipelines.core.sweep.store import Store
-
     from mlflow.tracking import MlflowClient
+
+    from pipelines.core.sweep.store import Store
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = Store(uri, "sweep_exp", tmp_path)
     assert store.client.get_experiment(store.experiment_id).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML_KIND
-    old = MlflowClient(uri).create_experiment("older")                # made before the platform tagged kinds
+    old = MlflowClient(uri).create_experiment("older")  # made before the platform tagged kinds
     assert EXPERIMENT_KIND_TAG not in MlflowClient(uri).get_experiment(old).tags
-    Store(uri, "older", tmp_path)                                   # tagged before any point starts
+    Store(uri, "older", tmp_path)  # tagged before any point starts
     assert MlflowClient(uri).get_experiment(old).tags[EXPERIMENT_KIND_TAG] == CLASSIC_ML_KIND
 
 
@@ -228,7 +271,7 @@ def test_a_lost_tagging_race_is_no_failure(store):
     client = MlflowClient(store)
     exp = client.create_experiment("raced")
 
-    class Raced:   # another run sets the tag between our read and our write, and our write fails
+    class Raced:  # another run sets the tag between our read and our write, and our write fails
         def get_experiment(self, eid):
             return client.get_experiment(eid)
 

@@ -1,4 +1,5 @@
 """Parameter validation: bad type, missing key, out of range, unknown key → one line naming the key."""
+
 import pytest
 from pydantic import Field
 
@@ -22,20 +23,27 @@ def test_valid_params_parse():
     assert p.model.layers == 2 and p.threads == "auto" and p.claims == []
 
 
-@pytest.mark.parametrize("raw,key,why", [
-    ({**GOOD, "model": {"lr": "fast", "layers": 2}}, "m.model.lr", "valid number"),
-    ({**GOOD, "model": {"lr": 0.1}}, "m.model.layers", "missing key"),
-    ({**GOOD, "model": {"lr": -1.0, "layers": 2}}, "m.model.lr", "greater than 0"),
-    ({**GOOD, "model": {"lr": 0.1, "layers": 2, "layres": 3}}, "m.model.layres", "unknown key"),
-    ({"model": {"lr": 0.1, "layers": 2}}, "m.seeds", "missing key"),
-    ({**GOOD, "claims": [{"id": "x", "text": "t", "metric": "a", "op": "==", "threshold": 1}]}, "m.claims.0.op", ""),
-    # types are strict, and a union's error (threads: auto | int) names the key, not pydantic's tags
-    ({**GOOD, "model": {"lr": 0.1, "layers": True}}, "m.model.layers", "valid integer"),   # true is not 1
-    ({**GOOD, "model": {"lr": 0.1, "layers": "2"}}, "m.model.layers", "valid integer"),    # nor is "2"
-    ({**GOOD, "threads": True}, "m.threads", "'auto'"),
-    ({**GOOD, "threads": 0}, "m.threads", "greater than or equal to 1"),
-    ({**GOOD, "threads": "many"}, "m.threads", "'auto'"),
-])
+@pytest.mark.parametrize(
+    "raw,key,why",
+    [
+        ({**GOOD, "model": {"lr": "fast", "layers": 2}}, "m.model.lr", "valid number"),
+        ({**GOOD, "model": {"lr": 0.1}}, "m.model.layers", "missing key"),
+        ({**GOOD, "model": {"lr": -1.0, "layers": 2}}, "m.model.lr", "greater than 0"),
+        ({**GOOD, "model": {"lr": 0.1, "layers": 2, "layres": 3}}, "m.model.layres", "unknown key"),
+        ({"model": {"lr": 0.1, "layers": 2}}, "m.seeds", "missing key"),
+        (
+            {**GOOD, "claims": [{"id": "x", "text": "t", "metric": "a", "op": "==", "threshold": 1}]},
+            "m.claims.0.op",
+            "",
+        ),
+        # types are strict, and a union's error (threads: auto | int) names the key, not pydantic's tags
+        ({**GOOD, "model": {"lr": 0.1, "layers": True}}, "m.model.layers", "valid integer"),  # true is not 1
+        ({**GOOD, "model": {"lr": 0.1, "layers": "2"}}, "m.model.layers", "valid integer"),  # nor is "2"
+        ({**GOOD, "threads": True}, "m.threads", "'auto'"),
+        ({**GOOD, "threads": 0}, "m.threads", "greater than or equal to 1"),
+        ({**GOOD, "threads": "many"}, "m.threads", "'auto'"),
+    ],
+)
 def test_errors_name_the_key(raw, key, why):
     with pytest.raises(ParameterError) as exc:
         validate(Schema, raw, "m")
@@ -64,10 +72,10 @@ def test_method_params_refuses_a_claim_on_an_unplanned_variant():
     assert ok.planned_variants() == ["a", "b"]
     with pytest.raises(ParameterError, match=r"parameter m: .*claim 'c'.*names variant 'b'"):
         validate(P, {"seeds": [0], "variants": ["a"], "claims": [claim]}, "m")
-    derived = {**claim, "metric": "gain.b_vs_a"}          # derived metrics are the method's to check
+    derived = {**claim, "metric": "gain.b_vs_a"}  # derived metrics are the method's to check
     validate(P, {"seeds": [0], "variants": ["a"], "claims": [derived]}, "m")
 
-    class NoList(MethodParams):                            # no variants list: nothing to check
+    class NoList(MethodParams):  # no variants list: nothing to check
         pass
 
     assert validate(NoList, {"seeds": [0], "claims": [claim]}, "m").planned_variants() is None
@@ -95,14 +103,14 @@ def test_variant_seeds_is_opt_in_takes_a_prefix_of_seeds_and_names_a_bad_key():
 
     raw = {"seeds": [5, 3, 9], "variants": ["a", "b"], "variant_seeds": {"b": 2}}
     p = validate(P, raw, "m")
-    assert p.seeds_for("a") == [5, 3, 9] and p.seeds_for("b") == [5, 3]     # a prefix, in the given order
+    assert p.seeds_for("a") == [5, 3, 9] and p.seeds_for("b") == [5, 3]  # a prefix, in the given order
     assert validate(P, {**raw, "variant_seeds": {"b": 7}}, "m").seeds_for("b") == [5, 3, 9]
     with pytest.raises(ParameterError, match=r"^parameter m.variant_seeds.b: .*greater than or equal to 1"):
         validate(P, {**raw, "variant_seeds": {"b": 0}}, "m")
     with pytest.raises(ParameterError, match=r"variant_seeds: unknown variant\(s\) \['c'\]"):
         validate(P, {**raw, "variant_seeds": {"c": 1}}, "m")
 
-    class Known(P):                        # a method that knows more variants than this run plans
+    class Known(P):  # a method that knows more variants than this run plans
         def known_variants(self):
             return ["a", "b", "c"]
 
@@ -115,6 +123,7 @@ def test_variant_seeds_is_opt_in_takes_a_prefix_of_seeds_and_names_a_bad_key():
 def test_extra_claims_append_to_claims_and_errors_name_their_key():
     """An env adds claims with ``extra_claims`` (lists replace under the deep merge, so ``claims`` in an env would
     have to repeat all of base's)."""
+
     def claim(i, **kw):
         return {"id": i, "text": "t", "metric": "a", "op": ">=", "threshold": 1, **kw}
 
@@ -153,8 +162,13 @@ def test_constrained_numbers_and_names_of_behave_like_the_fields_they_replace():
         f: float = Field(default=0.5, gt=0, lt=1)
         p: float = Field(default=0.5, ge=0, le=1)
 
-    for key, values in {"n": [0, 1, 5, True], "k": [-1, 0, 3], "lr": [0, 1e-9, 2], "f": [0, 0.3, 1],
-                        "p": [-0.1, 0, 1, 1.1]}.items():
+    for key, values in {
+        "n": [0, 1, 5, True],
+        "k": [-1, 0, 3],
+        "lr": [0, 1e-9, 2],
+        "f": [0, 0.3, 1],
+        "p": [-0.1, 0, 1, 1.1],
+    }.items():
         for v in values:
             raw = {"seeds": [0], key: v}
             outcome = []

@@ -1,6 +1,7 @@
 """The default runner (core.pool.PoolRunner) and the thread policy: train nodes side by side in worker
 processes with loads, saves and hooks in the driver, reports equal to SequentialRunner's at the same
 per-node thread count, and the threads every node used recorded in the report."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,12 @@ def train(d: int, scale: float, variant: str) -> dict:
 
     g = torch.Generator().manual_seed(len(variant))
     w = torch.randn(64, 64, generator=g)
-    return {"variant": variant, "value": float((w @ w).sum()) * d * scale, "pid": os.getpid(),
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "variant": variant,
+        "value": float((w @ w).sum()) * d * scale,
+        "pid": os.getpid(),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def broken(d: int, variant: str) -> dict:
@@ -51,8 +56,9 @@ def _pipeline(variants=("a", "b", "c"), func=train):
     for v in variants:
         ins = ["d", "scale"] if func is train else ["d"]
         nodes.append(node(bind_variant(func, v), ins, f"r_{v}", name=f"m.train.{v}", tags=["train"]))
-    nodes.append(node(gather, {f"r_{v}": f"r_{v}" for v in variants}, "rep", name="m.evaluate.report",
-                      tags=["evaluate"]))
+    nodes.append(
+        node(gather, {f"r_{v}": f"r_{v}" for v in variants}, "rep", name="m.evaluate.report", tags=["evaluate"])
+    )
     return Pipeline(nodes)
 
 
@@ -64,7 +70,7 @@ class Recorder:
 
     @hook_impl
     def before_node_run(self, node):
-        runctx.current_node.set(node.name)      # as PlatformHooks does: node_setup records under it
+        runctx.current_node.set(node.name)  # as PlatformHooks does: node_setup records under it
         self.calls.append(("before_node_run", node.name, os.getpid()))
 
     @hook_impl
@@ -126,11 +132,15 @@ def test_width_counts_train_nodes_that_can_run_at_once():
 
     assert pool_width(_pipeline(("a", "b", "c"))) == 3
     # base → (x, y) chained through a driver node: x and y are independent of each other, not of base
-    p = Pipeline([node(make, "x", "b0", name="m.train.base", tags=["train"]),
-                  node(make, "b0", "d1", name="m.data.mid", tags=["data"]),
-                  node(make, "d1", "x1", name="m.train.x", tags=["train"]),
-                  node(make, "d1", "y1", name="m.train.y", tags=["train"]),
-                  node(make, "y1", "z1", name="m.train.z", tags=["train"])])
+    p = Pipeline(
+        [
+            node(make, "x", "b0", name="m.train.base", tags=["train"]),
+            node(make, "b0", "d1", name="m.data.mid", tags=["data"]),
+            node(make, "d1", "x1", name="m.train.x", tags=["train"]),
+            node(make, "d1", "y1", name="m.train.y", tags=["train"]),
+            node(make, "y1", "z1", name="m.train.z", tags=["train"]),
+        ]
+    )
     assert [n.name for n in pooled_nodes(p)] == ["m.train.base", "m.train.x", "m.train.y", "m.train.z"]
     assert pool_width(p) == 2
     assert pool_width(Pipeline([node(make, "x", "d", name="m.data.make", tags=["data"])])) == 0
@@ -141,9 +151,9 @@ def test_workers_never_exceed_the_cpus_or_the_width():
 
     assert plan_workers(width=6, usable=2) == 2
     assert plan_workers(width=1, usable=16) == 1
-    assert plan_workers(width=6, usable=16, concurrency=4) == 4          # a sweep running 4 points
-    assert plan_workers(width=6, usable=8, threads=4) == 2               # PIPELINES_THREADS=4
-    assert plan_workers(width=6, usable=2, fixed=3) == 3                 # --runner-params workers=3
+    assert plan_workers(width=6, usable=16, concurrency=4) == 4  # a sweep running 4 points
+    assert plan_workers(width=6, usable=8, threads=4) == 2  # PIPELINES_THREADS=4
+    assert plan_workers(width=6, usable=2, fixed=3) == 3  # --runner-params workers=3
     assert plan_workers(width=2, usable=2, fixed=5) == 2
     assert plan_workers(width=0, usable=2) == 0
 
@@ -158,9 +168,9 @@ def test_auto_is_one_thread_unless_the_method_scales(monkeypatch):
     assert runtime.resolve_threads("auto", scales=True) == 8
     assert runtime.resolve_threads("all") == 8
     assert runtime.resolve_threads(3, scales=True) == 3
-    monkeypatch.setenv("PIPELINES_CONCURRENCY", "4")                     # a pool worker's share, a sweep's
+    monkeypatch.setenv("PIPELINES_CONCURRENCY", "4")  # a pool worker's share, a sweep's
     assert runtime.resolve_threads("auto", scales=True) == 2 and runtime.resolve_threads("auto") == 1
-    monkeypatch.setenv("PIPELINES_THREADS", "3")                          # fixed by a scheduler / the user
+    monkeypatch.setenv("PIPELINES_THREADS", "3")  # fixed by a scheduler / the user
     assert runtime.resolve_threads("auto") == 3 and runtime.resolve_threads("all") == 3
     monkeypatch.setenv("PIPELINES_THREADS", "x")
     with pytest.raises(ValueError, match="PIPELINES_THREADS"):
@@ -169,8 +179,8 @@ def test_auto_is_one_thread_unless_the_method_scales(monkeypatch):
 
 def test_a_method_declares_that_it_scales():
     from pipelines.core.params import MethodParams
-    from pipelines.core.runtime import params_scale
     from pipelines.core.registry import validated_params
+    from pipelines.core.runtime import params_scale
 
     class Big(MethodParams):
         THREADS_SCALE = True
@@ -184,8 +194,11 @@ def test_no_method_fixes_one_thread():
     method-level key, two spaces in; wbmm's `bench.threads` is the timing claims' stated thread count)."""
     from tests.conftest import ROOT
 
-    pinned = [str(f.relative_to(ROOT)) for f in (ROOT / "conf").rglob("parameters_*.yml")
-              if re.search(r"^  threads:\s*1\b", f.read_text(), re.M)]
+    pinned = [
+        str(f.relative_to(ROOT))
+        for f in (ROOT / "conf").rglob("parameters_*.yml")
+        if re.search(r"^  threads:\s*1\b", f.read_text(), re.M)
+    ]
     assert pinned == []
 
 
@@ -203,8 +216,9 @@ def test_pool_runs_train_nodes_in_workers_and_everything_else_here(monkeypatch):
     pooled = _run(runner, _pipeline(), rec)
     assert runner.used_workers == 2 and runctx.run_workers() == 2
     strip = {"pid"}
-    assert ({v: {k: x for k, x in r.items() if k not in strip} for v, r in pooled.items()}
-            == {v: {k: x for k, x in r.items() if k not in strip} for v, r in sequential.items()})
+    assert {v: {k: x for k, x in r.items() if k not in strip} for v, r in pooled.items()} == {
+        v: {k: x for k, x in r.items() if k not in strip} for v, r in sequential.items()
+    }
     worker_pids = {r["pid"] for r in pooled.values()}
     assert os.getpid() not in worker_pids and 1 <= len(worker_pids) <= 2
     assert {p["pid"] for p in runner.placements.values()} == worker_pids
@@ -214,8 +228,7 @@ def test_pool_runs_train_nodes_in_workers_and_everything_else_here(monkeypatch):
         assert [c for c, name, _ in rec.calls if name == n] == ["before_node_run", "after_node_run"], n
     assert {name for c, name, _ in rec.calls if c == "after_dataset_saved"} == {"d", "r_a", "r_b", "r_c", "rep"}
     # the threads each train node's preamble chose in its worker come back to the record
-    assert runctx.node_threads() == seq_threads == {f"m.train.{v}": {"threads": 1, "setting": "auto"}
-                                                    for v in "abc"}
+    assert runctx.node_threads() == seq_threads == {f"m.train.{v}": {"threads": 1, "setting": "auto"} for v in "abc"}
     assert all(r["torch_threads"] == 1 for r in pooled.values())
 
 
@@ -311,8 +324,10 @@ def test_default_runs_benchmark_measures_the_process_tree_and_writes_its_table(t
         import default_runs
     finally:
         sys.path.pop(0)
-    code = "import subprocess, sys, time; b = bytearray(200 * 2**20); subprocess.run([sys.executable, '-c', " \
-           "'b = bytearray(200 * 2**20); import time; time.sleep(3)'])"
+    code = (
+        "import subprocess, sys, time; b = bytearray(200 * 2**20); subprocess.run([sys.executable, '-c', "
+        "'b = bytearray(200 * 2**20); import time; time.sleep(3)'])"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         import time
@@ -323,7 +338,7 @@ def test_default_runs_benchmark_measures_the_process_tree_and_writes_its_table(t
             time.sleep(0.1)
     finally:
         proc.wait()
-    assert peak > 400, peak          # both processes' 200 MB
+    assert peak > 400, peak  # both processes' 200 MB
     doc = tmp_path / "t.md"
     doc.write_text("# t\n<!-- default-runs:begin -->\nold\n<!-- default-runs:end -->\ntail\n")
     default_runs.write_table(doc, "| new |")

@@ -1,5 +1,6 @@
 """What a run prints: a progress report on stderr (steps, heartbeats, the report's path and counts),
 nothing on stdout, Kedro's per-dataset lines only with -v; `kedro registry list --json` is JSON."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ from tests.conftest import ROOT
 
 def _kedro(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "true"}
-    return subprocess.run([sys.executable, "-m", "kedro", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kedro", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def test_registry_list_json_is_the_only_thing_on_stdout():
@@ -28,7 +30,7 @@ def test_registry_list_json_is_the_only_thing_on_stdout():
     res = _kedro("registry", "list", "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == discover_methods()
-    assert "\x1b[" not in res.stderr            # no colour codes from the plugins' warnings
+    assert "\x1b[" not in res.stderr  # no colour codes from the plugins' warnings
     assert "Add type hints to the `predict`" not in res.stderr
 
 
@@ -36,8 +38,9 @@ def test_heartbeat_names_the_step_and_its_note(monkeypatch, caplog):
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.1)
     hooks = progress.ProgressHooks()
     node = SimpleNamespace(name="m.train.x")
-    hooks.before_pipeline_run({"pipeline_names": ["m"], "env": "test", "run_id": "v1"},
-                              SimpleNamespace(nodes=[node]), None)
+    hooks.before_pipeline_run(
+        {"pipeline_names": ["m"], "env": "test", "run_id": "v1"}, SimpleNamespace(nodes=[node]), None
+    )
     with caplog.at_level(logging.INFO, logger="pipelines.progress"):
         hooks.before_node_run(node)
         progress.note(("epoch", 3, 10))
@@ -49,7 +52,7 @@ def test_heartbeat_names_the_step_and_its_note(monkeypatch, caplog):
     assert any("epoch 3/10 (30%)" in b for b in beats)
     assert lines[0].startswith("[1/1] m.train.x") and lines[-1].startswith("m.train.x done in")
     n = len(caplog.records)
-    time.sleep(0.3)                      # the heartbeat stopped with the step
+    time.sleep(0.3)  # the heartbeat stopped with the step
     assert len(caplog.records) == n
 
 
@@ -65,8 +68,10 @@ def test_a_run_without_the_report_node_says_so(caplog):
 
 
 def test_summary_line_counts():
-    r = {"gates": [{"passed": True}, {"passed": False}],
-         "verdicts": {"holds": 2, "fails": 1, "inconclusive": 0, "untested": 3}}
+    r = {
+        "gates": [{"passed": True}, {"passed": False}],
+        "verdicts": {"holds": 2, "fails": 1, "inconclusive": 0, "untested": 3},
+    }
     assert progress.summary_line(r) == "gates 1/2 passed; claims 2 held, 1 failed, 0 inconclusive, 3 untested (of 6)"
 
 
@@ -86,7 +91,7 @@ def test_fit_reports_its_step_to_the_heartbeat():
 def test_a_run_prints_progress_and_its_summary(test_env_run):
     run = test_env_run("credal_dro")
     out, report = run.output, run.report
-    assert "Loading data from" not in out and "Saving data to" not in out      # -v shows those
+    assert "Loading data from" not in out and "Saving data to" not in out  # -v shows those
     n = out.count("credal_dro.train.")
     assert n and "[1/" in out
     assert progress.summary_line(report) in out

@@ -8,6 +8,7 @@ the token gets one line. Drivers that join the cluster are processes of their ow
 in their environment (Ray reads RAY_AUTH_MODE once, when its core library loads). Each node has 1 CPU; the
 cluster is stopped by killing the process groups this module started (never `ray stop`, which would stop
 every Ray instance on the machine)."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ from tests.conftest import ROOT, make_project
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
-               "RAY_health_check_failure_threshold": "4", "RAY_health_check_initial_delay_ms": "0"}
+FAST_HEALTH = {
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "4",
+    "RAY_health_check_initial_delay_ms": "0",
+}
 
 
 # ------------------------------------------------------------------------- node functions (importable)
@@ -42,13 +47,12 @@ def make_data(n: int) -> torch.Tensor:
 
 
 def square(x: torch.Tensor) -> torch.Tensor:
-    return x ** 2
+    return x**2
 
 
 def where_am_i(x: torch.Tensor) -> dict:
     node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None  # None inline
-    return {"node_id": node_id, "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "sq": x, "sum": float(x.sum())}
+    return {"node_id": node_id, "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "sq": x, "sum": float(x.sum())}
 
 
 def slow_first_time(marker: str, x: torch.Tensor) -> dict:
@@ -72,38 +76,69 @@ class Cluster:
         self.address = f"127.0.0.1:{self.port}"
         self.token = secrets.token_hex(24)
         self.procs: list[subprocess.Popen] = []
-        self.env = {**os.environ, **FAST_HEALTH, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token,
-                    "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")]),
-                    "RAY_USAGE_STATS_ENABLED": "0", "PIPELINES_THREADS": "1"}
+        self.env = {
+            **os.environ,
+            **FAST_HEALTH,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.token,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")]),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PIPELINES_THREADS": "1",
+        }
         self.env.pop("RAY_ADDRESS", None)
 
     def _start(self, args: list[str], name: str) -> subprocess.Popen:
         ray_bin = Path(sys.executable).with_name("ray")
         log = open(self.tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([str(ray_bin), "start", "--block", "--num-cpus=1", "--disable-usage-stats",
-                                 *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(ray_bin), "start", "--block", "--num-cpus=1", "--disable-usage-stats", *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
     def start_head(self) -> None:
-        self._start(["--head", f"--port={self.port}", "--num-gpus=0", "--include-dashboard=false",
-                     "--node-ip-address=127.0.0.1"], "head")
+        self._start(
+            [
+                "--head",
+                f"--port={self.port}",
+                "--num-gpus=0",
+                "--include-dashboard=false",
+                "--node-ip-address=127.0.0.1",
+            ],
+            "head",
+        )
         self._wait_nodes(lambda nodes: len(nodes) >= 1, "head")
 
     def add_gpu_worker(self) -> subprocess.Popen:
         before = len(self.alive())
-        proc = self._start([f"--address={self.address}", "--num-gpus=1", "--node-ip-address=127.0.0.1"],
-                           f"worker{len(self.procs)}")
-        self._wait_nodes(lambda nodes: len(nodes) > before and any(n["Resources"].get("GPU") for n in nodes),
-                         "gpu worker")
+        proc = self._start(
+            [f"--address={self.address}", "--num-gpus=1", "--node-ip-address=127.0.0.1"], f"worker{len(self.procs)}"
+        )
+        self._wait_nodes(
+            lambda nodes: len(nodes) > before and any(n["Resources"].get("GPU") for n in nodes), "gpu worker"
+        )
         return proc
 
     def alive(self) -> list[dict]:
-        out = subprocess.run([sys.executable, "-c", (
-            "import json, ray; ray.init(address=%r, logging_level='ERROR');"
-            "print(json.dumps([n for n in ray.nodes() if n['Alive']]))") % self.address],
-            env=self.env, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import json, ray; ray.init(address=%r, logging_level='ERROR');"
+                    "print(json.dumps([n for n in ray.nodes() if n['Alive']]))"
+                )
+                % self.address,
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if out.returncode != 0:
             return []
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -165,9 +200,13 @@ def _encode(value):
 
 
 def gpu_pipeline():
-    return pipeline([node(make_data, "params:n", "x", name="data.make"),
-                     node(square, "x", "sq", name="train.square", tags=["gpu"]),
-                     node(where_am_i, "sq", "seen", name="train.probe", tags=["gpu"])])
+    return pipeline(
+        [
+            node(make_data, "params:n", "x", name="data.make"),
+            node(square, "x", "sq", name="train.square", tags=["gpu"]),
+            node(where_am_i, "sq", "seen", name="train.probe", tags=["gpu"]),
+        ]
+    )
 
 
 def _run_outputs(runner, pipe, catalog) -> dict:
@@ -186,16 +225,19 @@ def driver_main(spec_file: str) -> None:
     try:
         probe_cluster(spec["address"])  # the preflight `kedro run` does: this driver may join
         if spec["scenario"] == "gpu":
+
             def catalog():
                 return DataCatalog({"params:n": MemoryDataset(6)})
 
             result["inline"] = _run_outputs(GPUNodeRunner(address=None), gpu_pipeline(), catalog())
             result["outputs"] = _run_outputs(runner, gpu_pipeline(), catalog())
         else:  # "lose": one long gpu node, whose node the test kills
-            pipe = pipeline([node(slow_first_time, ["params:marker", "params:x"], "out", name="train.long",
-                                  tags=["gpu"])])
-            catalog = DataCatalog({"params:marker": MemoryDataset(spec["marker"]),
-                                   "params:x": MemoryDataset(torch.ones(3))})
+            pipe = pipeline(
+                [node(slow_first_time, ["params:marker", "params:x"], "out", name="train.long", tags=["gpu"])]
+            )
+            catalog = DataCatalog(
+                {"params:marker": MemoryDataset(spec["marker"]), "params:x": MemoryDataset(torch.ones(3))}
+            )
             result["outputs"] = _run_outputs(runner, pipe, catalog)
     except Exception as exc:  # noqa: BLE001 - reported to the test, which asserts on it
         result["error"] = {"types": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
@@ -214,14 +256,27 @@ class Driver:
         tmp.mkdir(parents=True, exist_ok=True)
         self.out, self.marker = tmp / "result.json", tmp / "started"
         spec_file = tmp / "spec.json"
-        spec_file.write_text(json.dumps({"scenario": scenario, "address": cluster.address, "out": str(self.out),
-                                         "marker": str(self.marker), **spec}))
+        spec_file.write_text(
+            json.dumps(
+                {
+                    "scenario": scenario,
+                    "address": cluster.address,
+                    "out": str(self.out),
+                    "marker": str(self.marker),
+                    **spec,
+                }
+            )
+        )
         self.log = tmp / "driver.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", DRIVER_CODE, str(spec_file)],
-                cwd=ROOT, env={**cluster.env, "KEDRO_DISABLE_TELEMETRY": "true"}, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                cwd=ROOT,
+                env={**cluster.env, "KEDRO_DISABLE_TELEMETRY": "true"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def result(self, timeout: float = 180) -> dict:
 
@@ -229,7 +284,7 @@ class Driver:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             Cluster.kill(self.proc)
-            raise AssertionError(f"driver still running after {timeout} s:\n{self.log.read_text()[-3000:]}")
+            raise AssertionError(f"driver still running after {timeout} s:\n{self.log.read_text()[-3000:]}") from None
         assert self.out.exists(), f"driver exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
         return json.loads(self.out.read_text())
 
@@ -263,9 +318,12 @@ def test_gpu_nodes_run_on_the_gpu_worker_and_match_inline(cluster, gpu_worker, t
     assert seen["node_id"] in gpu_ids and seen["cuda_visible"] == "0"  # Ray assigned the worker's GPU 0
     assert got["inline"]["seen"]["node_id"] is None  # inline: no Ray task
     # the same values (both at PIPELINES_THREADS=1), to the bit: JSON keeps every float exactly
-    assert seen["sq"] == got["inline"]["seen"]["sq"] == {"tensor": [float(i ** 2) for i in range(6)],
-                                                         "dtype": "torch.float32"}
-    assert seen["sum"] == got["inline"]["seen"]["sum"] == float(sum(i ** 2 for i in range(6)))
+    assert (
+        seen["sq"]
+        == got["inline"]["seen"]["sq"]
+        == {"tensor": [float(i**2) for i in range(6)], "dtype": "torch.float32"}
+    )
+    assert seen["sum"] == got["inline"]["seen"]["sum"] == float(sum(i**2 for i in range(6)))
 
 
 def test_driver_without_token_gets_one_line(cluster, monkeypatch):
@@ -284,9 +342,22 @@ def test_kedro_run_without_token_one_line_no_mlflow_run(cluster, e2e_project):
     env = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     db = e2e_project / "noauth.db"
     env.update(RAY_ADDRESS=cluster.address, MLFLOW_TRACKING_URI=f"sqlite:///{db}", KEDRO_DISABLE_TELEMETRY="true")
-    out = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipeline=softtorch", "--env=test",
-                          "--runner=pipelines.core.runner.GPUNodeRunner"], cwd=e2e_project, env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kedro",
+            "run",
+            "--pipeline=softtorch",
+            "--env=test",
+            "--runner=pipelines.core.runner.GPUNodeRunner",
+        ],
+        cwd=e2e_project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode != 0
     err_lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert "Traceback" not in out.stderr and "Traceback" not in out.stdout
@@ -384,14 +455,33 @@ def probe_project(tmp_path_factory):
 
 
 def _kedro_run(cluster, project: Path, *params: str, on_cluster: bool = True) -> subprocess.Popen:
-    env = {**cluster.env, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-           "KEDRO_DISABLE_TELEMETRY": "true", "COLUMNS": "250"}
+    env = {
+        **cluster.env,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+        "KEDRO_DISABLE_TELEMETRY": "true",
+        "COLUMNS": "250",
+    }
     if on_cluster:
         env["RAY_ADDRESS"] = cluster.address
     args = ["--params", ",".join(params)] if params else []
-    return subprocess.Popen([sys.executable, "-m", "kedro", "run", f"--pipeline={PROBE}", "--env=base",
-                             "--runner=pipelines.core.runner.GPUNodeRunner", *args], cwd=project, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kedro",
+            "run",
+            f"--pipeline={PROBE}",
+            "--env=base",
+            "--runner=pipelines.core.runner.GPUNodeRunner",
+            *args,
+        ],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 180) -> str:
@@ -399,7 +489,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 180) -> str:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         Cluster.kill(proc)
-        raise AssertionError(f"`kedro run` still running after {timeout} s:\n{proc.stdout.read()[-3000:]}")
+        raise AssertionError(f"`kedro run` still running after {timeout} s:\n{proc.stdout.read()[-3000:]}") from None
     return out
 
 

@@ -1,4 +1,5 @@
 """Registry discovery (file system only, lazy imports), the project CLI's listing and one-line errors."""
+
 import json
 import subprocess
 import sys
@@ -12,15 +13,22 @@ from tests.conftest import ROOT
 def test_discovery_finds_method_folders_only():
     names = discover_methods()
     assert "tess" in names and "core" not in names
-    expected = sorted({p.parent.name for p in (ROOT / "src" / "pipelines").glob("*/*.py")
-                       if p.name in ("pipeline.py", "spec.py") and p.parent.name != "core"})
+    expected = sorted(
+        {
+            p.parent.name
+            for p in (ROOT / "src" / "pipelines").glob("*/*.py")
+            if p.name in ("pipeline.py", "spec.py") and p.parent.name != "core"
+        }
+    )
     assert names == expected
 
 
 def test_default_is_tess_and_imports_only_what_is_asked():
-    code = ("import sys; from pipelines.core.registry import LazyPipelines; p = LazyPipelines(); "
-            "d = p['__default__']; print(sorted({m.split('.')[1] for m in sys.modules "
-            "if m.startswith('pipelines.') and m.split('.')[1] not in ('core', 'settings')}))")
+    code = (
+        "import sys; from pipelines.core.registry import LazyPipelines; p = LazyPipelines(); "
+        "d = p['__default__']; print(sorted({m.split('.')[1] for m in sys.modules "
+        "if m.startswith('pipelines.') and m.split('.')[1] not in ('core', 'settings')}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == ["tess"]
 

@@ -1,4 +1,5 @@
 """Report assembly: seed aggregation against numpy, relative gains, claims and markdown tables."""
+
 import numpy as np
 import pytest
 
@@ -29,7 +30,7 @@ def test_build_report_evaluates_claims_and_is_json_safe():
     params = {"seeds": [0], "claims": [{"id": "g", "text": "t", "metric": "gain", "op": ">=", "threshold": 0.1}]}
     rep = build_report("m", params, [{"variant": "a", "seed": 0, "mse": float("nan")}], {"gain": 0.2})
     assert rep["claims"][0]["holds"] is True and rep["claims_held"] == 1 and rep["claims_declared"] == 1
-    assert rep["variants"]["a"]["mse"] is None          # NaN → null in JSON
+    assert rep["variants"]["a"]["mse"] is None  # NaN → null in JSON
     assert rep["params_hash"] == params_hash(params) and len(rep["params_hash"]) == 16
     assert "| g |" in claims_table(rep)
 
@@ -53,8 +54,12 @@ def test_histories_are_logged_with_steps_to_the_variant_child_runs(tmp_path):
 
     from pipelines.core.mlflow_logging import log_report
 
-    rep = build_report("alpha", {"seeds": [0], "claims": []}, [{"variant": "a", "seed": 0, "mse": 1.0}],
-                       histories={"a": {"loss": [4.0, float("nan"), 1.0]}, "run": {"lr": [(0, 0.1), (7, 0.2)]}})
+    rep = build_report(
+        "alpha",
+        {"seeds": [0], "claims": []},
+        [{"variant": "a", "seed": 0, "mse": 1.0}],
+        histories={"a": {"loss": [4.0, float("nan"), 1.0]}, "run": {"lr": [(0, 0.1), (7, 0.2)]}},
+    )
     assert rep["histories"]["a"]["loss"]["value"][1] is None  # JSON-safe, kept in the report
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     previous = mlflow.get_tracking_uri()

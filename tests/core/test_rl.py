@@ -1,4 +1,5 @@
 """core.rl against hand-computed GRPO/PPO examples and the exact KL of small categoricals."""
+
 import math
 
 import pytest
@@ -10,9 +11,9 @@ from pipelines.core.rl import group_advantages, k3_kl, ppo_clip_loss, token_entr
 def test_group_advantages_by_hand():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     a = group_advantages(r, 4)
-    s = math.sqrt(1 / 3)                           # unbiased std of [1, 0, 0, 1]
+    s = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
     assert a[:4].tolist() == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s], rel=1e-5)
-    assert a[4:].abs().max().item() == 0.0          # all-equal group: zero advantage, no NaN
+    assert a[4:].abs().max().item() == 0.0  # all-equal group: zero advantage, no NaN
     assert group_advantages(r, 4, scale=False)[:2].tolist() == [0.5, -0.5]
     with pytest.raises(ValueError, match="multiple of group_size=3"):
         group_advantages(r, 3)
@@ -38,12 +39,11 @@ def test_k3_is_an_unbiased_kl_estimate_and_entropy_matches_closed_form():
     p = torch.tensor([0.7, 0.2, 0.1])
     q = torch.tensor([0.5, 0.3, 0.2])
     exact = (p * (p / q).log()).sum().item()
-    expected_k3 = (p * k3_kl(p.log(), q.log())).sum().item()      # E_p[k3] over the exact distribution
+    expected_k3 = (p * k3_kl(p.log(), q.log())).sum().item()  # E_p[k3] over the exact distribution
     assert expected_k3 == pytest.approx(exact, abs=1e-6)
     assert k3_kl(p.log(), p.log()).abs().max().item() == 0.0
     assert token_entropy(torch.log(p)[None]).item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)
     assert token_entropy(torch.zeros(1, 8)).item() == pytest.approx(math.log(8), abs=1e-6)
-
 
 
 def test_minus_inf_masked_vocabulary_gives_no_nan():
@@ -52,8 +52,7 @@ def test_minus_inf_masked_vocabulary_gives_no_nan():
     into masked_mean / ppo_clip_loss nor into their gradients (they are selected away, not multiplied by 0)."""
     from pipelines.core.rl import GRPOBatch, masked_mean
 
-    logits = torch.tensor([[0.0, 0.0, -math.inf, -math.inf], [1.0, -math.inf, 0.0, -math.inf]],
-                          requires_grad=True)
+    logits = torch.tensor([[0.0, 0.0, -math.inf, -math.inf], [1.0, -math.inf, 0.0, -math.inf]], requires_grad=True)
     ent = token_entropy(logits)
     p1 = torch.softmax(torch.tensor([1.0, 0.0]), 0)
     assert ent.tolist() == pytest.approx([math.log(2), -(p1 * p1.log()).sum().item()], abs=1e-6)
@@ -74,7 +73,7 @@ def test_minus_inf_masked_vocabulary_gives_no_nan():
     pad_mask = torch.tensor([[True, False], [True, False]])
     adv = torch.tensor([1.0, -1.0])
     loss, info = ppo_clip_loss(logp, logp_old, adv, pad_mask)
-    r = math.exp(0.2)                                       # second row: ratio e^{0.2} > 1.2 → A·clip(ρ)
+    r = math.exp(0.2)  # second row: ratio e^{0.2} > 1.2 → A·clip(ρ)
     assert loss.item() == pytest.approx(-(1.0 + min(-r, -1.2)) / 2, abs=1e-6)
     assert math.isfinite(info["ratio_mean"]) and math.isfinite(info["clip_frac"])
     loss.backward()
@@ -82,12 +81,25 @@ def test_minus_inf_masked_vocabulary_gives_no_nan():
 
     # the default GRPO objective with a KL to the reference: finite value and gradient
     lp = logp.detach().clone().requires_grad_(True)
-    b = GRPOBatch(model=None, ids=None, mask=pad_mask, logp=lp, logits=None, logp_old=logp_old,
-                  logp_ref=logp_old.clone(), advantages=adv, rewards=adv, extras={}, stats={},
-                  index=torch.arange(2), iteration=0)
+    b = GRPOBatch(
+        model=None,
+        ids=None,
+        mask=pad_mask,
+        logp=lp,
+        logits=None,
+        logp_old=logp_old,
+        logp_ref=logp_old.clone(),
+        advantages=adv,
+        rewards=adv,
+        extras={},
+        stats={},
+        index=torch.arange(2),
+        iteration=0,
+    )
     total, logs = ppo_objective(b, kl_coef=0.1)
     total.backward()
     assert math.isfinite(total.item()) and math.isfinite(logs["kl_ref"]) and torch.isfinite(lp.grad).all()
+
 
 # ---- the GRPO loop -------------------------------------------------------------------------------------------
 import torch.nn as nn  # noqa: E402
@@ -123,21 +135,37 @@ def test_grpo_single_update_matches_the_policy_gradient_closed_form():
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.2])
     theta0 = pol.theta.detach().clone()
     lr = 0.5
-    grpo_train(pol, lambda p, it, g: _one_token_rollouts(actions, rewards), iterations=1, group_size=4,
-               optimizer=lambda ps: torch.optim.SGD(ps, lr=lr), grad_clip=None)
+    grpo_train(
+        pol,
+        lambda p, it, g: _one_token_rollouts(actions, rewards),
+        iterations=1,
+        group_size=4,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=lr),
+        grad_clip=None,
+    )
     adv = group_advantages(rewards, 4)
     pi = torch.softmax(theta0, 0)
-    expected = theta0 + lr / len(actions) * sum(a * (torch.nn.functional.one_hot(x, 4).float() - pi)
-                                                 for a, x in zip(adv, actions))
+    expected = theta0 + lr / len(actions) * sum(
+        a * (torch.nn.functional.one_hot(x, 4).float() - pi) for a, x in zip(adv, actions)
+    )
     assert torch.allclose(pol.theta.detach(), expected, atol=1e-6)
 
 
 def test_grpo_learns_a_bandit_and_reports_its_iterations():
     pol = _Bandit()
     prompts = torch.zeros(4, 1, dtype=torch.long)
-    res = grpo_train(pol, lambda p, it, g: sample_rollouts(p, prompts, 8, lambda pr, r: (r[:, 0] == 2).float(),
-                                                           max_new_tokens=1, generator=g),
-                     iterations=40, group_size=8, lr=0.1, updates_per_iteration=2, minibatches=2, seed=1)
+    res = grpo_train(
+        pol,
+        lambda p, it, g: sample_rollouts(
+            p, prompts, 8, lambda pr, r: (r[:, 0] == 2).float(), max_new_tokens=1, generator=g
+        ),
+        iterations=40,
+        group_size=8,
+        lr=0.1,
+        updates_per_iteration=2,
+        minibatches=2,
+        seed=1,
+    )
     assert torch.softmax(pol.theta.detach(), 0)[2] > 0.9
     assert [r["iteration"] for r in res.history] == list(range(40))
     first, last = res.history[0], res.history[-1]
@@ -155,15 +183,22 @@ def test_grpo_objective_sees_aligned_minibatches_extras_and_reference():
         return loss, {**logs, "probe": float(b.stats["s"])}
 
     actions, rewards = torch.tensor([0, 1, 2, 3]), torch.tensor([0.0, 1.0, 0.0, 1.0])
-    res = grpo_train(pol, lambda p, it, g: _one_token_rollouts(actions, rewards, extras={"tag": actions * 10},
-                                                              stats={"s": 7.0}),
-                     iterations=2, group_size=2, ref_policy=ref, minibatches=2, objective=objective, lr=0.5)
+    res = grpo_train(
+        pol,
+        lambda p, it, g: _one_token_rollouts(actions, rewards, extras={"tag": actions * 10}, stats={"s": 7.0}),
+        iterations=2,
+        group_size=2,
+        ref_policy=ref,
+        minibatches=2,
+        objective=objective,
+        lr=0.5,
+    )
     assert len(seen) == 4
     for lp, m, a, tags, idx in seen:
         assert lp == m == torch.Size([2, 1]) and a == torch.Size([2])
-        assert tags == [10 * i for i in idx]          # extras sliced with the same rows
+        assert tags == [10 * i for i in idx]  # extras sliced with the same rows
     assert res.history[0]["probe"] == 1.0 * 7.0 and res.history[0]["s"] == 7.0
-    assert res.history[0]["kl_ref"] < res.history[1]["kl_ref"]   # the policy moved away from the reference
+    assert res.history[0]["kl_ref"] < res.history[1]["kl_ref"]  # the policy moved away from the reference
 
 
 def test_grpo_single_minibatch_draws_nothing_from_the_generator_and_is_seeded():
@@ -179,13 +214,14 @@ def test_grpo_single_minibatch_draws_nothing_from_the_generator_and_is_seeded():
 
 
 def test_sample_rollouts_scores_the_response_through_its_first_eos_only():
-    class Fixed(nn.Module):   # always emits token 1 (= EOS) after one token 3
+    class Fixed(nn.Module):  # always emits token 1 (= EOS) after one token 3
         def forward(self, ids):
             nxt = torch.where(ids[:, -1:] == 3, 1, 3)
             return torch.nn.functional.one_hot(nxt, 4).float().expand(-1, ids.shape[1], -1) * 50
 
-    ro = sample_rollouts(Fixed(), torch.zeros(2, 2, dtype=torch.long), 2, lambda p, r: r[:, 0].float(),
-                         max_new_tokens=5, eos_id=1)
+    ro = sample_rollouts(
+        Fixed(), torch.zeros(2, 2, dtype=torch.long), 2, lambda p, r: r[:, 0].float(), max_new_tokens=5, eos_id=1
+    )
     assert ro.ids.tolist()[0] == [0, 0, 3, 1]
     assert ro.action_mask.tolist()[0] == [False, False, True, True]
     assert ro.rewards.tolist() == [3.0] * 4
@@ -199,5 +235,9 @@ def test_grpo_rejects_bad_settings_and_rollouts():
     with pytest.raises(ValueError, match="extras"):
         _one_token_rollouts(torch.tensor([0, 1]), torch.ones(2), extras={"x": torch.ones(3)})
     with pytest.raises(ValueError, match="multiple of group_size"):
-        grpo_train(_Bandit(), lambda p, it, g: _one_token_rollouts(torch.tensor([0, 1, 2]), torch.ones(3)),
-                   iterations=1, group_size=2)
+        grpo_train(
+            _Bandit(),
+            lambda p, it, g: _one_token_rollouts(torch.tensor([0, 1, 2]), torch.ones(3)),
+            iterations=1,
+            group_size=2,
+        )

@@ -8,6 +8,7 @@ finishes at once, `b_slow` waits for a flag file (or fails, by parameter). With 
 - after a run killed in `b_slow`, `--only-missing-outputs` skips `a_fast` and gives the report of an
   uninterrupted run (timings aside).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from tests.conftest import ROOT, make_project, run_kedro
 PROBE = "zz_lifecycle_probe"
 PKG = ROOT / "src" / "pipelines" / PROBE
 
-PARAMS_PY = '''
+PARAMS_PY = """
 from typing import Literal
 from pydantic import Field
 from pipelines.core.params import MethodParams
@@ -36,9 +37,9 @@ class Params(MethodParams):
     variants: list[str] = Field(min_length=1)
     mode: Literal["ok", "wait", "fail"] = "ok"
     n: int = Field(default=5, ge=1)
-'''
+"""
 
-PIPELINE_PY = '''
+PIPELINE_PY = """
 import os
 import time
 
@@ -92,7 +93,7 @@ def create_pipeline(**kwargs):
         node(report, {{"p": "params:{m}", "plots": "plots", **preds}}, "report", name="evaluate.report",
              tags=["evaluate"]),
     ], namespace="{m}", parameters={{"params:{m}": "params:{m}"}})
-'''
+"""
 
 PARAMS_YML = f"""{PROBE}:
   seeds: [0]
@@ -135,14 +136,25 @@ def _parents(project: Path):
 
 
 def _spawn(project: Path, *args: str, flag: Path | None = None) -> subprocess.Popen:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-           "KEDRO_DISABLE_TELEMETRY": "true", "COLUMNS": "250", "PROBE_FLAG": str(flag or project / "flag")}
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+        "KEDRO_DISABLE_TELEMETRY": "true",
+        "COLUMNS": "250",
+        "PROBE_FLAG": str(flag or project / "flag"),
+    }
     # a shell that started us in the background may have set SIGINT to "ignore", which Python would
     # inherit (and then never raise KeyboardInterrupt): give the run the default, as a terminal would
-    return subprocess.Popen([sys.executable, "-m", "pipelines", "run", "--pipeline", PROBE, *args], cwd=project,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines", "run", "--pipeline", PROBE, *args],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -157,8 +169,17 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 def _strip(report: dict) -> dict:
     # how it ran, not what it found: the resumed part may run its one remaining node in the driver
-    drop = {"wall_seconds", "save_version", "git_commit", "resumed_from", "wall_seconds_covers",
-            "threads", "threads_setting", "threads_by_node", "workers"}
+    drop = {
+        "wall_seconds",
+        "save_version",
+        "git_commit",
+        "resumed_from",
+        "wall_seconds_covers",
+        "threads",
+        "threads_setting",
+        "threads_by_node",
+        "workers",
+    }
     return {k: v for k, v in report.items() if k not in drop}
 
 
@@ -166,18 +187,22 @@ def _reports(project: Path) -> list[Path]:
     return sorted((project / "data" / "08_reporting" / PROBE / "report.json").glob("*/report.json"))
 
 
-@pytest.mark.parametrize("extra,expect", [
-    (["--params", f"{PROBE}.n=true"], f"parameter {PROBE}.n: Input should be a valid integer (got True)"),
-    (["--params", f"{PROBE}.mode=sometimes"], f"parameter {PROBE}.mode:"),
-    (["--params", f"{PROBE}.claims.0.threshold=0.2"], "claims are declared before a run"),
-    (["--params", f"{PROBE}.extra_claims=[]"], "claims are declared before a run"),
-    (["--params", f"{PROBE}.variants.0=x"], "addresses one item of a list"),
-    (["--env", "nosuchenv"], "env 'nosuchenv' not found"),
-])
+@pytest.mark.parametrize(
+    "extra,expect",
+    [
+        (["--params", f"{PROBE}.n=true"], f"parameter {PROBE}.n: Input should be a valid integer (got True)"),
+        (["--params", f"{PROBE}.mode=sometimes"], f"parameter {PROBE}.mode:"),
+        (["--params", f"{PROBE}.claims.0.threshold=0.2"], "claims are declared before a run"),
+        (["--params", f"{PROBE}.extra_claims=[]"], "claims are declared before a run"),
+        (["--params", f"{PROBE}.variants.0=x"], "addresses one item of a list"),
+        (["--env", "nosuchenv"], "env 'nosuchenv' not found"),
+    ],
+)
 def test_rejected_command_is_one_line_and_opens_no_run(probe, extra, expect):
     before = len(_runs(probe))
-    res = run_kedro(probe, PROBE, env=extra[1] if extra[0] == "--env" else "base",
-                    extra=[] if extra[0] == "--env" else extra)
+    res = run_kedro(
+        probe, PROBE, env=extra[1] if extra[0] == "--env" else "base", extra=[] if extra[0] == "--env" else extra
+    )
     assert res.exit_code != 0
     err = [ln for ln in res.output.splitlines() if "Error" in ln]
     assert err and expect in err[-1], res.output
@@ -250,6 +275,6 @@ def test_killed_run_resumes_with_only_missing_outputs(probe, tmp_path):
     assert "Resuming run" in out, out
     assert f"Skipping 2 nodes with existing outputs: {PROBE}.data.make, {PROBE}.train.a_fast" in out, out
     assert f"Completed node: {PROBE}.train.b_slow" in out, out
-    assert len(list(fast.glob("*"))) == n_fast + 1    # the killed run saved it once; resume reused it
+    assert len(list(fast.glob("*"))) == n_fast + 1  # the killed run saved it once; resume reused it
     again = json.loads(_reports(probe)[-1].read_text())
     assert _strip(again) == _strip(reference)

@@ -2,6 +2,7 @@
 fallback (same results and report as inline), fail-fast without GPUs, retry of a killed worker, remote
 errors naming the node, and CUDA outputs converted or rejected. CPU only; Ray tests share one local
 2-CPU instance started and stopped by a module fixture."""
+
 from __future__ import annotations
 
 import json
@@ -42,11 +43,11 @@ def make_data(n: int) -> torch.Tensor:
 
 
 def square(x: torch.Tensor) -> torch.Tensor:
-    return x ** 2
+    return x**2
 
 
 def cube(x: torch.Tensor) -> torch.Tensor:
-    return x ** 3
+    return x**3
 
 
 def combine(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -99,12 +100,14 @@ def cuda_out(x: torch.Tensor) -> dict:
 
 
 def toy_pipeline(gpu_tags=("gpu",)):
-    return pipeline([
-        node(make_data, "params:n", "x", name="data.make", tags=["data"]),
-        node(square, "x", "sq", name="train.square", tags=["train", *gpu_tags]),
-        node(cube, "x", "cu", name="train.cube", tags=["train", *gpu_tags]),
-        node(combine, ["sq", "cu"], "summary", name="evaluate.combine", tags=["evaluate"]),
-    ])
+    return pipeline(
+        [
+            node(make_data, "params:n", "x", name="data.make", tags=["data"]),
+            node(square, "x", "sq", name="train.square", tags=["train", *gpu_tags]),
+            node(cube, "x", "cu", name="train.cube", tags=["train", *gpu_tags]),
+            node(combine, ["sq", "cu"], "summary", name="evaluate.combine", tags=["evaluate"]),
+        ]
+    )
 
 
 def toy_catalog(**extra) -> DataCatalog:
@@ -224,8 +227,13 @@ def ray_local():
         ray.shutdown()
     # Workers import the node functions of this test module by name: give them the repo root, and this
     # checkout's package (not whichever one is pip-installed), as the test process has.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}},
+    )
     try:
         yield ray
     finally:
@@ -293,7 +301,8 @@ def test_remote_exception_names_node_with_traceback(ray_local):
     assert type(catalog.load("out")["w"]) is torch.Tensor  # converted on the worker
     with pytest.raises(CudaOutputError, match="node 'train.cuda' returned a cuda:0 tensor"):
         GPUNodeRunner(address="local", allow_cpu_fallback=True, cuda_outputs="reject").run(
-            cuda, DataCatalog({"params:x": MemoryDataset(torch.ones(2))}))
+            cuda, DataCatalog({"params:x": MemoryDataset(torch.ones(2))})
+        )
 
 
 # ------------------------------------------------------------------------- end to end (kedro run)
@@ -320,6 +329,7 @@ def gpu_probe(e2e_project):
 
 def comparable(report: dict) -> dict:
     """The report without its run stamps and timings (``*_seconds`` differ between any two runs)."""
+
     def strip(x):
         if isinstance(x, dict):
             return {k: strip(v) for k, v in x.items() if not k.endswith("_seconds")}
@@ -356,8 +366,7 @@ def _end_mlflow_runs() -> None:
 @pytest.mark.ray
 @pytest.mark.e2e
 @pytest.mark.skipif("tess" in discover_methods(), reason="covered on the flagship by the tess test below")
-def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2e_project, monkeypatch,
-                                                       caplog):
+def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2e_project, monkeypatch, caplog):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     inline = run_kedro(e2e_project, gpu_probe, extra=["--runner", RUNNER])
     assert inline.exit_code == 0, inline.output
@@ -382,8 +391,9 @@ def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2
     parents = [r for r in runs if r.data.tags.get("role") == "parent"]
     assert len(parents) >= 2
     latest, previous = parents[0], parents[1]
-    assert latest.data.metrics == pytest.approx({**previous.data.metrics,
-                                                 "wall_seconds": latest.data.metrics["wall_seconds"]})
+    assert latest.data.metrics == pytest.approx(
+        {**previous.data.metrics, "wall_seconds": latest.data.metrics["wall_seconds"]}
+    )
 
 
 def tess_train_nodes() -> tuple[set[str], set[str]]:
@@ -402,13 +412,12 @@ def tess_train_nodes() -> tuple[set[str], set[str]]:
 @pytest.mark.ray
 @pytest.mark.e2e
 @pytest.mark.skipif("tess" not in discover_methods(), reason="the tess pipeline has not landed yet")
-def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_project, test_env_run, monkeypatch,
-                                                            caplog):
+def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_project, test_env_run, monkeypatch, caplog):
     """The flagship: the session's default-runner (pool) run of tess, then its train + evaluate stages again from
     the same (versioned) data with the inline backend and with the gpu nodes on local Ray: the same report,
     and the Ray run logged to MLflow as a run of its own with the same claims."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    sequential = test_env_run("tess")      # shared with the registry smoke test: one run per session
+    sequential = test_env_run("tess")  # shared with the registry smoke test: one run per session
     reference = json.loads(sequential.report_path.read_text())
     reports = {}
     train, gpu = tess_train_nodes()
@@ -417,12 +426,18 @@ def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_projec
         _end_mlflow_runs()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="pipelines.core.runner"):
-            run = run_kedro(e2e_project, "tess", extra=["--runner", RUNNER, "--runner-params", params,
-                                                        "--from-nodes", ",".join(sorted(train))])
+            run = run_kedro(
+                e2e_project,
+                "tess",
+                extra=["--runner", RUNNER, "--runner-params", params, "--from-nodes", ",".join(sorted(train))],
+            )
         assert run.exit_code == 0, run.output
         reports[backend] = run.report
-        shipped = {r.getMessage().split()[2] for r in caplog.records
-                   if r.getMessage().startswith("Completed node:") and "(Ray task" in r.getMessage()}
+        shipped = {
+            r.getMessage().split()[2]
+            for r in caplog.records
+            if r.getMessage().startswith("Completed node:") and "(Ray task" in r.getMessage()
+        }
         assert shipped == (gpu if backend == "ray" else set())
     _end_mlflow_runs()
     assert reports["inline"]["variants"] and reports["inline"]["claims"]
@@ -435,12 +450,17 @@ def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_projec
     if all(reference["threads_by_node"].get(k) == 1 for k in ray_threads):
         # the --from-nodes runs record the nodes they ran (train + evaluate), not the reference's data nodes
         ref = comparable(reference)
-        ref["threads_by_node"] = {k: v for k, v in ref["threads_by_node"].items()
-                                  if k in reports["ray"]["threads_by_node"]}
+        ref["threads_by_node"] = {
+            k: v for k, v in ref["threads_by_node"].items() if k in reports["ray"]["threads_by_node"]
+        }
         assert comparable(reports["ray"]) == ref
     threadless = ("threads", "threads_by_node", "workers")
-    assert_close({k: v for k, v in comparable(reports["inline"]).items() if k not in threadless},
-                 {k: v for k, v in comparable(reference).items() if k not in threadless}, rel=1e-4, abs=1e-6)
+    assert_close(
+        {k: v for k, v in comparable(reports["inline"]).items() if k not in threadless},
+        {k: v for k, v in comparable(reference).items() if k not in threadless},
+        rel=1e-4,
+        abs=1e-6,
+    )
     assert [c["holds"] for c in reports["inline"]["claims"]] == [c["holds"] for c in reference["claims"]]
     assert len({reference["save_version"], *(r["save_version"] for r in reports.values())}) == 3
 
@@ -448,8 +468,11 @@ def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_projec
 
     client = mlflow.MlflowClient(sequential.tracking_uri)
     exp = client.get_experiment_by_name("tess")
-    parents = [r for r in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
-               if r.data.tags.get("role") == "parent"]
+    parents = [
+        r
+        for r in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
+        if r.data.tags.get("role") == "parent"
+    ]
     assert len(parents) >= 3  # one per kedro run
     claims = [{k: v for k, v in p.data.metrics.items() if k.startswith("claim.")} for p in parents[:3]]
     assert claims[0] and claims[0] == claims[1] == claims[2]

@@ -1,6 +1,7 @@
 """The thread policy: `all` = usable CPUs // runs sharing them (`auto` too where the method scales,
 else 1: tests/core/test_pool.py), an integer wins, a Ray task's
 reservation wins over both; OpenMP's wait policy is passive unless the user set one."""
+
 import os
 import subprocess
 import sys
@@ -45,10 +46,11 @@ def test_node_setup_sets_threads_and_records_them(monkeypatch):
     monkeypatch.delenv("PIPELINES_CONCURRENCY", raising=False)
     from pipelines.core.runctx import take_node_threads
 
-    take_node_threads()        # a run earlier in this process left its nodes' record (a run's hook clears it)
+    take_node_threads()  # a run earlier in this process left its nodes' record (a run's hook clears it)
 
     class P:
         threads = 1
+
     dev = runtime.node_setup(P(), seed=3)
     rec = runtime.thread_record()
     assert dev.type == "cpu" and rec["threads"] == 1 and rec["threads_setting"] == "1"
@@ -60,8 +62,10 @@ def test_package_import_makes_openmp_passive_unless_the_user_chose(preset, expec
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if preset:
         env["OMP_WAIT_POLICY"] = preset
-    code = ("import pipelines, os, sys; assert 'torch' not in sys.modules; "
-            "print(os.environ['OMP_WAIT_POLICY'], pipelines.OMP_WAIT_POLICY_SET_BY_USER)")
+    code = (
+        "import pipelines, os, sys; assert 'torch' not in sys.modules; "
+        "print(os.environ['OMP_WAIT_POLICY'], pipelines.OMP_WAIT_POLICY_SET_BY_USER)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [expected, str(bool(preset))]
 

@@ -1,4 +1,5 @@
 """The scaffold writes a method that passes its own end-to-end run; it never overwrites."""
+
 import shutil
 
 import pytest
@@ -31,13 +32,17 @@ def test_scaffolded_method_runs_end_to_end(scaffolded, e2e_project):
     assert report["env"] == "test" and report["seeds"] == [0]
     assert set(report["variants"]) == {"ridge", "mean_baseline"}
     assert report["claims"][0]["id"] == "beats_mean_baseline" and isinstance(report["claims"][0]["holds"], bool)
-    assert report["claims"][0]["holds"] is True     # ridge vs the train mean on its own synthetic data
+    assert report["claims"][0]["holds"] is True  # ridge vs the train mean on its own synthetic data
     # the generated test file passes as written
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          f"tests/methods/test_{NAME}.py"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/methods/test_{NAME}.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stdout[-3000:]
 
 

@@ -1,4 +1,5 @@
 """The scoreboard and its regression check on fabricated reports (files and an MLflow store)."""
+
 from __future__ import annotations
 
 import json
@@ -8,27 +9,68 @@ from pathlib import Path
 import pytest
 
 from pipelines.core.scoreboard import (
-    NOT_RUN, build_scoreboard, compare, gain, infer_headline, latest_reports_from_dir,
-    latest_reports_from_mlflow, main, row_from_report, to_html, to_markdown,
+    NOT_RUN,
+    build_scoreboard,
+    compare,
+    gain,
+    infer_headline,
+    latest_reports_from_dir,
+    latest_reports_from_mlflow,
+    main,
+    row_from_report,
+    to_html,
+    to_markdown,
 )
 
 
-def fake_report(pipeline: str = "alpha", method_mse: float = 0.5, holds: bool = True, version: str = "2026-01-01T00.00.00.000Z",
-                headline: dict | None = None, **extra) -> dict:
+def fake_report(
+    pipeline: str = "alpha",
+    method_mse: float = 0.5,
+    holds: bool = True,
+    version: str = "2026-01-01T00.00.00.000Z",
+    headline: dict | None = None,
+    **extra,
+) -> dict:
     """A report shaped like build_report's output (+ the context the hooks stamp)."""
-    variants = {pipeline: {"test_mse": method_mse, "acc": 0.9}, "linear": {"test_mse": 1.0, "acc": 0.7},
-                "mean_baseline": {"test_mse": 2.0, "acc": 0.5}}
+    variants = {
+        pipeline: {"test_mse": method_mse, "acc": 0.9},
+        "linear": {"test_mse": 1.0, "acc": 0.7},
+        "mean_baseline": {"test_mse": 2.0, "acc": 0.5},
+    }
     g = (1.0 - method_mse) / 1.0
     report = {
-        "pipeline": pipeline, "env": "base", "git_commit": "0123456789abcdef", "seeds": [0, 1, 2],
-        "params_hash": "h", "save_version": version, "wall_seconds": 12.5, "variants": variants,
+        "pipeline": pipeline,
+        "env": "base",
+        "git_commit": "0123456789abcdef",
+        "seeds": [0, 1, 2],
+        "params_hash": "h",
+        "save_version": version,
+        "wall_seconds": 12.5,
+        "variants": variants,
         "variants_std": {v: {k: 0.01 for k in row} for v, row in variants.items()},
         "metrics": {f"relative_gain.test_mse.{pipeline}_vs_linear": g},
-        "claims": [{"id": "beats_linear", "text": "t", "metric": f"relative_gain.test_mse.{pipeline}_vs_linear",
-                    "op": ">=", "threshold": 0.1, "value": g, "holds": holds},
-                   {"id": "acc_floor", "text": "t", "metric": f"variants.{pipeline}.acc", "op": ">=",
-                    "threshold": 0.8, "value": 0.9, "holds": True}],
-        "artifacts": [], **extra,
+        "claims": [
+            {
+                "id": "beats_linear",
+                "text": "t",
+                "metric": f"relative_gain.test_mse.{pipeline}_vs_linear",
+                "op": ">=",
+                "threshold": 0.1,
+                "value": g,
+                "holds": holds,
+            },
+            {
+                "id": "acc_floor",
+                "text": "t",
+                "metric": f"variants.{pipeline}.acc",
+                "op": ">=",
+                "threshold": 0.8,
+                "value": 0.9,
+                "holds": True,
+            },
+        ],
+        "artifacts": [],
+        **extra,
     }
     report["claims_held"] = sum(c["holds"] for c in report["claims"])
     report["claims_declared"] = 2
@@ -53,20 +95,25 @@ def test_row_headline_best_baseline_and_gain():
     assert row.relative_gain == pytest.approx(0.5)
     assert (row.claims_held, row.claims_declared) == (2, 2)
     # a declared higher-is-better headline picks the max baseline and a signed gain
-    row = row_from_report(fake_report(headline={"metric": "acc", "method": "alpha", "lower_is_better": False},
-                                      paper="Alpha (ICML 2026)"))
+    row = row_from_report(
+        fake_report(headline={"metric": "acc", "method": "alpha", "lower_is_better": False}, paper="Alpha (ICML 2026)")
+    )
     assert row.paper == "Alpha (ICML 2026)" and row.best_baseline == "linear"
     assert row.relative_gain == pytest.approx((0.9 - 0.7) / 0.7)
     # a declared list of baselines narrows the best baseline (ablations are not baselines)
-    row = row_from_report(fake_report(headline={"metric": "test_mse", "method": "alpha", "baselines": ["mean_baseline"]}))
+    row = row_from_report(
+        fake_report(headline={"metric": "test_mse", "method": "alpha", "baselines": ["mean_baseline"]})
+    )
     assert row.best_baseline == "mean_baseline" and row.relative_gain == pytest.approx(0.75)
     assert gain(2.0, 1.0, lower_is_better=True) == -1.0 and gain(1.0, 0.0, True) is None
 
 
 def test_headline_inference_is_tolerant():
     assert infer_headline({"variants": {"a": {"x": 1}}, "claims": []}) is None
-    rep = {"variants": {"a": {"ece": 0.1}, "b": {"ece": 0.2}},
-           "claims": [{"metric": "variants.a.ece", "op": "<=", "threshold": 0.15}]}
+    rep = {
+        "variants": {"a": {"ece": 0.1}, "b": {"ece": 0.2}},
+        "claims": [{"metric": "variants.a.ece", "op": "<=", "threshold": 0.15}],
+    }
     assert infer_headline(rep) == {"metric": "ece", "method": "a", "lower_is_better": True, "inferred": True}
     # a report with no claims and no headline still gives a row, without numbers
     row = row_from_report({"pipeline": "z", "variants": {"z": {"m": 1.0}}})
@@ -76,7 +123,8 @@ def test_headline_inference_is_tolerant():
 def test_headline_from_parameters_file(tmp_path):
     (tmp_path / "conf" / "base").mkdir(parents=True)
     (tmp_path / "conf" / "base" / "parameters_alpha.yml").write_text(
-        "alpha:\n  paper: Alpha paper\n  headline: {metric: acc, method: linear, lower_is_better: false}\n")
+        "alpha:\n  paper: Alpha paper\n  headline: {metric: acc, method: linear, lower_is_better: false}\n"
+    )
     row = row_from_report(fake_report(), project=tmp_path)
     assert row.paper == "Alpha paper" and row.headline["method"] == "linear" and row.method_value == 0.7
     assert row.best_baseline == "alpha"
@@ -102,8 +150,9 @@ def test_latest_report_per_pipeline_and_not_run(tmp_path):
 
 def test_regression_hold_to_no_hold_is_flagged_new_pipeline_is_not():
     before = build_scoreboard({"alpha": fake_report("alpha", 0.5)}, ["alpha", "beta"])
-    after = build_scoreboard({"alpha": fake_report("alpha", 0.95, holds=False), "beta": fake_report("beta")},
-                             ["alpha", "beta"])
+    after = build_scoreboard(
+        {"alpha": fake_report("alpha", 0.95, holds=False), "beta": fake_report("beta")}, ["alpha", "beta"]
+    )
     regressions, notes = compare(after, before)
     assert any("alpha: claim beats_linear held" in r for r in regressions)
     assert not any(r.startswith("beta") for r in regressions)
@@ -118,7 +167,7 @@ def test_regression_hold_to_no_hold_is_flagged_new_pipeline_is_not():
 def test_regression_headline_tolerance_and_claim_tolerance():
     ref = build_scoreboard({"alpha": fake_report("alpha", 0.50)}, ["alpha"])
     slightly = build_scoreboard({"alpha": fake_report("alpha", 0.51)}, ["alpha"])  # 2% worse, claims hold
-    much = build_scoreboard({"alpha": fake_report("alpha", 0.60)}, ["alpha"])      # 20% worse, claims hold
+    much = build_scoreboard({"alpha": fake_report("alpha", 0.60)}, ["alpha"])  # 20% worse, claims hold
     better = build_scoreboard({"alpha": fake_report("alpha", 0.30)}, ["alpha"])
     assert compare(slightly, ref)[0] == []
     assert any("headline alpha test_mse" in r for r in compare(much, ref)[0])
@@ -128,7 +177,9 @@ def test_regression_headline_tolerance_and_claim_tolerance():
     tight = fake_report("alpha", 0.60)
     tight["claims"][0]["tolerance"] = 0.05
     regs = compare(build_scoreboard({"alpha": tight}, ["alpha"]), ref, headline_tolerance=1.0)[0]
-    assert regs == ["alpha: claim beats_linear value 0.4 is worse than the reference 0.5 by more than its tolerance 0.05"]
+    assert regs == [
+        "alpha: claim beats_linear value 0.4 is worse than the reference 0.5 by more than its tolerance 0.05"
+    ]
     # a report that disappeared is a regression unless allowed
     gone = build_scoreboard({}, ["alpha"])
     assert "alpha: had a report in the reference, now not run" in compare(gone, ref)[0]
@@ -144,8 +195,18 @@ def test_cli_writes_files_and_exits_nonzero_on_regression(tmp_path, capsys):
     assert [r["status"] for r in board["rows"]] == ["ok", NOT_RUN]
     assert (tmp_path / "ref" / "scoreboard.html").read_text().startswith("<!doctype html>")
     capsys.readouterr()
-    code = main(["--reports", str(bad), "--pipelines", "alpha,beta", "--out", str(tmp_path / "now"),
-                 "--compare-to", str(tmp_path / "ref" / "scoreboard.json")])
+    code = main(
+        [
+            "--reports",
+            str(bad),
+            "--pipelines",
+            "alpha,beta",
+            "--out",
+            str(tmp_path / "now"),
+            "--compare-to",
+            str(tmp_path / "ref" / "scoreboard.json"),
+        ]
+    )
     out = capsys.readouterr()
     assert code == 1 and "**regression**: alpha: claim beats_linear held" in out.out
     assert json.loads((tmp_path / "now" / "scoreboard.json").read_text())["compared_to"]["regressions"]
@@ -171,8 +232,9 @@ def test_reads_the_latest_parent_run_from_mlflow(tmp_path, monkeypatch):
             exp = mlflow.get_experiment_by_name(m)
             exp_id = exp.experiment_id if exp else mlflow.create_experiment(m, (tmp_path / "art").as_uri())
             with mlflow.start_run(experiment_id=exp_id):
-                rep = fake_report(m, mse, holds=holds, version=f"2026-01-0{i + 1}T00.00.00.000Z",
-                                  env="base" if i < 2 else "test")
+                rep = fake_report(
+                    m, mse, holds=holds, version=f"2026-01-0{i + 1}T00.00.00.000Z", env="base" if i < 2 else "test"
+                )
                 run_id = log_report(rep)
     finally:
         mlflow.set_tracking_uri(previous)
@@ -182,11 +244,26 @@ def test_reads_the_latest_parent_run_from_mlflow(tmp_path, monkeypatch):
     board = build_scoreboard(reports, ["alpha", "beta"])
     assert board["rows"][1]["run_id"] == run_id and math.isclose(board["rows"][0]["method_value"], 0.95)
     # an MLflow filter as the reference: the first alpha run, whose claim held
-    regs, _ = compare(board, build_scoreboard(
-        latest_reports_from_mlflow(uri, "tags.save_version = '2026-01-01T00.00.00.000Z'"), ["alpha", "beta"]))
+    regs, _ = compare(
+        board,
+        build_scoreboard(
+            latest_reports_from_mlflow(uri, "tags.save_version = '2026-01-01T00.00.00.000Z'"), ["alpha", "beta"]
+        ),
+    )
     assert any("beats_linear held" in r for r in regs)
-    assert main(["--tracking-uri", uri, "--pipelines", "alpha,beta", "--compare-to",
-                 "mlflow:tags.save_version = '2026-01-01T00.00.00.000Z'"]) == 1
+    assert (
+        main(
+            [
+                "--tracking-uri",
+                uri,
+                "--pipelines",
+                "alpha,beta",
+                "--compare-to",
+                "mlflow:tags.save_version = '2026-01-01T00.00.00.000Z'",
+            ]
+        )
+        == 1
+    )
 
 
 def test_only_default_scale_reports_by_default(tmp_path, capsys):

@@ -1,12 +1,22 @@
 """core.seqmodels against independent references: RoPE's relative-position identity, cached decode vs the
 full forward, the SSM scan vs its quadratic (semiseparable-matrix) form, sampling paths that must agree."""
+
 import math
 
 import pytest
 import torch
 
-from pipelines.core.seqmodels import (KVCache, SelectiveSSMLM, SSMConfig, TinyConfig, TinyTransformer, Tokenizer,
-                                      generate, rope, sequence_logprobs)
+from pipelines.core.seqmodels import (
+    KVCache,
+    SelectiveSSMLM,
+    SSMConfig,
+    TinyConfig,
+    TinyTransformer,
+    Tokenizer,
+    generate,
+    rope,
+    sequence_logprobs,
+)
 
 
 def test_tokenizer_round_trip_batch_and_unknown_symbol():
@@ -23,16 +33,20 @@ def test_tokenizer_round_trip_batch_and_unknown_symbol():
 def test_rope_scores_depend_only_on_relative_position():
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 8, generator=g), torch.randn(1, 8, generator=g)
+
     def score(m, n):
         return (rope(q, torch.tensor([m])) @ rope(k, torch.tensor([n])).T).item()
+
     assert score(3, 1) == pytest.approx(score(10, 8), abs=1e-5) == pytest.approx(score(53, 51), abs=1e-5)
-    assert score(0, 0) == pytest.approx((q @ k.T).item(), abs=1e-6)              # position 0: identity
+    assert score(0, 0) == pytest.approx((q @ k.T).item(), abs=1e-6)  # position 0: identity
     assert rope(q, torch.tensor([7])).norm().item() == pytest.approx(q.norm().item(), rel=1e-6)  # a rotation
 
 
 def _tiny(causal=True, seed=0):
     torch.manual_seed(seed)
-    return TinyTransformer(TinyConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, max_len=32, causal=causal)).eval()
+    return TinyTransformer(
+        TinyConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, max_len=32, causal=causal)
+    ).eval()
 
 
 def test_cached_decode_equals_full_forward_and_eviction_keeps_positions():
@@ -42,10 +56,10 @@ def test_cached_decode_equals_full_forward_and_eviction_keeps_positions():
         full = m(ids)
         cache = KVCache()
         step = [m(ids[:, :4], cache=cache)]
-        step += [m(ids[:, t:t + 1], cache=cache) for t in range(4, 9)]
+        step += [m(ids[:, t : t + 1], cache=cache) for t in range(4, 9)]
     assert torch.allclose(torch.cat(step, 1), full, atol=1e-5)
     assert len(cache) == 9 and cache.next_position == 9
-    assert cache.nbytes() == 2 * 2 * (2 * 2 * 9 * 8) * 4                       # layers·(k,v)·B·H·T·dh·fp32
+    assert cache.nbytes() == 2 * 2 * (2 * 2 * 9 * 8) * 4  # layers·(k,v)·B·H·T·dh·fp32
     # keeping every entry changes nothing; dropping one changes the next token's logits; positions survive
     with torch.no_grad():
         nxt = torch.tensor([[3], [4]])
@@ -70,10 +84,10 @@ def test_bidirectional_model_sees_the_future_and_max_len_is_enforced():
     ids = torch.randint(0, 11, (1, 6), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         a, b = m(ids), m(torch.cat([ids[:, :5], (ids[:, 5:] + 1) % 11], 1))
-    assert not torch.allclose(a[:, 0], b[:, 0])                                  # position 0 sees position 5
+    assert not torch.allclose(a[:, 0], b[:, 0])  # position 0 sees position 5
     with torch.no_grad():
         c = _tiny()(ids), _tiny()(torch.cat([ids[:, :5], (ids[:, 5:] + 1) % 11], 1))
-    assert torch.allclose(c[0][:, :5], c[1][:, :5], atol=1e-6)                   # causal: it does not
+    assert torch.allclose(c[0][:, :5], c[1][:, :5], atol=1e-6)  # causal: it does not
     with pytest.raises(ValueError, match="exceeds max_len=32"):
         _tiny()(torch.zeros(1, 33, dtype=torch.long))
 
@@ -90,13 +104,13 @@ def test_ssm_scan_matches_its_semiseparable_matrix_form():
         y = layer(u)
         x, z, b, c, dt, decay = layer._split(u)
         # y_t = Σ_{s≤t} (Π_{r=s+1..t} a_r) Δ_s (C_t·B_s) x_s  — the quadratic form of the same recurrence
-        logcum = torch.log(decay).cumsum(1)                                       # [B, T, H]
+        logcum = torch.log(decay).cumsum(1)  # [B, T, H]
         T = u.shape[1]
         ref = torch.zeros_like(x)
         for t in range(T):
             for s in range(t + 1):
-                a = torch.exp(logcum[:, t] - logcum[:, s])                         # [B, H]
-                cb = (c[:, t] * b[:, s]).sum(-1)                                   # [B, H]
+                a = torch.exp(logcum[:, t] - logcum[:, s])  # [B, H]
+                cb = (c[:, t] * b[:, s]).sum(-1)  # [B, H]
                 ref[:, t] += (a * dt[:, s] * cb)[..., None] * x[:, s]
         expected = layer._finish(ref, x, z)
     assert torch.allclose(y, expected, atol=1e-5)
@@ -114,7 +128,7 @@ def test_ssm_step_decode_equals_scan_and_state_mask_prunes_channels():
     assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5)
     with torch.no_grad():
         for layer in m.layers:
-            layer.state_mask[:, 1] = 0                                             # prune state channel 1
+            layer.state_mask[:, 1] = 0  # prune state channel 1
         pruned = m(ids)
         _, states = m.step(ids[:, 0], None)
     assert not torch.allclose(pruned, full) and states[0][..., 1].abs().max().item() == 0.0
@@ -124,7 +138,7 @@ def test_ssm_step_decode_equals_scan_and_state_mask_prunes_channels():
 def test_greedy_generation_with_state_equals_recomputing_the_prefix(kind):
     m = _tiny() if kind == "transformer" else _ssm()
 
-    class Plain(torch.nn.Module):                                                  # no cache, no state
+    class Plain(torch.nn.Module):  # no cache, no state
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
@@ -137,7 +151,9 @@ def test_greedy_generation_with_state_equals_recomputing_the_prefix(kind):
     slow = generate(Plain(m), prompt, 8, temperature=0)
     assert fast.shape == (2, 11) and torch.equal(fast, slow)
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    assert torch.equal(generate(m, prompt, 5, 1.0, top_k=3, generator=g1), generate(m, prompt, 5, 1.0, top_k=3, generator=g2))
+    assert torch.equal(
+        generate(m, prompt, 5, 1.0, top_k=3, generator=g1), generate(m, prompt, 5, 1.0, top_k=3, generator=g2)
+    )
 
 
 def test_generation_stops_at_eos_and_sequence_logprobs_match_a_manual_sum():
@@ -158,17 +174,30 @@ def test_generation_stops_at_eos_and_sequence_logprobs_match_a_manual_sum():
 # ------------------------------------------------------------------------------------------ chunked SSD
 def _mamba2(seed=0, scan="chunked", chunk=5):
     torch.manual_seed(seed)
-    return SelectiveSSMLM(SSMConfig(vocab_size=9, d_model=8, n_layers=2, d_state=4, n_heads=4, n_groups=2, expand=2,
-                                    d_conv=3, scan=scan, chunk_size=chunk)).eval()
+    return SelectiveSSMLM(
+        SSMConfig(
+            vocab_size=9,
+            d_model=8,
+            n_layers=2,
+            d_state=4,
+            n_heads=4,
+            n_groups=2,
+            expand=2,
+            d_conv=3,
+            scan=scan,
+            chunk_size=chunk,
+        )
+    ).eval()
 
 
 def test_segsum_is_the_sum_between_positions():
     from pipelines.core.seqmodels import segsum
+
     a = torch.randn(2, 6, generator=torch.Generator().manual_seed(5))
     out = segsum(a)
     for i in range(6):
         for j in range(6):
-            ref = a[:, j + 1:i + 1].sum(-1) if i >= j else torch.full((2,), -math.inf)
+            ref = a[:, j + 1 : i + 1].sum(-1) if i >= j else torch.full((2,), -math.inf)
             assert torch.allclose(out[:, i, j], ref, atol=1e-6) or (i < j and torch.isinf(out[:, i, j]).all())
 
 
@@ -199,7 +228,7 @@ def test_grouped_conv_model_step_decode_equals_forward_and_group_mask_prunes():
     assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5)
     layer = m.layers[0]
     assert layer.in_proj.out_features == 2 * 16 + 2 * 2 * 4 + 4 and layer.conv1d.weight.shape == (16 + 16, 1, 3)
-    with torch.no_grad():                      # causality of the conv: the future never leaks back
+    with torch.no_grad():  # causality of the conv: the future never leaks back
         other = m(torch.cat([ids[:, :5], (ids[:, 5:] + 1) % 9], 1))
     assert torch.allclose(other[:, :5], full[:, :5], atol=1e-6)
 
@@ -228,7 +257,7 @@ def test_block_subclass_hook_and_cache_fork():
     rec = TinyTransformer(c, block_cls=Recording)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
-        assert torch.allclose(plain(ids), rec(ids))                # same init, same function
+        assert torch.allclose(plain(ids), rec(ids))  # same init, same function
         assert seen == [(0, 4), (1, 4)]
         prefix = KVCache()
         plain(ids, cache=prefix)

@@ -2,6 +2,7 @@
 from a hand-made sweep, and end to end on rankcal --env=test in a throw-away project: a 2 x 2 grid run
 locally (4 concurrent points on the embedded sqlite store: 4 parent runs, tagged) and on a local Ray
 instance, a point with a bad value failing alone, and --resume rerunning only what did not finish ok."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,12 @@ def test_sweep_id_and_error_line():
 
 
 def test_resume_selects_what_did_not_finish_ok():
-    doc = {"points": [{"index": i, "status": s} for i, s in
-                      enumerate([sw.OK, sw.FAILED, sw.INTERRUPTED, sw.PENDING, "running", sw.OK])]}
+    doc = {
+        "points": [
+            {"index": i, "status": s}
+            for i, s in enumerate([sw.OK, sw.FAILED, sw.INTERRUPTED, sw.PENDING, "running", sw.OK])
+        ]
+    }
     assert sw.resume_todo(doc) == [1, 2, 3, 4]
 
 
@@ -81,15 +86,16 @@ def test_a_point_reads_back_its_own_dataset_versions(tmp_path):
     from kedro_datasets.json import JSONDataset
 
     def catalog(save_version: str) -> DataCatalog:
-        return DataCatalog({"m.metrics": JSONDataset(filepath=str(tmp_path / "metrics.json"),
-                                                      version=Version(None, save_version))})
+        return DataCatalog(
+            {"m.metrics": JSONDataset(filepath=str(tmp_path / "metrics.json"), version=Version(None, save_version))}
+        )
 
     mine, other = catalog("2026-01-01T00.00.00.000Z"), catalog("2026-01-01T00.00.00.001Z")
     assert versions.pin_own_version(mine, "m.metrics", {})
     mine.save("m.metrics", {"point": "mine"})
-    other.save("m.metrics", {"point": "other"})          # a newer version, written meanwhile
+    other.save("m.metrics", {"point": "other"})  # a newer version, written meanwhile
     assert mine.load("m.metrics") == {"point": "mine"}
-    plain = catalog("2026-01-01T00.00.00.000Z")           # what Kedro alone does: the newest version
+    plain = catalog("2026-01-01T00.00.00.000Z")  # what Kedro alone does: the newest version
     assert plain.load("m.metrics") == {"point": "other"}
     assert not versions.pin_own_version(mine, "m.metrics", {"m.metrics": "x"})  # a version the run pinned itself
 
@@ -110,13 +116,15 @@ def test_no_two_point_sessions_share_a_millisecond(tmp_path, monkeypatch):
     with ThreadPoolExecutor(8) as pool:
         ids = list(pool.map(lambda _: unique.create(), range(24)))
     assert len(set(ids)) == 24
-    assert versions.unique_session_class(unique) is unique      # never wrapped (and locked) twice
+    assert versions.unique_session_class(unique) is unique  # never wrapped (and locked) twice
 
 
 def test_a_raced_point_is_discarded(tmp_path):
-    log = ("WARNING  .../kedro/io/core.py:1049: UserWarning: Save version '2026-12-01T10.58.21.648Z' did not match\n"
-           "         load version '2026-12-01T10.58.21.880Z' for pipelines.core.datasets.TableDataset(filepath=\n"
-           "         PurePosixPath('/p/data/02_intermediate/m/datasets.parquet'), protocol='file')")
+    log = (
+        "WARNING  .../kedro/io/core.py:1049: UserWarning: Save version '2026-12-01T10.58.21.648Z' did not match\n"
+        "         load version '2026-12-01T10.58.21.880Z' for pipelines.core.datasets.TableDataset(filepath=\n"
+        "         PurePosixPath('/p/data/02_intermediate/m/datasets.parquet'), protocol='file')"
+    )
     assert sw.base._RACE.search(" ".join(log.split()))
     report = tmp_path / "data" / "08_reporting" / "m" / "report.json" / "V" / "report.json"
     report.parent.mkdir(parents=True)
@@ -131,16 +139,46 @@ def _fake_doc() -> dict:
     def claims(a: bool, b: bool) -> list[dict]:
         return [{"id": "c_one", "value": 0.1, "holds": a}, {"id": "c_two", "value": 2.0, "holds": b}]
 
-    pts = [{"index": 0, "overrides": {"m.a": "1"}, "status": "ok", "run_id": "r0", "wall_seconds": 3.0,
-            "claims": claims(True, False), "claims_held": 1, "claims_declared": 2,
-            "headline": {"metric": "mse", "method": "m", "value": 0.5}},
-           {"index": 1, "overrides": {"m.a": "2"}, "status": "ok", "run_id": "r1", "wall_seconds": 3.5,
-            "claims": claims(True, True), "claims_held": 2, "claims_declared": 2,
-            "headline": {"metric": "mse", "method": "m", "value": 0.4}},
-           {"index": 2, "overrides": {"m.a": "-1"}, "status": "failed", "error": "Error: parameter m.a: > 0",
-            "wall_seconds": 1.0}]
-    return {"sweep_id": "m-20260101T000000-abcd", "pipeline": "m", "env": "test", "experiment": "m",
-            "grid": [{"key": "m.a", "values": ["1", "2", "-1"]}], "params": {}, "points": pts}
+    pts = [
+        {
+            "index": 0,
+            "overrides": {"m.a": "1"},
+            "status": "ok",
+            "run_id": "r0",
+            "wall_seconds": 3.0,
+            "claims": claims(True, False),
+            "claims_held": 1,
+            "claims_declared": 2,
+            "headline": {"metric": "mse", "method": "m", "value": 0.5},
+        },
+        {
+            "index": 1,
+            "overrides": {"m.a": "2"},
+            "status": "ok",
+            "run_id": "r1",
+            "wall_seconds": 3.5,
+            "claims": claims(True, True),
+            "claims_held": 2,
+            "claims_declared": 2,
+            "headline": {"metric": "mse", "method": "m", "value": 0.4},
+        },
+        {
+            "index": 2,
+            "overrides": {"m.a": "-1"},
+            "status": "failed",
+            "error": "Error: parameter m.a: > 0",
+            "wall_seconds": 1.0,
+        },
+    ]
+    return {
+        "sweep_id": "m-20260101T000000-abcd",
+        "pipeline": "m",
+        "env": "test",
+        "experiment": "m",
+        "grid": [{"key": "m.a", "values": ["1", "2", "-1"]}],
+        "params": {},
+        "points": pts,
+    }
 
 
 def test_summary_files_from_a_sweep(tmp_path):
@@ -166,13 +204,15 @@ def test_usage_errors_stop_before_anything_runs(tmp_path, monkeypatch):
 
     project = make_project(tmp_path / "p")
     monkeypatch.chdir(project)
-    cases = [([], "--pipeline is required"),
-             (["--pipeline=rankcal"], "at least one --grid"),
-             (["--pipeline=rankcal", "--grid", "rankcal.seeds=[0"], "unclosed bracket"),
-             (["--pipeline=rankcal", "--grid", GRID_A, "--params", "rankcal.ece.n_bins=5"], "both swept"),
-             (["--pipeline=rankcal", "--grid", GRID_A, "--runner-params", "adress=local"], "unknown key"),
-             (["--resume", "rankcal-20260101T000000-abcd", "--grid", GRID_A], "--resume reruns"),
-             (["--pipeline=nope", "--grid", GRID_A], "not registered")]
+    cases = [
+        ([], "--pipeline is required"),
+        (["--pipeline=rankcal"], "at least one --grid"),
+        (["--pipeline=rankcal", "--grid", "rankcal.seeds=[0"], "unclosed bracket"),
+        (["--pipeline=rankcal", "--grid", GRID_A, "--params", "rankcal.ece.n_bins=5"], "both swept"),
+        (["--pipeline=rankcal", "--grid", GRID_A, "--runner-params", "adress=local"], "unknown key"),
+        (["--resume", "rankcal-20260101T000000-abcd", "--grid", GRID_A], "--resume reruns"),
+        (["--pipeline=nope", "--grid", GRID_A], "not registered"),
+    ]
     for args, msg in cases:
         res = CliRunner().invoke(sw.sweep, args)
         assert res.exit_code != 0 and msg in res.output, (args, res.output)
@@ -181,12 +221,23 @@ def test_usage_errors_stop_before_anything_runs(tmp_path, monkeypatch):
 
 # ============================================================================================ end to end
 def _sweep(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-           "KEDRO_DISABLE_TELEMETRY": "true", "OMP_WAIT_POLICY": "PASSIVE", "MPLBACKEND": "Agg"}
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+        "KEDRO_DISABLE_TELEMETRY": "true",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "MPLBACKEND": "Agg",
+    }
     env.pop("MLFLOW_EXPERIMENT_NAME", None)
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "pipelines", "sweep", *args], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines", "sweep", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _sweep_doc(project: Path) -> dict:
@@ -209,7 +260,7 @@ def _check_2x2(project: Path, res: subprocess.CompletedProcess) -> None:
     sid = doc["sweep_id"]
     assert [p["status"] for p in doc["points"]] == ["ok"] * 4, out[-6000:]
     parents = _runs(project, sid, "parent")
-    assert len(parents) == 4                               # no run lost to the concurrent sqlite writers
+    assert len(parents) == 4  # no run lost to the concurrent sqlite writers
     assert {r.info.run_id for r in parents} == {p["run_id"] for p in doc["points"]}
     by_run = {p["run_id"]: p for p in doc["points"]}
     for r in parents:
@@ -218,12 +269,17 @@ def _check_2x2(project: Path, res: subprocess.CompletedProcess) -> None:
         assert r.data.tags["sweep.rankcal.models.neural.steps"] == p["overrides"]["rankcal.models.neural.steps"]
         assert r.data.tags["sweep_point"] == str(p["index"]) and r.data.tags["save_version"] == p["save_version"]
     assert {tuple(p["overrides"].values()) for p in doc["points"]} == {
-        ("10", "30"), ("10", "40"), ("15", "30"), ("15", "40")}
+        ("10", "30"),
+        ("10", "40"),
+        ("15", "30"),
+        ("15", "40"),
+    }
     reports = [json.loads((project / p["report"]).read_text()) for p in doc["points"]]
     assert len({r["params_hash"] for r in reports}) == 4 and {r["save_version"] for r in reports} == {
-        p["save_version"] for p in doc["points"]}
+        p["save_version"] for p in doc["points"]
+    }
     logs = project / "data" / "08_reporting" / "rankcal" / "sweeps" / sid / "logs"
-    for log in logs.glob("*.log"):                      # no point read back another point's data
+    for log in logs.glob("*.log"):  # no point read back another point's data
         assert "did not match load version" not in log.read_text(), log.name
     (sweep_run,) = _runs(project, sid, "sweep")
     assert sweep_run.info.run_name == f"sweep-{sid}"
@@ -236,15 +292,16 @@ def _check_2x2(project: Path, res: subprocess.CompletedProcess) -> None:
     assert len(df) == 4 and set(df["status"]) == {"ok"} and df["run_id"].notna().all()
     holds = [c for c in df.columns if c.startswith("claim.") and c.endswith(".holds")]
     assert holds and df[holds].notna().all().all()
-    assert (out_dir / "heatmap.png").stat().st_size > 1000 and "## Claim robustness" in (out_dir / "summary.md").read_text()
+    assert (out_dir / "heatmap.png").stat().st_size > 1000 and "## Claim robustness" in (
+        out_dir / "summary.md"
+    ).read_text()
     assert "| point | ece.n_bins | models.neural.steps | status |" in res.stdout and "summary: " in res.stdout
 
 
 @pytest.mark.e2e
 def test_local_2x2_four_concurrent_points(tmp_path):
     project = make_project(tmp_path / "project")
-    res = _sweep(project, "--pipeline=rankcal", "--env=test", "--grid", GRID_A, "--grid", GRID_B,
-                 "--max-parallel", "4")
+    res = _sweep(project, "--pipeline=rankcal", "--env=test", "--grid", GRID_A, "--grid", GRID_B, "--max-parallel", "4")
     _check_2x2(project, res)
     assert "local, 4 at once" in res.stdout
 
@@ -254,8 +311,17 @@ def test_local_2x2_four_concurrent_points(tmp_path):
 def test_ray_local_2x2(tmp_path):
     pytest.importorskip("ray")
     project = make_project(tmp_path / "project")
-    res = _sweep(project, "--pipeline=rankcal", "--env=test", "--grid", GRID_A, "--grid", GRID_B,
-                 "--runner-params", "address=local")
+    res = _sweep(
+        project,
+        "--pipeline=rankcal",
+        "--env=test",
+        "--grid",
+        GRID_A,
+        "--grid",
+        GRID_B,
+        "--runner-params",
+        "address=local",
+    )
     _check_2x2(project, res)
     assert "Ray at local" in res.stdout
 
@@ -276,9 +342,13 @@ def test_bad_value_fails_alone_and_resume_reruns_only_it(tmp_path):
     assert again.returncode != 0
     assert "1 of 2 point(s)" in again.stdout, again.stdout
     after = _sweep_doc(project)
-    assert after["points"][0] == ok                       # the ok point was not touched
+    assert after["points"][0] == ok  # the ok point was not touched
     assert after["points"][1]["attempts"] == 2 and after["points"][1]["status"] == "failed"
-    logs = sorted(p.name for p in (project / "data" / "08_reporting" / "rankcal" / "sweeps" / doc["sweep_id"]
-                                   / "logs").glob("*.stderr.log"))
+    logs = sorted(
+        p.name
+        for p in (project / "data" / "08_reporting" / "rankcal" / "sweeps" / doc["sweep_id"] / "logs").glob(
+            "*.stderr.log"
+        )
+    )
     assert logs == ["point-0.attempt-1.stderr.log", "point-1.attempt-1.stderr.log", "point-1.attempt-2.stderr.log"]
-    assert len(_runs(project, doc["sweep_id"], "sweep")) == 1   # the sweep's run is reused
+    assert len(_runs(project, doc["sweep_id"], "sweep")) == 1  # the sweep's run is reused

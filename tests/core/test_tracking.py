@@ -1,5 +1,6 @@
 """core.tracking: which runs a later `kedro run` ends KILLED (their owning process is gone), the guard that
 turns MLflow off after the first failure, and the bounded HTTP retries."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,8 @@ def _dead_pid() -> int:
 def test_process_gone_decides_by_pid_and_start_time():
     me = tracking.process_tags()
     assert me["process.pid"] == str(os.getpid()) and me["process.started"]
-    assert not tracking.process_gone(me)                                     # alive
-    assert tracking.process_gone({**me, "process.pid": str(_dead_pid())})   # no such pid
+    assert not tracking.process_gone(me)  # alive
+    assert tracking.process_gone({**me, "process.pid": str(_dead_pid())})  # no such pid
     reused = float(me["process.started"]) - 3600
     assert tracking.process_gone({**me, "process.started": f"{reused:.2f}"})  # pid now another process
     assert not tracking.process_gone({**me, "process.host": "elsewhere", "process.pid": str(_dead_pid())})
@@ -45,8 +46,13 @@ def test_reap_dead_runs_ends_only_gone_processes_runs_killed(tmp_path):
     killed = tracking.reap_dead_runs(uri)
     assert sorted(killed) == sorted([ids["dead"], ids["reused"]])
     status = {k: client.get_run(i).info.status for k, i in ids.items()}
-    assert status == {"alive": "RUNNING", "dead": "KILLED", "reused": "KILLED", "other_host": "RUNNING",
-                      "untagged": "RUNNING"}
+    assert status == {
+        "alive": "RUNNING",
+        "dead": "KILLED",
+        "reused": "KILLED",
+        "other_host": "RUNNING",
+        "untagged": "RUNNING",
+    }
     assert client.get_run(child).info.status == "KILLED"
     assert "was gone" in client.get_run(ids["dead"]).data.tags["ended_by"]
 
@@ -62,7 +68,7 @@ def test_guard_warns_once_and_skips_the_rest(caplog):
     try:
         assert tracking.guarded("parameters", boom) is None
         assert tracking.guarded("plots", boom) is None
-        assert calls == [1]                      # never asked again once lost
+        assert calls == [1]  # never asked again once lost
         assert tracking.unlogged() == ["parameters", "plots"]
         warnings = [r for r in caplog.records if r.levelname == "WARNING"]
         assert len(warnings) == 1 and "connection refused" in warnings[0].getMessage()
@@ -93,8 +99,11 @@ def test_relog_finds_the_plots_where_the_versioned_plots_dataset_saves_them(tmp_
     base = tmp_path / "data" / "08_reporting" / "m"
     report = base / "report.json" / version / "report.json"
     report.parent.mkdir(parents=True)
-    report.write_text(json.dumps({"pipeline": "m", "save_version": version, "variants": {"a": {"x": 1.0}},
-                                  "claims": [], "metrics": {}}))
+    report.write_text(
+        json.dumps(
+            {"pipeline": "m", "save_version": version, "variants": {"a": {"x": 1.0}}, "claims": [], "metrics": {}}
+        )
+    )
     (report.parent / "params.json").write_text(json.dumps({"m.n": "3"}))
     plots = base / "plots" / version / "plots"
     plots.mkdir(parents=True)

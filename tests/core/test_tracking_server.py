@@ -9,6 +9,7 @@ the way a team runs it (docker/compose.yml), not the embedded sqlite store.
   ``kedro report log`` logs one parent with its children, parameters and plots and ends the run that lost
   the server FAILED; without the relog, the next ``kedro run`` ends it KILLED (its process is gone).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ from tests.core import test_run_lifecycle as lifecycle
 
 pytestmark = pytest.mark.e2e
 
-PIPELINES = ("trsp", "hypospace")       # two of the quickest --env=test pipelines
+PIPELINES = ("trsp", "hypospace")  # two of the quickest --env=test pipelines
 PROBE = "zz_tracking_probe"
 PKG = ROOT / "src" / "pipelines" / PROBE
 WARNING = "MLflow tracking failed while logging"
@@ -44,8 +45,7 @@ def _runs(url: str, experiment: str, filter_string: str = ""):
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    return client.search_runs([exp.experiment_id], filter_string=filter_string,
-                              order_by=["attributes.start_time ASC"])
+    return client.search_runs([exp.experiment_id], filter_string=filter_string, order_by=["attributes.start_time ASC"])
 
 
 def _parents(url: str, experiment: str, filter_string: str = ""):
@@ -119,26 +119,38 @@ def probe(tmp_path_factory):
         (PKG / "pipeline.py").write_text(lifecycle.PIPELINE_PY.format(m=PROBE))
         project = make_project(tmp_path_factory.mktemp("tracking_probe"))
         (project / "conf" / "base" / f"parameters_{PROBE}.yml").write_text(
-            lifecycle.PARAMS_YML.replace(lifecycle.PROBE, PROBE))
+            lifecycle.PARAMS_YML.replace(lifecycle.PROBE, PROBE)
+        )
         yield project
     finally:
         shutil.rmtree(PKG, ignore_errors=True)
 
 
 def _env(url: str, flag: Path, experiment: str) -> dict[str, str]:
-    return {**os.environ, "MLFLOW_TRACKING_URI": url, "MLFLOW_EXPERIMENT_NAME": experiment,
-            "KEDRO_DISABLE_TELEMETRY": "true", "COLUMNS": "250",
-            "PROBE_FLAG": str(flag),
-            "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")] if p)}
+    return {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": url,
+        "MLFLOW_EXPERIMENT_NAME": experiment,
+        "KEDRO_DISABLE_TELEMETRY": "true",
+        "COLUMNS": "250",
+        "PROBE_FLAG": str(flag),
+        "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")] if p),
+    }
 
 
 def _kedro(project: Path, url: str, experiment: str, *args: str, flag: Path | None = None) -> subprocess.Popen:
     """``kedro <args>`` (the project's CLI) in ``project``, against ``url``, logging to ``experiment``."""
     flag = flag or project / "flag"
-    return subprocess.Popen([sys.executable, "-m", "pipelines", *args], cwd=project,
-                            env=_env(url, flag, experiment),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines", *args],
+        cwd=project,
+        env=_env(url, flag, experiment),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> str:
@@ -156,11 +168,11 @@ def _run_losing_the_server(project: Path, server, experiment: str, tmp_path: Pat
     server, let the run finish. Returns (exit code, output, the lost parent run's id, seconds from the kill
     to the warning line)."""
     flag = tmp_path / "flag"
-    proc = _kedro(project, server.url, experiment, "run", "--pipeline", PROBE, "--params", f"{PROBE}.mode=wait",
-                  flag=flag)
-    lines: list[tuple[float, str]] = []          # (when it was read, line): the warning's delay is measured
-    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in proc.stdout),
-                              daemon=True)
+    proc = _kedro(
+        project, server.url, experiment, "run", "--pipeline", PROBE, "--params", f"{PROBE}.mode=wait", flag=flag
+    )
+    lines: list[tuple[float, str]] = []  # (when it was read, line): the warning's delay is measured
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in proc.stdout), daemon=True)
     reader.start()
     deadline, parent = time.monotonic() + 150, None
     try:
@@ -171,8 +183,11 @@ def _run_losing_the_server(project: Path, server, experiment: str, tmp_path: Pat
             if time.monotonic() > deadline:
                 raise AssertionError("no parent run with its save version on the server within 150 s")
             if parent is None:
-                found = [r for r in _parents(server.url, experiment) if r.info.status == "RUNNING"
-                         and "save_version" in r.data.tags]
+                found = [
+                    r
+                    for r in _parents(server.url, experiment)
+                    if r.info.status == "RUNNING" and "save_version" in r.data.tags
+                ]
                 parent = found[-1].info.run_id if found else None
             time.sleep(0.2)
         server.kill()
@@ -182,8 +197,9 @@ def _run_losing_the_server(project: Path, server, experiment: str, tmp_path: Pat
             proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("the run did not finish within 180 s of the server's loss:\n"
-                                 + "".join(ln for _, ln in lines)) from None
+            raise AssertionError(
+                "the run did not finish within 180 s of the server's loss:\n" + "".join(ln for _, ln in lines)
+            ) from None
         reader.join(30)
         warned = [t for t, ln in lines if WARNING in ln]
         return proc.returncode, "".join(ln for _, ln in lines), parent, (warned[0] - t0) if warned else None
@@ -201,7 +217,7 @@ def _check_lost_run_output(project: Path, code: int, out: str, seconds: float | 
     last = lines[-1]
     assert "MLflow tracking lost" in last and "not logged:" in last and "kedro report log" in last, out
     assert "the report and its variant runs" in last, last
-    report = project / last.split("kedro report log ", 1)[1].rstrip("`").split()[0]   # relative to the run's cwd
+    report = project / last.split("kedro report log ", 1)[1].rstrip("`").split()[0]  # relative to the run's cwd
     assert report.is_file(), last
     return report
 
@@ -211,7 +227,7 @@ def test_server_killed_mid_run_then_report_log_logs_it_and_ends_the_lost_run(pro
     code, out, lost, seconds = _run_losing_the_server(probe, tracking_server, exp, tmp_path)
     report = _check_lost_run_output(probe, code, out, seconds)
 
-    tracking_server.start()                    # same database: the lost run is there, still RUNNING
+    tracking_server.start()  # same database: the lost run is there, still RUNNING
     url = tracking_server.url
     assert _client(url).get_run(lost).info.status == "RUNNING"
     relog = _kedro(probe, url, exp, "report", "log", str(report))
@@ -233,8 +249,9 @@ def test_server_killed_mid_run_then_report_log_logs_it_and_ends_the_lost_run(pro
     assert old.info.status == "FAILED" and old.data.tags["relogged_as"] == new.info.run_id
 
 
-def test_server_killed_mid_run_then_the_next_run_ends_the_lost_run_killed(probe, tracking_server, tmp_path,
-                                                                          monkeypatch):
+def test_server_killed_mid_run_then_the_next_run_ends_the_lost_run_killed(
+    probe, tracking_server, tmp_path, monkeypatch
+):
     exp = f"{PROBE}_next_run"
     code, out, lost, seconds = _run_losing_the_server(probe, tracking_server, exp, tmp_path)
     _check_lost_run_output(probe, code, out, seconds)
@@ -242,7 +259,7 @@ def test_server_killed_mid_run_then_the_next_run_ends_the_lost_run_killed(probe,
     tracking_server.start()
     url = tracking_server.url
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", exp)
-    nxt = run_kedro(probe, PROBE, "base", tracking_uri=url)      # in this process: the lost run's is gone
+    nxt = run_kedro(probe, PROBE, "base", tracking_uri=url)  # in this process: the lost run's is gone
     assert nxt.exit_code == 0, nxt.output
     old = _client(url).get_run(lost)
     assert old.info.status == "KILLED" and "was gone" in old.data.tags["ended_by"], old.data.tags

@@ -1,5 +1,6 @@
 """Variant nodes keep the wrapped function's type hints (Kedro validates params through them), bind the
 variant, ship through cloudpickle (Ray), and are named train.<variant>."""
+
 import inspect
 from typing import get_type_hints
 

@@ -1,5 +1,6 @@
 """The CI workflows parse and do what docs/comparison.md says; the nightly matrix source lists exactly
 the registered pipelines."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,12 @@ def test_workflows_match_githubs_schema():
     exe = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent)) or shutil.which("check-jsonschema")
     if exe is None:
         pytest.skip("check-jsonschema is not installed (dev extra)")
-    res = subprocess.run([exe, "--builtin-schema", "vendor.github-workflows", *map(str, sorted(WORKFLOWS.glob("*.yml")))],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [exe, "--builtin-schema", "vendor.github-workflows", *map(str, sorted(WORKFLOWS.glob("*.yml")))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -62,11 +67,16 @@ def test_nightly_matrix_from_the_registry_then_scoreboard():
     assert "--env" not in run_lines(run)  # default scale
     upload = [s for s in run["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert upload and upload[0]["if"] == "always()"
-    assert "data/08_reporting/${{ matrix.pipeline }}/" in upload[0]["with"]["path"] and "mlflow.db" in upload[0]["with"]["path"]
+    assert (
+        "data/08_reporting/${{ matrix.pipeline }}/" in upload[0]["with"]["path"]
+        and "mlflow.db" in upload[0]["with"]["path"]
+    )
     board = jobs["scoreboard"]
     assert set(board["needs"]) == {"list", "run"} and board["if"].startswith("always()")
     text = run_lines(board)
-    assert "python -m pipelines.core.scoreboard --reports runs" in text and "--compare-to previous/scoreboard.json" in text
+    assert (
+        "python -m pipelines.core.scoreboard --reports runs" in text and "--compare-to previous/scoreboard.json" in text
+    )
     assert "GITHUB_STEP_SUMMARY" in text and "--status success" in text and "-n scoreboard" in text
     assert board["steps"][-1]["run"].rstrip().endswith("exit 1")  # fails on regression, after uploading
     assert wf["permissions"]["actions"] == "read"
@@ -74,13 +84,21 @@ def test_nightly_matrix_from_the_registry_then_scoreboard():
 
 def test_matrix_source_lists_exactly_the_registered_pipelines():
     """`kedro registry list --json` (the command the nightly runs) against the folders themselves."""
-    expected = sorted({p.parent.name for p in (ROOT / "src" / "pipelines").glob("*/*.py")
-                       if p.name in ("pipeline.py", "spec.py") and p.parent.name != "core"
-                       and (p.parent / "__init__.py").is_file() and not p.parent.name.startswith(("_", "."))})
+    expected = sorted(
+        {
+            p.parent.name
+            for p in (ROOT / "src" / "pipelines").glob("*/*.py")
+            if p.name in ("pipeline.py", "spec.py")
+            and p.parent.name != "core"
+            and (p.parent / "__init__.py").is_file()
+            and not p.parent.name.startswith(("_", "."))
+        }
+    )
     kedro = Path(sys.executable).with_name("kedro")
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "true"}
-    res = subprocess.run([str(kedro), "registry", "list", "--json"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [str(kedro), "registry", "list", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     listed = json.loads(res.stdout.strip().splitlines()[-1])  # what the workflow's `tail -n 1` takes
     assert listed == expected
@@ -98,8 +116,14 @@ def test_kedro_viz_build_writes_a_static_site_with_every_pipeline(tmp_path):
 
     project = make_project(tmp_path / "project")
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "true", "MPLBACKEND": "Agg"}
-    res = subprocess.run([str(Path(sys.executable).with_name("kedro")), "viz", "build"], cwd=project, env=env,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [str(Path(sys.executable).with_name("kedro")), "viz", "build"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (project / "build" / "index.html").is_file()
     main = json.loads((project / "build" / "api" / "main").read_text())

@@ -1,6 +1,7 @@
 """Tests of `adamspike`: the mechanism against independent references (numpy eigvals of D·A on a quadratic,
 a plain float64 Adam recursion, torch's Adam, torch double-backward HVPs, brute-force alarm scoring) and bad
 input. The end-to-end --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py."""
+
 import math
 
 import numpy as np
@@ -10,8 +11,10 @@ import pytest
 from pipelines.adamspike.params import Params
 from pipelines.core.params import ParameterError, validate
 
-CONFIGS = {"quad_adam": {"model": "quad", "beta1": 0.0, "beta2": 0.99, "eps": 0.0},
-           "mlp_adam": {"model": "mlp", "beta1": 0.9, "beta2": 0.999}}
+CONFIGS = {
+    "quad_adam": {"model": "quad", "beta1": 0.0, "beta2": 0.99, "eps": 0.0},
+    "mlp_adam": {"model": "mlp", "beta1": 0.9, "beta2": 0.999},
+}
 RAW = {"seeds": [0], "configs": CONFIGS, "variants": ["quad_adam", "mlp_adam"], "headline_variants": ["mlp_adam"]}
 
 
@@ -56,13 +59,30 @@ def _track_quadratic(a_mat, theta0, lr, beta1, beta2, eps, steps, power_iters):
     from pipelines.core.training import fit
 
     cfg = {"model": "mlp", "beta1": beta1, "beta2": beta2, "eps": eps}
-    p = Params.model_validate({**RAW, "configs": {**CONFIGS, "q": cfg}, "variants": ["q"], "headline_variants": [],
-                               "tracking": {"power_iters": power_iters,
-                                                                        "raw_power_iters": power_iters}})
+    p = Params.model_validate(
+        {
+            **RAW,
+            "configs": {**CONFIGS, "q": cfg},
+            "variants": ["q"],
+            "headline_variants": [],
+            "tracking": {"power_iters": power_iters, "raw_power_iters": power_iters},
+        }
+    )
     model = _QuadModule.make(a_mat, theta0)
     tracker = Tracker(model, QuadraticCurvature(a_mat), p.configs["q"], p, 0, lr, steps)
-    fit(model, None, lambda m, *_: m.loss(), steps=steps, sample_batch=lambda i, g: (), lr=lr, weight_decay=0.0,
-        optimizer=tracker.make_optimizer, grad_clip=None, callback=tracker, progress=False)
+    fit(
+        model,
+        None,
+        lambda m, *_: m.loss(),
+        steps=steps,
+        sample_batch=lambda i, g: (),
+        lr=lr,
+        weight_decay=0.0,
+        optimizer=tracker.make_optimizer,
+        grad_clip=None,
+        callback=tracker,
+        progress=False,
+    )
     return tracker.rec
 
 
@@ -93,7 +113,7 @@ def test_lambda_grad_gives_the_exact_sign_of_each_step_on_a_quadratic():
     loss = rec["log10_loss"]
     rise = loss[1:] > loss[:-1]
     pred = rec["eta_lambda_grad"][:-1] > 2
-    assert rise.any() and (~rise).any()         # the run has both kinds of steps
+    assert rise.any() and (~rise).any()  # the run has both kinds of steps
     assert np.array_equal(rise, pred)
 
 
@@ -111,9 +131,19 @@ def test_log_domain_quadratic_matches_float64_and_torch_adam():
         np.testing.assert_allclose(tr.log10_loss[:150], np.log10(ref_loss), rtol=1e-9, atol=1e-9)
         model = _QuadModule.make(np.array([[1.0]]), np.array([1.0]))
         losses = []
-        fit(model, None, lambda m, *_: m.loss(), steps=150, sample_batch=lambda i, g: (), lr=0.1, weight_decay=0.0,
-            optimizer=lambda ps: torch.optim.Adam(ps, lr=0.1, betas=(b1, 0.99), eps=1e-8), grad_clip=None,
-            callback=lambda info: losses.append(info.loss), progress=False)
+        fit(
+            model,
+            None,
+            lambda m, *_: m.loss(),
+            steps=150,
+            sample_batch=lambda i, g: (),
+            lr=0.1,
+            weight_decay=0.0,
+            optimizer=lambda ps: torch.optim.Adam(ps, lr=0.1, betas=(b1, 0.99), eps=1e-8),
+            grad_clip=None,
+            callback=lambda info: losses.append(info.loss),
+            progress=False,
+        )
         np.testing.assert_allclose(tr.log10_loss[:150], np.log10(losses), rtol=1e-9, atol=1e-9)
 
 
@@ -129,8 +159,8 @@ def test_quadratic_spikes_exactly_when_threshold_is_crossed(beta2):
     clear = np.abs(tr.eta_lambda_precond - 2.0) > 1e-9
     assert np.array_equal(rise[clear], above[clear])
     assert np.flatnonzero(rise)[0] == np.flatnonzero(above)[0]
-    assert tr.log10_loss.min() < -280                          # far below float64's range for β₂ = 0.999
-    assert tr.log10_loss[np.argmin(tr.log10_loss):].max() - tr.log10_loss.min() > 200
+    assert tr.log10_loss.min() < -280  # far below float64's range for β₂ = 0.999
+    assert tr.log10_loss[np.argmin(tr.log10_loss) :].max() - tr.log10_loss.min() > 200
     gd = quad_run(1.0, 1.0, 0.1, 3000, "gd")
     assert np.all(np.diff(gd.log10_loss) < 0)
 
@@ -160,17 +190,17 @@ def test_spike_detection_alarms_and_scoring_by_brute_force():
     from pipelines.adamspike.anatomy import alarms, detect_spikes, score_alarms
 
     ll = np.linspace(0, -5, 1000)
-    ll[300:310] = np.linspace(0.0, 1.0, 10)       # a spike detected at 300 (> 1 decade over the previous min)
-    ll[350:355] = -0.5                            # within 200 steps of the first: merged
-    ll[800:820] = -1.0                            # a second event
+    ll[300:310] = np.linspace(0.0, 1.0, 10)  # a spike detected at 300 (> 1 decade over the previous min)
+    ll[350:355] = -0.5  # within 200 steps of the first: merged
+    ll[800:820] = -1.0  # a second event
     ev = detect_spikes(ll, 10.0, 100, 200)
-    brute = [t for t in range(1, 1000) if ll[t] > ll[max(0, t - 100):t].min() + 1]
+    brute = [t for t in range(1, 1000) if ll[t] > ll[max(0, t - 100) : t].min() + 1]
     assert [e.detect for e in ev] == [300, 800] and brute[0] == 300 and 800 in brute
     assert ev[0].peak == 309 and ev[0].onset == 299
     cond = np.zeros(1000, bool)
-    cond[280:295] = True        # run of 15 → one alarm at 289 (k = 10), 11 steps before the spike
-    cond[500:520] = True        # alarm at 509, no spike follows: false positive
-    cond[760:765] = True        # run of 5 → no alarm
+    cond[280:295] = True  # run of 15 → one alarm at 289 (k = 10), 11 steps before the spike
+    cond[500:520] = True  # alarm at 509, no spike follows: false positive
+    cond[760:765] = True  # run of 5 → no alarm
     al = alarms(cond, 10)
     assert al.tolist() == [289, 509]
     sc = score_alarms(al, [e.detect for e in ev], 50)
@@ -187,8 +217,8 @@ def test_stages_on_the_quadratic_follow_the_anatomy():
     e = a["events"][0]
     lab = a["stages"]
     assert e.onset == int(np.argmin(a["run"]["log10_loss"]))
-    assert set(lab[e.onset:e.peak + 1]) == {4} and lab[e.peak + 1] == 5
-    assert np.mean(lab[50:e.onset] == 2) > 0.9
+    assert set(lab[e.onset : e.peak + 1]) == {4} and lab[e.peak + 1] == 5
+    assert np.mean(lab[50 : e.onset] == 2) > 0.9
 
 
 def test_results_table_and_artifacts_round_trip_the_per_step_analysis():
@@ -213,13 +243,19 @@ def test_results_table_and_artifacts_round_trip_the_per_step_analysis():
     pd.testing.assert_frame_equal(back, run)
 
 
-@pytest.mark.parametrize(("raw", "match"), [
-    ({**RAW, "configs": {**CONFIGS, "mlp_adam": {"model": "mlp", "beta2": 1.0}}}, r"adamspike\.configs\.mlp_adam\.beta2"),
-    ({**RAW, "predictor": {"k": 0}}, r"adamspike\.predictor\.k"),
-    ({**RAW, "variants": ["quad_adam", "nope"]}, r"'nope'.*not defined under configs"),
-    ({**RAW, "quad": {"theta0": 0.0}}, r"adamspike\.quad\.theta0"),
-    ({**RAW, "tracking": {"hvp": "finite_diff"}}, r"adamspike\.tracking\.hvp"),
-])
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (
+            {**RAW, "configs": {**CONFIGS, "mlp_adam": {"model": "mlp", "beta2": 1.0}}},
+            r"adamspike\.configs\.mlp_adam\.beta2",
+        ),
+        ({**RAW, "predictor": {"k": 0}}, r"adamspike\.predictor\.k"),
+        ({**RAW, "variants": ["quad_adam", "nope"]}, r"'nope'.*not defined under configs"),
+        ({**RAW, "quad": {"theta0": 0.0}}, r"adamspike\.quad\.theta0"),
+        ({**RAW, "tracking": {"hvp": "finite_diff"}}, r"adamspike\.tracking\.hvp"),
+    ],
+)
 def test_bad_parameter_names_the_key(raw, match):
     with pytest.raises(ParameterError, match=match):
         validate(Params, raw, "adamspike")

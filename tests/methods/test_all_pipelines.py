@@ -1,6 +1,7 @@
 """One smoke test over the registry: every registered pipeline runs at --env=test and writes a report
 with the contract's schema, every claim evaluated, one MLflow parent run with a child per variant, and
 its plots. A new method is covered the moment its folder exists."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,9 +13,28 @@ from pipelines.core.registry import discover_methods
 from tests.conftest import ROOT
 
 METHODS = discover_methods()
-REPORT_KEYS = {"pipeline", "env", "git_commit", "seeds", "params_hash", "save_version", "threads",
-               "omp_wait_policy", "variants", "variants_std", "metrics", "claims", "claims_held",
-               "claims_declared", "artifacts", "wall_seconds", "gates", "verdicts", "variants_ci", "interval"}
+REPORT_KEYS = {
+    "pipeline",
+    "env",
+    "git_commit",
+    "seeds",
+    "params_hash",
+    "save_version",
+    "threads",
+    "omp_wait_policy",
+    "variants",
+    "variants_std",
+    "metrics",
+    "claims",
+    "claims_held",
+    "claims_declared",
+    "artifacts",
+    "wall_seconds",
+    "gates",
+    "verdicts",
+    "variants_ci",
+    "interval",
+}
 
 
 def _raw(env: str, m: str) -> dict:
@@ -82,8 +102,7 @@ SPEC_METHODS = [m for m in METHODS if (ROOT / "src" / "pipelines" / m / "spec.py
 def test_one_train_node_per_planned_variant(m):
     """Core builds one train.<variant> node per variant of the validated params; nothing else trains but
     the shared training steps the method declares (``Data(..., stage="train")``, e.g. a base model)."""
-    from pipelines.core.registry import load_pipeline
-    from pipelines.core.registry import validated_params
+    from pipelines.core.registry import load_pipeline, validated_params
     from pipelines.core.spec import load_spec
 
     spec = load_spec(m)
@@ -110,8 +129,10 @@ def test_bad_parameter_names_the_key(m):
         from pipelines.core.spec import load_spec
 
         bad = copy.deepcopy(raw)
-        bad["claims"] = [*bad["claims"], {"id": "typo_claim", "text": "t", "metric": "gain.nothing.x_vs_y",
-                                          "op": ">=", "threshold": 0}]
+        bad["claims"] = [
+            *bad["claims"],
+            {"id": "typo_claim", "text": "t", "metric": "gain.nothing.x_vs_y", "op": ">=", "threshold": 0},
+        ]
         with pytest.raises(ParameterError, match="claim 'typo_claim'"):
             load_spec(m).check(validate(schema, bad, m))
 
@@ -140,7 +161,7 @@ def test_pipeline_runs_at_test_env_and_reports(m, test_env_run):
     assert r["claims_held"] == sum(c["holds"] for c in r["claims"])
     assert sum(r["verdicts"].values()) == len(r["claims"])
     plots = run.project / "data" / "08_reporting" / m / "plots"
-    saved = sorted((plots / r["save_version"]).rglob("*.png"))   # this run's version
+    saved = sorted((plots / r["save_version"]).rglob("*.png"))  # this run's version
     assert r["artifacts"] and saved, "no plots saved"
     assert set(r["artifacts"]) <= {p.name for p in saved}
 
@@ -176,13 +197,23 @@ def test_every_method_has_a_readme_with_claims_and_no_outside_links():
 
 
 def _project_files() -> list[Path]:
-    tracked = [*ROOT.glob("*.md"), *(ROOT / "docs").rglob("*.md"), *(ROOT / "conf").rglob("*.yml"),
-               *(ROOT / "src").rglob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]
+    tracked = [
+        *ROOT.glob("*.md"),
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "conf").rglob("*.yml"),
+        *(ROOT / "src").rglob("*.md"),
+        *(ROOT / "src").rglob("*.py"),
+        *(ROOT / "notebooks").glob("*.ipynb"),
+    ]
     return [p for p in tracked if p.is_file()]
 
 
 def test_nothing_links_outside_the_repository():
-    bad = [str(p.relative_to(ROOT)) for p in _project_files()
-           if "../shared" in p.read_text(errors="ignore") or "shared/design" in p.read_text(errors="ignore")
-           or "shared/methods" in p.read_text(errors="ignore")]
+    bad = [
+        str(p.relative_to(ROOT))
+        for p in _project_files()
+        if "../shared" in p.read_text(errors="ignore")
+        or "shared/design" in p.read_text(errors="ignore")
+        or "shared/methods" in p.read_text(errors="ignore")
+    ]
     assert not bad, f"files linking outside the repository: {bad}"

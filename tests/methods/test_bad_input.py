@@ -1,6 +1,7 @@
 """Bad input, over the registry: typos inside mapping-typed parameters, unreadable user files, a broken
 YAML file in an env, `--env=full` data stages under a memory limit and sweeps over seeds. Each stops with
 one line naming the key, dataset or file (or, for seeds, just works)."""
+
 from __future__ import annotations
 
 import copy
@@ -13,7 +14,6 @@ from pydantic import BaseModel
 
 from pipelines.core.params import VariantName
 from pipelines.core.registry import discover_methods
-from tests.conftest import ROOT
 from tests.methods.test_all_pipelines import _deep_merge, _raw
 
 METHODS = discover_methods()
@@ -128,6 +128,7 @@ def test_typo_in_a_mapping_on_the_command_line_stops_the_run(tmp_path):
         key = item.split("=")[0]
         assert res.exit_code != 0
         errors = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
-        assert len(errors) == 1 and errors[0].startswith(f"Error: parameter {key}: unknown key (typo?): use "), \
+        assert len(errors) == 1 and errors[0].startswith(f"Error: parameter {key}: unknown key (typo?): use "), (
             res.output
+        )
         assert "Traceback" not in res.output and "Running node" not in res.output

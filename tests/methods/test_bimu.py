@@ -2,6 +2,7 @@
 update against its limit cases (relaxation off = the plain online step; the relaxation term is the KL
 gradient; the asymmetric step sizes), the fused backward against autograd, the query controller, the
 streams, and bad input (the end-to-end --env=test run is covered by tests/methods/test_all_pipelines.py)."""
+
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,8 @@ def test_bimu_relaxation_term_is_the_kl_gradient():
     d = bimu_delta(lam, torch.zeros_like(lam), **HP)
     s = HP["kappa"] * (1 - torch.tanh(lam) ** 2)
     torch.testing.assert_close(d, -(HP["kappa"] / HP["n_mem"]) * bernoulli_kl_grad(lam) / (s + 1 / HP["eta_max"]))
-    assert torch.all(d * lam <= 0)                  # pulls toward the prior λ₀ = 0
-    assert abs(float(d[0])) < abs(float(d[15]))     # and fades for confident (saturated) weights
+    assert torch.all(d * lam <= 0)  # pulls toward the prior λ₀ = 0
+    assert abs(float(d[0])) < abs(float(d[15]))  # and fades for confident (saturated) weights
 
 
 # ------------------------------------------------------------------ BiMU's update: limit cases
@@ -72,14 +73,15 @@ def test_relaxation_off_is_the_plain_online_update():
 def test_bimu_step_is_asymmetric_and_bounded():
     from pipelines.bimu.model import bimu_delta
 
-    lam = torch.tensor([12.0], dtype=torch.float64)            # confident w = +1 (tanh λ ≈ 1, s ≈ 0)
+    lam = torch.tensor([12.0], dtype=torch.float64)  # confident w = +1 (tanh λ ≈ 1, s ≈ 0)
     hp = {**HP}
-    for g in (1e2, 1e4, 1e6):                                   # gradients pushing toward a flip
+    for g in (1e2, 1e4, 1e6):  # gradients pushing toward a flip
         flip = -float(bimu_delta(lam, torch.tensor([g / HP["lm"]], dtype=torch.float64), **hp))
         assert 0 < flip <= HP["eta"] / 4 + 1e-9
-    assert -float(bimu_delta(lam, torch.tensor([1e6 / HP["lm"]], dtype=torch.float64), **hp)) == \
-        pytest.approx(HP["eta"] / 4, rel=1e-3)
-    g = -50.0                                                   # reinforcing: ≈ η η_max ℓ_m |g|, unbounded
+    assert -float(bimu_delta(lam, torch.tensor([1e6 / HP["lm"]], dtype=torch.float64), **hp)) == pytest.approx(
+        HP["eta"] / 4, rel=1e-3
+    )
+    g = -50.0  # reinforcing: ≈ η η_max ℓ_m |g|, unbounded
     up = float(bimu_delta(lam, torch.tensor([g / HP["lm"]], dtype=torch.float64), **hp))
     assert up == pytest.approx(HP["eta"] * HP["eta_max"] * 50, rel=1e-6)
     # an uncertain weight (λ = 0): the step never exceeds η/2 whatever the gradient
@@ -99,9 +101,9 @@ def test_bayesbinn_update_official_form():
 
 def test_rule_skips_replicas_without_gradient():
     """No label queried → no update at all, forgetting term included."""
-    from pipelines.bimu.model import LambdaRule, bimu_delta
-
     import functools
+
+    from pipelines.bimu.model import LambdaRule, bimu_delta
 
     lam = torch.nn.Parameter(torch.tensor([[1.0, -2.0], [0.5, 3.0]]))
     lam.grad = torch.tensor([[0.0, 0.0], [0.1, -0.2]])
@@ -178,7 +180,7 @@ def test_fused_backward_matches_autograd():
     torch.testing.assert_close(fused, ref)
     for a, b in zip(g_f, g_r):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
-    assert float(g_f[0].abs().sum()) > 0                        # the gate's surrogate passes gradient
+    assert float(g_f[0].abs().sum()) > 0  # the gate's surrogate passes gradient
 
 
 def test_gate_surrogate_window():
@@ -195,27 +197,29 @@ def test_hard_samples_follow_the_bernoulli_posterior():
 
     lam = torch.tensor([[-1.0, 0.0, 0.3, 2.0]])
     k = 20000
-    w = torch.where(_rand((1, k, 4), [torch.Generator().manual_seed(0)]) < torch.sigmoid(2 * lam).unsqueeze(1),
-                    1.0, -1.0)
+    w = torch.where(
+        _rand((1, k, 4), [torch.Generator().manual_seed(0)]) < torch.sigmoid(2 * lam).unsqueeze(1), 1.0, -1.0
+    )
     np.testing.assert_allclose(w.mean(1)[0].numpy(), torch.tanh(lam)[0].numpy(), atol=0.02)
 
 
 def test_uncertainty_scores():
     from pipelines.bimu.model import uncertainty
 
-    agree = torch.tensor([[[0.9, 0.1]], [[0.9, 0.1]]])          # K = 2 identical samples, N = 1
+    agree = torch.tensor([[[0.9, 0.1]], [[0.9, 0.1]]])  # K = 2 identical samples, N = 1
     u = uncertainty(agree)
     assert float(u["epistemic"]) == pytest.approx(0, abs=1e-7) and float(u["vr"]) == 0
-    split = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])          # two confident samples that disagree
+    split = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # two confident samples that disagree
     u = uncertainty(split)
-    assert float(u["epistemic"]) == pytest.approx(1.0, abs=1e-6)   # 1 bit of mutual information
+    assert float(u["epistemic"]) == pytest.approx(1.0, abs=1e-6)  # 1 bit of mutual information
     assert float(u["aleatoric"]) == pytest.approx(0, abs=1e-6) and float(u["vr"]) == pytest.approx(0.5)
 
 
 def _pairwise_auc(id_score, ood_score):
     """P(OOD scores higher) + ½ P(tie) over every (ID, OOD) pair; a pair with a NaN counts 0 (a miss)."""
-    wins = [0.0 if np.isnan(a) or np.isnan(b) else float(b > a) + 0.5 * float(b == a)
-            for a in id_score for b in ood_score]
+    wins = [
+        0.0 if np.isnan(a) or np.isnan(b) else float(b > a) + 0.5 * float(b == a) for a in id_score for b in ood_score
+    ]
     return float(np.mean(wins))
 
 
@@ -226,7 +230,7 @@ def test_ood_auc_matches_sklearn_and_counts_a_nan_score_as_a_miss():
 
     rng = np.random.default_rng(0)
     id_s, ood_s = rng.random(30), rng.random(25) + 0.3
-    id_s[:4] = ood_s[:4] = 0.5                                      # ties
+    id_s[:4] = ood_s[:4] = 0.5  # ties
     labels = np.r_[np.zeros(30), np.ones(25)]
     assert _auc(id_s, ood_s) == pytest.approx(roc_auc_score(labels, np.r_[id_s, ood_s]), abs=1e-12)
     assert _auc(id_s, ood_s) == pytest.approx(_pairwise_auc(id_s, ood_s), abs=1e-12)
@@ -242,9 +246,9 @@ def test_ood_auc_matches_sklearn_and_counts_a_nan_score_as_a_miss():
 def test_budget_threshold():
     from pipelines.bimu.train import budget_threshold
 
-    assert budget_threshold(0.0, 0.2, 0.1, 10) == 0.0              # under budget: query everything
-    assert budget_threshold(0.25, 0.2, 0.1, 10) == pytest.approx(round(10 * (0.2 + 0.05 ** 0.1)) / 10)
-    assert budget_threshold(0.9, 0.2, 0.1, 10) == 1.0              # far over budget: only full disagreement
+    assert budget_threshold(0.0, 0.2, 0.1, 10) == 0.0  # under budget: query everything
+    assert budget_threshold(0.25, 0.2, 0.1, 10) == pytest.approx(round(10 * (0.2 + 0.05**0.1)) / 10)
+    assert budget_threshold(0.9, 0.2, 0.1, 10) == 1.0  # far over budget: only full disagreement
     assert budget_threshold(0.2, 0.2, 0.1, 10) == pytest.approx(0.2)
     # γ = 1: the threshold moves by the error itself; k = None: a continuous score, no rounding
     assert budget_threshold(0.3, 0.2, 1.0, 10) == pytest.approx(0.3)
@@ -259,7 +263,7 @@ def test_streams_are_permuted_tasks_and_imbalanced():
     assert s["task_perms"].shape == (2, 4, 64) and s["task_orders"].shape == (2, 3, 20)
     for perms in s["task_perms"]:
         assert all(sorted(q.tolist()) == list(range(64)) for q in perms)
-        assert len({tuple(q.tolist()) for q in perms}) == 4          # the OOD permutation is new
+        assert len({tuple(q.tolist()) for q in perms}) == 4  # the OOD permutation is new
     assert abs(float(s["x_train"].mean())) < 1e-4 and float(s["x_train"].std()) == pytest.approx(1, abs=1e-3)
     w = class_weights(10, 0.2)
     assert w[0] / w[-1] == pytest.approx(5.0) and w.sum() == pytest.approx(1)
@@ -276,12 +280,15 @@ def test_continual_stream_and_seed_independence():
     from pipelines.bimu.data import make_streams
     from pipelines.bimu.train import train_variant
 
-    both, both_arts = train_variant(make_streams(Params.model_validate(raw(seeds=[0, 1]))),
-                                    Params.model_validate(raw(seeds=[0, 1])), variant="bimu")
-    one, one_arts = train_variant(make_streams(Params.model_validate(raw(seeds=[1]))),
-                                  Params.model_validate(raw(seeds=[1])), variant="bimu")
-    torch.testing.assert_close(both_arts["posterior_by_task"][:, 1], one_arts["posterior_by_task"][:, 0],
-                               rtol=1e-4, atol=1e-5)
+    both, both_arts = train_variant(
+        make_streams(Params.model_validate(raw(seeds=[0, 1]))), Params.model_validate(raw(seeds=[0, 1])), variant="bimu"
+    )
+    one, one_arts = train_variant(
+        make_streams(Params.model_validate(raw(seeds=[1]))), Params.model_validate(raw(seeds=[1])), variant="bimu"
+    )
+    torch.testing.assert_close(
+        both_arts["posterior_by_task"][:, 1], one_arts["posterior_by_task"][:, 0], rtol=1e-4, atol=1e-5
+    )
     assert np.asarray(both_arts["acc_matrix"]).shape == (3, 3, 2)
     final = both[both["step"].isna() & (both["seed"] == 0)].set_index("metric")["value"]
     assert 0 <= final["frac_saturated"] <= 1 and 0 < final["mean_bernoulli_var"] <= 1
@@ -301,7 +308,7 @@ def test_active_variants_respect_the_budget():
         table, _ = train_variant(s, p, variant=v)
         out[v] = table[table["step"].isna()].set_index("metric")["value"]
     assert out["al_all"]["n_labels"] == 200 and out["al_all"]["query_rate"] == 1
-    assert 0.1 <= out["al_vr"]["query_rate"] <= 0.35               # tracks the 20% budget
+    assert 0.1 <= out["al_vr"]["query_rate"] <= 0.35  # tracks the 20% budget
     assert 0.1 <= out["al_epistemic"]["query_rate"] <= 0.35
 
 
@@ -339,10 +346,16 @@ def test_derived_comparisons_are_per_seed_and_paired():
                 r.add(int(s[1:]), acc_mean_last5=0.5, acc_mean_seen=0.5, ood_auc_epistemic_min=0.9)
         return r
 
-    bimu = t("bimu", s0={"frac_saturated": 0.1, "mean_bernoulli_var": 0.4}, s1={"frac_saturated": 0.2,
-                                                                                "mean_bernoulli_var": 0.3})
-    bb = t("bayesbinn", s0={"frac_saturated": 0.0, "mean_bernoulli_var": 0.2}, s1={"frac_saturated": 0.4,
-                                                                                  "mean_bernoulli_var": 0.3})
+    bimu = t(
+        "bimu",
+        s0={"frac_saturated": 0.1, "mean_bernoulli_var": 0.4},
+        s1={"frac_saturated": 0.2, "mean_bernoulli_var": 0.3},
+    )
+    bb = t(
+        "bayesbinn",
+        s0={"frac_saturated": 0.0, "mean_bernoulli_var": 0.2},
+        s1={"frac_saturated": 0.4, "mean_bernoulli_var": 0.3},
+    )
     vr = t("al_vr", s0={"bal_acc": 0.3, "n_labels": 10}, s1={"bal_acc": 0.5, "n_labels": 20})
     rnd = Results("al_random")
     for s, acc in ((0, [0.1, 0.35, 0.4]), (1, [0.2, 0.3, 0.4])):
@@ -364,8 +377,9 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
     from pipelines.bimu.data import check_user_images, make_streams
     from pipelines.core.schemas import InputDataError
 
-    good = pd.DataFrame({"label": [0, 1] * 20, "split": ["train", "test"] * 20,
-                         **{f"x{i}": np.arange(40.0) + i for i in range(4)}})
+    good = pd.DataFrame(
+        {"label": [0, 1] * 20, "split": ["train", "test"] * 20, **{f"x{i}": np.arange(40.0) + i for i in range(4)}}
+    )
     x, y, tr = check_user_images(good)
     assert x.shape == (40, 4) and tr.sum() == 20
     with pytest.raises(InputDataError, match=r"bimu\.user_images.*'label'"):
@@ -387,15 +401,23 @@ def test_frozen_feature_stream_never_draws_pretraining_images():
     from pipelines.bimu.data import make_streams
     from pipelines.bimu.train import update_rule
 
-    act = {**BASE["active"], "features": "frozen", "n_pretrain": 400, "feature_dim": 16, "pretrain_steps": 20,
-           "n_per_domain": 30, "lm": 640.0}
+    act = {
+        **BASE["active"],
+        "features": "frozen",
+        "n_pretrain": 400,
+        "feature_dim": 16,
+        "pretrain_steps": 20,
+        "n_per_domain": 30,
+        "lm": 640.0,
+    }
     p = Params.model_validate(raw(seeds=[0, 1], active=act))
     s = make_streams(p)
     held = np.random.default_rng([p.data.split_seed, 7]).permutation(len(s["x_train"]))[:400]
     assert not set(s["stream_index"].flatten().tolist()) & set(held.tolist())
     assert s["al_x"].shape == (2, 60, 16) and s["al_x_test"].shape == (2, 2 * len(s["x_test"]), 16)
-    assert abs(float(s["al_x"].mean())) < 1.0                  # standardised with pretraining statistics
+    assert abs(float(s["al_x"].mean())) < 1.0  # standardised with pretraining statistics
     assert update_rule(p, "al_vr")[1].keywords["lm"] == 640.0 and update_rule(p, "bimu")[1].keywords["lm"] == 161.3
-    pix = make_streams(Params.model_validate(raw(seeds=[0], active={**BASE["active"], "features": "pixels",
-                                                                     "n_per_domain": 20})))
-    assert pix["al_x"].shape == (1, 40, 64)                    # pixels: the permuted, shifted images
+    pix = make_streams(
+        Params.model_validate(raw(seeds=[0], active={**BASE["active"], "features": "pixels", "n_per_domain": 20}))
+    )
+    assert pix["al_x"].shape == (1, 40, 64)  # pixels: the permuted, shifted images

@@ -2,6 +2,7 @@
 1-D / 2-D instances; the finite credal objective where bounded-support Huber blows up; conformal bulk
 coverage; solver failures naming the instance; bad parameters and user files (the end-to-end --env=test
 run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import math
 
 import numpy as np
@@ -23,8 +24,11 @@ def _raw(**over) -> dict:
     test = yaml.safe_load((ROOT / "conf/test/parameters_credal_dro.yml").read_text())["credal_dro"]
 
     def merge(a, b):
-        return {k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                for k, v in {**a, **b}.items()}
+        return {
+            k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+            for k, v in {**a, **b}.items()
+        }
+
     return merge(merge(raw, test), over)
 
 
@@ -39,7 +43,7 @@ def nv_objective(x, xi, h, b, eps, lo, hi):
 @pytest.mark.parametrize("eps,hi", [(0.05, 400.0), (0.1, 60.0), (0.1, 400.0), (0.3, 60.0), (0.3, 400.0)])
 def test_newsvendor_lp_matches_closed_form_and_grid(eps, hi):
     rng = np.random.default_rng(3)
-    xi = rng.lognormal(3, 0.8, 37)      # n·level is never an integer here: the minimiser is unique
+    xi = rng.lognormal(3, 0.8, 37)  # n·level is never an integer here: the minimiser is unique
     h, b = 1.0, 4.0
     task = M.NewsvendorTask(xi, h, b)
     sol = M.fit(task, "credal", "test", ORDER, eps=eps, sup_fn=lambda v: task.sup_box(v, 0.0, hi))
@@ -93,7 +97,7 @@ def test_absolute_residual_sup_over_ellipsoid_matches_boundary_search():
     task = M.RegressionTask(rng.normal(size=(5, 1)), rng.normal(size=5))
     v = task.variables()
     v["w"].value, v["b0"].value = np.array([0.7]), -0.4
-    pts = _boundary(e)                      # ξ = (x, y): the sup of a convex function sits on the boundary
+    pts = _boundary(e)  # ξ = (x, y): the sup of a convex function sits on the boundary
     brute = np.abs(pts[:, 1] - 0.7 * pts[:, 0] + 0.4).max()
     assert float(task.sup_ellipsoid(v, e).value) == pytest.approx(brute, rel=1e-6)
 
@@ -109,10 +113,9 @@ def test_regression_1d_solution_matches_grid():
     sol = M.fit(task, "credal", "test", ORDER, eps=eps, sup_fn=lambda v: task.sup_ellipsoid(v, e))
     pts = _boundary(e, 4001)
 
-    def brute(wb):   # the robust objective with the sup found on the ellipse's boundary
+    def brute(wb):  # the robust objective with the sup found on the ellipse's boundary
         w, b0 = wb
-        return ((1 - eps) * np.abs(y[:20] - w * x[:20] - b0).mean()
-                + eps * np.abs(pts[:, 1] - w * pts[:, 0] - b0).max())
+        return (1 - eps) * np.abs(y[:20] - w * x[:20] - b0).mean() + eps * np.abs(pts[:, 1] - w * pts[:, 0] - b0).max()
 
     from scipy.optimize import minimize
 
@@ -146,8 +149,13 @@ def test_classification_1d_solution_matches_grid():
     W, B = np.meshgrid(np.linspace(-1, 3, 401), np.linspace(-1, 1, 201), indexing="ij")
     w, b0 = W.ravel(), B.ravel()
     mean = np.logaddexp(0, -y[None] * (w[:, None] * x[None] + b0[:, None])).mean(1)
-    sup = np.max([np.logaddexp(0, -k * (w * e.mu[0] + b0) + e.r * e.L[0, 0] * np.abs(w))   # 1-D: ends of the interval
-                  for k, e in ells.items()], axis=0)
+    sup = np.max(
+        [
+            np.logaddexp(0, -k * (w * e.mu[0] + b0) + e.r * e.L[0, 0] * np.abs(w))  # 1-D: ends of the interval
+            for k, e in ells.items()
+        ],
+        axis=0,
+    )
     grid = (1 - eps) * mean + eps * sup
     assert sol.value <= grid.min() + 1e-6 and grid.min() - sol.value < 5e-3
 
@@ -170,7 +178,7 @@ def test_kl_dual_matches_scipy_worst_case():
     task = M.NewsvendorTask(xi, 1.0, 4.0)
     rho = 0.1
 
-    def worst(x):   # sup_{KL(Q‖P̂) ≤ ρ} E_Q ℓ = min_λ λρ + λ log E exp(ℓ/λ)
+    def worst(x):  # sup_{KL(Q‖P̂) ≤ ρ} E_Q ℓ = min_λ λρ + λ log E exp(ℓ/λ)
         ell = np.maximum(x - xi, 4 * (xi - x))
         f = lambda ll: math.exp(ll) * rho + math.exp(ll) * (logsumexp(ell / math.exp(ll)) - math.log(len(xi)))
         return minimize_scalar(f, bounds=(-5, 12), method="bounded", options={"xatol": 1e-10}).fun
@@ -200,8 +208,12 @@ def test_credal_objective_finite_where_huber_grows_without_bound():
     eps = 0.1
     u = M.conformal_radius(calib, 0.05)
     credal = M.fit(task, "credal", "test", ORDER, eps=eps, sup_fn=lambda v: task.sup_box(v, 0.0, u)).value
-    huber = {k: M.fit(task, "huber", "test", ORDER, eps=eps,
-                      sup_fn=lambda v, k=k: task.sup_box(v, 0.0, k * train.max())).value for k in (10, 100, 1000)}
+    huber = {
+        k: M.fit(
+            task, "huber", "test", ORDER, eps=eps, sup_fn=lambda v, k=k: task.sup_box(v, 0.0, k * train.max())
+        ).value
+        for k in (10, 100, 1000)
+    }
     assert math.isfinite(credal) and credal < huber[10]
     # ε·b·(κ·max − x) dominates: the objective is ≈ linear in κ
     assert huber[1000] / huber[100] == pytest.approx(10, rel=0.02)
@@ -232,7 +244,7 @@ def test_ellipsoid_bulk_covers_fresh_points():
         z = rng.standard_t(4, size=(400, 3)) @ A.T
         e = M.ellipsoid_bulk(z[:100], z[100:199], 0.1)
         cov.append(e.contains(z[199:]).mean())
-    assert np.mean(cov) == pytest.approx(90 / 100, abs=0.015)   # k/(n+1) with n = 99
+    assert np.mean(cov) == pytest.approx(90 / 100, abs=0.015)  # k/(n+1) with n = 99
 
 
 # ---------------------------------------------------------------------------------- solver failures
@@ -251,7 +263,7 @@ def test_inaccurate_solutions_are_flagged_or_refused():
     instance when refused; a non-finite 'optimal' value is never accepted."""
     import cvxpy as cp
 
-    class Stub:   # stands in for a cvxpy Problem whose solver answers with a fixed status and value
+    class Stub:  # stands in for a cvxpy Problem whose solver answers with a fixed status and value
         def __init__(self, status, value):
             self.status, self.value, self._x = status, value, cp.Variable(name="x")
             self.solver_stats = type("S", (), {"solve_time": 0.01})()
@@ -303,13 +315,16 @@ def test_variant_node_runs_every_task_and_flags_huber():
 
 
 # ------------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("over,key", [
-    ({"newsvendor": {"eps": 1.5}}, r"credal_dro\.newsvendor\.eps"),
-    ({"regression": {"grids": {"alpha": [0.05, 0.05]}}}, r"credal_dro\.regression\.grids\.alpha"),
-    ({"variants": {"cvar_x": {"kind": "cvar"}}}, r"credal_dro\.variants\.cvar_x"),
-    ({"solver": {"order": ["ECOS"]}}, r"credal_dro\.solver\.order\.0"),
-    ({"classification": {"n_train": True}}, r"credal_dro\.classification\.n_train"),
-])
+@pytest.mark.parametrize(
+    "over,key",
+    [
+        ({"newsvendor": {"eps": 1.5}}, r"credal_dro\.newsvendor\.eps"),
+        ({"regression": {"grids": {"alpha": [0.05, 0.05]}}}, r"credal_dro\.regression\.grids\.alpha"),
+        ({"variants": {"cvar_x": {"kind": "cvar"}}}, r"credal_dro\.variants\.cvar_x"),
+        ({"solver": {"order": ["ECOS"]}}, r"credal_dro\.solver\.order\.0"),
+        ({"classification": {"n_train": True}}, r"credal_dro\.classification\.n_train"),
+    ],
+)
 def test_bad_parameter_names_the_key(over, key):
     with pytest.raises(ParameterError, match=key):
         validate(Params, _raw(**over), "credal_dro")
@@ -323,8 +338,9 @@ def test_bad_user_files_name_dataset_and_column(tmp_path):
     with pytest.raises(InputDataError, match=r"credal_dro\.regression\.user_path.*column 'target' is missing"):
         make_regression(Params.model_validate(_raw(regression={"user_path": str(reg)})))
     cls = tmp_path / "cls.csv"
-    pd.DataFrame({"x_0": np.arange(50.0), "y": [2] * 50, "group": [0] * 50,
-                  "split": ["train"] * 50}).to_csv(cls, index=False)
+    pd.DataFrame({"x_0": np.arange(50.0), "y": [2] * 50, "group": [0] * 50, "split": ["train"] * 50}).to_csv(
+        cls, index=False
+    )
     with pytest.raises(InputDataError, match=r"credal_dro\.classification\.user_path.*column 'y'"):
         make_classification(Params.model_validate(_raw(classification={"user_path": str(cls)})))
     nv = tmp_path / "nv.csv"

@@ -4,6 +4,7 @@ arithmetic on a trained MLP (compose then erase returns W; erase{a,b} = W − E_
 every engram equals W on the data's span), the iterative baselines' budget and lr rule, the results
 table and the derived metrics declared on it, bad parameters and bad user tables. The end-to-end --env=test run is covered for every
 pipeline by tests/methods/test_all_pipelines.py."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,12 +18,15 @@ from pipelines.engram import estimator as est
 from pipelines.engram.model import build_mlp, layer_inputs, logits, weights_of
 from pipelines.engram.params import Params
 
-RAW = {"seeds": [0], "threads": 1,
-       "data": {"limit": 200},
-       "model": {"hidden": [16, 12], "epochs": 3, "batch_size": 32, "lr": 0.1},
-       "engram": {"alpha_points": 3, "n_compose": 2, "timing_repeats": 1},
-       "unlearn": {"classes": [3], "steps": 6, "batch_size": 16, "lrs": [0.01, 0.1]},
-       "variants": ["engram", "retrain", "grad_ascent"]}
+RAW = {
+    "seeds": [0],
+    "threads": 1,
+    "data": {"limit": 200},
+    "model": {"hidden": [16, 12], "epochs": 3, "batch_size": 32, "lr": 0.1},
+    "engram": {"alpha_points": 3, "n_compose": 2, "timing_repeats": 1},
+    "unlearn": {"classes": [3], "steps": 6, "batch_size": 16, "lrs": [0.01, 0.1]},
+    "variants": ["engram", "retrain", "grad_ascent"],
+}
 
 
 def params(**over) -> Params:
@@ -119,11 +123,11 @@ def test_random_edit_has_the_engram_norm_per_layer_and_pc_projector_is_a_project
     x, _ = rank_deficient_data()
     sig = [x[:, :5].T @ x[:, :5], x[:, :4].T @ x[:, :4]]
     rnd_data = est.random_like(eng, gen, sig)
-    for a, b, s_ in zip(rnd_data, eng, sig, strict=True):   # equal energy on the data: Σ_x ‖R x‖² = Σ_x ‖E x‖²
+    for a, b, s_ in zip(rnd_data, eng, sig, strict=True):  # equal energy on the data: Σ_x ‖R x‖² = Σ_x ‖E x‖²
         ref = float(torch.trace(b @ s_ @ b.T))
         assert abs(float(torch.trace(a @ s_ @ a.T)) - ref) < 1e-8 * ref
-    energy2 = est.data_energy(eng, [s_[None] for s_ in sig]) ** 2   # against the data directly
-    assert abs(energy2 - sum(float(((x[:, :e.shape[1]] @ e.T) ** 2).sum()) for e in eng)) < 1e-8 * energy2
+    energy2 = est.data_energy(eng, [s_[None] for s_ in sig]) ** 2  # against the data directly
+    assert abs(energy2 - sum(float(((x[:, : e.shape[1]] @ e.T) ** 2).sum()) for e in eng)) < 1e-8 * energy2
     P = est.class_pc_projector(x.T @ x, 3)
     torch.testing.assert_close(P @ P, P, atol=1e-12, rtol=0)
     assert round(float(torch.trace(P))) == 3
@@ -170,9 +174,7 @@ def test_estimator_accepts_float32_and_matches_the_float64_result():
 @pytest.fixture(scope="module")
 def trained():
     from pipelines.engram.data import make_dataset
-    from pipelines.engram.train import covariances, train_original
-
-    from pipelines.engram.train import train_variant
+    from pipelines.engram.train import covariances, train_original, train_variant
 
     p = params()
     data = make_dataset(p)
@@ -284,17 +286,20 @@ def test_forget_retain_is_sample_weighted():
 
 
 # ------------------------------------------------------------------------------ pipeline and bad input
-@pytest.mark.parametrize("over,key", [
-    ({"engram": {"rcond": -1.0}}, r"engram\.engram\.rcond"),
-    ({"engram": {"arithmetic_pair": [3, 3]}}, r"engram\.engram\.arithmetic_pair"),
-    ({"unlearn": {"lrs": []}}, r"engram\.unlearn\.lrs"),
-    ({"unlearn": {"classes": [1, 1]}}, r"engram\.unlearn\.classes"),
-    ({"model": {"epochs": True}}, r"engram\.model\.epochs"),
-    ({"variants": ["engram", "sisa"]}, r"engram\.variants\.1"),
-    ({"plot_seed": 4}, r"engram\.plot_seed"),
-    ({"data": {"source": "file"}}, r"engram\.data"),
-    ({"unlearn": {"step": 5}}, r"engram\.unlearn\.step\b"),
-])
+@pytest.mark.parametrize(
+    "over,key",
+    [
+        ({"engram": {"rcond": -1.0}}, r"engram\.engram\.rcond"),
+        ({"engram": {"arithmetic_pair": [3, 3]}}, r"engram\.engram\.arithmetic_pair"),
+        ({"unlearn": {"lrs": []}}, r"engram\.unlearn\.lrs"),
+        ({"unlearn": {"classes": [1, 1]}}, r"engram\.unlearn\.classes"),
+        ({"model": {"epochs": True}}, r"engram\.model\.epochs"),
+        ({"variants": ["engram", "sisa"]}, r"engram\.variants\.1"),
+        ({"plot_seed": 4}, r"engram\.plot_seed"),
+        ({"data": {"source": "file"}}, r"engram\.data"),
+        ({"unlearn": {"step": 5}}, r"engram\.unlearn\.step\b"),
+    ],
+)
 def test_bad_parameter_names_the_key(over, key):
     with pytest.raises(ParameterError, match=key):
         params(**over)
@@ -313,13 +318,24 @@ def _write(tmp_path, df: pd.DataFrame):
     return path
 
 
-@pytest.mark.parametrize("df,match", [
-    (pd.DataFrame({"x_0": [0.1, 0.2, 0.3, 0.4], "y": [0, 1, 0, 1]}), r"'engram\.user_table'.*column 'label' is missing"),
-    (pd.DataFrame({"label": [0, 1, 0, 1], "x_0": ["a", "b", "c", "d"]}),
-     r"'engram\.user_table'.*column 'x_0' should be number"),
-    (pd.DataFrame({"label": [1, 2, 1, 2], "x_0": [0.1, 0.2, 0.3, 0.4]}), r"'engram\.user_table'.*column 'label' must hold"),
-    (pd.DataFrame({"label": [0, 1, 0, 1]}), r"'engram\.user_table'.*no feature column"),
-])
+@pytest.mark.parametrize(
+    "df,match",
+    [
+        (
+            pd.DataFrame({"x_0": [0.1, 0.2, 0.3, 0.4], "y": [0, 1, 0, 1]}),
+            r"'engram\.user_table'.*column 'label' is missing",
+        ),
+        (
+            pd.DataFrame({"label": [0, 1, 0, 1], "x_0": ["a", "b", "c", "d"]}),
+            r"'engram\.user_table'.*column 'x_0' should be number",
+        ),
+        (
+            pd.DataFrame({"label": [1, 2, 1, 2], "x_0": [0.1, 0.2, 0.3, 0.4]}),
+            r"'engram\.user_table'.*column 'label' must hold",
+        ),
+        (pd.DataFrame({"label": [0, 1, 0, 1]}), r"'engram\.user_table'.*no feature column"),
+    ],
+)
 def test_bad_user_table_names_dataset_and_column(tmp_path, df, match):
     from pipelines.engram.data import make_dataset
 
@@ -333,8 +349,9 @@ def test_user_table_is_read_with_the_constant_appended(tmp_path):
 
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"label": np.repeat([0, 1, 2, 3], 10), **{f"x_{i}": rng.normal(size=40) for i in range(3)}})
-    p = params(data={"source": "file", "path": str(_write(tmp_path, df)), "limit": None},
-               engram={"arithmetic_pair": [0, 1]})
+    p = params(
+        data={"source": "file", "path": str(_write(tmp_path, df)), "limit": None}, engram={"arithmetic_pair": [0, 1]}
+    )
     out = make_dataset(p)
     assert out["n_classes"] == 4 and out["n_features"] == 4
     assert bool((out["seeds"]["0"]["x_train"][:, -1] == 1).all())
@@ -343,11 +360,16 @@ def test_user_table_is_read_with_the_constant_appended(tmp_path):
 def test_claim_on_a_variant_not_planned_names_the_claim():
     from pipelines.engram.spec import SPEC
 
-    claim = {"id": "x_vs_random", "text": "t", "metric": "control.forget_acc.random_edit_minus_engram", "op": ">=",
-             "threshold": 0.5}
+    claim = {
+        "id": "x_vs_random",
+        "text": "t",
+        "metric": "control.forget_acc.random_edit_minus_engram",
+        "op": ">=",
+        "threshold": 0.5,
+    }
     with pytest.raises(ParameterError, match=r"claim 'x_vs_random'.*control\.forget_acc"):
         SPEC.check(params(claims=[claim]))
-    SPEC.check(params(claims=[claim], variants=["engram", "random_edit"]))   # planned: accepted
+    SPEC.check(params(claims=[claim], variants=["engram", "random_edit"]))  # planned: accepted
     with pytest.raises(ParameterError, match=r"'neggrad_plus'"):
         params(claims=[{**claim, "metric": "variants.neggrad_plus.forget_acc"}])
     # the original model is always planned (train.original)
@@ -367,9 +389,13 @@ def test_derived_metrics_are_per_seed_and_paired():
         r = Results(v)
         for s, x in enumerate(ts):
             classes = range(10) if v in ("engram", "random_edit") else (3, 5)
-            r.add(s, edit_time_s=x, forget_acc=0.1 * (s + 1) if v == "engram" else 0.8,
-                  **{f"forget_acc_class{c}": 0.01 * c + s for c in classes},
-                  **{f"retain_acc_class{c}": 0.9 for c in classes})
+            r.add(
+                s,
+                edit_time_s=x,
+                forget_acc=0.1 * (s + 1) if v == "engram" else 0.8,
+                **{f"forget_acc_class{c}": 0.01 * c + s for c in classes},
+                **{f"retain_acc_class{c}": 0.9 for c in classes},
+            )
         tables[v] = r.table()
     values = SeedValues(tables)
     point, per_seed = compute_derived(SPEC, p, values, list(tables), {})

@@ -1,6 +1,7 @@
 """Tests of `featjnd`: the measurement mechanics against independent references (numpy / scipy / mpmath /
 closed form), the model split, the data, bad parameters and bad input files, and the pipeline's variant
 nodes (the end-to-end --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import math
 
 import numpy as np
@@ -20,14 +21,20 @@ def _feat(seed=0, shape=(6, 5, 4, 4)):
 
 # ------------------------------------------------------------------ E1: matched strength
 
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_matched_strength_has_equal_energy_and_snr(dtype):
     f, g = _feat()
     f = f.to(dtype) + 0.1
     j = torch.exp(3 * torch.randn(f.shape, generator=g, dtype=torch.float64)).to(dtype)  # wild dynamic range
     z = torch.randn(f.shape, generator=g, dtype=torch.float64).to(dtype)
-    maps = {"jnd": j * z, "gauss": z, "shuffled": ops.shuffle_spatial(j, g) * z,
-            "shuffled_all": ops.shuffle_all(j, g) * z, "inverse": z / j}
+    maps = {
+        "jnd": j * z,
+        "gauss": z,
+        "shuffled": ops.shuffle_spatial(j, g) * z,
+        "shuffled_all": ops.shuffle_all(j, g) * z,
+        "inverse": z / j,
+    }
     fn = f.double().numpy().reshape(len(f), -1)
     for snr in (20.0, 10.0, 0.0, -5.0):
         target = (fn**2).sum(1) * 10 ** (-snr / 10)  # independent reference in numpy float64
@@ -71,9 +78,10 @@ def test_match_energy_any_dynamic_range_against_mpmath(dtype, f_mag, d_mag):
         for i in range(len(f)):
             scale = fn[i] / dn[i] * mpmath.power(10, mpmath.mpf(-snr) / 20)
             ref = np.array([float(mpmath.mpf(float(v)) * scale) for v in d[i].double().flatten()])
-            np.testing.assert_allclose(delta[i].double().flatten().numpy(), ref, rtol=rtol,
-                                       atol=rtol * np.abs(ref).max())  # float32 subnormals round coarser
-            got = 20 * mpmath.log10(fn[i] / _mp_norm(delta[i:i + 1])[0])
+            np.testing.assert_allclose(
+                delta[i].double().flatten().numpy(), ref, rtol=rtol, atol=rtol * np.abs(ref).max()
+            )  # float32 subnormals round coarser
+            got = 20 * mpmath.log10(fn[i] / _mp_norm(delta[i : i + 1])[0])
             assert abs(float(got) - snr) < 1e-6, (i, float(got))
         # the float64 helper agrees with mpmath, and snr_db too
         np.testing.assert_allclose(ops.norms64(f).numpy(), [float(x) for x in fn], rtol=1e-13)
@@ -85,12 +93,12 @@ def test_match_energy_refuses_a_zero_direction_naming_the_sample(dtype):
     g = torch.Generator().manual_seed(12)
     f = torch.rand((4, 3, 2, 2), generator=g, dtype=torch.float64).to(dtype)
     j = torch.rand(f.shape, generator=g, dtype=torch.float64).to(dtype) + 0.1
-    j[2] = 0.0                      # e.g. a J map that underflowed to 0 on one image
+    j[2] = 0.0  # e.g. a J map that underflowed to 0 on one image
     z = torch.randn(f.shape, generator=g, dtype=torch.float64).to(dtype)
     with pytest.raises(ValueError, match=r"direction of sample 2 is all zeros"):
         ops.match_energy(j * z, f, 0.0)
     d = (j + 0.1) * z
-    d[1, 0, 0, 1] = float("inf")    # 1/J of a zero J: inf (and inf·0 = NaN elsewhere)
+    d[1, 0, 0, 1] = float("inf")  # 1/J of a zero J: inf (and inf·0 = NaN elsewhere)
     with pytest.raises(ValueError, match=r"direction of sample 1 has non-finite"):
         ops.match_energy(d, f, 0.0)
     d[1, 0, 0, 1] = float("nan")
@@ -100,12 +108,12 @@ def test_match_energy_refuses_a_zero_direction_naming_the_sample(dtype):
 
 def test_match_energy_refuses_a_delta_the_dtype_cannot_hold():
     f = torch.full((2, 1, 2, 2), 1.0, dtype=torch.float32)
-    f[1] = 1e38                     # δ at −20 dB has entries of 1e39 > float32's max 3.4e38
+    f[1] = 1e38  # δ at −20 dB has entries of 1e39 > float32's max 3.4e38
     d = torch.ones_like(f)
     with pytest.raises(ValueError, match=r"sample 1 .*not representable in torch.float32"):
         ops.match_energy(d, f, -20.0)
     assert torch.isfinite(ops.match_energy(d.double(), f.double(), -20.0)).all()
-    tiny = torch.full((1, 1, 2, 2), 1e-44)   # a float32 subnormal: δ at +20 dB (1e-45) flushes to zero
+    tiny = torch.full((1, 1, 2, 2), 1e-44)  # a float32 subnormal: δ at +20 dB (1e-45) flushes to zero
     with pytest.raises(ValueError, match=r"sample 0 .*not representable"):
         ops.match_energy(torch.ones_like(tiny), tiny, 20.0)
 
@@ -132,15 +140,20 @@ def test_shuffles_keep_the_right_multisets():
 
 # ------------------------------------------------------------------ E3: quantization at the same budget
 
+
 def test_quantizer_noise_budget_equal_across_allocations():
     f, g = _feat(2, (8, 16, 5, 5))
     j = torch.exp(torch.randn(f.shape, generator=g, dtype=torch.float64))
     sal = torch.rand(f.shape, generator=g, dtype=torch.float64) + 0.01
     for d0 in (2.0, 3.0, 4.0):
         jnd = ops.steps_from_weights(ops.token_weights(j, "mean"), d0)
-        allocs = {"featjnd": jnd, "perm_step": ops.permute_steps(jnd, g), "uniform_step": torch.full_like(jnd, d0),
-                  "sal_inv": ops.steps_from_weights(ops.token_weights(sal, "rms"), d0),
-                  "geomean": ops.steps_from_weights(ops.token_weights(j, "geomean"), d0)}
+        allocs = {
+            "featjnd": jnd,
+            "perm_step": ops.permute_steps(jnd, g),
+            "uniform_step": torch.full_like(jnd, d0),
+            "sal_inv": ops.steps_from_weights(ops.token_weights(sal, "rms"), d0),
+            "geomean": ops.steps_from_weights(ops.token_weights(j, "geomean"), d0),
+        }
         c = f.shape[1]
         for name, steps in allocs.items():
             budget = (c * steps.numpy() ** 2 / 12).sum(1)  # Σ_t C·Δ_t²/12 per image
@@ -181,6 +194,7 @@ def test_entropy_bits_matches_scipy():
 
 # ------------------------------------------------------------------ E2: attribution statistics
 
+
 def test_spearman_matches_scipy_with_ties():
     from scipy.stats import spearmanr
 
@@ -201,13 +215,14 @@ def test_bg_fg_ratio_and_pooled_mask_brute_force():
     for i in range(3):
         for r in range(4):
             for c in range(4):
-                assert bool(pooled[i, r, c]) == bool(mask[i, 2 * r:2 * r + 2, 2 * c:2 * c + 2].any())
+                assert bool(pooled[i, r, c]) == bool(mask[i, 2 * r : 2 * r + 2, 2 * c : 2 * c + 2].any())
         inside = [m[i, r, c].item() for r in range(4) for c in range(4) if pooled[i, r, c]]
         outside = [m[i, r, c].item() for r in range(4) for c in range(4) if not pooled[i, r, c]]
         assert ops.bg_fg_ratio(m, pooled)[i].item() == pytest.approx(np.mean(outside) / np.mean(inside))
 
 
 # ------------------------------------------------------------------ estimator pieces
+
 
 def test_kl_matches_reference():
     from pipelines.featjnd.model import kl_clean_noisy
@@ -272,8 +287,8 @@ def test_digits_canvas_is_seeded_and_masks_the_digit():
     c = digits_canvas(1, 30, 10, 10, test_renders=2)
     assert torch.equal(a["x_train"], b["x_train"]) and not torch.equal(a["x_train"], c["x_train"])
     assert a["x_train"].shape == (30, 1, 32, 32) and a["x_test"].shape == (20, 1, 32, 32)
-    assert torch.equal(a["y_test"][0::2], a["y_test"][1::2])          # each test digit rendered twice
-    assert not torch.equal(a["x_test"][0::2], a["x_test"][1::2])     # ... differently
+    assert torch.equal(a["y_test"][0::2], a["y_test"][1::2])  # each test digit rendered twice
+    assert not torch.equal(a["x_test"][0::2], a["x_test"][1::2])  # ... differently
     m = a["mask_test"]
     assert m.any(dim=(1, 2)).all() and (m.float().mean() < 0.3)
     assert (a["x_test"][:, 0][m] > 0).all()
@@ -281,16 +296,29 @@ def test_digits_canvas_is_seeded_and_masks_the_digit():
 
 # ------------------------------------------------------------------ estimator training (core's fit)
 
+
 def test_estimator_dual_ascent_runs_once_per_step_and_is_deterministic():
     """μ is updated after every primal step by log μ += η(flip − ρ)/ρ: with no clipping, μ at the end of an
     epoch is μ_init·exp(η·Σ(flip − ρ)/ρ) over that epoch's steps. Rerunning the node gives the same fit."""
     from pipelines.featjnd.data import make_images
     from pipelines.featjnd.train import train_backbone, train_estimator
 
-    p = Params.model_validate({**BASE, "data": {"n_train": 60, "n_val": 20, "n_test": 20, "test_renders": 1},
-                               "backbone": {"widths": [4, 8, 8, 8], "epochs": 1},
-                               "estimator": {"hidden": 4, "epochs": 2, "batch_size": 16, "calib_steps": 3,
-                                             "calib_draws": 1, "eta": 0.01, "mu_init": 2.0}})
+    p = Params.model_validate(
+        {
+            **BASE,
+            "data": {"n_train": 60, "n_val": 20, "n_test": 20, "test_renders": 1},
+            "backbone": {"widths": [4, 8, 8, 8], "epochs": 1},
+            "estimator": {
+                "hidden": 4,
+                "epochs": 2,
+                "batch_size": 16,
+                "calib_steps": 3,
+                "calib_draws": 1,
+                "eta": 0.01,
+                "mu_init": 2.0,
+            },
+        }
+    )
     images = make_images(p)
     backbones = train_backbone(images, p)
     a = train_estimator(images, backbones, p, variant="estimator_s2")["seed0"]
@@ -306,6 +334,7 @@ def test_estimator_dual_ascent_runs_once_per_step_and_is_deterministic():
 
 
 # ------------------------------------------------------------------ pipeline: one node per split
+
 
 def test_one_train_node_per_split_after_the_shared_backbone(monkeypatch):
     from kedro.validation.type_extractor import TypeExtractor
@@ -334,19 +363,40 @@ def test_derived_gaps_are_paired_per_seed_and_extremes_keep_the_seed_mean():
     from pipelines.core.spec import Results, SeedValues
     from pipelines.featjnd.evaluate import derived_metrics, derived_names
 
-    p = Params.model_validate({**BASE, "seeds": [0, 1, 2], "variants": ["estimator_s1"],
-                               "evaluation": {"snr_db": [0.0, -5.0], "quant_steps": [9.0],
-                                              "quant_steps_by_split": {"s1": [1.75, 2.0]}}})
-    acc = {"featjnd": [0.9, 0.8, 0.7], "gauss": [0.85, 0.8, 0.6], "shuffled": [0.88, 0.7, 0.69],
-           "shuffled_all": [0.86, 0.79, 0.61], "inverse": [0.5, 0.5, 0.5], "sal_inv": [0.6, 0.6, 0.6],
-           "perm_step": [0.1, 0.2, 0.3], "uniform_step": [0.3, 0.2, 0.1]}
+    p = Params.model_validate(
+        {
+            **BASE,
+            "seeds": [0, 1, 2],
+            "variants": ["estimator_s1"],
+            "evaluation": {"snr_db": [0.0, -5.0], "quant_steps": [9.0], "quant_steps_by_split": {"s1": [1.75, 2.0]}},
+        }
+    )
+    acc = {
+        "featjnd": [0.9, 0.8, 0.7],
+        "gauss": [0.85, 0.8, 0.6],
+        "shuffled": [0.88, 0.7, 0.69],
+        "shuffled_all": [0.86, 0.79, 0.61],
+        "inverse": [0.5, 0.5, 0.5],
+        "sal_inv": [0.6, 0.6, 0.6],
+        "perm_step": [0.1, 0.2, 0.3],
+        "uniform_step": [0.3, 0.2, 0.1],
+    }
     tables = {}
     for v, xs in acc.items():
         r = Results(v)
         for seed, x in enumerate(xs):
-            r.add(seed, s1_acc_snr0=x, s1_acc_snrm5=x - 0.1, s1_auc_acc_vs_snr=x - 0.05, s1_qacc_mean=x,
-                  s1_qacc_mean_dither=x, s1_jnd_bgfg_ratio=1.0 + 0.01 * seed, s1_acc_clean=0.95,
-                  s1_qacc_D1p75=x + 0.1, s1_qacc_D2=x)  # S1 budgets from quant_steps_by_split, not quant_steps
+            r.add(
+                seed,
+                s1_acc_snr0=x,
+                s1_acc_snrm5=x - 0.1,
+                s1_auc_acc_vs_snr=x - 0.05,
+                s1_qacc_mean=x,
+                s1_qacc_mean_dither=x,
+                s1_jnd_bgfg_ratio=1.0 + 0.01 * seed,
+                s1_acc_clean=0.95,
+                s1_qacc_D1p75=x + 0.1,
+                s1_qacc_D2=x,
+            )  # S1 budgets from quant_steps_by_split, not quant_steps
         tables[v] = r.table()
     out = derived_metrics(SeedValues(tables), p)
     assert set(out) == set(derived_names(p, ["estimator_s1"]))
@@ -365,28 +415,37 @@ def test_derived_gaps_are_paired_per_seed_and_extremes_keep_the_seed_mean():
 
 # ------------------------------------------------------------------ parameters
 
-BASE = {"seeds": [0], "data": {}, "backbone": {}, "variants": ["estimator_s1", "estimator_s2"], "estimator": {},
-        "evaluation": {}}
+BASE = {
+    "seeds": [0],
+    "data": {},
+    "backbone": {},
+    "variants": ["estimator_s1", "estimator_s2"],
+    "estimator": {},
+    "evaluation": {},
+}
 CLAIM_S2 = {"id": "c", "text": "t", "metric": "gap_pts.s2_acc_snr0.featjnd_vs_gauss", "op": ">=", "threshold": 5}
 
 
-@pytest.mark.parametrize("patch, key", [
-    ({"estimator": {"rho": 1.5}}, r"featjnd\.estimator\.rho"),
-    ({"estimator": {"noise_dist": "laplace"}}, r"featjnd\.estimator\.noise_dist"),
-    ({"evaluation": {"snr_db": []}}, r"featjnd\.evaluation\.snr_db"),
-    ({"evaluation": {"quant_steps": [2, -1]}}, r"featjnd\.evaluation"),
-    ({"evaluation": {"quant_steps_by_split": {"s1": [2, 0]}}}, r"featjnd\.evaluation.*quant_steps_by_split"),
-    ({"evaluation": {"quant_steps_by_split": {"s3": [2]}}}, r"featjnd\.evaluation\.quant_steps_by_split"),
-    ({"data": {"n_train": 1700}}, r"featjnd\.data.*n_train"),
-    ({"data": {"source": "tensor_file"}}, r"featjnd\.data.*path"),
-    ({"backbone": {"widths": [8, 8]}}, r"featjnd\.backbone\.widths"),
-    ({"backbone": {"epochs": True}}, r"featjnd\.backbone\.epochs: .*integer"),
-    ({"estimator": {"hiden": 8}}, r"featjnd\.estimator\.hiden: unknown key"),
-    ({"threads": True}, r"featjnd\.threads"),
-    ({"variants": []}, r"featjnd\.variants"),
-    ({"variants": ["estimator_s3"]}, r"featjnd\.variants"),
-    ({"variants": ["estimator_s1"], "claims": [CLAIM_S2]}, r"featjnd\.variants: .*claim 'c' reads split s2"),
-])
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"estimator": {"rho": 1.5}}, r"featjnd\.estimator\.rho"),
+        ({"estimator": {"noise_dist": "laplace"}}, r"featjnd\.estimator\.noise_dist"),
+        ({"evaluation": {"snr_db": []}}, r"featjnd\.evaluation\.snr_db"),
+        ({"evaluation": {"quant_steps": [2, -1]}}, r"featjnd\.evaluation"),
+        ({"evaluation": {"quant_steps_by_split": {"s1": [2, 0]}}}, r"featjnd\.evaluation.*quant_steps_by_split"),
+        ({"evaluation": {"quant_steps_by_split": {"s3": [2]}}}, r"featjnd\.evaluation\.quant_steps_by_split"),
+        ({"data": {"n_train": 1700}}, r"featjnd\.data.*n_train"),
+        ({"data": {"source": "tensor_file"}}, r"featjnd\.data.*path"),
+        ({"backbone": {"widths": [8, 8]}}, r"featjnd\.backbone\.widths"),
+        ({"backbone": {"epochs": True}}, r"featjnd\.backbone\.epochs: .*integer"),
+        ({"estimator": {"hiden": 8}}, r"featjnd\.estimator\.hiden: unknown key"),
+        ({"threads": True}, r"featjnd\.threads"),
+        ({"variants": []}, r"featjnd\.variants"),
+        ({"variants": ["estimator_s3"]}, r"featjnd\.variants"),
+        ({"variants": ["estimator_s1"], "claims": [CLAIM_S2]}, r"featjnd\.variants: .*claim 'c' reads split s2"),
+    ],
+)
 def test_bad_parameter_names_the_key(patch, key):
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BASE.items()}
     for k, v in patch.items():
@@ -402,6 +461,7 @@ def test_default_parameters_parse():
 
 # ------------------------------------------------------------------ the user's tensor file (--env=full)
 
+
 def _tensor_params(path) -> Params:
     return Params.model_validate({**BASE, "seeds": [0, 1], "data": {"source": "tensor_file", "path": str(path)}})
 
@@ -411,7 +471,7 @@ def test_tensor_file_input_round_trips(tmp_path):
 
     data = digits_canvas(0, 20, 10, 10, test_renders=1)
     user = {k: v for k, v in data.items() if k != "mask_test"}
-    user["x_val"] = user["x_val"].double()          # any float dtype and integer labels are accepted
+    user["x_val"] = user["x_val"].double()  # any float dtype and integer labels are accepted
     user["y_val"] = user["y_val"].int()
     torch.save(user, tmp_path / "images.pt")
     out = make_images(_tensor_params(tmp_path / "images.pt"))
@@ -431,6 +491,7 @@ def _bad(mutate):
             (tmp_path / "images.pt").write_bytes(data)
         else:
             torch.save(data, tmp_path / "images.pt")
+
     return make
 
 
@@ -438,6 +499,7 @@ def _set(key, value):
     def f(d):
         d[key] = value(d) if callable(value) else value
         return d
+
     return f
 
 
@@ -445,6 +507,7 @@ def _drop(key):
     def f(d):
         del d[key]
         return d
+
     return f
 
 
@@ -453,23 +516,41 @@ def _nan(d):
     return d
 
 
-@pytest.mark.parametrize("make, msg", [
-    (_bad(lambda d: torch.zeros(3)), r"expected a dict of tensors, got Tensor"),
-    (_bad(lambda d: b"not a torch file"), r"not a torch.save file"),
-    (_bad(_drop("y_val")), r"key 'y_val' is missing"),
-    (_bad(_set("x_train", lambda d: d["x_train"][:, 0])), r"key 'x_train' should be a float tensor N×C×H×W, got torch.float32 \(20, 32, 32\)"),
-    (_bad(_set("x_train", lambda d: d["x_train"][:0])), r"keys 'x_train' \(0 rows\) and 'y_train' \(20 rows\) differ in length"),
-    (_bad(_set("x_val", lambda d: (255 * d["x_val"]).to(torch.uint8))), r"key 'x_val' should be array\[float\], got elements of dtype uint8"),
-    (_bad(_set("x_val", lambda d: d["x_val"].repeat(1, 3, 1, 1))), r"key 'x_val' has images of C×H×W \(3, 32, 32\)"),
-    (_bad(_set("x_test", lambda d: d["x_test"][:, :, :3, :3])), r"key 'x_test' has images of 3×3"),
-    (_bad(_nan), r"key 'x_test' has 1 non-finite"),
-    (_bad(_set("y_test", lambda d: d["y_test"].float())), r"key 'y_test' should be int, got float32"),
-    (_bad(_set("y_test", lambda d: d["y_test"] > 4)), r"key 'y_test' should be int, got bool"),
-    (_bad(_set("y_train", lambda d: d["y_train"][:-1])), r"keys 'x_train' \(20 rows\) and 'y_train' \(19 rows\) differ in length"),
-    (_bad(_set("y_train", lambda d: d["y_train"] - 5)), r"key 'y_train' must be >= 0; \d+ value\(s\) are not"),
-    (_bad(_set("mask_test", lambda d: d["mask_test"][:, :16])), r"key 'mask_test' should be a bool tensor"),
-    (_bad(_set("mask_test", lambda d: d["mask_test"].float())), r"key 'mask_test' should be a bool tensor"),
-])
+@pytest.mark.parametrize(
+    "make, msg",
+    [
+        (_bad(lambda d: torch.zeros(3)), r"expected a dict of tensors, got Tensor"),
+        (_bad(lambda d: b"not a torch file"), r"not a torch.save file"),
+        (_bad(_drop("y_val")), r"key 'y_val' is missing"),
+        (
+            _bad(_set("x_train", lambda d: d["x_train"][:, 0])),
+            r"key 'x_train' should be a float tensor N×C×H×W, got torch.float32 \(20, 32, 32\)",
+        ),
+        (
+            _bad(_set("x_train", lambda d: d["x_train"][:0])),
+            r"keys 'x_train' \(0 rows\) and 'y_train' \(20 rows\) differ in length",
+        ),
+        (
+            _bad(_set("x_val", lambda d: (255 * d["x_val"]).to(torch.uint8))),
+            r"key 'x_val' should be array\[float\], got elements of dtype uint8",
+        ),
+        (
+            _bad(_set("x_val", lambda d: d["x_val"].repeat(1, 3, 1, 1))),
+            r"key 'x_val' has images of C×H×W \(3, 32, 32\)",
+        ),
+        (_bad(_set("x_test", lambda d: d["x_test"][:, :, :3, :3])), r"key 'x_test' has images of 3×3"),
+        (_bad(_nan), r"key 'x_test' has 1 non-finite"),
+        (_bad(_set("y_test", lambda d: d["y_test"].float())), r"key 'y_test' should be int, got float32"),
+        (_bad(_set("y_test", lambda d: d["y_test"] > 4)), r"key 'y_test' should be int, got bool"),
+        (
+            _bad(_set("y_train", lambda d: d["y_train"][:-1])),
+            r"keys 'x_train' \(20 rows\) and 'y_train' \(19 rows\) differ in length",
+        ),
+        (_bad(_set("y_train", lambda d: d["y_train"] - 5)), r"key 'y_train' must be >= 0; \d+ value\(s\) are not"),
+        (_bad(_set("mask_test", lambda d: d["mask_test"][:, :16])), r"key 'mask_test' should be a bool tensor"),
+        (_bad(_set("mask_test", lambda d: d["mask_test"].float())), r"key 'mask_test' should be a bool tensor"),
+    ],
+)
 def test_bad_tensor_file_stops_at_the_door_naming_the_key(tmp_path, make, msg):
     from kedro.io import DatasetError
 
@@ -478,7 +559,7 @@ def test_bad_tensor_file_stops_at_the_door_naming_the_key(tmp_path, make, msg):
     make(tmp_path)
     with pytest.raises(InputDataError, match=r"dataset 'featjnd\.data\.path \(.*images\.pt\)': " + msg) as exc:
         make_images(_tensor_params(tmp_path / "images.pt"))
-    assert isinstance(exc.value, DatasetError) and "\n" not in str(exc.value)   # one line in the CLI
+    assert isinstance(exc.value, DatasetError) and "\n" not in str(exc.value)  # one line in the CLI
 
 
 def test_missing_tensor_file_is_reported_with_its_key(tmp_path):
@@ -490,14 +571,24 @@ def test_missing_tensor_file_is_reported_with_its_key(tmp_path):
 
 # ------------------------------------------------------------------ the report of the --env=test run
 
+
 @pytest.mark.e2e
 def test_report_content(test_env_run):
     report = test_env_run("featjnd").report
-    assert set(report["variants"]) == {"featjnd", "gauss", "shuffled", "shuffled_all", "inverse", "sal_inv",
-                                       "perm_step", "uniform_step"}
+    assert set(report["variants"]) == {
+        "featjnd",
+        "gauss",
+        "shuffled",
+        "shuffled_all",
+        "inverse",
+        "sal_inv",
+        "perm_step",
+        "uniform_step",
+    }
     assert len(report["claims"]) == 24
-    assert set(report["artifacts"]) == {f"{k}_{sp}.png" for k in ("jnd_maps", "acc_vs_snr", "qacc_vs_budget")
-                                        for sp in ("s1", "s2")} | {"estimator_training.png"}
+    assert set(report["artifacts"]) == {
+        f"{k}_{sp}.png" for k in ("jnd_maps", "acc_vs_snr", "qacc_vs_budget") for sp in ("s1", "s2")
+    } | {"estimator_training.png"}
     row = report["variants"]["featjnd"]
     assert {"s1_acc_snr0", "s2_qacc_D2_dither", "s1_jnd_bgfg_ratio", "s2_flip_rate_at_J_test"} <= set(row)
     # the controls are energy-matched to the method: same clean accuracy, every SNR measured

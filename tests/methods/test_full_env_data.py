@@ -6,6 +6,7 @@ files written where the full env expects them (valid files: the run gets past th
 The run either completes, or fails with its last line ``Error: ...`` and no traceback: a method that
 builds an 8 GB synthetic object it does not use (wedlm's Markov chain over 32,000 symbols, built before
 its own-data files were read) hits the cap and fails here with a MemoryError traceback."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,8 @@ from tests.conftest import ROOT, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.full_env]
 
-LIMIT_BYTES = 6 << 30      # a quarter of the 24 GB machine of the issue: a data stage is far below it
-TIMEOUT_S = 240        # a data stage still running then (a full-size synthetic corpus) is skipped, said
+LIMIT_BYTES = 6 << 30  # a quarter of the 24 GB machine of the issue: a data stage is far below it
+TIMEOUT_S = 240  # a data stage still running then (a full-size synthetic corpus) is skipped, said
 FULL_METHODS = sorted(p.stem.removeprefix("parameters_") for p in (ROOT / "conf" / "full").glob("parameters_*.yml"))
 
 
@@ -50,8 +51,14 @@ def _put(project: Path, rel: str) -> Path:
 def _wedlm(project: Path) -> None:
     d = _data("wedlm")
     rng = np.random.default_rng(0)
-    rows = [{"regime": r, "prompt": rng.integers(0, d["n_symbols"], 5).tolist(),
-             "answer": rng.integers(0, d["n_symbols"], d["answer_len"][r]).tolist()} for r in d["answer_len"]]
+    rows = [
+        {
+            "regime": r,
+            "prompt": rng.integers(0, d["n_symbols"], 5).tolist(),
+            "answer": rng.integers(0, d["n_symbols"], d["answer_len"][r]).tolist(),
+        }
+        for r in d["answer_len"]
+    ]
     for key in ("train_path", "test_path"):
         _put(project, d[key]).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
@@ -59,9 +66,13 @@ def _wedlm(project: Path) -> None:
 def _bimu(project: Path) -> None:
     rng = np.random.default_rng(0)
     n = 20
-    pd.DataFrame({"label": np.arange(n) % 10, "split": ["train", "test"] * (n // 2),
-                  **{f"x{i}": rng.random(n) for i in range(784)}}).to_csv(_put(project, _data("bimu")["user_path"]),
-                                                                         index=False)
+    pd.DataFrame(
+        {
+            "label": np.arange(n) % 10,
+            "split": ["train", "test"] * (n // 2),
+            **{f"x{i}": rng.random(n) for i in range(784)},
+        }
+    ).to_csv(_put(project, _data("bimu")["user_path"]), index=False)
 
 
 def _featjnd(project: Path) -> None:
@@ -76,16 +87,24 @@ def _featjnd(project: Path) -> None:
 def _ghost(project: Path) -> None:
     d = _data("ghost")
     rng = np.random.default_rng(0)
-    pd.DataFrame({"split": ["train", "val", "calib", "test"] * 2,
-                  "tokens": [rng.integers(0, d["vocab_size"], d["seq_len"]).tolist() for _ in range(8)]}
-                 ).to_parquet(_put(project, d["user_file"]))
+    pd.DataFrame(
+        {
+            "split": ["train", "val", "calib", "test"] * 2,
+            "tokens": [rng.integers(0, d["vocab_size"], d["seq_len"]).tolist() for _ in range(8)],
+        }
+    ).to_parquet(_put(project, d["user_file"]))
 
 
 def _hobit(project: Path) -> None:
     rng = np.random.default_rng(0)
-    pd.DataFrame({"split": ["train"] * 6 + ["test"] * 2, "fact": [0, 0, 1, 2, 3, 4, 5, 6],
-                  "q": list(rng.normal(size=(8, 4))), "d": list(rng.normal(size=(8, 4)))}
-                 ).to_parquet(_put(project, _data("hobit")["user_path"]))
+    pd.DataFrame(
+        {
+            "split": ["train"] * 6 + ["test"] * 2,
+            "fact": [0, 0, 1, 2, 3, 4, 5, 6],
+            "q": list(rng.normal(size=(8, 4))),
+            "d": list(rng.normal(size=(8, 4))),
+        }
+    ).to_parquet(_put(project, _data("hobit")["user_path"]))
 
 
 def _llds(project: Path) -> None:
@@ -110,9 +129,15 @@ def _mesa(project: Path) -> None:
 def _mts(project: Path) -> None:
     rng = np.random.default_rng(0)
     n = 30
-    pd.DataFrame({**{f"x{i}": rng.normal(size=n) for i in range(4)}, "y": np.arange(n) % 2,
-                  "is_syn": [False, True] * (n // 2), "split": ["train", "meta", "test"] * (n // 3),
-                  "quality": ["good", "bad"] * (n // 2)}).to_parquet(_put(project, _data("mts")["path"]))
+    pd.DataFrame(
+        {
+            **{f"x{i}": rng.normal(size=n) for i in range(4)},
+            "y": np.arange(n) % 2,
+            "is_syn": [False, True] * (n // 2),
+            "split": ["train", "meta", "test"] * (n // 3),
+            "quality": ["good", "bad"] * (n // 2),
+        }
+    ).to_parquet(_put(project, _data("mts")["path"]))
 
 
 def _rankcal(project: Path) -> None:
@@ -120,9 +145,13 @@ def _rankcal(project: Path) -> None:
     rng = np.random.default_rng(9)
     for name in (x.removeprefix("file:") for x in d["datasets"] if str(x).startswith("file:")):
         n = 40
-        pd.DataFrame({"x_0": rng.normal(size=n), "x_1": rng.normal(size=n),
-                      "ranking": [",".join(map(str, rng.permutation(4))) for _ in range(n)]}
-                     ).to_csv(_put(project, f"{d['user_dir']}/{name}.csv"), index=False)
+        pd.DataFrame(
+            {
+                "x_0": rng.normal(size=n),
+                "x_1": rng.normal(size=n),
+                "ranking": [",".join(map(str, rng.permutation(4))) for _ in range(n)],
+            }
+        ).to_csv(_put(project, f"{d['user_dir']}/{name}.csv"), index=False)
 
 
 def _rlcracker(project: Path) -> None:
@@ -141,17 +170,27 @@ def _svgt(project: Path) -> None:
 
 
 # the methods whose full env reads user files at paths it names, and a tiny valid file for each
-TINY_FILES = {"wedlm": _wedlm, "bimu": _bimu, "featjnd": _featjnd, "ghost": _ghost, "hobit": _hobit,
-              "llds": _llds, "mesa": _mesa, "mts": _mts, "rankcal": _rankcal, "rlcracker": _rlcracker,
-              "svgt": _svgt}
+TINY_FILES = {
+    "wedlm": _wedlm,
+    "bimu": _bimu,
+    "featjnd": _featjnd,
+    "ghost": _ghost,
+    "hobit": _hobit,
+    "llds": _llds,
+    "mesa": _mesa,
+    "mts": _mts,
+    "rankcal": _rankcal,
+    "rlcracker": _rlcracker,
+    "svgt": _svgt,
+}
 
 
 # data stages known to pass the cap at full today (left for their methods; the test says so, it does not pass them)
 OVER_CAP = {
     "tess": "data stage allocates an n x max_tokens x hidden float tensor for the texts' token embeddings "
-            "(torch.zeros in its data nodes) past 6 GiB at --env=full: not fixed yet (#24)",
+    "(torch.zeros in its data nodes) past 6 GiB at --env=full: not fixed yet (#24)",
     "softtorch": "data.speed (the soft-sort timing benchmark, softops._ot) allocates past 6 GiB at --env=full "
-                 "sizes: not fixed yet (#24)",
+    "sizes: not fixed yet (#24)",
 }
 
 
@@ -186,25 +225,44 @@ def test_every_full_env_that_names_a_user_file_gets_one():
     assert not missing, missing
 
 
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.xfail(reason=OVER_CAP[m], strict=False))
-                                    if m in OVER_CAP else m for m in FULL_METHODS])
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param(m, marks=pytest.mark.xfail(reason=OVER_CAP[m], strict=False)) if m in OVER_CAP else m
+        for m in FULL_METHODS
+    ],
+)
 def test_full_env_data_stage_fits_or_stops_in_one_line(full_project, method):
     nodes = data_nodes(method)
     assert nodes, f"{method} has no data node"
-    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "true", "MLFLOW_TRACKING_URI": f"sqlite:///{full_project / 'mlflow.db'}"}
+    env = {
+        **os.environ,
+        "KEDRO_DISABLE_TELEMETRY": "true",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{full_project / 'mlflow.db'}",
+    }
     try:
-        res = subprocess.run([sys.executable, "-m", "kedro", "run", f"--pipeline={method}", "--env=full",
-                              "--nodes=" + ",".join(nodes)],
-                             cwd=full_project, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-                             preexec_fn=_cap, check=False)
-    except subprocess.TimeoutExpired:   # under the cap all along, but not finished: said, not passed
-        pytest.skip(f"{method}: the --env=full data stage stayed under {LIMIT_BYTES >> 30} GiB for {TIMEOUT_S} s "
-                    f"and had not finished")
+        res = subprocess.run(
+            [sys.executable, "-m", "kedro", "run", f"--pipeline={method}", "--env=full", "--nodes=" + ",".join(nodes)],
+            cwd=full_project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            preexec_fn=_cap,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:  # under the cap all along, but not finished: said, not passed
+        pytest.skip(
+            f"{method}: the --env=full data stage stayed under {LIMIT_BYTES >> 30} GiB for {TIMEOUT_S} s "
+            f"and had not finished"
+        )
     out = res.stderr + res.stdout
     assert res.returncode >= 0, f"{method}: killed by signal {-res.returncode}\n{out[-3000:]}"
-    assert "MemoryError" not in out and "can't allocate memory" not in out, f"{method}: the --env=full data stage needs more than " \
-                                     f"{LIMIT_BYTES >> 30} GiB\n{out[-3000:]}"
+    assert "MemoryError" not in out and "can't allocate memory" not in out, (
+        f"{method}: the --env=full data stage needs more than {LIMIT_BYTES >> 30} GiB\n{out[-3000:]}"
+    )
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-        assert "Traceback" not in out and lines and lines[-1].startswith("Error: "), \
+        assert "Traceback" not in out and lines and lines[-1].startswith("Error: "), (
             f"{method}: the --env=full data stage failed without a one-line error\n{out[-3000:]}"
+        )

@@ -5,6 +5,7 @@ the corpus generator, the derived metrics declared on the results tables, bad pa
 files. The end-to-end
 --env=test run is covered by tests/methods/test_all_pipelines.py (its report is checked here through the
 shared ``test_env_run`` fixture)."""
+
 import copy
 from pathlib import Path
 
@@ -25,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def env_raw(env: str = "base") -> dict:
     def merge(a, b):
-        return {k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                for k, v in {**a, **b}.items()}
+        return {
+            k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+            for k, v in {**a, **b}.items()
+        }
 
     raw = yaml.safe_load((ROOT / "conf" / "base" / "parameters_ghost.yml").read_text())["ghost"]
     if env != "base":
@@ -40,9 +43,21 @@ def parse(raw: dict) -> Params:
 
 def tiny_lm(seed=0, n_groups=2, d_conv=3, double=True) -> SelectiveSSMLM:
     torch.manual_seed(seed)
-    m = SelectiveSSMLM(SSMConfig(vocab_size=11, d_model=8, n_layers=2, d_state=6, n_heads=4, n_groups=n_groups,
-                                 expand=2, d_conv=d_conv, scan="chunked", chunk_size=8))
-    with torch.no_grad():   # a random but non-trivial model: larger B, C and slower decays than at init
+    m = SelectiveSSMLM(
+        SSMConfig(
+            vocab_size=11,
+            d_model=8,
+            n_layers=2,
+            d_state=6,
+            n_heads=4,
+            n_groups=n_groups,
+            expand=2,
+            d_conv=d_conv,
+            scan="chunked",
+            chunk_size=8,
+        )
+    )
+    with torch.no_grad():  # a random but non-trivial model: larger B, C and slower decays than at init
         for layer in m.layers:
             layer.in_proj.weight.mul_(8.0)
             layer.log_neg_a.copy_(torch.log(torch.linspace(0.2, 2.0, layer.h)))
@@ -54,14 +69,15 @@ def lti_layer(dt, a, b, c) -> SelectiveSSM:
     """A SelectiveSSM that is a diagonal LTI system: H heads of dimension 1, one channel per head (one group
     per head), x_t = u_t (identity in_proj), B, C, Δ constant (biases only), decay a_h = exp(−Δ_h e^{·})."""
     H = len(a)
-    layer = SelectiveSSM(SSMConfig(vocab_size=4, d_model=H, n_layers=1, d_state=1, n_heads=H, n_groups=H,
-                                   expand=1, d_conv=0)).double()
+    layer = SelectiveSSM(
+        SSMConfig(vocab_size=4, d_model=H, n_layers=1, d_state=1, n_heads=H, n_groups=H, expand=1, d_conv=0)
+    ).double()
     with torch.no_grad():
         layer.in_proj.weight.zero_()
         layer.in_proj.bias.zero_()
         layer.in_proj.weight[:H, :H] = torch.eye(H, dtype=torch.double)
-        layer.in_proj.bias[2 * H:3 * H] = torch.tensor(b)
-        layer.in_proj.bias[3 * H:4 * H] = torch.tensor(c)
+        layer.in_proj.bias[2 * H : 3 * H] = torch.tensor(b)
+        layer.in_proj.bias[3 * H : 4 * H] = torch.tensor(c)
         layer.dt_bias.copy_(torch.tensor(np.log(np.expm1(dt))))
         layer.log_neg_a.copy_(torch.tensor(np.log(-np.log(a) / dt)))
     return layer
@@ -89,8 +105,8 @@ def test_balanced_truncation_scores_match_hankel_singular_values_of_an_lti_syste
     stats = M.forward_statistics(layer, u)
     scores = M.forward_score(stats, "balanced_truncation").flatten().numpy()
     hsv = scipy_hsv(np.diag(a), np.diag(dt * b), np.diag(c))
-    np.testing.assert_allclose(np.sort(scores), np.sort(hsv), rtol=0.03)       # equal up to ordering
-    assert (np.argsort(scores) == np.argsort(hsv)).all()                        # and in the same order
+    np.testing.assert_allclose(np.sort(scores), np.sort(hsv), rtol=0.03)  # equal up to ordering
+    assert (np.argsort(scores) == np.argsort(hsv)).all()  # and in the same order
 
 
 def test_balanced_truncation_scores_approach_the_continuous_time_hankel_values_for_small_steps():
@@ -118,7 +134,7 @@ def test_ghost_score_ranks_lti_modes_like_hankel_values_when_decays_are_equal():
     ghost = M.forward_score(M.forward_statistics(layer, u), "ghost").flatten().numpy()
     hsv = scipy_hsv(np.diag(a), np.diag(dt * b), np.diag(c))
     assert (np.argsort(ghost) == np.argsort(hsv)).all()
-    np.testing.assert_allclose(ghost / u.shape[0] / u.shape[1], hsv ** 2 * (1 - a ** 2), rtol=0.05)
+    np.testing.assert_allclose(ghost / u.shape[0] / u.shape[1], hsv**2 * (1 - a**2), rtol=0.05)
 
 
 # ------------------------------------------------------------------ GHOST = exact output error of removing n
@@ -130,7 +146,7 @@ def test_ghost_score_is_the_squared_output_error_of_removing_one_channel():
     with torch.no_grad():
         x, _, b, cc, dt, decay = layer._split(u)
 
-        def ssm_out(bb, ccc):            # brute-force recurrence, y_t = S_t C_t (before skip / gate)
+        def ssm_out(bb, ccc):  # brute-force recurrence, y_t = S_t C_t (before skip / gate)
             h = torch.zeros(3, layer.h, layer.dh, layer.n, dtype=torch.double)
             ys = []
             for t in range(13):
@@ -143,7 +159,7 @@ def test_ghost_score_is_the_squared_output_error_of_removing_one_channel():
         for g in range(layer.g):
             for n in (0, 3, 5):
                 mask = torch.ones_like(b)
-                mask[:, :, g * rep:(g + 1) * rep, n] = 0
+                mask[:, :, g * rep : (g + 1) * rep, n] = 0
                 err = (full - ssm_out(b * mask, cc * mask)).square().sum()
                 assert float(err) == pytest.approx(float(stats["joint"][g, n]), rel=1e-8)
     # the other statistics by their definitions
@@ -194,7 +210,7 @@ def test_hard_truncation_equals_the_masked_model(rho):
 def test_truncation_with_unequal_groups_pads_with_switched_off_channels():
     m = tiny_lm(double=False)
     keep = torch.ones(2, 6, dtype=torch.bool)
-    keep[0, :3] = False                                     # global mode: group 0 keeps 3, group 1 keeps 6
+    keep[0, :3] = False  # global mode: group 0 keeps 3, group 1 keeps 6
     keeps = [keep, M.keep_top(torch.rand(2, 6, generator=torch.Generator().manual_seed(0)), 0.5)]
     masked = copy.deepcopy(m)
     M.set_masks(masked, keeps)
@@ -216,23 +232,25 @@ def test_taylor_and_fisher_match_finite_differences_of_the_mask():
     for g, n in ((0, 1), (1, 4)):
         per_seq = []
         for s in range(3):
+
             def loss_at(v):
-                layer.state_mask[g * rep:(g + 1) * rep, n] = v
+                layer.state_mask[g * rep : (g + 1) * rep, n] = v
                 with torch.no_grad():
-                    out = float(M.lm_loss(m, ids[s:s + 1]))
-                layer.state_mask[g * rep:(g + 1) * rep, n] = 1.0
+                    out = float(M.lm_loss(m, ids[s : s + 1]))
+                layer.state_mask[g * rep : (g + 1) * rep, n] = 1.0
                 return out
+
             per_seq.append((loss_at(1 + eps) - loss_at(1 - eps)) / (2 * eps))
         per_seq = np.array(per_seq)
         assert float(got[1]["taylor"][g, n]) == pytest.approx(abs(per_seq.sum()), rel=1e-4, abs=1e-9)
-        assert float(got[1]["fisher"][g, n]) == pytest.approx((per_seq ** 2).mean(), rel=1e-4, abs=1e-12)
-    assert torch.equal(layer.state_mask, torch.ones_like(layer.state_mask))     # masks restored
+        assert float(got[1]["fisher"][g, n]) == pytest.approx((per_seq**2).mean(), rel=1e-4, abs=1e-12)
+    assert torch.equal(layer.state_mask, torch.ones_like(layer.state_mask))  # masks restored
 
 
 def test_selection_keeps_the_top_channels_of_each_group_and_recalibrates_layer_by_layer():
     s = torch.tensor([[5.0, 1.0, 3.0, 2.0], [0.1, 0.4, 0.3, 0.2]])
     assert M.keep_top(s, 0.5).tolist() == [[True, False, True, False], [False, True, True, False]]
-    g = M.keep_global([s, 100 * s], 0.5)                    # per-layer normalisation: scale-free
+    g = M.keep_global([s, 100 * s], 0.5)  # per-layer normalisation: scale-free
     assert g[0].tolist() == g[1].tolist() and all(k.any(1).all() for k in g)
     p = parse(env_raw("test"))
     m = tiny_lm(double=False)
@@ -244,8 +262,9 @@ def test_selection_keeps_the_top_channels_of_each_group_and_recalibrates_layer_b
     M.set_masks(ref, [keeps[0], torch.ones(2, 6, dtype=torch.bool)])
     expect = M.forward_score(M.forward_statistics(ref.layers[1], M.layer_input(ref, ids, 1)), "ghost")
     assert torch.allclose(scores[1], expect, rtol=1e-5)
-    dense_l1 = M.forward_score(M.forward_statistics(tiny_lm(double=False).layers[1],
-                                                    M.layer_input(tiny_lm(double=False), ids, 1)), "ghost")
+    dense_l1 = M.forward_score(
+        M.forward_statistics(tiny_lm(double=False).layers[1], M.layer_input(tiny_lm(double=False), ids, 1)), "ghost"
+    )
     assert not torch.allclose(scores[1], dense_l1, rtol=1e-3)
 
 
@@ -256,9 +275,9 @@ def test_topic_corpus_follows_its_generative_rules():
     p = parse(env_raw("base"))
     world = topic_world(p)
     rng = np.random.default_rng(0)
-    tok, _ = sample_topic_sequences(world, 64, 40, 0.0, rng)                   # pure Markov chain
+    tok, _ = sample_topic_sequences(world, 64, 40, 0.0, rng)  # pure Markov chain
     assert all(tok[i, t] in world["succ"][tok[i, t - 1]] for i in range(64) for t in range(1, 40))
-    tok, z = sample_topic_sequences(world, 400, 50, 1.0, rng)                  # pure topic unigram
+    tok, z = sample_topic_sequences(world, 400, 50, 1.0, rng)  # pure topic unigram
     k = int(np.bincount(z).argmax())
     freq = np.bincount(tok[z == k].ravel(), minlength=256) / tok[z == k].size
     top = np.argsort(world["unigram"][k])[::-1][:5]
@@ -273,29 +292,36 @@ def test_user_corpus_is_checked_and_bad_files_name_dataset_and_column(tmp_path):
     p = parse(raw)
     L, V = p.data.seq_len, p.data.vocab_size
     rng = np.random.default_rng(0)
-    df = pd.DataFrame({"split": ["train", "val", "calib", "test"] * 3,
-                       "tokens": [rng.integers(0, V, L).tolist() for _ in range(12)]})
+    df = pd.DataFrame(
+        {"split": ["train", "val", "calib", "test"] * 3, "tokens": [rng.integers(0, V, L).tolist() for _ in range(12)]}
+    )
     out = load_user_corpus(df, p)
     assert out["train"].shape == (3, L) and out["train"].dtype == torch.long
     with pytest.raises(InputDataError, match="'ghost.user_corpus': column 'tokens' is missing"):
         load_user_corpus(df.rename(columns={"tokens": "ids"}), p)
     bad = df.copy()
     bad.loc[0, "tokens"] = [V + 5] * L
-    with pytest.raises(InputDataError, match=r"'ghost.user_corpus': column 'tokens' must be in \[0, \d+\]; \d+ value\(s\) are not \(first \d+ at row 0\)"):
+    with pytest.raises(
+        InputDataError,
+        match=r"'ghost.user_corpus': column 'tokens' must be in \[0, \d+\]; \d+ value\(s\) are not \(first \d+ at row 0\)",
+    ):
         load_user_corpus(bad, p)
     with pytest.raises(InputDataError, match="column 'split' has unknown value"):
         load_user_corpus(df.assign(split=["train", "dev", "calib", "test"] * 3), p)
 
 
 # ------------------------------------------------------------------ pipeline and parameters
-@pytest.mark.parametrize("path,value,key", [
-    (("prune", "rhos"), [0.5, 1.0], r"ghost\.prune\.rhos"),
-    (("model", "n_groups"), 3, r"ghost\.model: .*n_groups"),
-    (("eval", "main_variants"), ["dense", "ghost", "magic"], r"ghost\.eval\.main_variants: .*'magic'"),
-    (("train", "steps"), True, r"ghost\.train\.steps"),
-    (("prune", "n_calib_seqs"), 64, r"ghost: .*prune\.n_calib_seqs"),
-    (("eval", "decode_rhos"), [0.9], r"ghost: .*eval\.decode_rhos"),
-])
+@pytest.mark.parametrize(
+    "path,value,key",
+    [
+        (("prune", "rhos"), [0.5, 1.0], r"ghost\.prune\.rhos"),
+        (("model", "n_groups"), 3, r"ghost\.model: .*n_groups"),
+        (("eval", "main_variants"), ["dense", "ghost", "magic"], r"ghost\.eval\.main_variants: .*'magic'"),
+        (("train", "steps"), True, r"ghost\.train\.steps"),
+        (("prune", "n_calib_seqs"), 64, r"ghost: .*prune\.n_calib_seqs"),
+        (("eval", "decode_rhos"), [0.9], r"ghost: .*eval\.decode_rhos"),
+    ],
+)
 def test_bad_parameter_names_the_key(path, value, key):
     raw = copy.deepcopy(env_raw("base"))
     d = raw
@@ -362,11 +388,14 @@ def test_derived_metrics_are_per_seed_and_paired():
     timing = {"speedup": {"rho075": {"ratio": 1.3, "ci_low": 1.2, "ci_high": 1.4, "rounds": 9}}}
     loo = {"delta_nll": torch.zeros(0)}
     blob = {"history": torch.tensor([3.0, 2.0]), "dense_val_nll": torch.tensor(3.5)}
-    point, per_seed = compute_derived(SPEC, p, values, list(tables),
-                                      {"timing": timing, "loo": loo, "model_blob": blob, "artifacts": {}})
+    point, per_seed = compute_derived(
+        SPEC, p, values, list(tables), {"timing": timing, "loo": loo, "model_blob": blob, "artifacts": {}}
+    )
     assert per_seed["margin.delta_ppl_rho075.ghost_minus_half_random"] == pytest.approx({0: -0.9, 1: -0.2})
     # Taylor's mean (0.3) beats Fisher's (0.25)? no: Fisher is the better gradient method, paired per seed
-    assert per_seed["margin.delta_ppl_rho075.ghost_minus_1p2_best_gradient"] == pytest.approx({0: 0.1 - 0.24, 1: 0.3 - 0.36})
+    assert per_seed["margin.delta_ppl_rho075.ghost_minus_1p2_best_gradient"] == pytest.approx(
+        {0: 0.1 - 0.24, 1: 0.3 - 0.36}
+    )
     assert per_seed["ratio.delta_ppl_rho075.ghost_vs_random"] == pytest.approx({0: 0.05, 1: 0.3})
     assert point["heavy_tail.ghost_top_half_mass_min"] == pytest.approx(0.9)
     assert per_seed["calib_speedup.ghost_vs_best_gradient"] == pytest.approx({0: 1.0, 1: 1.0})

@@ -3,6 +3,7 @@ set, checked exhaustively; the all-members ablation is not), greedy against the 
 against a naive greedy, the epoch re-ordering's invariants, the score graph against a dense top-M, the
 retrieval metrics against sklearn, InfoNCE against a numpy log-sum-exp, and bad input (the end-to-end
 --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import itertools
 import math
 
@@ -15,14 +16,20 @@ from pipelines.core.schemas import InputDataError
 from pipelines.hobit import batching as B
 from pipelines.hobit.params import Params
 
-RAW = {"seeds": [0], "threads": 1,
-       "data": {"n_topics": 3, "n_subtopics": 2, "n_facts": 16, "n_test_facts": 16, "n_val_facts": 8},
-       "model": {"batch_size": 8, "epochs": 2},
-       "graph": {"knn_m": 8, "refresh_every": 1},
-       "baselines": {"b3_k": 3, "walk_k": 3},
-       "variants": {"hobit": {"batcher": "hobit"}, "random": {"batcher": "random"},
-                    "ance": {"batcher": "random", "mining": True}},
-       "checks": {"n_instances": 2, "ground": 4}}
+RAW = {
+    "seeds": [0],
+    "threads": 1,
+    "data": {"n_topics": 3, "n_subtopics": 2, "n_facts": 16, "n_test_facts": 16, "n_val_facts": 8},
+    "model": {"batch_size": 8, "epochs": 2},
+    "graph": {"knn_m": 8, "refresh_every": 1},
+    "baselines": {"b3_k": 3, "walk_k": 3},
+    "variants": {
+        "hobit": {"batcher": "hobit"},
+        "random": {"batcher": "random"},
+        "ance": {"batcher": "random", "mining": True},
+    },
+    "checks": {"n_instances": 2, "ground": 4},
+}
 
 
 def naive_F(a_fwd, a_rev, S, phi):
@@ -108,8 +115,10 @@ def test_greedy_reaches_one_minus_1_over_e_of_brute_force_and_equals_naive_greed
         # naive greedy on the independent formula (first maximiser on ties)
         S = []
         for _ in range(3):
-            gains = [naive_F(W, R, S + [c], math.log1p) - naive_F(W, R, S, math.log1p) if c not in S else -1
-                     for c in range(8)]
+            gains = [
+                naive_F(W, R, S + [c], math.log1p) - naive_F(W, R, S, math.log1p) if c not in S else -1
+                for c in range(8)
+            ]
             S.append(int(np.argmax(gains)))
         assert chosen == S
         assert value == pytest.approx(naive_F(W, R, chosen, math.log1p))
@@ -132,13 +141,16 @@ def test_all_members_greedy_equals_naive_greedy():
         r, c = np.meshgrid(np.arange(n_a), np.arange(P), indexing="ij")
         r, c = r.ravel(), c.ravel()
         t0 = np.array([w[i, A].sum() for i in A])
-        chosen, value = B.greedy_all_members(r, c, w[r, n_a + c], t0, P, 3,
-                                             lambda k: (np.arange(P), w[n_a + k, n_a:]))
+        chosen, value = B.greedy_all_members(r, c, w[r, n_a + c], t0, P, 3, lambda k: (np.arange(P), w[n_a + k, n_a:]))
         S = []
         for _ in range(3):
-            gains = [naive_all_members(a, A + [n_a + x for x in S + [k]], math.log1p)
-                     - naive_all_members(a, A + [n_a + x for x in S], math.log1p) if k not in S else -1
-                     for k in range(P)]
+            gains = [
+                naive_all_members(a, A + [n_a + x for x in S + [k]], math.log1p)
+                - naive_all_members(a, A + [n_a + x for x in S], math.log1p)
+                if k not in S
+                else -1
+                for k in range(P)
+            ]
             S.append(int(np.argmax(gains)))
         assert chosen == S
         assert value == pytest.approx(naive_all_members(a, A + [n_a + x for x in S], math.log1p))
@@ -175,11 +187,11 @@ def test_knn_graph_matches_dense_top_m():
 
 def test_hobit_graph_weights_and_symmetric_filter():
     q, d, g = _graph()
-    groups = np.arange(40) // 2          # pairs (0,1), (2,3), ... are known duplicates
+    groups = np.arange(40) // 2  # pairs (0,1), (2,3), ... are known duplicates
     delta = 0.5
     h = B.hobit_graph(g, delta, 30.0, groups)
     S = (q @ d.T).double().numpy() / 0.1
-    plausible = S >= np.diag(S)[:, None] - delta            # plausible[i, j]: d_j a plausible positive for q_i
+    plausible = S >= np.diag(S)[:, None] - delta  # plausible[i, j]: d_j a plausible positive for q_i
     contra = {(i, j) for i in range(40) for j in g.idx[i] if plausible[i, j] or plausible[j, i]}
     contra |= {(i, j) for i in range(40) for j in range(40) if i != j and groups[i] == groups[j]}
     contra |= {(j, i) for i, j in contra}
@@ -205,7 +217,7 @@ def test_hobit_epoch_partitions_filters_and_reports_F():
     assert len(batches) == 8 and all(len(b) == 8 for b in batches)
     assert len(np.unique(allx)) == 64
     assert forced == 0
-    for bt in batches:           # no batch holds both members of a duplicate pair
+    for bt in batches:  # no batch holds both members of a duplicate pair
         assert len(np.unique(groups[bt])) == len(bt)
     # F of each batch, recomputed densely from a for its anchors (first half) and members (second half)
     dense = np.zeros((64, 64))
@@ -247,15 +259,15 @@ def test_score_filter_matches_dense_brute_force_in_both_directions():
     S = (q @ d.T).double().numpy() / tau
     margin = S - np.diag(S)[:, None] + delta
     np.fill_diagonal(margin, 1.0)
-    assert np.abs(margin).min() > 1e-4                   # no pair on the threshold (float32 rounding)
+    assert np.abs(margin).min() > 1e-4  # no pair on the threshold (float32 rounding)
     plausible = margin >= 0
     np.fill_diagonal(plausible, False)
     dense = plausible | plausible.T
-    fwd = np.zeros((n, n), bool)                         # fwd[i, j]: j in i's top-M
+    fwd = np.zeros((n, n), bool)  # fwd[i, j]: j in i's top-M
     fwd[np.repeat(np.arange(n), m), g.idx.ravel()] = True
     edge = fwd | fwd.T
-    reverse_only = fwd & ~fwd.T & plausible.T & ~plausible   # d_i plausible for q_j, i outside j's top-M
-    assert reverse_only.any()                            # the instance exercises the reverse test
+    reverse_only = fwd & ~fwd.T & plausible.T & ~plausible  # d_i plausible for q_j, i outside j's top-M
+    assert reverse_only.any()  # the instance exercises the reverse test
     for i in range(n):
         for k, j in enumerate(g.idx[i]):
             want = 0.0 if dense[i, j] else math.exp(S[i, j] - S[i, i])
@@ -288,8 +300,8 @@ def test_mined_negatives_come_from_the_rank_window():
 def test_false_negative_counts():
     facts = np.array([0, 0, 1, 2, 2, 2, 3, 4])
     pairs, rate = B.false_negatives([np.array([0, 1, 2, 3]), np.array([4, 5, 6, 7])], facts)
-    assert pairs == pytest.approx((1 + 1) / 2)         # (0,1) in batch 1; (4,5) in batch 2
-    assert rate == pytest.approx(4 / 8)                 # queries 0, 1, 4, 5
+    assert pairs == pytest.approx((1 + 1) / 2)  # (0,1) in batch 1; (4,5) in batch 2
+    assert rate == pytest.approx(4 / 8)  # queries 0, 1, 4, 5
 
 
 # ------------------------------------------------------------------------------- loss and metrics
@@ -313,8 +325,9 @@ def test_infonce_matches_numpy_logsumexp():
     assert float(loss) == pytest.approx(float(np.mean(lse - logits[np.arange(6), np.arange(6)])), rel=1e-5)
     cos = logits * 0.1
     cos[np.arange(6), np.arange(6)] = -np.inf
-    assert float(extras["hardness"]) == pytest.approx(float(np.mean(cos.max(1) - np.diag(logits[:, :6] * 0.1))),
-                                                      rel=1e-5)
+    assert float(extras["hardness"]) == pytest.approx(
+        float(np.mean(cos.max(1) - np.diag(logits[:, :6] * 0.1))), rel=1e-5
+    )
 
 
 def test_retrieval_metrics_match_sklearn_and_by_hand():
@@ -326,7 +339,7 @@ def test_retrieval_metrics_match_sklearn_and_by_hand():
     scores = rng.normal(size=(20, 50))
     rel = np.zeros((20, 50), bool)
     rel[np.arange(20), rng.integers(0, 50, 20)] = True
-    rel[3, 7] = rel[3, 8] = True                              # a query with several relevant documents
+    rel[3, 7] = rel[3, 8] = True  # a query with several relevant documents
     m = retrieval_metrics(scores, rel, (1, 10))
     order = np.argsort(-scores, 1)
     recall10 = np.mean([rel[i, order[i, :10]].sum() / rel[i].sum() for i in range(20)])
@@ -347,9 +360,12 @@ def test_chunked_encoder_evaluation_matches_dense_metrics():
     rng = np.random.default_rng(1)
     torch.manual_seed(0)
     model = DualEncoder(4, 4, 8, 3)
-    arrays = {"q_test": rng.normal(size=(30, 4)).astype(np.float32),
-              "corpus": rng.normal(size=(80, 4)).astype(np.float32), "fact_test": np.arange(30),
-              "fact_corpus": np.r_[np.arange(30), np.arange(5), rng.integers(100, 200, 45)]}
+    arrays = {
+        "q_test": rng.normal(size=(30, 4)).astype(np.float32),
+        "corpus": rng.normal(size=(80, 4)).astype(np.float32),
+        "fact_test": np.arange(30),
+        "fact_corpus": np.r_[np.arange(30), np.arange(5), rng.integers(100, 200, 45)],
+    }
     got = evaluate_encoder(model, arrays, torch.device("cpu"))
     with torch.no_grad():
         qe, ce = model.encode_q(torch.tensor(arrays["q_test"])), model.encode_d(torch.tensor(arrays["corpus"]))
@@ -381,19 +397,25 @@ def test_variants_share_epoch_zero_and_step_count():
     for v in ("hobit", "ance"):
         table, arts = train_variant(pairs, p, v)
         steps[v] = float(table.loc[(table["metric"] == "steps") & table["step"].isna(), "value"].iloc[0])
-        assert set(arts["encoders"]) == {"0"} and len(arts["batches"]["example"]) == p.model.epochs * (len(q) // p.model.batch_size) * p.model.batch_size
+        assert (
+            set(arts["encoders"]) == {"0"}
+            and len(arts["batches"]["example"]) == p.model.epochs * (len(q) // p.model.batch_size) * p.model.batch_size
+        )
     assert steps["hobit"] == steps["ance"] == p.model.epochs * (len(q) // p.model.batch_size)
 
 
 # -------------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("patch, key", [
-    ({"variants": {"hobit": {"batcher": "shuffle"}}}, r"hobit\.variants\.hobit\.batcher"),
-    ({"model": {"batch_size": 7}}, r"hobit\.model\.batch_size"),
-    ({"hobit": {"delta_cos": -0.1}}, r"hobit\.hobit\.delta_cos"),
-    ({"graph": {"knn_m": True}}, r"hobit\.graph\.knn_m"),
-    ({"data": {"n_topics": 1, "n_subtopics": 1, "n_facts": 8, "n_test_facts": 8}}, r"hobit\.data.*n_test_facts"),
-    ({"variants": {"hobit": {"batcher": "hobit", "phi": "sqrt"}}}, r"hobit\.variants\.hobit\.phi"),
-])
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"variants": {"hobit": {"batcher": "shuffle"}}}, r"hobit\.variants\.hobit\.batcher"),
+        ({"model": {"batch_size": 7}}, r"hobit\.model\.batch_size"),
+        ({"hobit": {"delta_cos": -0.1}}, r"hobit\.hobit\.delta_cos"),
+        ({"graph": {"knn_m": True}}, r"hobit\.graph\.knn_m"),
+        ({"data": {"n_topics": 1, "n_subtopics": 1, "n_facts": 8, "n_test_facts": 8}}, r"hobit\.data.*n_test_facts"),
+        ({"variants": {"hobit": {"batcher": "hobit", "phi": "sqrt"}}}, r"hobit\.variants\.hobit\.phi"),
+    ],
+)
 def test_bad_parameter_names_the_key(patch, key):
     with pytest.raises(ParameterError, match=key):
         validate(Params, {**RAW, **patch}, "hobit")
@@ -409,8 +431,14 @@ def test_claim_on_a_missing_variant_is_rejected():
 
 def _user_table():
     rng = np.random.default_rng(0)
-    return pd.DataFrame({"split": ["train"] * 6 + ["test"] * 2, "fact": [0, 0, 1, 2, 3, 4, 5, 6],
-                         "q": list(rng.normal(size=(8, 4))), "d": list(rng.normal(size=(8, 4)))})
+    return pd.DataFrame(
+        {
+            "split": ["train"] * 6 + ["test"] * 2,
+            "fact": [0, 0, 1, 2, 3, 4, 5, 6],
+            "q": list(rng.normal(size=(8, 4))),
+            "d": list(rng.normal(size=(8, 4))),
+        }
+    )
 
 
 def test_user_pairs_load(tmp_path):
@@ -420,18 +448,21 @@ def test_user_pairs_load(tmp_path):
     _user_table().to_parquet(path)
     p = Params.model_validate({**RAW, "data": {"user_path": str(path)}})
     df = make_pairs(p)
-    assert len(df) == 8 and set(df["split"]) == {"train", "val", "test"}      # val carved from train
+    assert len(df) == 8 and set(df["split"]) == {"train", "val", "test"}  # val carved from train
     arr = seed_arrays(df, 0)
     assert len(arr["q_train"]) + len(arr["q_val"]) == 6 and len(arr["q_val"]) >= 1 and len(arr["corpus"]) == 8
     assert np.array_equal(np.sort(arr["fact_corpus"]), [0, 0, 1, 2, 3, 4, 5, 6])
 
 
-@pytest.mark.parametrize("mutate, column", [
-    (lambda df: df.drop(columns="fact"), "fact"),
-    (lambda df: df.assign(split=["train"] * 7 + ["valid"]), "split"),
-    (lambda df: df.assign(q=[np.zeros(4)] * 7 + [np.zeros(3)]), "q"),
-    (lambda df: df.assign(d=[np.full(4, np.nan)] * 8), "d"),
-])
+@pytest.mark.parametrize(
+    "mutate, column",
+    [
+        (lambda df: df.drop(columns="fact"), "fact"),
+        (lambda df: df.assign(split=["train"] * 7 + ["valid"]), "split"),
+        (lambda df: df.assign(q=[np.zeros(4)] * 7 + [np.zeros(3)]), "q"),
+        (lambda df: df.assign(d=[np.full(4, np.nan)] * 8), "d"),
+    ],
+)
 def test_bad_user_file_names_dataset_and_column(tmp_path, mutate, column):
     from pipelines.hobit.data import make_pairs
 
@@ -442,8 +473,15 @@ def test_bad_user_file_names_dataset_and_column(tmp_path, mutate, column):
         make_pairs(p)
 
 
-@pytest.mark.parametrize("metric", ["diff.recall_at_1.random_minus_ance", "diff.recall_at_1.hobit_minus_best_heuristic",
-                                    "variants.kmeans.recall_at_1", "speedup.hobit"])
+@pytest.mark.parametrize(
+    "metric",
+    [
+        "diff.recall_at_1.random_minus_ance",
+        "diff.recall_at_1.hobit_minus_best_heuristic",
+        "variants.kmeans.recall_at_1",
+        "speedup.hobit",
+    ],
+)
 def test_claim_on_an_unplanned_metric_is_rejected(metric):
     """The declared differences are exactly the planned pairs: a claim on any other stops before the run."""
     from pipelines.hobit.spec import SPEC
@@ -458,12 +496,23 @@ def test_report_has_every_planned_claim_metric():
     from pipelines.hobit.checks import objective_checks
     from pipelines.hobit.spec import SPEC
 
-    raw = {**RAW, "seeds": [0, 1], "variants": {**RAW["variants"], "kmeans": {"batcher": "kmeans"},
-                                                "hobit_nofilter": {"batcher": "hobit", "filter": "none"}}}
+    raw = {
+        **RAW,
+        "seeds": [0, 1],
+        "variants": {
+            **RAW["variants"],
+            "kmeans": {"batcher": "kmeans"},
+            "hobit_nofilter": {"batcher": "hobit", "filter": "none"},
+        },
+    }
     p = Params.model_validate(raw)
-    tables = {v: Results(v).add(0, recall_at_1=i / 10, mrr_at_10=i / 9, fn_per_batch=float(i), val_late_rise=i / 100)
-              .add(1, recall_at_1=i / 10 + 0.01, mrr_at_10=i / 9, fn_per_batch=float(i), val_late_rise=i / 50).table()
-              for i, v in enumerate(p.variants)}
+    tables = {
+        v: Results(v)
+        .add(0, recall_at_1=i / 10, mrr_at_10=i / 9, fn_per_batch=float(i), val_late_rise=i / 100)
+        .add(1, recall_at_1=i / 10 + 0.01, mrr_at_10=i / 9, fn_per_batch=float(i), val_late_rise=i / 50)
+        .table()
+        for i, v in enumerate(p.variants)
+    }
     values = SeedValues(tables)
     checks = objective_checks(p)
     point, per_seed = compute_derived(SPEC, p, values, list(p.variants), {"checks": checks})
@@ -471,7 +520,7 @@ def test_report_has_every_planned_claim_metric():
     assert per_seed["diff.recall_at_1.hobit_minus_best_heuristic"] == {0: pytest.approx(-0.3), 1: pytest.approx(-0.3)}
     assert per_seed["diff.fn_per_batch.hobit_nofilter_minus_hobit"] == {0: 4.0, 1: 4.0}
     assert point["greedy.min_ratio_to_brute_force"] == checks["greedy.min_ratio_to_brute_force"]
-    last = len(p.variants) - 1                       # the convergence gate reads the worst variant's seed mean
+    last = len(p.variants) - 1  # the convergence gate reads the worst variant's seed mean
     assert point["convergence.max_val_late_rise"] == pytest.approx((last / 100 + last / 50) / 2)
     assert set(point) | set(per_seed) == SPEC.derived_names(p, list(p.variants))
 
@@ -495,7 +544,7 @@ def test_validation_facts_are_held_out_and_in_the_corpus():
     assert not facts["val"] & facts["train"] and not facts["val"] & facts["test"]
     arr = seed_arrays(df, 0)
     assert len(arr["q_val"]) == 8 and set(arr["fact_val"]) <= set(arr["fact_corpus"])
-    assert len(arr["corpus"]) == len(df)                      # train + val + test documents
+    assert len(arr["corpus"]) == len(df)  # train + val + test documents
 
 
 def test_user_pairs_without_val_get_a_carved_validation_split():
@@ -505,15 +554,15 @@ def test_user_pairs_without_val_get_a_carved_validation_split():
     out = carve_val(df, 100)
     val = set(out.loc[out["split"] == "val", "fact"])
     assert len(val) == 7 // 4 and set(out.loc[out["split"] == "test", "fact"]) == {7, 8}
-    assert all((out.loc[out["fact"] == f, "split"] == "val").all() for f in val)   # duplicates move together
+    assert all((out.loc[out["fact"] == f, "split"] == "val").all() for f in val)  # duplicates move together
 
 
 def test_late_rise_is_the_fitted_rise_over_the_last_window():
     from pipelines.hobit.train import late_rise
 
     assert late_rise([0.3] * 10, 0.2) == pytest.approx(0.0)
-    ramp = list(np.linspace(0.0, 0.9, 10))                      # +0.1 per epoch
-    assert late_rise(ramp, 0.2) == pytest.approx(0.2)           # the last 2 of 10 epochs: from epoch 7 to 9
+    ramp = list(np.linspace(0.0, 0.9, 10))  # +0.1 per epoch
+    assert late_rise(ramp, 0.2) == pytest.approx(0.2)  # the last 2 of 10 epochs: from epoch 7 to 9
     rng = np.random.default_rng(0)
     noisy = list(0.4 + 0.02 * rng.standard_normal(30))
     y = np.asarray(noisy[23:])

@@ -2,6 +2,7 @@
 with a hand-built attention mask, a brute-force keep rule, numpy pooling), the limit cases of the issue
 (budget = sequence length → every policy equals full attention; an empty memory reads out zero) and bad
 input (the end-to-end --env=test run is covered by tests/methods/test_all_pipelines.py)."""
+
 import copy
 
 import numpy as np
@@ -13,28 +14,30 @@ from pipelines.core.params import ParameterError, validate
 from pipelines.core.schemas import InputDataError
 from pipelines.core.seqmodels import TinyConfig, TinyTransformer
 from pipelines.kvindexer.data import Vocab, make_prompt
-from pipelines.kvindexer.model import (Indexer, KVTransformer, LatentMemory, Protocol, _pool, stream, teacher)
+from pipelines.kvindexer.model import Indexer, KVTransformer, LatentMemory, Protocol, _pool, stream, teacher
 from pipelines.kvindexer.params import Params
 
 N, C_HUNK = 32, 8
 PR = Protocol(chunk=C_HUNK, n_sink=2, recent=3, snap_window=4, snap_kernel=3)
 V = Vocab(6, 12, 20)
 
-RAW = {"seeds": [0],
-       "data": {"context_len": 64, "n_keys": 8, "n_values": 16, "n_filler": 16, "n_train": 8, "n_eval": 4},
-       "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "steps": 2, "batch_size": 4, "lr": 1e-3},
-       "protocol": {"chunk": 16, "n_sink": 2, "recent": 4, "budgets": [12, 16]},
-       "indexer": {"heads": 2, "dim": 8, "steps": 2, "batch_size": 2, "lr": 1e-3},
-       "memory": {"dim": 8, "steps": 2, "batch_size": 2, "lr": 1e-3, "beta": 1.0},
-       "eval": {"tasks": ["niah_single"], "timing_rounds": 3, "timing_budget": 12},
-       "variants": ["full_kv", "h2o", "indexer"]}
+RAW = {
+    "seeds": [0],
+    "data": {"context_len": 64, "n_keys": 8, "n_values": 16, "n_filler": 16, "n_train": 8, "n_eval": 4},
+    "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "steps": 2, "batch_size": 4, "lr": 1e-3},
+    "protocol": {"chunk": 16, "n_sink": 2, "recent": 4, "budgets": [12, 16]},
+    "indexer": {"heads": 2, "dim": 8, "steps": 2, "batch_size": 2, "lr": 1e-3},
+    "memory": {"dim": 8, "steps": 2, "batch_size": 2, "lr": 1e-3, "beta": 1.0},
+    "eval": {"tasks": ["niah_single"], "timing_rounds": 3, "timing_budget": 12},
+    "variants": ["full_kv", "h2o", "indexer"],
+}
 
 
 def _model(seed=0, L=2):
     torch.manual_seed(seed)
     cfg = TinyConfig(vocab_size=V.size, d_model=32, n_layers=L, n_heads=4, max_len=64)
     m = KVTransformer(cfg)
-    with torch.no_grad():                       # sharper attention than the 0.02 init, so eviction matters
+    with torch.no_grad():  # sharper attention than the 0.02 init, so eviction matters
         for b in m.blocks:
             b.qkv.weight.normal_(0, 0.3)
     m.eval()
@@ -57,23 +60,34 @@ def _parts(m):
     ix = Indexer(cfg.n_layers, cfg.d_model, 2, 8)
     mem = LatentMemory(cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads, 8, gate_init=0.0)
     with torch.no_grad():
-        mem.u.mul_(5.0)                          # a memory that would visibly change the output if it read anything
+        mem.u.mul_(5.0)  # a memory that would visibly change the output if it read anything
     return ix, mem
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("policy", ["streamingllm", "h2o", "snapkv", "random", "oracle", "indexer", "indexer+memory",
-                                    "h2o+memory"])
+@pytest.mark.parametrize(
+    "policy", ["streamingllm", "h2o", "snapkv", "random", "oracle", "indexer", "indexer+memory", "h2o+memory"]
+)
 def test_budget_equal_to_sequence_length_is_full_attention(policy):
     m, plain = _model()
     ctx, tail = _batch()
     full_ids = torch.cat([ctx, tail], 1)
-    ref = plain(full_ids)[:, N - C_HUNK:]                          # core's transformer, no cache, SDPA
+    ref = plain(full_ids)[:, N - C_HUNK :]  # core's transformer, no cache, SDPA
     ix, mem = _parts(m)
     fut, _ = teacher(m, full_ids, C_HUNK, N)
     base, _, with_mem = policy.partition("+")
-    out = stream(m, ctx, tail, base, N, PR, indexer=ix, memory=mem if with_mem else None, future=fut,
-                 generator=torch.Generator().manual_seed(0))
+    out = stream(
+        m,
+        ctx,
+        tail,
+        base,
+        N,
+        PR,
+        indexer=ix,
+        memory=mem if with_mem else None,
+        future=fut,
+        generator=torch.Generator().manual_seed(0),
+    )
     torch.testing.assert_close(out.logits, ref, atol=1e-5, rtol=1e-5)
     assert all(p.shape[-1] == full_ids.shape[1] for p in out.positions)
 
@@ -112,7 +126,7 @@ def _keep_sets_bruteforce(scores: np.ndarray, budget: int, pr: Protocol, n_ctx: 
         nxt = (ci + 1) * pr.chunk
         forced = [s for s in cached if s < pr.n_sink or s >= nxt - pr.recent]
         rest = sorted((s for s in cached if s not in forced), key=lambda s: -scores[ci, s])
-        cached = sorted(forced + rest[:budget - len(forced)])
+        cached = sorted(forced + rest[: budget - len(forced)])
     return out
 
 
@@ -143,7 +157,7 @@ def test_eviction_by_dropping_equals_eviction_by_masking(per_head):
                 for qpos in range(q_lo, q_hi):
                     for k in list(kept) + list(range(q_lo, qpos + 1)):
                         mask[b, h, qpos, k] = True
-    ref = plain(torch.cat([ctx, tail], 1), attn_mask=mask)[:, N - C_HUNK:]
+    ref = plain(torch.cat([ctx, tail], 1), attn_mask=mask)[:, N - C_HUNK :]
     torch.testing.assert_close(out.logits, ref, atol=1e-5, rtol=1e-5)
     # the cache really holds `budget` entries per head before the last chunk: bytes = entries x layers x (k, v)
     n_last = C_HUNK + tail.shape[1]
@@ -167,7 +181,7 @@ def test_teacher_future_mass_counts_future_queries():
     ctx, tail = _batch()
     fut, outs = teacher(m, torch.cat([ctx, tail], 1), C_HUNK, N)
     T = N + tail.shape[1]
-    for ci, bnd in enumerate(range(C_HUNK, N, C_HUNK)):       # every query row sums to 1 per head
+    for ci, bnd in enumerate(range(C_HUNK, N, C_HUNK)):  # every query row sums to 1 per head
         torch.testing.assert_close(fut[:, ci].sum(-1), torch.full((3, 2), 4.0 * (T - bnd)))
     assert outs.shape == (3, 2, 4, T, 8)
 
@@ -182,7 +196,7 @@ def test_prompts_are_well_formed():
             assert len(set(pr["answer"])) == 4
             if task in ("niah_single", "niah_multikey"):
                 s = pr["needle_pos"][0]
-                assert ctx[s:s + 7] == [3, pr["question"][1], 4, *pr["answer"]]
+                assert ctx[s : s + 7] == [3, pr["question"][1], 4, *pr["answer"]]
 
 
 def test_method_rules_name_the_key():
@@ -200,16 +214,28 @@ def test_derived_gaps_are_per_seed_and_paired():
     from pipelines.core.spec import Results, SeedValues
     from pipelines.kvindexer.evaluate import derived
 
-    p = validate(Params, {**RAW, "variants": ["full_kv", "streamingllm", "h2o", "snapkv", "oracle", "indexer"]},
-                 "kvindexer")
-    em = {"full_kv": ([90, 80], [90, 80]), "streamingllm": ([10, 30], [20, 20]), "h2o": ([20, 10], [30, 40]),
-          "snapkv": ([50, 70], [40, 60]), "oracle": ([70, 70], [80, 80]), "indexer": ([60, 50], [70, 80])}
+    p = validate(
+        Params, {**RAW, "variants": ["full_kv", "streamingllm", "h2o", "snapkv", "oracle", "indexer"]}, "kvindexer"
+    )
+    em = {
+        "full_kv": ([90, 80], [90, 80]),
+        "streamingllm": ([10, 30], [20, 20]),
+        "h2o": ([20, 10], [30, 40]),
+        "snapkv": ([50, 70], [40, 60]),
+        "oracle": ([70, 70], [80, 80]),
+        "indexer": ([60, 50], [70, 80]),
+    }
     tables = {}
     for v, (e12, e16) in em.items():
         r = Results(v)
         for s in (0, 1):
-            r.add(s, em_niah_single_12=e12[s], em_niah_single_16=e16[s], total_bytes_12=100.0 * (s + 1),
-                  total_bytes_16=50.0 if v != "full_kv" else 200.0)
+            r.add(
+                s,
+                em_niah_single_12=e12[s],
+                em_niah_single_16=e16[s],
+                total_bytes_12=100.0 * (s + 1),
+                total_bytes_16=50.0 if v != "full_kv" else 200.0,
+            )
         tables[v] = r.table()
     values = SeedValues(tables)
     out = {}
@@ -226,14 +252,22 @@ def test_derived_gaps_are_per_seed_and_paired():
     assert out["gap_full_minus_worst_nonrandom_16"] == {0: 70, 1: 60}
     assert out["kv_bytes_ratio_indexer_16"] == {0: 0.25, 1: 0.25}
     assert out["kv_bytes_ratio_full_kv_12"] == {0: 1.0, 1: 1.0}
-    assert "decode_speedup_indexer_memory_12" not in out       # indexer_memory not planned
+    assert "decode_speedup_indexer_memory_12" not in out  # indexer_memory not planned
 
 
 def test_prompt_table_round_trips_through_tensors():
     from pipelines.kvindexer.train import table_to_tensors, tensors_to_table
 
-    df = pd.DataFrame({"variant": ["h2o", "h2o"], "budget": [24, 32], "task": ["niah_single", "vt"],
-                       "depth": [0.1, 0.9], "correct": [1.0, 0.0], "needle_recall": np.float32([0.5, 1.0])})
+    df = pd.DataFrame(
+        {
+            "variant": ["h2o", "h2o"],
+            "budget": [24, 32],
+            "task": ["niah_single", "vt"],
+            "depth": [0.1, 0.9],
+            "correct": [1.0, 0.0],
+            "needle_recall": np.float32([0.5, 1.0]),
+        }
+    )
     pd.testing.assert_frame_equal(tensors_to_table(table_to_tensors(df)), df)
 
 
@@ -267,7 +301,7 @@ def test_truncated_memory_training_reaches_every_memory_parameter():
     out.logits.square().mean().backward()
     for name, q in mem.named_parameters():
         assert q.grad is not None and float(q.grad.abs().sum()) > 0, name
-    assert all(q.grad is None for q in ix.parameters())       # the indexer's choice is not differentiated
+    assert all(q.grad is None for q in ix.parameters())  # the indexer's choice is not differentiated
 
 
 def test_multikey_needles_share_no_value_when_distinct():
@@ -285,8 +319,8 @@ def test_multikey_needles_share_no_value_when_distinct():
     def needles(ctx):
         out, i = [], 0
         while i < len(ctx):
-            if ctx[i] == 3:                                   # [KEY] k [VAL] v1..v4
-                out.append(ctx[i + 3:i + 7])
+            if ctx[i] == 3:  # [KEY] k [VAL] v1..v4
+                out.append(ctx[i + 3 : i + 7])
                 i += 7
             else:
                 i += 1
@@ -304,7 +338,7 @@ def test_multikey_needles_share_no_value_when_distinct():
 
 def test_distinct_values_need_room_in_the_value_vocabulary():
     raw = copy.deepcopy(RAW)
-    raw["data"].update(multikey_distinct_values=True, n_values=15)        # 4 needles x 4 values > 15
+    raw["data"].update(multikey_distinct_values=True, n_values=15)  # 4 needles x 4 values > 15
     with pytest.raises(ParameterError, match="multikey_distinct_values"):
         validate(Params, raw, "kvindexer")
 
@@ -333,8 +367,12 @@ def test_base_model_is_cached_by_the_params_that_determine_it(tmp_path, monkeypa
     other_eval["protocol"]["budgets"] = [12]
     other_eval["eval"]["tasks"] = ["niah_single", "niah_multikey"]
     assert T.base_cache_key(validate(Params, other_eval, "kvindexer")) == T.base_cache_key(p)
-    for section, key, value in [("model", "steps", 3), ("model", "lr", 2e-3), ("data", "n_filler", 17),
-                                ("data", "multikey_distinct_values", True)]:
+    for section, key, value in [
+        ("model", "steps", 3),
+        ("model", "lr", 2e-3),
+        ("data", "n_filler", 17),
+        ("data", "multikey_distinct_values", True),
+    ]:
         changed = copy.deepcopy(raw)
         changed[section][key] = value
         assert T.base_cache_key(validate(Params, changed, "kvindexer")) != T.base_cache_key(p), key

@@ -3,6 +3,7 @@ regulariser against a brute-force per-action loop (zero when no likelihood decre
 preserving set, one-sided), the environment against its closed-form Bayes accuracy, the cached rollout's
 log-probs against a full forward, and bad input (the end-to-end --env=test run is covered for every
 pipeline by tests/methods/test_all_pipelines.py)."""
+
 import math
 
 import numpy as np
@@ -15,11 +16,14 @@ from hypothesis import strategies as st
 from pipelines.core.params import ParameterError, validate
 from pipelines.llds.params import Params
 
-RAW = {"seeds": [0], "variants": ["grpo", "llds"],
-       "data": {"n_persons": 20, "n_cities": 8, "n_countries": 5, "n_orgs": 6, "n_test_per_type": 10, "n_probe": 20},
-       "model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
-       "sft": {"steps": 5, "batch_size": 8},
-       "rl": {"iterations": 2, "questions": 4, "group_size": 2, "minibatches": 2, "eval_every": 1}}
+RAW = {
+    "seeds": [0],
+    "variants": ["grpo", "llds"],
+    "data": {"n_persons": 20, "n_cities": 8, "n_countries": 5, "n_orgs": 6, "n_test_per_type": 10, "n_probe": 20},
+    "model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
+    "sft": {"steps": 5, "batch_size": 8},
+    "rl": {"iterations": 2, "questions": 4, "group_size": 2, "minibatches": 2, "eval_every": 1},
+}
 
 
 class FixedLogits(torch.nn.Module):
@@ -38,17 +42,17 @@ def test_grpo_objective_matches_hand_computed_example():
     from pipelines.core.rl import group_advantages
     from pipelines.llds.model import LossSpec, grpo_loss
 
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])      # two groups of G = 3
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # two groups of G = 3
     adv = group_advantages(rewards, 3)
-    s = 1 / math.sqrt(3)                                         # unbiased std of (1, 0, 0)
-    a_pos, a_neg = (2 / 3) / s, (-1 / 3) / s                     # 1.1547, -0.57735
+    s = 1 / math.sqrt(3)  # unbiased std of (1, 0, 0)
+    a_pos, a_neg = (2 / 3) / s, (-1 / 3) / s  # 1.1547, -0.57735
     np.testing.assert_allclose(adv.numpy(), [a_pos, a_neg, a_neg, 0, 0, 0], atol=1e-5)
 
     # one scored token per response (ids[:, 1] under 2-way logits); chosen ratios exp(logp - logp_old)
     ratios = torch.tensor([1.5, 0.5, 1.1, 0.9, 1.3, 0.7])
     p_tok = torch.full((6,), 0.4)
     logits = torch.zeros(6, 1, 2)
-    logits[:, 0, 1] = torch.log(p_tok / (1 - p_tok))             # softmax gives p(token 1) = 0.4
+    logits[:, 0, 1] = torch.log(p_tok / (1 - p_tok))  # softmax gives p(token 1) = 0.4
     ids = torch.tensor([[0, 1]] * 6)
     mask = torch.tensor([[False, True]] * 6)
     logp_old = (torch.log(p_tok) - torch.log(ratios))[:, None]
@@ -56,10 +60,14 @@ def test_grpo_objective_matches_hand_computed_example():
     spec = LossSpec(clip=0.2, entropy_coef=0.0, kl_coef=0.0)
     loss, extras = grpo_loss(model, ids, mask, torch.zeros_like(mask), adv, logp_old, logp_old, spec)
     # by hand: min(ρA, clip(ρ)A) per token, then the negative mean
-    terms = [1.2 * a_pos,                  # ρ 1.5, A > 0: clipped to 1.2
-             0.8 * a_neg,                  # ρ 0.5, A < 0: clipped to 0.8 (the smaller of 0.5A, 0.8A)
-             1.1 * a_neg,                  # ρ 1.1, A < 0: unclipped (1.1A < 1.2A... both, min is 1.1A)
-             0.0, 0.0, 0.0]                # A = 0
+    terms = [
+        1.2 * a_pos,  # ρ 1.5, A > 0: clipped to 1.2
+        0.8 * a_neg,  # ρ 0.5, A < 0: clipped to 0.8 (the smaller of 0.5A, 0.8A)
+        1.1 * a_neg,  # ρ 1.1, A < 0: unclipped (1.1A < 1.2A... both, min is 1.1A)
+        0.0,
+        0.0,
+        0.0,
+    ]  # A = 0
     assert loss.item() == pytest.approx(-sum(terms) / 6, rel=1e-5)
     assert extras["clip_frac"] == pytest.approx(2 / 6)
 
@@ -101,12 +109,12 @@ def test_llds_gates_match_brute_force(seed, gate):
     B, T = 6, 14
     logp_old = -torch.rand(B, T, generator=g) * 3
     logp = logp_old + torch.randn(B, T, generator=g) * 0.3
-    mask = torch.rand(B, T, generator=g) < 0.6                  # action tokens with info gaps between them
+    mask = torch.rand(B, T, generator=g) < 0.6  # action tokens with info gaps between them
     adv = torch.tensor([1.0, -0.5, 0.0, 2.0, -1.0, 0.0])
     p, on = llds_penalty(logp, logp_old, adv, mask, gate)
     ref = _brute_force_penalty(logp.numpy(), logp_old.numpy(), adv.numpy(), mask.numpy(), gate)
     np.testing.assert_allclose(p.numpy(), ref, atol=1e-6)
-    assert not on[adv < 0].any() and not on[~mask].any()        # never on A < 0 responses or masked tokens
+    assert not on[adv < 0].any() and not on[~mask].any()  # never on A < 0 responses or masked tokens
 
 
 @settings(max_examples=30, deadline=None)
@@ -116,7 +124,7 @@ def test_llds_is_zero_when_no_likelihood_decreases(seed, gate):
 
     g = torch.Generator().manual_seed(seed)
     logp_old = -torch.rand(5, 12, generator=g) * 3
-    logp = (logp_old + torch.rand(5, 12, generator=g) * 0.5).requires_grad_(True)   # every token rose (or held)
+    logp = (logp_old + torch.rand(5, 12, generator=g) * 0.5).requires_grad_(True)  # every token rose (or held)
     mask = torch.rand(5, 12, generator=g) < 0.7
     adv = torch.randn(5, generator=g)
     p, _ = llds_penalty(logp, logp_old, adv, mask, gate)
@@ -133,8 +141,8 @@ def test_llds_penalises_only_decreases_inside_a_displaced_action():
     logp = torch.tensor([[-0.5, 0.2, -0.1, 0.0, 0.3, -0.2, 0.0]])
     mask = torch.tensor([[True, True, True, False, True, True, True]])
     p, on = llds_penalty(logp, logp_old, torch.tensor([0.0]), mask, "action")
-    np.testing.assert_allclose(p[0].numpy(), [0.5, 0.0, 0.1, 0, 0, 0, 0], atol=1e-7)   # one-sided, gated
-    p_r, _ = llds_penalty(logp, logp_old, torch.tensor([0.0]), mask, "response")      # Σd = 0.3 > 0 overall
+    np.testing.assert_allclose(p[0].numpy(), [0.5, 0.0, 0.1, 0, 0, 0, 0], atol=1e-7)  # one-sided, gated
+    p_r, _ = llds_penalty(logp, logp_old, torch.tensor([0.0]), mask, "response")  # Σd = 0.3 > 0 overall
     np.testing.assert_allclose(p_r[0].numpy(), [0.5, 0.0, 0.1, 0, 0, 0.2, 0], atol=1e-7)
 
 
@@ -168,20 +176,22 @@ def test_llds_ma_down_weights_answer_tokens_and_nll_pos_hits_only_positives():
     mask = torch.ones(3, 7, dtype=torch.bool)
     mask[:, :1] = False
     ans = torch.zeros(3, 7, dtype=torch.bool)
-    ans[:, 4:] = True                                            # the last action is the answer
+    ans[:, 4:] = True  # the last action is the answer
     adv = torch.tensor([0.7, 0.0, -0.7])
     model = FixedLogits(logits)
     lp = token_logprobs(model, ids)[0].detach()
-    logp_old = lp + 0.3                                          # every token fell: every gate fires
+    logp_old = lp + 0.3  # every token fell: every gate fires
     kw = dict(entropy_coef=0.0, kl_coef=0.0)
     l0, _ = grpo_loss(model, ids, mask, ans, adv, logp_old, logp_old, LossSpec(**kw))
-    l_ma, _ = grpo_loss(model, ids, mask, ans, adv, logp_old, logp_old,
-                        LossSpec(**kw, llds_lambda=0.2, answer_coef=0.05))
+    l_ma, _ = grpo_loss(
+        model, ids, mask, ans, adv, logp_old, logp_old, LossSpec(**kw, llds_lambda=0.2, answer_coef=0.05)
+    )
     p, _ = llds_penalty(lp, logp_old, adv, mask[:, 1:], "action")
     coef = torch.where(ans[:, 1:], 0.05, 0.2)
     assert (l_ma - l0).item() == pytest.approx(float((coef * p).sum() / mask[:, 1:].sum()), rel=1e-5)
-    l_big, _ = grpo_loss(model, ids, mask, ans, adv, logp_old, logp_old,
-                         LossSpec(**kw, llds_lambda=0.2, answer_coef=0.9))     # capped at λ: plain LLDS
+    l_big, _ = grpo_loss(
+        model, ids, mask, ans, adv, logp_old, logp_old, LossSpec(**kw, llds_lambda=0.2, answer_coef=0.9)
+    )  # capped at λ: plain LLDS
     l_plain, _ = grpo_loss(model, ids, mask, ans, adv, logp_old, logp_old, LossSpec(**kw, llds_lambda=0.2))
     assert l_big.item() == pytest.approx(l_plain.item(), rel=1e-6)
     l_nll, _ = grpo_loss(model, ids, mask, ans, adv, logp_old, logp_old, LossSpec(**kw, nll_coef=0.2))
@@ -198,7 +208,7 @@ def test_bayes_copy_policy_reaches_closed_form_accuracy():
     g = torch.Generator().manual_seed(0)
     for k, (hops, n_range) in enumerate([(1, 40), (2, 10), (2, 40)]):
         b = gold_trajectories(env, env.episodes(4000, g, qtype=k), g, corrupt=0.0)
-        q = 0.9 ** hops
+        q = 0.9**hops
         assert b.reward.mean().item() == pytest.approx(q + (1 - q) / n_range, abs=0.025)
 
 
@@ -208,13 +218,13 @@ def test_trajectory_layout_and_loss_mask():
     env = builtin_env(30, 8, 5, 6, 1.0, 3, True)
     g = torch.Generator().manual_seed(1)
     b = gold_trajectories(env, env.episodes(64, g), g, corrupt=0.0)
-    assert b.reward.mean().item() == 1.0                        # p_true = 1: copying slot 1 is always right
+    assert b.reward.mean().item() == 1.0  # p_true = 1: copying slot 1 is always right
     P = env.prompt_len
     assert (b.ids[:, P] == SEARCH).all()
-    assert (b.ids[:, P + 4] == INFO).all() and not b.mask[:, P + 4:P + 4 + env.info_len].any()
-    info = b.ids[:, P + 5:P + 4 + env.info_len - 1]
+    assert (b.ids[:, P + 4] == INFO).all() and not b.mask[:, P + 4 : P + 4 + env.info_len].any()
+    info = b.ids[:, P + 5 : P + 4 + env.info_len - 1]
     ents = info.reshape(64, -1, 3)[:, :, [0, 2]]
-    assert (ents >= env.obs_base).all()                         # ood_obs: info entities the policy never emits
+    assert (ents >= env.obs_base).all()  # ood_obs: info entities the policy never emits
     assert (b.ans_mask.sum(1) == 4).all() and (b.ids[b.ans_mask].view(64, 4)[:, 0] == ANSWER).all()
 
 
@@ -240,7 +250,7 @@ def test_collapse_rule():
     from pipelines.llds.train import collapse_iteration
 
     assert collapse_iteration([(0, 0.6), (10, 0.4), (20, 0.29)], 0.5, 0.2) == 20
-    assert collapse_iteration([(0, 0.15), (10, 0.05)], 0.5, 0.2) is None      # the max never reached 0.2
+    assert collapse_iteration([(0, 0.15), (10, 0.05)], 0.5, 0.2) is None  # the max never reached 0.2
     assert collapse_iteration([(0, 0.3), (10, 0.2), (20, 0.3)], 0.5, 0.2) is None
 
 
@@ -251,11 +261,11 @@ def test_reward_rise_counts_only_the_iterations_before_the_collapse():
 
     r = np.r_[np.full(10, 0.1), np.full(10, 0.3), np.zeros(10), np.full(10, 0.9)]
     it = pd.DataFrame({"iteration": np.arange(40), "train_reward": r})
-    assert reward_rise(it, None) == pytest.approx(0.8)                  # nothing collapsed: the whole run
-    assert reward_rise(it, 30) == pytest.approx(0.2)                    # iterations 0..29 only
+    assert reward_rise(it, None) == pytest.approx(0.8)  # nothing collapsed: the whole run
+    assert reward_rise(it, 30) == pytest.approx(0.2)  # iterations 0..29 only
     assert reward_rise(it, 15) == pytest.approx(np.mean(r[5:15]) - 0.1)  # windows ending before iteration 15
-    assert reward_rise(it, 9) == 0.0                                    # fewer than 10 iterations before it
-    assert reward_rise(it.iloc[::-1], 30) == pytest.approx(0.2)         # the frame's row order does not matter
+    assert reward_rise(it, 9) == 0.0  # fewer than 10 iterations before it
+    assert reward_rise(it.iloc[::-1], 30) == pytest.approx(0.2)  # the frame's row order does not matter
 
 
 def test_grpo_run_is_paired_and_llds_inert_on_first_minibatch():
@@ -285,8 +295,10 @@ def _user_tables(n_people=12):
         questions.append((f"p{i}", "born_in", f"c{i % 5}"))
     for c in range(5):
         facts.append((f"c{c}", "city_in", f"n{c % 3}"))
-    return (pd.DataFrame(facts, columns=["subject", "relation", "object"]),
-            pd.DataFrame(questions, columns=["subject", "relations", "answer"]))
+    return (
+        pd.DataFrame(facts, columns=["subject", "relation", "object"]),
+        pd.DataFrame(questions, columns=["subject", "relations", "answer"]),
+    )
 
 
 def test_user_kb_env_runs_the_gold_policy_exactly(tmp_path):
@@ -296,8 +308,17 @@ def test_user_kb_env_runs_the_gold_policy_exactly(tmp_path):
     facts, questions = _user_tables()
     facts.to_parquet(tmp_path / "f.parquet")
     questions.to_parquet(tmp_path / "q.parquet")
-    p = Params.model_validate({**RAW, "data": {"source": "file", "facts_path": str(tmp_path / "f.parquet"),
-                                               "questions_path": str(tmp_path / "q.parquet"), "p_true": 1.0}})
+    p = Params.model_validate(
+        {
+            **RAW,
+            "data": {
+                "source": "file",
+                "facts_path": str(tmp_path / "f.parquet"),
+                "questions_path": str(tmp_path / "q.parquet"),
+                "p_true": 1.0,
+            },
+        }
+    )
     spec = make_env(p)
     env = env_from_dict(spec)
     assert env.qtype_names == ["born_in", "born_in|city_in"]
@@ -313,8 +334,16 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
     facts, questions = _user_tables()
     facts.drop(columns="object").to_parquet(tmp_path / "f.parquet")
     questions.to_parquet(tmp_path / "q.parquet")
-    p = Params.model_validate({**RAW, "data": {"source": "file", "facts_path": str(tmp_path / "f.parquet"),
-                                               "questions_path": str(tmp_path / "q.parquet")}})
+    p = Params.model_validate(
+        {
+            **RAW,
+            "data": {
+                "source": "file",
+                "facts_path": str(tmp_path / "f.parquet"),
+                "questions_path": str(tmp_path / "q.parquet"),
+            },
+        }
+    )
     with pytest.raises(InputDataError, match=r"llds\.facts.*'object'"):
         make_env(p)
     facts.to_parquet(tmp_path / "f.parquet")
@@ -328,7 +357,7 @@ def test_shared_base_is_a_train_step():
     from pipelines.core.registry import load_pipeline
 
     names = {n.name for n in load_pipeline("llds").only_nodes_with_tags("train").nodes}
-    assert "llds.train.base" in names   # the SFT policy every variant starts from
+    assert "llds.train.base" in names  # the SFT policy every variant starts from
 
 
 def test_fewer_seed_variants_take_the_first_seeds_and_unshared_pairs_give_no_pairs():
@@ -349,20 +378,23 @@ def test_fewer_seed_variants_take_the_first_seeds_and_unshared_pairs_give_no_pai
     shared = SeedValues({"grpo": g2.table(), "llds": ll.table()})
     base = {"sft_sampled_reward": 0.1, "test_em": 0.5, "sft_probe_reward": 0.1}
     _, per_seed = compute_derived(SPEC, p, values, ["grpo", "llds"], {"base": base})
-    assert not per_seed.get("delta.test_em.llds_minus_grpo")      # no shared seed: no pair, no value
+    assert not per_seed.get("delta.test_em.llds_minus_grpo")  # no shared seed: no pair, no value
     _, per_seed = compute_derived(SPEC, p, shared, ["grpo", "llds"], {"base": base})
     assert per_seed["delta.test_em.llds_minus_grpo"] == {3: pytest.approx(0.2)}
     assert per_seed["ratio.grad_norm_max.grpo_over_llds"] == {3: pytest.approx(2.0)}
 
 
-@pytest.mark.parametrize("patch, key", [
-    ({"rl": {**RAW["rl"], "lr": -1.0}}, r"llds\.rl\.lr"),
-    ({"rl": {**RAW["rl"], "minibatches": 3}}, r"llds\.rl"),
-    ({"variants": ["grpo", "ppo"]}, r"llds\.variants"),
-    ({"llds": {"lam": 0}}, r"llds\.llds\.lam"),
-    ({"sft": {"corrupt": 1.0}}, r"llds\.sft\.corrupt"),
-    ({"data": {"source": "file"}}, r"llds\.data"),
-])
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"rl": {**RAW["rl"], "lr": -1.0}}, r"llds\.rl\.lr"),
+        ({"rl": {**RAW["rl"], "minibatches": 3}}, r"llds\.rl"),
+        ({"variants": ["grpo", "ppo"]}, r"llds\.variants"),
+        ({"llds": {"lam": 0}}, r"llds\.llds\.lam"),
+        ({"sft": {"corrupt": 1.0}}, r"llds\.sft\.corrupt"),
+        ({"data": {"source": "file"}}, r"llds\.data"),
+    ],
+)
 def test_bad_parameter_names_the_key(patch, key):
     with pytest.raises(ParameterError, match=key):
         validate(Params, {**RAW, **patch}, "llds")

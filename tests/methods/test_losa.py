@@ -2,6 +2,7 @@
 brute-force set union of the selected pages, a brute-force Quest bound, limit cases where LoSA must equal
 dense attention), the gather kernels against the mask-based policies, the data generator, and bad input.
 The end-to-end --env=test run is covered by tests/methods/test_all_pipelines.py."""
+
 import copy
 import math
 
@@ -63,8 +64,8 @@ def test_quest_score_bounds_every_key_of_its_page():
     q, k, _ = qkv(N=40)
     kp = k[:, :, :40]
     kmin, kmax = page_minmax(kp, 8)
-    s = quest_scores(q, kmin, kmax)                                  # [b, h, B, 5]
-    dots = (q @ kp.transpose(-1, -2)).reshape(*q.shape[:3], 5, 8)   # brute force q·k per page
+    s = quest_scores(q, kmin, kmax)  # [b, h, B, 5]
+    dots = (q @ kp.transpose(-1, -2)).reshape(*q.shape[:3], 5, 8)  # brute force q·k per page
     assert (s >= dots.amax(-1) - 1e-5).all()
     # one-key pages: the bound is exact
     kmin1, kmax1 = page_minmax(kp, 1)
@@ -92,13 +93,13 @@ def test_page_union_count_matches_brute_force_set_union():
     for kind in ("quest", "losa"):
         pol = PrefixPolicy(Variant(name="x", kind=kind), budget, N, P, n_steps=4)
         pol(0, q, k, v, torch.zeros(2, 6, 16))
-        loaded = pol.stats[0]["density"] * N                          # tokens per (batch, head)
+        loaded = pol.stats[0]["density"] * N  # tokens per (batch, head)
         for i in range(2):
             for j in range(2):
                 pages = set()
                 for t in range(6):
                     order = sorted(range(scores.shape[-1]), key=lambda gi: -float(scores[i, j, t, gi]))
-                    pages |= set(order[:budget // P])
+                    pages |= set(order[: budget // P])
                 assert float(loaded[i, j]) == pytest.approx(len(pages) * P + N % P)
 
 
@@ -111,7 +112,7 @@ def test_losa_all_active_full_budget_equals_dense_attention():
     x = torch.randn(3, 6, 16)
     spec = Variant(name="l", kind="losa", rho=1.0)
     pol = PrefixPolicy(spec, 40, 40, 8, n_steps=3)
-    for t in range(3):                                          # later steps: rho = 1 → every token active
+    for t in range(3):  # later steps: rho = 1 → every token active
         pol.step = t
         q_t = q + 0.1 * t
         out = pol(0, q_t, k, v, x + t)
@@ -136,10 +137,19 @@ def test_losa_decode_equals_dense_decode_at_full_budget():
     model, p = _tiny_model()
     prefix = torch.randint(5, 40, (5, 20), generator=torch.Generator().manual_seed(1))
     ref = decode_block(model, prefix, 4, 4, 3, policy=None)
-    for spec in (Variant(name="d", kind="dense"), Variant(name="l", kind="losa", rho=1.0),
-                 Variant(name="t", kind="losa", active_rule="threshold", threshold=0.0),
-                 Variant(name="h", kind="losa", rho=1.0, activity_signal="hidden", activity_reference="last_refresh",
-                         first_step_mode="dense")):
+    for spec in (
+        Variant(name="d", kind="dense"),
+        Variant(name="l", kind="losa", rho=1.0),
+        Variant(name="t", kind="losa", active_rule="threshold", threshold=0.0),
+        Variant(
+            name="h",
+            kind="losa",
+            rho=1.0,
+            activity_signal="hidden",
+            activity_reference="last_refresh",
+            first_step_mode="dense",
+        ),
+    ):
         pol = PrefixPolicy(spec, 24 if spec.kind != "dense" else None, 20, 4, 4)
         out = decode_block(model, prefix, 4, 4, 3, policy=pol)
         assert torch.equal(out, ref), spec.name
@@ -156,7 +166,7 @@ def test_stable_tokens_reuse_their_cached_prefix_output():
     pol(0, q, k, v, x)
     o0, l0 = (t.clone() for t in pol.cache[0])
     q1 = q.clone()
-    q1[:, :, :3] += 1.0                                     # only tokens 0-2 change → they are the active half
+    q1[:, :, :3] += 1.0  # only tokens 0-2 change → they are the active half
     pol.step = 1
     pol(0, q1, k, v, x)
     o1, l1 = pol.cache[0]
@@ -185,7 +195,7 @@ def test_layer0_queries_change_only_at_the_committed_token():
     decode_block(model, prefix, 4, 4, 3, policy=pol)
     for r in pol.stats:
         if r["layer"] == 0 and "dq" in r:
-            changed = (r["dq"] > 0).any(1).sum(-1)            # tokens with any change per prompt
+            changed = (r["dq"] > 0).any(1).sum(-1)  # tokens with any change per prompt
             assert (changed == 1).all()
 
 
@@ -240,14 +250,14 @@ def test_answers_are_the_values_of_the_query_keys():
     ev = t[f"eval_seed{p.seeds[0]}"].long().numpy()
     assert ev.shape == (d.n_eval, n_prefix + d.block_size)
     for row in ev:
-        ctx = row[1:1 + d.context_len]
+        ctx = row[1 : 1 + d.context_len]
         keys = [i for i, x in enumerate(ctx) if v.key0 <= x < v.value0]
         assert len(keys) == d.n_records and len({ctx[i] for i in keys}) == d.n_records
         lookup = {int(ctx[i]): int(ctx[i + 1]) for i in keys}
-        asked = row[2 + d.context_len:n_prefix]
+        asked = row[2 + d.context_len : n_prefix]
         want = [lookup[int(a)] for a in asked]
-        assert list(row[n_prefix:n_prefix + len(want)]) == want
-        assert (row[n_prefix + len(want):] == PAD).all()
+        assert list(row[n_prefix : n_prefix + len(want)]) == want
+        assert (row[n_prefix + len(want) :] == PAD).all()
     again = make_tasks(p)
     assert torch.equal(again["train"], t["train"])
 
@@ -255,8 +265,13 @@ def test_answers_are_the_values_of_the_query_keys():
 def test_user_table_is_loaded_and_checked(tmp_path):
     from pipelines.losa.data import make_tasks
 
-    df = pd.DataFrame({"prompt": ["a b c k1", "d e k2 f", "k1 x y z"], "answer": ["v1", "v2 v3", "v1"],
-                       "split": ["train", "train", "eval"]})
+    df = pd.DataFrame(
+        {
+            "prompt": ["a b c k1", "d e k2 f", "k1 x y z"],
+            "answer": ["v1", "v2 v3", "v1"],
+            "split": ["train", "train", "eval"],
+        }
+    )
     path = tmp_path / "t.csv"
     df.to_csv(path, index=False)
     p = params(data={"source": "file", "path": str(path)})
@@ -268,14 +283,19 @@ def test_user_table_is_loaded_and_checked(tmp_path):
 
 
 # ----------------------------------------------------------------------------- pipeline and params
-@pytest.mark.parametrize("over, key", [
-    ({"decode": {"budgets": [10]}}, r"losa\.decode: .*budgets"),
-    ({"timing": {"budgets": [6]}}, r"timing\.budgets"),
-    ({"train": {"lr": -1.0}}, r"losa\.train\.lr"),
-    ({"train": {"stepz": 3}}, r"losa\.train\.stepz"),
-    ({"variants": [{"name": "dense", "kind": "dense"}, {"name": "l", "kind": "losa", "rho": 1.5}]},
-     r"losa\.variants\.1\.rho"),
-])
+@pytest.mark.parametrize(
+    "over, key",
+    [
+        ({"decode": {"budgets": [10]}}, r"losa\.decode: .*budgets"),
+        ({"timing": {"budgets": [6]}}, r"timing\.budgets"),
+        ({"train": {"lr": -1.0}}, r"losa\.train\.lr"),
+        ({"train": {"stepz": 3}}, r"losa\.train\.stepz"),
+        (
+            {"variants": [{"name": "dense", "kind": "dense"}, {"name": "l", "kind": "losa", "rho": 1.5}]},
+            r"losa\.variants\.1\.rho",
+        ),
+    ],
+)
 def test_bad_parameter_names_the_key(over, key):
     with pytest.raises(ParameterError, match=key):
         validate(Params, _merge(RAW, over), "losa")
@@ -297,17 +317,23 @@ def test_claim_on_an_unplanned_budget_is_rejected():
 def test_density_and_matched_density_ratios():
     from pipelines.losa.evaluate import derived_metrics
 
-    p = params()     # test env: dense, quest, sparsed, losa, losa_thr at budgets 8, 16
+    p = params()  # test env: dense, quest, sparsed, losa, losa_thr at budgets 8, 16
 
     def table(rows):
-        return pd.DataFrame([{"seed": 0, "budget": b, "answer_em": 0.0, "kv_density": d, "attn_out_rel_err": e,
-                              "blocks": [0]} for b, d, e in rows])
+        return pd.DataFrame(
+            [
+                {"seed": 0, "budget": b, "answer_em": 0.0, "kv_density": d, "attn_out_rel_err": e, "blocks": [0]}
+                for b, d, e in rows
+            ]
+        )
 
-    res = {"dense": table([(52, 100.0, 0.0)]),
-           "quest": table([(8, 30.0, 0.6), (16, 50.0, 0.4)]),
-           "sparsed": table([(8, 60.0, 0.5), (16, 70.0, 0.3)]),
-           "losa": table([(8, 20.0, 0.5), (16, 40.0, 0.25)]),
-           "losa_thr": table([(8, 10.0, 0.7), (16, 25.0, 0.3)])}
+    res = {
+        "dense": table([(52, 100.0, 0.0)]),
+        "quest": table([(8, 30.0, 0.6), (16, 50.0, 0.4)]),
+        "sparsed": table([(8, 60.0, 0.5), (16, 70.0, 0.3)]),
+        "losa": table([(8, 20.0, 0.5), (16, 40.0, 0.25)]),
+        "losa_thr": table([(8, 10.0, 0.7), (16, 25.0, 0.3)]),
+    }
     m = derived_metrics(p, res)
     assert m["density_ratio.losa_vs_quest.b8"] == pytest.approx(1.5)
     assert m["density_ratio.losa_vs_quest.min"] == pytest.approx(1.25)
@@ -333,7 +359,7 @@ def test_full_mask_share_masks_whole_blocks_and_leaves_the_rest_as_before():
     a = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(0))
     b = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(0), full_share=0.0)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert not a[1].all(1).all()                                 # γ-noising leaves some slots visible
+    assert not a[1].all(1).all()  # γ-noising leaves some slots visible
     noised, masked, gamma = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(0), full_share=1.0)
     assert masked.all() and (gamma == 1).all() and (noised[:, 4:] == 3).all() and torch.equal(noised[:, :4], ids[:, :4])
     _, masked, gamma = noise_block(ids, 4, 0.125, 3, torch.Generator().manual_seed(1), full_share=0.5)
@@ -346,7 +372,7 @@ def test_model_init_scale_defaults_to_inverse_sqrt_width():
 
     p = params(model={"d_model": 64, "n_heads": 2})
     m = build_model(p, 200, 20)
-    assert m.config.init_std == pytest.approx(64 ** -0.5)
+    assert m.config.init_std == pytest.approx(64**-0.5)
     w = torch.cat([m.embed.weight.flatten(), m.blocks[0].qkv.weight.flatten()])
-    assert w.std().item() == pytest.approx(64 ** -0.5, rel=0.05)
+    assert w.std().item() == pytest.approx(64**-0.5, rel=0.05)
     assert build_model(params(model={"init_std": 0.02}), 200, 20).config.init_std == 0.02

@@ -1,6 +1,7 @@
 """Tests of `medtpe`: the BPE against a brute-force re-count, the layered tokeniser's losslessness and
 locality, the dependency-aware replacement, the embedding surgery and bad input (the end-to-end
 --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 from collections import Counter
 
 import numpy as np
@@ -13,9 +14,13 @@ from pipelines.core.params import ParameterError, validate
 from pipelines.medtpe.params import Params
 from pipelines.medtpe.tpe import BPE, SPECIALS, TPE, build_tpe, pretokenize, train_bpe
 
-RAW = {"seeds": [0], "data": {"n_train": 80, "n_test": 40, "n_events": [2, 4], "corpus_bytes": 20000},
-       "bpe": {"vocab_size": 500}, "tpe": {"max_m": 40, "mine_records": 60},
-       "variants": ["original", "medtpe"]}
+RAW = {
+    "seeds": [0],
+    "data": {"n_train": 80, "n_test": 40, "n_events": [2, 4], "corpus_bytes": 20000},
+    "bpe": {"vocab_size": 500},
+    "tpe": {"max_m": 40, "mine_records": 60},
+    "variants": ["original", "medtpe"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +32,7 @@ def setup():
     bpe = BPE(train_bpe(general_corpus(p)["text"], p.bpe.vocab_size))
     ehr = make_ehr(p)
     texts = [t + QUESTIONS["mortality"] for t in ehr["text"]]
-    train, test = texts[:p.data.n_train], texts[p.data.n_train:]
+    train, test = texts[: p.data.n_train], texts[p.data.n_train :]
     tok = build_tpe(bpe, train, max_m=40, protect=answer_tokens(bpe))
     return p, bpe, tok, train, test
 
@@ -62,8 +67,12 @@ def _brute_force_bpe(texts, n_merges, min_freq=2):
 
 
 def test_bpe_matches_brute_force_recount():
-    texts = ["the cat sat on the mat; the hat, that cat", "Lab Creatinine 1.8 mg/dL (high)\nLab Lactate 2.4 mmol/L",
-             "aaaa aaa aa a banana bandana", "Med Vancomycin 1 g IV q12h Med Vancomycin"]
+    texts = [
+        "the cat sat on the mat; the hat, that cat",
+        "Lab Creatinine 1.8 mg/dL (high)\nLab Lactate 2.4 mmol/L",
+        "aaaa aaa aa a banana bandana",
+        "Med Vancomycin 1 g IV q12h Med Vancomycin",
+    ]
     fast = train_bpe(texts, vocab_size=len(SPECIALS) + 256 + 60)
     ref = _brute_force_bpe(texts, 60)
     assert len(ref) > 20
@@ -129,16 +138,16 @@ def test_dependency_aware_replacement(setup):
     _, bpe, tok, _, _ = setup
     from pipelines.medtpe.train import answer_tokens
 
-    assert len(tok.vocab) == len(bpe.vocab)                      # vocabulary size unchanged
+    assert len(tok.vocab) == len(bpe.vocab)  # vocabulary size unchanged
     assert len(set(tok.vocab)) == len(tok.vocab)
     gone = set(tok.removed)
     protected = set(SPECIALS) | set(answer_tokens(bpe))
     for g in tok.merges:
         for t in g:
-            protected |= bpe.decompose(t)                        # merge paths of the sub-tokens
+            protected |= bpe.decompose(t)  # merge paths of the sub-tokens
     assert not gone & protected
-    assert all(len(t) > 1 for t in gone)                          # single bytes are never removed
-    for g in tok.merges:                                          # each composite took a removed token's ID
+    assert all(len(t) > 1 for t in gone)  # single bytes are never removed
+    for g in tok.merges:  # each composite took a removed token's ID
         assert bpe.vocab[tok.stoi["".join(g)]] in gone
 
 
@@ -179,8 +188,11 @@ def test_replace_mode_keeps_merge_paths_of_kept_words(setup):
     ID among the zeros), so "Admission" went 1 → 4 tokens and "age" 1 → 3 already at 5 composites while
     ~50 unused general-corpus tokens were still free. At 60 composites the free tokens run out and the two
     words' own tokens are legitimately replaced; the reference re-segmentation still has to agree."""
-    general = ["Return the value of the attribute; raise an exception if the object is missing or invalid."] * 6 \
-        + ["Admission", "age", "Lab Sodium Creatinine Potassium Glucose Lactate"] * 2
+    general = ["Return the value of the attribute; raise an exception if the object is missing or invalid."] * 6 + [
+        "Admission",
+        "age",
+        "Lab Sodium Creatinine Potassium Glucose Lactate",
+    ] * 2
     labs = ["Lab", "Sodium", "Creatinine", "Potassium", "Glucose", "Lactate", "high", "low", "normal", "mg", "dL"]
     task = ["Admission"] * 12 + ["age"] * 8 + [f"{a} {b}" for a in labs for b in labs if a != b] * 2
     bpe = BPE(train_bpe(general, 258 + 300))
@@ -191,8 +203,9 @@ def test_replace_mode_keeps_merge_paths_of_kept_words(setup):
         if max_m < 60:
             assert tok.base.word("Admission") == ["Admission"] and tok.base.word("age") == ["age"], max_m
         _check_no_word_longer_than_required(bpe, tok, task)
-    _, bpe, tok, train, _ = setup                        # the same on the synthetic EHR prompts
+    _, bpe, tok, train, _ = setup  # the same on the synthetic EHR prompts
     _check_no_word_longer_than_required(bpe, tok, train)
+
 
 def test_trie_picks_highest_priority_not_longest():
     bpe = BPE([])
@@ -244,8 +257,9 @@ def test_embedding_init_and_rows_only_tuning(setup):
             torch.testing.assert_close(after[k][keep], before[k][keep])
         else:
             torch.testing.assert_close(after[k], before[k])
-    assert not torch.equal(after["embed.weight"], before["embed.weight"]) or \
-        not torch.equal(after["head.weight"], before["head.weight"])
+    assert not torch.equal(after["embed.weight"], before["embed.weight"]) or not torch.equal(
+        after["head.weight"], before["head.weight"]
+    )
 
 
 def test_last_logits_equals_full_forward(setup):
@@ -262,7 +276,7 @@ def test_last_logits_equals_full_forward(setup):
     ids, lengths = pad(seqs, bpe.pad_id)
     with torch.no_grad():
         fast = m.last_logits(ids, lengths)
-        ref = torch.stack([m(torch.tensor([s]))[0, -1] for s in seqs])    # core's forward, unpadded
+        ref = torch.stack([m(torch.tensor([s]))[0, -1] for s in seqs])  # core's forward, unpadded
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-4)
 
 
@@ -277,12 +291,15 @@ def test_compression_baselines_keep_question_and_length():
 
 
 # ------------------------------------------------------------------------------------------------ pipeline / input
-@pytest.mark.parametrize("key, value, where", [
-    (("tpe", "max_n"), 1, r"medtpe\.tpe\.max_n"),
-    (("data", "n_events"), [5, 2], r"medtpe\.data"),
-    (("ssft", "lr"), -1.0, r"medtpe\.ssft\.lr"),
-    (("tpe", "number_filter"), "digits", r"medtpe\.tpe\.number_filter"),
-])
+@pytest.mark.parametrize(
+    "key, value, where",
+    [
+        (("tpe", "max_n"), 1, r"medtpe\.tpe\.max_n"),
+        (("data", "n_events"), [5, 2], r"medtpe\.data"),
+        (("ssft", "lr"), -1.0, r"medtpe\.ssft\.lr"),
+        (("tpe", "number_filter"), "digits", r"medtpe\.tpe\.number_filter"),
+    ],
+)
 def test_bad_parameter_names_the_key(key, value, where):
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in RAW.items()}
     raw.setdefault(key[0], {})[key[1]] = value
@@ -300,8 +317,9 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
     from pipelines.medtpe.data import make_ehr
 
     path = tmp_path / "ehr.parquet"
-    pd.DataFrame({"record_id": np.arange(6), "split": ["train"] * 3 + ["test"] * 3, "text": ["x"] * 6,
-                  "mortality": [0, 1] * 3}).to_parquet(path)
+    pd.DataFrame(
+        {"record_id": np.arange(6), "split": ["train"] * 3 + ["test"] * 3, "text": ["x"] * 6, "mortality": [0, 1] * 3}
+    ).to_parquet(path)
     p = Params.model_validate({**RAW, "data": {**RAW["data"], "ehr_path": str(path)}})
     with pytest.raises(InputDataError, match=r"medtpe\.ehr.*long_stay"):
         make_ehr(p)

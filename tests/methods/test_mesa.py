@@ -1,6 +1,7 @@
 """Tests of `mesa`: the OT expert-capacity reallocation against POT and closed forms, the MoE routing
 and the targeted-alignment masks against brute force, the corpus' structure, and bad input (the
 end-to-end --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,10 +10,14 @@ import torch
 from pipelines.core.params import ParameterError, validate
 from pipelines.mesa.params import Params
 
-RAW = {"seeds": [0], "threads": 1,
-       "data": {"n_pretrain": 200, "n_align_harmful": 40, "n_replay": 40, "n_eval": 20},
-       "model": {"d_model": 16, "n_heads": 2, "n_experts": 6, "top_k": 2, "d_expert": 8},
-       "ot": {"n_sel": 3}, "variants": ["base", "mesa", "head_sft"]}
+RAW = {
+    "seeds": [0],
+    "threads": 1,
+    "data": {"n_pretrain": 200, "n_align_harmful": 40, "n_replay": 40, "n_eval": 20},
+    "model": {"d_model": 16, "n_heads": 2, "n_experts": 6, "top_k": 2, "d_expert": 8},
+    "ot": {"n_sel": 3},
+    "variants": ["base", "mesa", "head_sft"],
+}
 
 
 def _problem(seed, m=4, E=8):
@@ -23,8 +28,16 @@ def _problem(seed, m=4, E=8):
 
 
 # ------------------------------------------------------------------------------------------ transport
-def _reference_sinkhorn(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, tau: float | None = None,
-                         max_iter: int = 2000, tol: float = 1e-9, what: str = "ot") -> np.ndarray:
+def _reference_sinkhorn(
+    a: np.ndarray,
+    b: np.ndarray,
+    C: np.ndarray,
+    eps: float,
+    tau: float | None = None,
+    max_iter: int = 2000,
+    tol: float = 1e-9,
+    what: str = "ot",
+) -> np.ndarray:
     """Independent reference (hand-written scaling iterations, not POT):
     argmin_P ⟨P, C⟩ + ε·KL(P ‖ a bᵀ) + τ·KL(Pᵀ1 ‖ b)  s.t.  P1 = a   (τ = None: also Pᵀ1 = b).
 
@@ -45,7 +58,7 @@ def _reference_sinkhorn(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float,
         # after the column step the rows drift from a; at the fixed point they do not
         if np.abs(np.exp(logsumexp(lu[:, None] + logK + lv[None, :], axis=1)) - a).max() < tol:
             break
-    lu = la - logsumexp(logK + lv[None, :], axis=1)          # end on the exact row projection
+    lu = la - logsumexp(logK + lv[None, :], axis=1)  # end on the exact row projection
     P = np.exp(lu[:, None] + logK + lv[None, :])
     if not np.isfinite(P).all():
         raise AssertionError(what)
@@ -60,8 +73,7 @@ def test_balanced_plan_marginals_and_reference(seed):
     P = sinkhorn_log(a, b, C, eps=0.05, tau=None, max_iter=100000, tol=1e-13)
     np.testing.assert_allclose(P.sum(1), a, atol=1e-6)
     np.testing.assert_allclose(P.sum(0), b, atol=1e-6)
-    np.testing.assert_allclose(P, _reference_sinkhorn(a, b, C, eps=0.05, tau=None, max_iter=5000, tol=1e-12),
-                               atol=1e-8)
+    np.testing.assert_allclose(P, _reference_sinkhorn(a, b, C, eps=0.05, tau=None, max_iter=5000, tol=1e-12), atol=1e-8)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -73,9 +85,8 @@ def test_relaxed_plan_matches_the_reference_semi_relaxed_solver(seed):
     a, b, C = _problem(seed)
     P = sinkhorn_log(a, b, C, eps=0.05, tau=0.1, max_iter=100000, tol=1e-14)
     np.testing.assert_allclose(P.sum(1), a, atol=1e-6)
-    np.testing.assert_allclose(P, _reference_sinkhorn(a, b, C, eps=0.05, tau=0.1, max_iter=5000, tol=1e-13),
-                               atol=1e-7)
-    assert not np.allclose(P.sum(0), b, atol=1e-3)          # the expert marginal moved: it can rank experts
+    np.testing.assert_allclose(P, _reference_sinkhorn(a, b, C, eps=0.05, tau=0.1, max_iter=5000, tol=1e-13), atol=1e-7)
+    assert not np.allclose(P.sum(0), b, atol=1e-3)  # the expert marginal moved: it can rank experts
 
 
 @pytest.mark.parametrize("tau", [None, 0.1, 5.0])
@@ -102,7 +113,7 @@ def test_large_tau_tends_to_balanced_and_small_eps_stays_finite():
     bal = sinkhorn_log(a, b, C, eps=0.05, tau=None, max_iter=5000, tol=1e-12)
     far = sinkhorn_log(a, b, C, eps=0.05, tau=1e5, max_iter=20000, tol=1e-12)
     np.testing.assert_allclose(far, bal, atol=1e-4)
-    tiny = sinkhorn_log(a, b, C, eps=1e-3, tau=0.1, max_iter=5000)   # exp(-C/ε) ~ e^-1000: log domain
+    tiny = sinkhorn_log(a, b, C, eps=1e-3, tau=0.1, max_iter=5000)  # exp(-C/ε) ~ e^-1000: log domain
     assert np.isfinite(tiny).all()
     np.testing.assert_allclose(tiny.sum(1), a, atol=1e-6)
     np.testing.assert_allclose(tiny, _reference_sinkhorn(a, b, C, eps=1e-3, tau=0.1), atol=1e-7)
@@ -110,8 +121,10 @@ def test_large_tau_tends_to_balanced_and_small_eps_stays_finite():
 
 def _relaxed_objective(P, a, b, C, eps, tau):
     """⟨P, C⟩ + ε·KL(P ‖ a bᵀ) + τ·KL(Pᵀ1 ‖ b), generalised KL (Σ p log(p/q) − p + q)."""
+
     def kl(p, q):
         return float(np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0) / q), 0.0) - p + q))
+
     return float((P * C).sum()) + eps * kl(P, np.outer(a, b)) + tau * kl(P.sum(0), b)
 
 
@@ -137,18 +150,17 @@ def test_small_eps_relaxed_plan_is_the_converged_minimiser():
     rng = np.random.default_rng(0)
     a, b = rng.dirichlet(np.ones(5)), np.full(6, 1 / 6)
     C = rng.random((5, 6))
-    C = (C - C.min()) / (C.max() - C.min())                 # as cost_matrix: rescaled to [0, 1]
+    C = (C - C.min()) / (C.max() - C.min())  # as cost_matrix: rescaled to [0, 1]
     eps, tau = 1e-3, 0.1
     ref = _reference_sinkhorn(a, b, C, eps=eps, tau=tau, max_iter=200000, tol=1e-13)
-    assert _kkt_spread(ref, a, b, C, eps, tau) < 1e-9         # the reference is the minimiser
+    assert _kkt_spread(ref, a, b, C, eps, tau) < 1e-9  # the reference is the minimiser
     P = sinkhorn_log(a, b, C, eps=eps, tau=tau, max_iter=20000, tol=1e-12)
     np.testing.assert_allclose(P.sum(1), a, atol=1e-9)
     np.testing.assert_allclose(P, ref, atol=1e-8)
     assert _relaxed_objective(P, a, b, C, eps, tau) <= _relaxed_objective(ref, a, b, C, eps, tau) + 1e-10
     assert _kkt_spread(P, a, b, C, eps, tau) < 1e-7
     # more iterations than it needs change nothing: it stopped because it converged
-    np.testing.assert_allclose(sinkhorn_log(a, b, C, eps=eps, tau=tau, max_iter=100000, tol=1e-12), P,
-                               atol=1e-10)
+    np.testing.assert_allclose(sinkhorn_log(a, b, C, eps=eps, tau=tau, max_iter=100000, tol=1e-12), P, atol=1e-10)
 
 
 @pytest.mark.parametrize("tau, max_iter", [(0.1, 1500), (None, 200)])
@@ -173,8 +185,8 @@ def test_cost_matrix_terms_and_selection_rules():
     C = cost_matrix(f_u, A, head, 1.0, 1.0, 0.5)
     raw = f_u / 0.5 + (1 - A / 0.4) + 0.5 * head
     np.testing.assert_allclose(C, (raw - raw.min()) / (raw.max() - raw.min()))
-    plan = np.array([[0.3, 0.1, 0.05, 0.05], [0.0, 0.1, 0.2, 0.2]])    # column mass .3 .2 .25 .25
-    assert select("top", plan, C, np.array([0.5, 0.5]), 2, 0.8) == [0, 2]      # stable tie: 2 before 3
+    plan = np.array([[0.3, 0.1, 0.05, 0.05], [0.0, 0.1, 0.2, 0.2]])  # column mass .3 .2 .25 .25
+    assert select("top", plan, C, np.array([0.5, 0.5]), 2, 0.8) == [0, 2]  # stable tie: 2 before 3
     assert select("kappa", plan, C, np.array([0.5, 0.5]), 2, 0.8) == [0, 2, 3]  # .3 + .25 + .25 = .8
     assert select("greedy", plan, C, np.array([0.5, 0.5]), 2, 0.8) == sorted(np.argsort(C.mean(0))[:2].tolist())
     assert len(select("random", plan, C, np.array([0.5, 0.5]), 3, 0.8, np.random.default_rng(0))) == 3
@@ -187,8 +199,8 @@ def test_kmeans_recovers_separated_clusters():
     centers = np.array([[0, 0], [10, 0], [0, 10]], float)
     x = np.concatenate([c + 0.1 * rng.normal(size=(50, 2)) for c in centers])
     cent, lab = kmeans(x, 3, seed=1)
-    for j in range(3):   # each true cluster is one label
-        assert len(set(lab[j * 50:(j + 1) * 50])) == 1
+    for j in range(3):  # each true cluster is one label
+        assert len(set(lab[j * 50 : (j + 1) * 50])) == 1
     assert len(set(lab)) == 3
 
 
@@ -227,7 +239,7 @@ def test_moe_matches_per_token_brute_force_and_masking():
 def test_routing_statistics_brute_force():
     from pipelines.mesa.model import coverage, selection_freq, top_share
 
-    topi = torch.tensor([[[[0, 1], [0, 2]], [[0, 1], [3, 1]]]])       # [L=1, N=2, T=2, k=2]
+    topi = torch.tensor([[[[0, 1], [0, 2]], [[0, 1], [3, 1]]]])  # [L=1, N=2, T=2, k=2]
     mask = torch.tensor([[True, True], [True, False]])
     f = selection_freq(topi, mask, 4)
     np.testing.assert_allclose(f[0], [3 / 6, 2 / 6, 1 / 6, 0])
@@ -246,10 +258,20 @@ def test_targeted_alignment_updates_only_selected_experts_and_router():
     selected = [[1, 4], [0, 2]]
     params, handles = expert_grad_masks(model, selected)
     ids = torch.randint(3, 20, (8, 6))
-    fit(model, None, lambda m, x: m(x).logsumexp(-1).mean(), steps=3, sample_batch=lambda i, g: (ids,),
-        optimizer="adam", weight_decay=0.0, lr=1e-2, params=params, progress=False)
+    fit(
+        model,
+        None,
+        lambda m, x: m(x).logsumexp(-1).mean(),
+        steps=3,
+        sample_batch=lambda i, g: (ids,),
+        optimizer="adam",
+        weight_decay=0.0,
+        lr=1e-2,
+        params=params,
+        progress=False,
+    )
     after = model.state_dict()
-    for layer, moe in enumerate(moes(model)):
+    for layer, _moe in enumerate(moes(model)):
         for name in ("w1", "b1", "w2", "b2"):
             key = f"blocks.{layer}.ff.{name}"
             changed = {e for e in range(p.model.n_experts) if not torch.equal(before[key][e], after[key][e])}
@@ -274,8 +296,9 @@ def test_teacher_forced_exact_match_equals_greedy_decoding():
 
     p = Params.model_validate(RAW)
     tok = tokenizer(["=>", "a", "b", "c"])
-    df = pd.DataFrame({"prompt": ["a b =>", "b =>", "c a =>", "a =>"], "answer": ["c", "a b", "b c a", "c c"],
-                       "kind": "benign"})
+    df = pd.DataFrame(
+        {"prompt": ["a b =>", "b =>", "c a =>", "a =>"], "answer": ["c", "a b", "b c a", "c c"], "kind": "benign"}
+    )
     enc = encode(df, tok)
     torch.manual_seed(0)
     model = make_model(len(tok), p.model)
@@ -285,15 +308,22 @@ def test_teacher_forced_exact_match_equals_greedy_decoding():
             model.eval()
             ok = ((model(enc.ids)[:, :-1].argmax(-1) == enc.ids[:, 1:]) | ~enc.loss_mask).all(1)
             for i in range(len(df)):
-                prompt = enc.ids[i:i + 1, :int(enc.ans_pos[i]) + 1]
+                prompt = enc.ids[i : i + 1, : int(enc.ans_pos[i]) + 1]
                 n_ans = int(enc.loss_mask[i].sum())
-                gen = generate(model, prompt, n_ans, temperature=0)[0, prompt.shape[1]:]
-                target = enc.ids[i, prompt.shape[1]:prompt.shape[1] + n_ans]
+                gen = generate(model, prompt, n_ans, temperature=0)[0, prompt.shape[1] :]
+                target = enc.ids[i, prompt.shape[1] : prompt.shape[1] + n_ans]
                 assert bool(torch.equal(gen, target)) == bool(ok[i])
                 seen.add(bool(ok[i]))
-        fit(model, None, lambda m, x: sft_loss(m(x), enc), steps=15, sample_batch=lambda i, g: (enc.ids,),
-            lr=1e-2, progress=False)
-    assert seen == {True, False}          # both outcomes were exercised
+        fit(
+            model,
+            None,
+            lambda m, x: sft_loss(m(x), enc),
+            steps=15,
+            sample_batch=lambda i, g: (enc.ids,),
+            lr=1e-2,
+            progress=False,
+        )
+    assert seen == {True, False}  # both outcomes were exercised
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -303,8 +333,8 @@ def test_corpus_structure():
     p = Params.model_validate({**RAW, "data": {**RAW["data"], "n_pretrain": 600}})
     pre, align, ev = synthetic(p)
     harm = pre[pre.kind == "harmful"]
-    assert (harm[harm.wrapper < 0]["answer"] == "R1 R2 R3").all()              # direct → refusal
-    assert harm[harm.wrapper >= 0]["answer"].str.startswith("HOWTO").all()     # wrapped → compliance (jailbreakable)
+    assert (harm[harm.wrapper < 0]["answer"] == "R1 R2 R3").all()  # direct → refusal
+    assert harm[harm.wrapper >= 0]["answer"].str.startswith("HOWTO").all()  # wrapped → compliance (jailbreakable)
     assert (pre[pre.kind == "benign"].wrapper >= 0).mean() == pytest.approx(0.5, abs=0.1)
     ds = align[align.kind == "harmful"]
     assert (ds["answer"] == "R1 R2 R3").all() and ds.harm.max() < 15 and ds.wrapper.max() < 3
@@ -320,13 +350,16 @@ def test_corpus_structure():
 
 
 # ------------------------------------------------------------------------------------------ contract / bad input
-@pytest.mark.parametrize("patch, key", [
-    ({"ot": {"n_sel": 2}}, r"parameter mesa: .*n_sel"),
-    ({"variants": ["base", "mesa", "dpo"]}, r"mesa\.variants"),
-    ({"ot": {"eps": 0}}, r"mesa\.ot\.eps"),
-    ({"align": {"steps": True}}, r"mesa\.align\.steps"),
-    ({"data": {**RAW["data"], "n_harm_heldout": 30}}, r"mesa\.data"),
-])
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"ot": {"n_sel": 2}}, r"parameter mesa: .*n_sel"),
+        ({"variants": ["base", "mesa", "dpo"]}, r"mesa\.variants"),
+        ({"ot": {"eps": 0}}, r"mesa\.ot\.eps"),
+        ({"align": {"steps": True}}, r"mesa\.align\.steps"),
+        ({"data": {**RAW["data"], "n_harm_heldout": 30}}, r"mesa\.data"),
+    ],
+)
 def test_method_rules_name_the_key(patch, key):
     with pytest.raises(ParameterError, match=key):
         validate(Params, {**RAW, **patch}, "mesa")
@@ -369,4 +402,4 @@ def test_prefix_style_moves_only_the_heldout_wrappers_before_the_request():
         t = prompt.split()
         assert t[0].startswith("wA") and t[-2] == "wB" + t[0][2:]
     harm = align[align.kind == "harmful"]
-    assert not harm.prompt.str.contains(r"wA[3-5]").any()       # held-out wrappers never carry D_s requests
+    assert not harm.prompt.str.contains(r"wA[3-5]").any()  # held-out wrappers never carry D_s requests

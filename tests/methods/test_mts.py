@@ -2,6 +2,7 @@
 the virtual step against finite differences in φ (exact unroll and the official finite-difference
 Hessian-vector product), the weight normalisation, the data generator, and bad input (the end-to-end
 --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,10 +23,12 @@ def _raw(**over) -> dict:
         for k, v in b.items():
             out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
         return out
+
     return merge(merge(base, test), over)
 
 
 # ------------------------------------------------------------------ GSNR estimator
+
 
 def test_gsnr_matches_known_mean_and_variance():
     from pipelines.mts.model import gsnr
@@ -34,16 +37,22 @@ def test_gsnr_matches_known_mean_and_variance():
     mu = torch.tensor([0.5, -1.0, 2.0, 0.1, 0.0, 3.0], dtype=torch.float64)
     sd = torch.tensor([1.0, 0.5, 2.0, 0.1, 1.0, 1.0], dtype=torch.float64)
     g = mu + sd * torch.randn(40_000, 6, generator=gen, dtype=torch.float64)
-    g = torch.cat([g, torch.full((40_000, 1), 7.0, dtype=torch.float64),   # constant non-zero: infinite SNR
-                   torch.zeros(40_000, 1, dtype=torch.float64)], 1)         # identically zero: no gradient
+    g = torch.cat(
+        [
+            g,
+            torch.full((40_000, 1), 7.0, dtype=torch.float64),  # constant non-zero: infinite SNR
+            torch.zeros(40_000, 1, dtype=torch.float64),
+        ],
+        1,
+    )  # identically zero: no gradient
     r = gsnr(g)
-    true = (mu / sd) ** 2                                # 0.25, 4, 1, 1, 0, 9 (and inf)
-    assert r["n_coords"] == 7                            # only the all-zero coordinate is left out
+    true = (mu / sd) ** 2  # 0.25, 4, 1, 1, 0, 9 (and inf)
+    assert r["n_coords"] == 7  # only the all-zero coordinate is left out
     assert r["median"] == pytest.approx(float(np.median(np.append(true.numpy(), np.inf))), abs=0.05)
     per = g[:, :6].mean(0) ** 2 / g[:, :6].var(0)
     np.testing.assert_allclose(per.numpy(), true.numpy(), atol=0.02, rtol=0.02)
     # aggregate with the dead coordinate: its mean counts in ‖E g‖² but adds no variance
-    assert r["aggregate"] == pytest.approx(float(((mu ** 2).sum() + 49.0) / (sd ** 2).sum()), rel=0.03)
+    assert r["aggregate"] == pytest.approx(float(((mu**2).sum() + 49.0) / (sd**2).sum()), rel=0.03)
 
 
 def _numpy_gsnr_median(g: np.ndarray) -> float:
@@ -63,12 +72,12 @@ def test_gsnr_median_is_the_usual_median_and_degenerate_cases_are_defined():
 
     assert gsnr(torch.tensor([[1.0, 0.0], [3.0, 2.0], [2.0, 1.0]]))["median"] == pytest.approx(2.5)
     rng = np.random.default_rng(0)
-    for k in (2, 7, 8, 31, 64):                          # odd and even counts of coordinates
+    for k in (2, 7, 8, 31, 64):  # odd and even counts of coordinates
         for _ in range(20):
             g = rng.normal(rng.normal(size=k), rng.uniform(0.1, 2.0, size=k), size=(int(rng.integers(3, 40)), k))
             assert gsnr(torch.from_numpy(g))["median"] == pytest.approx(_numpy_gsnr_median(g), rel=1e-12)
     # a constant non-zero coordinate carries signal (SNR inf); an identically zero one carries none
-    g = np.array([[1.0, 0.0, 5.0, 0.0], [3.0, 2.0, 5.0, 0.0], [2.0, 1.0, 5.0, 0.0]])    # SNR 4, 1, inf, —
+    g = np.array([[1.0, 0.0, 5.0, 0.0], [3.0, 2.0, 5.0, 0.0], [2.0, 1.0, 5.0, 0.0]])  # SNR 4, 1, inf, —
     r = gsnr(torch.from_numpy(g))
     assert r["n_coords"] == 3 and r["median"] == 4.0 == _numpy_gsnr_median(g)
     # all-constant input: infinite median and aggregate; all-zero input: no coordinate, both undefined
@@ -94,13 +103,14 @@ def test_gsnr_of_a_batch_mean_grows_linearly_with_the_batch():
 
 # ------------------------------------------------------------------ meta-gradient
 
+
 def _tiny(seed=0):
     from pipelines.mts.model import MLP, MetaNet
 
     torch.manual_seed(seed)
     clf = MLP(3, 5, 3).double()
     net = MetaNet(4, 6, floor=1e-3).double()
-    torch.nn.init.normal_(net.body[2].weight, std=0.5)   # leave the uniform start: a generic φ
+    torch.nn.init.normal_(net.body[2].weight, std=0.5)  # leave the uniform start: a generic φ
     torch.nn.init.normal_(net.body[2].bias, std=0.5)
     x, y = torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 3, (8,))
     f = torch.randn(8, 4, dtype=torch.float64)
@@ -159,8 +169,8 @@ def test_normalised_uniform_weights_give_the_plain_loss_and_zero_bias_gradient()
     plain = F.cross_entropy(clf(x), y)
     assert weighted_loss(clf, theta, x, y, w).item() == pytest.approx(float(plain), rel=1e-7)
     g = meta_gradient(clf, theta, net, lambda th: f, x, y, xm, ym, lr=0.5)
-    assert abs(float(g[-1])) < 1e-9 * float(g[-2].abs().sum())   # output bias: cancelled
-    assert float(g[-2].abs().sum()) > 1e-6            # output weights do move
+    assert abs(float(g[-1])) < 1e-9 * float(g[-2].abs().sum())  # output bias: cancelled
+    assert float(g[-2].abs().sum()) > 1e-6  # output weights do move
 
 
 def test_cls_features_match_brute_force():
@@ -189,12 +199,13 @@ def test_weight_auc_matches_sklearn():
 
     rng = np.random.default_rng(0)
     q = np.array(["real"] * 5 + list(rng.choice(["good", "off_manifold", "mixup"], 200)))
-    w = np.round(rng.random(205), 1)                  # ties
+    w = np.round(rng.random(205), 1)  # ties
     syn = q != "real"
     assert _auc(w, q) == pytest.approx(roc_auc_score(q[syn] == "good", w[syn]))
 
 
 # ------------------------------------------------------------------ data
+
 
 def test_pool_has_the_declared_mix_and_pixel_range():
     from pipelines.mts.data import make_pool
@@ -218,7 +229,7 @@ def test_shift_moves_by_one_pixel():
     from pipelines.mts.data import _shift
 
     img = np.zeros((50, 64))
-    img[:, 3 * 8 + 4] = 1.0                            # one lit pixel at (3, 4)
+    img[:, 3 * 8 + 4] = 1.0  # one lit pixel at (3, 4)
     out = _shift(img, np.random.default_rng(0)).reshape(50, 8, 8)
     r, c = np.nonzero(out)[1:]
     assert len(r) == 50 and (np.abs(r - 3) <= 1).all() and (np.abs(c - 4) <= 1).all()
@@ -226,13 +237,17 @@ def test_shift_moves_by_one_pixel():
 
 # ------------------------------------------------------------------ bad input
 
-@pytest.mark.parametrize("over,key", [
-    ({"meta": {"lr": -1.0}}, r"mts\.meta\.lr"),
-    ({"classifier": {"momentum": 1.5}}, r"mts\.classifier\.momentum"),
-    ({"variants": ["uniform", "l2rw"]}, r"variants"),
-    ({"selectors": {"mts": {"features": "clip", "batch_size": 64}}}, r"mts\.selectors\.mts\.features"),
-    ({"gsnr": {"ratio_pair": [64, 4096]}}, r"ratio_pair"),
-])
+
+@pytest.mark.parametrize(
+    "over,key",
+    [
+        ({"meta": {"lr": -1.0}}, r"mts\.meta\.lr"),
+        ({"classifier": {"momentum": 1.5}}, r"mts\.classifier\.momentum"),
+        ({"variants": ["uniform", "l2rw"]}, r"variants"),
+        ({"selectors": {"mts": {"features": "clip", "batch_size": 64}}}, r"mts\.selectors\.mts\.features"),
+        ({"gsnr": {"ratio_pair": [64, 4096]}}, r"ratio_pair"),
+    ],
+)
 def test_bad_parameter_names_the_key(over, key):
     with pytest.raises(ParameterError, match=key):
         validate(Params, _raw(**over), "mts")
@@ -260,8 +275,9 @@ def test_sd_features_match_a_brute_force_loop():
     x = rng.random((n, d)).astype(np.float32)
     y = np.tile(np.arange(3), 14)[:n]
     syn = np.arange(n) >= 15
-    s = Split(torch.tensor(x), torch.tensor(y), torch.tensor(syn), np.where(syn, "good", "real"),
-              None, None, None, None, 3)
+    s = Split(
+        torch.tensor(x), torch.tensor(y), torch.tensor(syn), np.where(syn, "good", "real"), None, None, None, None, 3
+    )
     p = Params.model_validate(_raw(features={"embed_dim": 4, "knn": 5, "top_k": 3, "pre_epochs": 1}))
     got = sd_features(s, p, seed=0)
     z = PCA(n_components=4, random_state=0).fit(x[~syn].astype(np.float64)).transform(x.astype(np.float64))
@@ -277,5 +293,4 @@ def test_sd_features_match_a_brute_force_loop():
         nn = sorted(others, key=dist.get)[:5]
         wk = np.array([1 / (dist[j] + 1e-6) for j in nn])
         assert got[i, 4] == pytest.approx((wk * (y[nn] == y[i])).sum() / wk.sum(), abs=1e-6)
-        assert got[i, 5] == pytest.approx(np.median([dist[j] for j in others if not syn[j] and y[j] == y[i]]),
-                                          abs=1e-6)
+        assert got[i, 5] == pytest.approx(np.median([dist[j] for j in others if not syn[j] and y[j] == y[i]]), abs=1e-6)

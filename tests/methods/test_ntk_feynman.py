@@ -3,6 +3,7 @@ closed forms, the arc-cosine kernels, an independent Gauss-Hermite quadrature fo
 against autodiff, the Monte-Carlo estimators on a case with an exact finite-width answer, the ReLU theorem,
 and bad input (the end-to-end --env=test run is covered by tests/methods/test_all_pipelines.py; its report
 is checked here through the shared fixture)."""
+
 import math
 
 import numpy as np
@@ -21,15 +22,28 @@ RAW = {
     "net": {"depth": 3, "lambda_b": 1.0, "lambda_w": 1.0},
     "activations": {"relu": {"c_w": 2.0, "c_b": 0.0}, "tanh": {"c_w": 1.0, "c_b": 0.0}},
     "quadrature": {"nodes_per_half": 48, "half_width_sd": 12.0},
-    "mc": {"widths": [4, 8], "nets_per_seed": [60, 60], "blocks_per_seed": 3, "chunk_elems": 100_000,
-           "claim_widths": [8], "narrow_width": 4, "slope_min_width": 4},
+    "mc": {
+        "widths": [4, 8],
+        "nets_per_seed": [60, 60],
+        "blocks_per_seed": 3,
+        "chunk_elems": 100_000,
+        "claim_widths": [8],
+        "narrow_width": 4,
+        "slope_min_width": 4,
+    },
     "variants": ["recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh"],
 }
 
 
 DNTK2_RAW = {"widths": [4, 8], "nets_per_seed": [30, 30], "blocks_per_seed": 3, "chunk_elems": 100_000}
-DNTK_RAW = {"widths": [4, 8], "nets_per_seed": [30, 30], "blocks_per_seed": 3, "chunk_elems": 100_000,
-            "narrow_width": 4, "slope_min_width": 4}
+DNTK_RAW = {
+    "widths": [4, 8],
+    "nets_per_seed": [30, 30],
+    "blocks_per_seed": 3,
+    "chunk_elems": 100_000,
+    "narrow_width": 4,
+    "slope_min_width": 4,
+}
 
 
 # ------------------------------------------------------------------------ theory vs closed forms
@@ -57,8 +71,15 @@ def relu_reference(c_w, c_b, lam_b, lam_w, sq, depth, interlayer=True):
 
 def test_relu_recursion_reproduces_the_card_values():
     last = theory.first_order("relu", 2.0, 0.0, 1.0, 1.0, 1.0, 4)[-1]
-    assert {k: round(last[k], 9) for k in ("K", "Theta", *TENSORS)} == \
-        {"K": 2, "Theta": 8, "V": 60, "A": 166, "B": 112, "D": 84, "F": 48}
+    assert {k: round(last[k], 9) for k in ("K", "Theta", *TENSORS)} == {
+        "K": 2,
+        "Theta": 8,
+        "V": 60,
+        "A": 166,
+        "B": 112,
+        "D": 84,
+        "F": 48,
+    }
 
 
 @pytest.mark.parametrize("interlayer", [True, False])
@@ -73,7 +94,7 @@ def test_relu_recursion_matches_hand_closed_form(c_w, c_b, lam_b, lam_w, sq, dep
 def test_infinite_width_relu_is_the_arc_cosine_kernel():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(3, 7)) * np.array([[0.5], [1.0], [2.0]])
-    X[2] = -0.9 * X[1] + 0.1 * X[2]                         # a strongly anti-correlated pair
+    X[2] = -0.9 * X[1] + 0.1 * X[2]  # a strongly anti-correlated pair
     c_w, c_b, lam_b, lam_w = 2.0, 0.1, 0.7, 1.3
     got = theory.infinite_width_gram("relu", c_w, c_b, lam_b, lam_w, X, 4)
     G = X @ X.T / X.shape[1]
@@ -92,7 +113,7 @@ def _hermite_expect2(f, g, K11, K12, K22, n=120):
     """Independent reference: tensor-product probabilists' Gauss-Hermite over a Cholesky factor."""
     u, w = np.polynomial.hermite_e.hermegauss(n)
     w = w / w.sum()
-    if K12 * K12 >= K11 * K22 * (1 - 1e-12):               # one input with itself: a 1-D integral
+    if K12 * K12 >= K11 * K22 * (1 - 1e-12):  # one input with itself: a 1-D integral
         z = math.sqrt(K11) * u
         return float(np.sum(w * f(z) * g(z)))
     L = np.linalg.cholesky(np.array([[K11, K12], [K12, K22]]))
@@ -111,10 +132,20 @@ def test_infinite_width_tanh_matches_gauss_hermite():
     for ell in range(3):
         np.testing.assert_allclose(got[ell][0], K, rtol=1e-9)
         np.testing.assert_allclose(got[ell][1], T, rtol=1e-9)
-        ss = np.array([[_hermite_expect2(np.tanh, np.tanh, K[a, a], K[a, b], K[b, b]) for b in range(3)]
-                       for a in range(3)])
-        dd = np.array([[_hermite_expect2(lambda z: 1 - np.tanh(z) ** 2, lambda z: 1 - np.tanh(z) ** 2,
-                                         K[a, a], K[a, b], K[b, b]) for b in range(3)] for a in range(3)])
+        ss = np.array(
+            [[_hermite_expect2(np.tanh, np.tanh, K[a, a], K[a, b], K[b, b]) for b in range(3)] for a in range(3)]
+        )
+        dd = np.array(
+            [
+                [
+                    _hermite_expect2(
+                        lambda z: 1 - np.tanh(z) ** 2, lambda z: 1 - np.tanh(z) ** 2, K[a, a], K[a, b], K[b, b]
+                    )
+                    for b in range(3)
+                ]
+                for a in range(3)
+            ]
+        )
         K, T = 0.2 + 1.3 * ss, 1.0 + 0.5 * ss + 1.3 * dd * T
 
 
@@ -169,8 +200,9 @@ def test_forward_ntk_recursion_matches_autodiff():
     n0, n, depth, lam_b, lam_w = 4, 5, 3, 0.7, 1.9
     x = torch.randn(n0, dtype=torch.float64)
     for kind in ("tanh", "gelu", "relu"):
-        Ws = [torch.randn(n, n0, dtype=torch.float64)] + [torch.randn(n, n, dtype=torch.float64)
-                                                         for _ in range(depth - 1)]
+        Ws = [torch.randn(n, n0, dtype=torch.float64)] + [
+            torch.randn(n, n, dtype=torch.float64) for _ in range(depth - 1)
+        ]
         bs = [torch.randn(n, dtype=torch.float64) for _ in range(depth)]
         params = {f"W{i}": W for i, W in enumerate(Ws)} | {f"b{i}": b for i, b in enumerate(bs)}
 
@@ -187,7 +219,7 @@ def test_forward_ntk_recursion_matches_autodiff():
         J = jacrev(lambda pr: functional_call(M(), {}, (), pr))(params)
         ntk = torch.zeros(n, n, dtype=torch.float64)
         for k, j in J.items():
-            fan_in = (n0 if k == "W0" else n)
+            fan_in = n0 if k == "W0" else n
             lam = lam_b if k.startswith("b") else lam_w / fan_in
             jj = j.reshape(n, -1)
             ntk += lam * jj @ jj.T
@@ -208,12 +240,16 @@ def test_pair_averages_match_brute_force():
     for b in range(2):
         zz, t = z[b].numpy(), th[b].numpy()
         pairs = [(i, k) for i in range(5) for k in range(5) if i != k]
-        ref = [np.mean(zz**2), np.mean(np.diag(t)),
-               np.mean([zz[i] ** 2 * zz[k] ** 2 for i, k in pairs]),
-               np.mean([t[i, i] * t[k, k] for i, k in pairs]),
-               np.mean([t[i, i] * zz[k] ** 2 for i, k in pairs]),
-               np.mean([t[i, k] ** 2 for i, k in pairs]),
-               np.mean([t[i, k] * zz[i] * zz[k] for i, k in pairs]), np.mean(zz)]
+        ref = [
+            np.mean(zz**2),
+            np.mean(np.diag(t)),
+            np.mean([zz[i] ** 2 * zz[k] ** 2 for i, k in pairs]),
+            np.mean([t[i, i] * t[k, k] for i, k in pairs]),
+            np.mean([t[i, i] * zz[k] ** 2 for i, k in pairs]),
+            np.mean([t[i, k] ** 2 for i, k in pairs]),
+            np.mean([t[i, k] * zz[i] * zz[k] for i, k in pairs]),
+            np.mean(zz),
+        ]
         np.testing.assert_allclose(got[b], ref, rtol=1e-12)
 
 
@@ -222,8 +258,9 @@ def test_mc_estimators_unbiased_at_layer_two(kind, c_w, c_b):
     """At layer 2 the first-order formulas are exact at any width (layer 1 is i.i.d. Gaussian with a
     deterministic NTK), so at width 3, where 1/n^2 terms would be large, the pooled estimators must hit them."""
     x = np.array([1.2, -0.4, 0.9, 0.3])
-    stats = mc.sample_nets(kind, x, width=3, depth=2, n_nets=60_000, c_w=c_w, c_b=c_b, lambda_b=0.8,
-                           lambda_w=1.4, seed=11)
+    stats = mc.sample_nets(
+        kind, x, width=3, depth=2, n_nets=60_000, c_w=c_w, c_b=c_b, lambda_b=0.8, lambda_w=1.4, seed=11
+    )
     blocks = mc.block_table(stats, 30, input=0, seed=0, width=3)
     est = mc.pooled_blocks(blocks[blocks.layer == 2], n_prev=3)
     exact = theory.first_order(kind, c_w, c_b, 0.8, 1.4, float(x @ x) / 4, 2)[-1]
@@ -235,22 +272,24 @@ def test_two_input_estimators_unbiased_at_layer_two():
     """Two inputs through the same nets: at layer 2 the vertex V_(ab)(cd) = C_W^2 Cov(s_a s_b, s_c s_d) is
     exact at any width."""
     X = np.array([[1.0, -0.5, 0.8], [0.3, 0.9, -1.1]])
-    stats = mc.sample_nets("relu", X[0], width=3, depth=2, n_nets=60_000, c_w=2.0, c_b=0.1, lambda_b=1.0,
-                           lambda_w=1.0, seed=21, x2=X[1])
+    stats = mc.sample_nets(
+        "relu", X[0], width=3, depth=2, n_nets=60_000, c_w=2.0, c_b=0.1, lambda_b=1.0, lambda_w=1.0, seed=21, x2=X[1]
+    )
     blocks = mc.block_table(stats, 30, input=0, seed=0, width=3)
     est = mc.pooled_blocks(blocks[blocks.layer == 2], n_prev=3)
     exact = theory.two_input_vertex("relu", 2.0, 0.1, X, 2)[-1]
     for k in theory.VERTEX_KEYS:
         assert abs(est[k] - exact[k]) <= 4 * est[f"{k}_se"], (k, est[k], exact[k])
-    assert est["V_11_11"] == pytest.approx(est["V"], rel=1e-12)   # the pair's first input is input 0
+    assert est["V_11_11"] == pytest.approx(est["V"], rel=1e-12)  # the pair's first input is input 0
 
 
 def test_mean_corrections_match_sampled_nets():
     """K1 and Theta1 (E z^2 = K + K1/n, E Th_ii = Theta + Theta1/n) against n x (MC mean - infinite width)
     for a strongly nonlinear tanh (C_W = 2), where both are clearly nonzero."""
     n = 8
-    stats = mc.sample_nets("tanh", np.ones(5), width=n, depth=4, n_nets=60_000, c_w=2.0, c_b=0.0, lambda_b=1.0,
-                           lambda_w=1.0, seed=7)
+    stats = mc.sample_nets(
+        "tanh", np.ones(5), width=n, depth=4, n_nets=60_000, c_w=2.0, c_b=0.0, lambda_b=1.0, lambda_w=1.0, seed=7
+    )
     blocks = mc.block_table(stats, 20, input=0, seed=0, width=n)
     r = theory.first_order("tanh", 2.0, 0.0, 1.0, 1.0, 1.0, 4)[-1]
     est = mc.pooled_blocks(blocks[blocks.layer == 4], n_prev=n)
@@ -262,16 +301,18 @@ def test_mean_corrections_match_sampled_nets():
 def test_relu_mean_diagonal_ntk_is_exact_at_small_width():
     """The ReLU theorem: E[Theta_ii] follows the infinite-width recursion at every width and layer."""
     x = np.ones(5)
-    stats = mc.sample_nets("relu", x, width=4, depth=4, n_nets=20_000, c_w=2.0, c_b=0.0, lambda_b=1.0,
-                           lambda_w=1.0, seed=5)
+    stats = mc.sample_nets(
+        "relu", x, width=4, depth=4, n_nets=20_000, c_w=2.0, c_b=0.0, lambda_b=1.0, lambda_w=1.0, seed=5
+    )
     blocks = mc.block_table(stats, 20, input=0, seed=0, width=4)
     rows = theory.first_order("relu", 2.0, 0.0, 1.0, 1.0, 1.0, 4)
     for ell in (2, 3, 4):
         est = mc.pooled_blocks(blocks[blocks.layer == ell], n_prev=4)
         assert abs(est["mean_ntk"] - rows[ell - 1]["Theta"]) <= 4 * est["mean_ntk_se"]
     # the same check catches a real O(1/n) shift: tanh (C_W = 2, strongly nonlinear) at width 4
-    st = mc.sample_nets("tanh", x, width=4, depth=4, n_nets=20_000, c_w=2.0, c_b=0.0, lambda_b=1.0,
-                        lambda_w=1.0, seed=5)
+    st = mc.sample_nets(
+        "tanh", x, width=4, depth=4, n_nets=20_000, c_w=2.0, c_b=0.0, lambda_b=1.0, lambda_w=1.0, seed=5
+    )
     bt = mc.block_table(st, 20, input=0, seed=0, width=4)
     est = mc.pooled_blocks(bt[bt.layer == 4], n_prev=4)
     th = theory.first_order("tanh", 2.0, 0.0, 1.0, 1.0, 1.0, 4)[-1]["Theta"]
@@ -279,8 +320,9 @@ def test_relu_mean_diagonal_ntk_is_exact_at_small_width():
 
 
 def test_block_means_pool_like_per_net_rows():
-    stats = mc.sample_nets("gelu", np.ones(3), width=6, depth=3, n_nets=300, c_w=1.98, c_b=0.17, lambda_b=1.0,
-                           lambda_w=1.0, seed=2)
+    stats = mc.sample_nets(
+        "gelu", np.ones(3), width=6, depth=3, n_nets=300, c_w=1.98, c_b=0.17, lambda_b=1.0, lambda_w=1.0, seed=2
+    )
     per_net = pd.DataFrame(stats[:, 2], columns=list(mc.NET_COLUMNS))
     blocks = mc.block_table(stats, 10, input=0, seed=0, width=6)
     a = mc.pooled_blocks(blocks[blocks.layer == 3], 6)
@@ -299,43 +341,46 @@ def test_theory_variants_differ_only_where_they_should():
     assert inputs["sq_norm"] == [pytest.approx(1.0)]
     xa, xb = np.asarray(inputs["pair"])
     assert np.allclose(xa, inputs["x"][0]) and xb @ xb == pytest.approx(xa @ xa)
-    assert xa @ xb / (xa @ xa) == pytest.approx(0.5)                  # data.pair_cosine default
+    assert xa @ xb / (xa @ xa) == pytest.approx(0.5)  # data.pair_cosine default
     rec, abl, inf = (variant_stats(inputs, p, variant=v) for v in ("recursion", "no_interlayer", "infinite_width"))
     np.testing.assert_allclose(rec[["K", "Theta", "K_12"]].fillna(0), inf[["K", "Theta", "K_12"]].fillna(0))
     assert (inf[list(TENSORS)] == 0).all().all() and (inf[["K1", "Theta1"]] == 0).all().all()
-    l2 = rec.layer == 2                                     # inter-layer terms start at layer 3
+    l2 = rec.layer == 2  # inter-layer terms start at layer 3
     np.testing.assert_allclose(rec.loc[l2, list(TENSORS)], abl.loc[l2, list(TENSORS)])
     assert (rec.loc[rec.layer == 3, "V"].to_numpy() > abl.loc[abl.layer == 3, "V"].to_numpy()).all()
     assert (inf[list(DNTK_TENSORS)] == 0).all().all()
     np.testing.assert_allclose(rec.loc[l2, list(DNTK_TENSORS)], abl.loc[l2, list(DNTK_TENSORS)])
     relu3 = (rec.layer == 3) & (rec.activation == "relu")
     assert (rec.loc[relu3, "P"].to_numpy() > abl.loc[relu3, "P"].to_numpy()).all()
-    dd = ["R", "S", "T", "U"]                                # the ddNTK recursion, layer 2 exact in both
+    dd = ["R", "S", "T", "U"]  # the ddNTK recursion, layer 2 exact in both
     assert (inf[dd] == 0).all().all()
     np.testing.assert_allclose(rec.loc[l2, dd], abl.loc[l2, dd])
     assert (rec.loc[relu3, dd].to_numpy() > abl.loc[relu3, dd].to_numpy()).all()
 
 
-@pytest.mark.parametrize("patch,key", [
-    ({"variants": ["recursion", "mc_swish"]}, "ntk_feynman.variants"),
-    ({"activations": {"relu": {"c_w": -2.0, "c_b": 0.0}}}, "ntk_feynman.activations.relu.c_w"),
-    ({"mc": {**RAW["mc"], "nets_per_seed": [60]}}, "ntk_feynman.mc"),
-    ({"mc": {**RAW["mc"], "widths": [8, 4]}}, "ntk_feynman.mc.widths"),
-    ({"net": {**RAW["net"], "depth": True}}, "ntk_feynman.net.depth"),
-    ({"net": {**RAW["net"], "dept": 3}}, "ntk_feynman.net.dept"),
-    ({"variants": ["recursion", "mc_dntk_relu"]}, "ntk_feynman.variants"),          # no dntk block
-    ({"dntk": {**DNTK_RAW, "probes": 0}}, "ntk_feynman.dntk.probes"),
-    ({"dntk": {**DNTK_RAW, "narrow_width": 5}}, "ntk_feynman.dntk"),
-    ({"variants": ["recursion", "mc_dntk2_relu"]}, "ntk_feynman.variants"),         # no dntk2 block
-    ({"dntk2": {**DNTK2_RAW, "widths": [8, 4]}}, "ntk_feynman.dntk2.widths"),
-    ({"dntk2": {**DNTK2_RAW, "nets_per_seed": [30]}}, "ntk_feynman.dntk2"),
-    ({"dntk2": {**DNTK2_RAW, "chunk": 10}}, "ntk_feynman.dntk2.chunk"),
-    ({"variants": ["recursion", "mc_ddntk2_relu"]}, "ntk_feynman.variants"),        # no ddntk2 block
-    ({"ddntk2": {**DNTK2_RAW, "widths": [8, 4]}}, "ntk_feynman.ddntk2.widths"),
-    ({"ddntk2": {**DNTK2_RAW, "widths": [4, 256]}}, "ntk_feynman.ddntk2.widths"),   # MAX_WIDTH 128
-    ({"ddntk2": {**DNTK2_RAW, "nets_per_seed": [30]}}, "ntk_feynman.ddntk2"),
-    ({"ddntk2": {**DNTK2_RAW, "probes": 2}}, "ntk_feynman.ddntk2.probes"),
-])
+@pytest.mark.parametrize(
+    "patch,key",
+    [
+        ({"variants": ["recursion", "mc_swish"]}, "ntk_feynman.variants"),
+        ({"activations": {"relu": {"c_w": -2.0, "c_b": 0.0}}}, "ntk_feynman.activations.relu.c_w"),
+        ({"mc": {**RAW["mc"], "nets_per_seed": [60]}}, "ntk_feynman.mc"),
+        ({"mc": {**RAW["mc"], "widths": [8, 4]}}, "ntk_feynman.mc.widths"),
+        ({"net": {**RAW["net"], "depth": True}}, "ntk_feynman.net.depth"),
+        ({"net": {**RAW["net"], "dept": 3}}, "ntk_feynman.net.dept"),
+        ({"variants": ["recursion", "mc_dntk_relu"]}, "ntk_feynman.variants"),  # no dntk block
+        ({"dntk": {**DNTK_RAW, "probes": 0}}, "ntk_feynman.dntk.probes"),
+        ({"dntk": {**DNTK_RAW, "narrow_width": 5}}, "ntk_feynman.dntk"),
+        ({"variants": ["recursion", "mc_dntk2_relu"]}, "ntk_feynman.variants"),  # no dntk2 block
+        ({"dntk2": {**DNTK2_RAW, "widths": [8, 4]}}, "ntk_feynman.dntk2.widths"),
+        ({"dntk2": {**DNTK2_RAW, "nets_per_seed": [30]}}, "ntk_feynman.dntk2"),
+        ({"dntk2": {**DNTK2_RAW, "chunk": 10}}, "ntk_feynman.dntk2.chunk"),
+        ({"variants": ["recursion", "mc_ddntk2_relu"]}, "ntk_feynman.variants"),  # no ddntk2 block
+        ({"ddntk2": {**DNTK2_RAW, "widths": [8, 4]}}, "ntk_feynman.ddntk2.widths"),
+        ({"ddntk2": {**DNTK2_RAW, "widths": [4, 256]}}, "ntk_feynman.ddntk2.widths"),  # MAX_WIDTH 128
+        ({"ddntk2": {**DNTK2_RAW, "nets_per_seed": [30]}}, "ntk_feynman.ddntk2"),
+        ({"ddntk2": {**DNTK2_RAW, "probes": 2}}, "ntk_feynman.ddntk2.probes"),
+    ],
+)
 def test_bad_parameter_names_the_key(patch, key):
     with pytest.raises(ParameterError, match=key.replace(".", r"\.")):
         validate(Params, {**RAW, **patch}, "ntk_feynman")
@@ -352,7 +397,9 @@ def check(raw: dict):
 
 def test_claims_must_name_planned_variants():
     claim = {"id": "c", "text": "t", "metric": "dntk_agreement_excess.relu", "op": "<=", "threshold": 0.1}
-    with pytest.raises(ParameterError, match=r"claim 'c': metric 'dntk_agreement_excess.relu' is produced by no variant"):
+    with pytest.raises(
+        ParameterError, match=r"claim 'c': metric 'dntk_agreement_excess.relu' is produced by no variant"
+    ):
         check({**RAW, "dntk": DNTK_RAW, "claims": [claim]})
     ok = check({**RAW, "dntk": DNTK_RAW, "claims": [claim], "variants": [*RAW["variants"], "mc_dntk_relu"]})
     assert ok.block_activations("dntk") == ["relu"] and "relu" in ok.mc_activations()
@@ -398,7 +445,7 @@ def test_relu_dntk_recursion_matches_hand_closed_form(c_w, c_b, lam_b, lam_w, sq
     P, Q = relu_dntk_reference(c_w, c_b, lam_b, lam_w, sq, depth)
     assert got["P"] == pytest.approx(P, rel=1e-11) and got["Q"] == pytest.approx(Q, rel=1e-11)
     if (c_w, depth) == (2.0, 4):
-        assert (round(got["P"], 9), round(got["Q"], 9)) == (80, 40)      # critical ReLU, depth 4 (default run)
+        assert (round(got["P"], 9), round(got["Q"], 9)) == (80, 40)  # critical ReLU, depth 4 (default run)
 
 
 def _brute_dntk(kind, Ws, bs, x, lam_b, lam_w):
@@ -444,13 +491,13 @@ def test_dntk_contractions_match_the_full_tensor(kind):
     us = torch.randint(0, 2, (1, depth, 1, n), generator=gen).to(torch.float64) * 2 - 1
     xt = torch.as_tensor(x)
     for ell in (1, 2):
-        z, d = _brute_dntk(kind, Ws[:ell + 1], bs[:ell + 1], xt, lam_b, lam_w)
+        z, d = _brute_dntk(kind, Ws[: ell + 1], bs[: ell + 1], xt, lam_b, lam_w)
         u = us[0, ell, 0]
         s1 = float(torch.einsum("i,ikk->", z, d))
         s2 = float(torch.einsum("a,b,c,abc->", u, u, z, d))
         assert got[0, ell, 0] * n * n == pytest.approx(s1, rel=1e-9, abs=1e-12)
         assert got[0, ell, 1] * n * n == pytest.approx(s2, rel=1e-9, abs=1e-12)
-    assert (got[:, 0] == 0).all()                       # layer 1: z is linear in the parameters
+    assert (got[:, 0] == 0).all()  # layer 1: z is linear in the parameters
 
 
 def test_dntk_vanishes_when_only_biases_learn_in_a_linear_net():
@@ -480,7 +527,7 @@ def test_dntk_at_layer_two_by_brute_force_pair_averages(kind, c_w, c_b):
     b1 = torch.randn(N, n, generator=g, dtype=torch.float64) * c_b**0.5
     z, d = vmap(lambda a, b, c, e: _brute_dntk(kind, [a, b], [c, e], x, lam_b, lam_w))(W0, W1, b0, b1)
     off = ~torch.eye(n, dtype=torch.bool)
-    p_pairs = torch.einsum("si,sikk->sik", z, d)[:, off].mean(-1) * n       # i != k
+    p_pairs = torch.einsum("si,sikk->sik", z, d)[:, off].mean(-1) * n  # i != k
     q_pairs = torch.einsum("siik,sk->sik", d, z)[:, off].mean(-1) * n
     ref = dntk.dntk_first_order(kind, c_w, c_b, lam_b, lam_w, float(x @ x) / n0, 2)[-1]
     for est, t in ((p_pairs, "P"), (q_pairs, "Q")):
@@ -510,24 +557,32 @@ def test_dntk_estimator_unbiased_at_layer_two_and_converges_deeper():
 
 def test_report_of_the_test_env_run(test_env_run):
     report = test_env_run("ntk_feynman").report
-    assert report["variants"]["recursion"]["relu.V"] == pytest.approx(60.0)      # depth 4, critical ReLU
+    assert report["variants"]["recursion"]["relu.V"] == pytest.approx(60.0)  # depth 4, critical ReLU
     assert set(report["histories"]) >= {"recursion", "mc_relu"}
     assert report["histories"]["mc_relu"]["V_L4_vs_width"]["step"] == [4, 8, 16]
     assert len(report["claims"]) == report["claims_declared"] >= 17
-    assert report["variants"]["recursion"]["relu.P"] == pytest.approx(80.0)       # dNTK, depth 4
+    assert report["variants"]["recursion"]["relu.P"] == pytest.approx(80.0)  # dNTK, depth 4
     assert report["histories"]["mc_dntk_relu"]["P_L4_vs_width"]["step"] == [4, 8]
     assert "dntk_vs_width.png" in report["artifacts"]
     assert [report["variants"]["recursion"][f"relu.{t}"] for t in "RSTU"] == pytest.approx([160, 40, 80, 80])
     assert {"ddntk_vs_width.png", "ddntk_layer_profiles.png"} <= set(report["artifacts"])
     assert report["histories"]["mc_ddntk_relu"]["S_L4_rel_err_vs_width"]["step"] == [4, 8]
     # the M-input dNTK / ddNTK variants (conf/test only, ReLU): the shared metrics and their plots
-    for k in ("multi_dntk_extrap_excess.relu", "multi_dntk_layer2_max_abs_z.relu", "multi_ddntk_extrap_max_abs_z.relu",
-              "multi_ddntk_interlayer_error_ratio.relu", "multi_dntk_extrap_excess.P.L4.relu"):
+    for k in (
+        "multi_dntk_extrap_excess.relu",
+        "multi_dntk_layer2_max_abs_z.relu",
+        "multi_ddntk_extrap_max_abs_z.relu",
+        "multi_ddntk_interlayer_error_ratio.relu",
+        "multi_dntk_extrap_excess.P.L4.relu",
+    ):
         assert k in report["metrics"], k
     assert {"multi_input_dntk.png", "multi_input_ddntk.png"} <= set(report["artifacts"])
     # the core spec: the gates, the comparisons that join a variant's row, and every derived metric declared
-    assert [g["id"] for g in report["gates"]] == ["mc_resolves_relu_tensors", "mc_resolves_relu_dntk",
-                                                  "mc_resolves_relu_ddntk"]
+    assert [g["id"] for g in report["gates"]] == [
+        "mc_resolves_relu_tensors",
+        "mc_resolves_relu_dntk",
+        "mc_resolves_relu_ddntk",
+    ]
     assert {"relu.mean_abs_rel_err", "relu.mean_abs_rel_err_n16"} <= set(report["variants"]["infinite_width"])
     assert report["variants"]["infinite_width"]["relu.mean_abs_rel_err"] == pytest.approx(1.0)
     assert {"mean_ntk_shift_n4", "mean_ntk_shift_n16", "V_n16"} <= set(report["variants"]["mc_relu"])
@@ -553,8 +608,12 @@ def _brute_ddntk(kind, Ws, bs, x, lam_b, lam_w):
     shapes = [W.shape for W in Ws] + [b.shape for b in bs]
     sizes = [math.prod(s) for s in shapes]
     theta = torch.cat([t.reshape(-1) for t in (*Ws, *bs)])
-    lam = torch.cat([torch.full((sz,), lam_w / (n0 if i == 0 else n) if i < depth else lam_b, dtype=torch.float64)
-                     for i, sz in enumerate(sizes)])
+    lam = torch.cat(
+        [
+            torch.full((sz,), lam_w / (n0 if i == 0 else n) if i < depth else lam_b, dtype=torch.float64)
+            for i, sz in enumerate(sizes)
+        ]
+    )
 
     def f(t):
         parts = list(torch.split(t, sizes))
@@ -591,10 +650,14 @@ def test_ddntk_probe_contractions_match_nested_torch_func(kind):
         bs.append(torch.randn(1, n, generator=gen, dtype=torch.float64)[0] * math.sqrt(c_b))
     us = torch.randint(0, 2, (2, depth, 1, n), generator=gen).to(torch.float64) * 2 - 1
     for ell in (1, 2):
-        _, dI, dII = _brute_ddntk(kind, Ws[:ell + 1], bs[:ell + 1], torch.as_tensor(x), lam_b, lam_w)
+        _, dI, dII = _brute_ddntk(kind, Ws[: ell + 1], bs[: ell + 1], torch.as_tensor(x), lam_b, lam_w)
         u, v = us[0, ell, 0], us[1, ell, 0]
-        ref = [torch.einsum("aacd,c,d->", dI, u, u), torch.einsum("abcd,a,b,c,d->", dI, u, v, u, v),
-               torch.einsum("aacd,c,d->", dII, u, u), torch.einsum("abcd,a,b,c,d->", dII, u, v, u, v)]
+        ref = [
+            torch.einsum("aacd,c,d->", dI, u, u),
+            torch.einsum("abcd,a,b,c,d->", dI, u, v, u, v),
+            torch.einsum("aacd,c,d->", dII, u, u),
+            torch.einsum("abcd,a,b,c,d->", dII, u, v, u, v),
+        ]
         for j in range(4):
             assert got[0, ell, j] * n * n == pytest.approx(float(ref[j]), rel=1e-8, abs=1e-10), (ell, j)
     assert (got[:, 0] == 0).all()
@@ -616,8 +679,12 @@ def test_ddntk_at_layer_two_by_brute_force_full_tensor(kind, c_w, c_b):
     b1 = torch.randn(N, n, generator=g, dtype=torch.float64) * c_b**0.5
     _, dI, dII = vmap(lambda a, b, c, e: _brute_ddntk(kind, [a, b], [c, e], x, lam_b, lam_w))(W0, W1, b0, b1)
     off = ~torch.eye(n, dtype=torch.bool)
-    est = {"R": torch.einsum("siikk->sik", dI), "S": torch.einsum("sikik->sik", dI),
-           "T": torch.einsum("siikk->sik", dII), "U": torch.einsum("sikik->sik", dII)}
+    est = {
+        "R": torch.einsum("siikk->sik", dI),
+        "S": torch.einsum("sikik->sik", dI),
+        "T": torch.einsum("siikk->sik", dII),
+        "U": torch.einsum("sikik->sik", dII),
+    }
     sq = float(x @ x) / n0
     ref = ddntk.layer2_values(kind, c_w, lam_w, c_b + c_w * sq, lam_b + lam_w * sq, theory.Quad())
     for t in DDNTK_TENSORS:
@@ -658,8 +725,13 @@ def test_ddntk_relu_layer2_closed_form():
 def test_ddntk_variant_needs_its_block_and_claims_name_it():
     with pytest.raises(ParameterError, match=r"ntk_feynman\.variants"):
         validate(Params, {**RAW, "variants": ["recursion", "mc_ddntk_relu"]}, "ntk_feynman")
-    dd = {"widths": [4, 8], "nets_per_seed": [30, 30], "blocks_per_seed": 3, "chunk_elems": 100_000,
-          "slope_min_width": 4}
+    dd = {
+        "widths": [4, 8],
+        "nets_per_seed": [30, 30],
+        "blocks_per_seed": 3,
+        "chunk_elems": 100_000,
+        "slope_min_width": 4,
+    }
     with pytest.raises(ParameterError, match=r"ntk_feynman\.ddntk\.widths"):
         validate(Params, {**RAW, "ddntk": {**dd, "widths": [8, 4]}}, "ntk_feynman")
     claim = {"id": "c", "text": "t", "metric": "ddntk_layer2_max_abs_z.relu", "op": "<=", "threshold": 3.5}
@@ -679,12 +751,16 @@ def relu_ddntk_reference(c_w, c_b, lam_b, lam_w, sq, depth):
     out = []
     for _ in range(depth - 1):
         cp, ct = c_w / 2, lam_w / 2
-        R, S, T, U = (lam_w * c_w * Th**2 + 2 * cp * (lam_w / 2) * B + 2 * cp * ct * (Q - P / 2) + cp**2 * R,
-                      lam_w**2 * Th * K / 2 + ct**2 * F + 2 * cp * ct * Q + cp**2 * S,
-                      lam_w**2 * Th * K + 2 * ct**2 * F + 2 * cp * ct * P + cp**2 * T,
-                      lam_w * c_w * Th**2 / 2 + cp * (lam_w / 2) * B + cp**2 * U)
-        P, Q = (2 * lam_w * c_w * (Th * K / 2 + F / 4) + c_w**2 * P / 4,
-                lam_w * c_w * (Th * K / 2 + F / 4) + c_w**2 * Q / 4)
+        R, S, T, U = (
+            lam_w * c_w * Th**2 + 2 * cp * (lam_w / 2) * B + 2 * cp * ct * (Q - P / 2) + cp**2 * R,
+            lam_w**2 * Th * K / 2 + ct**2 * F + 2 * cp * ct * Q + cp**2 * S,
+            lam_w**2 * Th * K + 2 * ct**2 * F + 2 * cp * ct * P + cp**2 * T,
+            lam_w * c_w * Th**2 / 2 + cp * (lam_w / 2) * B + cp**2 * U,
+        )
+        P, Q = (
+            2 * lam_w * c_w * (Th * K / 2 + F / 4) + c_w**2 * P / 4,
+            lam_w * c_w * (Th * K / 2 + F / 4) + c_w**2 * Q / 4,
+        )
         B, F = c_w**2 * Th**2 / 2 + cp**2 * B, c_w**2 * K * Th / 2 + cp**2 * F
         K, Th = c_b + c_w * K / 2, lam_b + lam_w * K / 2 + c_w * Th / 2
         out.append({"R": R, "S": S, "T": T, "U": U})
@@ -701,7 +777,7 @@ def test_relu_ddntk_recursion_matches_hand_closed_form(c_w, c_b, lam_b, lam_w, s
         # ReLU keeps the layer-2 identities T = 2 S and U = R / 2 at every layer (P = 2 Q)
         assert g["T"] == pytest.approx(2 * g["S"], rel=1e-10) and g["U"] == pytest.approx(g["R"] / 2, rel=1e-10)
     last = ddntk.ddntk_first_order("relu", 2.0, 0.0, 1.0, 1.0, 1.0, 4)[-1]
-    assert [round(last[t], 9) for t in DDNTK_TENSORS] == [160, 40, 80, 80]     # the default run's layer 4
+    assert [round(last[t], 9) for t in DDNTK_TENSORS] == [160, 40, 80, 80]  # the default run's layer 4
 
 
 @pytest.mark.parametrize("kind,c_w,c_b", [("relu", 1.8, 0.2), ("tanh", 1.3, 0.2), ("gelu", 1.98305826, 0.17292239)])
@@ -731,11 +807,15 @@ def test_ddntk_recursion_limit_cases():
     got = ddntk.ddntk_first_order("linear", c_w, c_b, lam_b, lam_w, sq, 5)
     K, Th, B, F, P, R, S = c_b + c_w * sq, lam_b + lam_w * sq, 0.0, 0.0, 0.0, 0.0, 0.0
     for g in got[1:]:
-        R, S, P, B, F, K, Th = (2 * lam_w * c_w * Th**2 + 2 * lam_w * c_w * B + c_w**2 * R,
-                                lam_w**2 * (Th * K + F) + lam_w * c_w * P + c_w**2 * S,
-                                2 * lam_w * c_w * (Th * K + F) + c_w**2 * P,
-                                c_w**2 * Th**2 + c_w**2 * B, c_w**2 * K * Th + c_w**2 * F,
-                                c_b + c_w * K, lam_b + lam_w * K + c_w * Th)
+        R, S, P, B, F, K, Th = (
+            2 * lam_w * c_w * Th**2 + 2 * lam_w * c_w * B + c_w**2 * R,
+            lam_w**2 * (Th * K + F) + lam_w * c_w * P + c_w**2 * S,
+            2 * lam_w * c_w * (Th * K + F) + c_w**2 * P,
+            c_w**2 * Th**2 + c_w**2 * B,
+            c_w**2 * K * Th + c_w**2 * F,
+            c_b + c_w * K,
+            lam_b + lam_w * K + c_w * Th,
+        )
         assert (g["R"], g["S"], g["T"], g["U"]) == pytest.approx((R, S, 2 * S, R / 2), rel=1e-10)
 
 
@@ -794,7 +874,7 @@ def test_dntk_recursion_with_unequal_widths_matches_sampled_nets():
 def _pair_inputs(seed=1, n0=6):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((2, n0))
-    X[1] = 0.5 * X[0] + X[1]                 # correlated, unequal norms
+    X[1] = 0.5 * X[0] + X[1]  # correlated, unequal norms
     return X
 
 
@@ -803,6 +883,7 @@ def test_two_input_ntk_tensors_contain_the_single_input_ones(kind, c_w, c_b):
     """The components whose input indices are all 1 (all 2) are the single-input V, D, A, B, F of x_1 (x_2),
     for any partner input; the kernel, NTK Gram and V equal infinite_width_gram and two_input_vertex."""
     from pipelines.ntk_feynman import ntk2
+
     X = _pair_inputs()
     rows = ntk2.two_input_ntk_tensors(kind, c_w, c_b, 1.0, 0.7, X, 4)
     grams = theory.infinite_width_gram(kind, c_w, c_b, 1.0, 0.7, X, 4)
@@ -820,14 +901,16 @@ def test_two_input_ntk_tensors_contain_the_single_input_ones(kind, c_w, c_b):
         np.testing.assert_allclose(r["Theta"], Th, rtol=1e-12)
         for i in range(3):
             for j in range(i, 3):
-                assert r["V"][i, j] == pytest.approx(v[f"V_{theory.PAIR_NAMES[i]}_{theory.PAIR_NAMES[j]}"],
-                                                     rel=1e-10, abs=1e-14)
+                assert r["V"][i, j] == pytest.approx(
+                    v[f"V_{theory.PAIR_NAMES[i]}_{theory.PAIR_NAMES[j]}"], rel=1e-10, abs=1e-14
+                )
 
 
 def test_two_input_ntk_tensors_linear_closed_form():
     """A linear net (any C_W, C_b, lambda's): every average is a Wick product of K, the susceptibilities are
     constants and the Stein links are C_W delta, so the recursions are written out by hand."""
     from pipelines.ntk_feynman import ntk2
+
     X = np.random.default_rng(3).standard_normal((2, 5))
     cw, cb, lb, lw = 1.3, 0.2, 0.7, 1.1
     rows = ntk2.two_input_ntk_tensors("linear", cw, cb, lb, lw, X, 4)
@@ -837,10 +920,13 @@ def test_two_input_ntk_tensors_linear_closed_form():
     V, D, A, B, F = np.zeros((3, 3)), np.zeros((3, 3)), np.zeros((3, 3)), np.zeros((4, 4)), np.zeros((4, 4))
     for r in rows[1:]:
         wick = np.array([[K[a, c] * K[b, d] + K[a, d] * K[b, c] for c, d in U] for a, b in U])
-        V, D, A, B, F = (cw**2 * (wick + V), lw * cw * (wick + V) + cw**2 * D,
-                         lw**2 * (wick + V) + lw * cw * (D + D.T) + cw**2 * A,
-                         np.array([[cw**2 * Th[a, b] * Th[c, d] for c, d in O] for a, b in O]) + cw**2 * B,
-                         np.array([[cw**2 * Th[a, b] * K[c, d] for c, d in O] for a, b in O]) + cw**2 * F)
+        V, D, A, B, F = (
+            cw**2 * (wick + V),
+            lw * cw * (wick + V) + cw**2 * D,
+            lw**2 * (wick + V) + lw * cw * (D + D.T) + cw**2 * A,
+            np.array([[cw**2 * Th[a, b] * Th[c, d] for c, d in O] for a, b in O]) + cw**2 * B,
+            np.array([[cw**2 * Th[a, b] * K[c, d] for c, d in O] for a, b in O]) + cw**2 * F,
+        )
         K, Th = cb + cw * K, lb + lw * K + cw * Th
         for t, M in zip("VDABF", (V, D, A, B, F)):
             np.testing.assert_allclose(r[t], M, rtol=1e-9, atol=1e-9 * np.abs(M).max(), err_msg=f"{t} L{r['layer']}")
@@ -852,6 +938,7 @@ def test_two_input_ntk_tensors_relu_layer2_arc_cosine():
     F[(11),(22)] = C_W^2 Theta_11 <s'_1 s_2^2> = C_W^2 Theta_11 K_22 (pi - th + sin th cos th) / (2 pi), and
     B[(11),(22)] = C_W^2 Theta_11 Theta_22 k0 (th the angle of K)."""
     from pipelines.ntk_feynman import ntk2
+
     X = _pair_inputs(2)
     cw, cb, lb, lw = 1.7, 0.3, 0.5, 1.2
     r = ntk2.two_input_ntk_tensors("relu", cw, cb, lb, lw, X, 2)[1]
@@ -866,7 +953,8 @@ def test_two_input_ntk_tensors_relu_layer2_arc_cosine():
     assert r["B"][i11, i22] == pytest.approx(cw**2 * Th[0, 0] * Th[1, 1] * k0, rel=1e-10)
     th = math.acos(K[0, 1] / math.sqrt(K[0, 0] * K[1, 1]))
     assert r["F"][i11, i22] == pytest.approx(
-        cw**2 * Th[0, 0] * K[1, 1] * (math.pi - th + math.sin(th) * math.cos(th)) / (2 * math.pi), rel=1e-10)
+        cw**2 * Th[0, 0] * K[1, 1] * (math.pi - th + math.sin(th) * math.cos(th)) / (2 * math.pi), rel=1e-10
+    )
 
 
 @pytest.mark.parametrize("kind, c_w", [("tanh", 1.0), ("relu", 2.0)])
@@ -874,6 +962,7 @@ def test_two_input_ntk_estimators_unbiased_at_layer_two(kind, c_w):
     """Layer 1 is Gaussian with a deterministic NTK, so at layer 2 the first-order tensors are exact at any
     width: 12 000 width-3 nets match all 50 components (the sampler's NTK of both inputs is checked by this)."""
     from pipelines.ntk_feynman import ntk2
+
     X = _pair_inputs()
     rec = ntk2.two_input_ntk_tensors(kind, c_w, 0.0, 1.0, 1.0, X, 2)[1]
     m = ntk2.pooled_two_input(ntk2.sample_two_input(kind, X, 3, 2, 12_000, c_w, 0.0, 1.0, 1.0, seed=11), 3)[1]
@@ -889,11 +978,14 @@ def test_two_input_ntk_recursion_matches_sampled_nets_at_layer_three(kind, c_w):
     """Mechanism: at layer 3 the 1/n extrapolation of sampled nets at n = 8 and 16 (16 000 / 8 000 nets) matches
     the recursion within 3.5 s.e. in every component, and rejects the ablation without inter-layer terms."""
     from pipelines.ntk_feynman import ntk2
+
     X = _pair_inputs()
     rec = ntk2.two_input_ntk_tensors(kind, c_w, 0.0, 1.0, 1.0, X, 3)[2]
     abl = ntk2.two_input_ntk_tensors(kind, c_w, 0.0, 1.0, 1.0, X, 3, interlayer=False)[2]
-    m = [ntk2.pooled_two_input(ntk2.sample_two_input(kind, X, w, 3, n, c_w, 0.0, 1.0, 1.0, seed=5), w)[2]
-         for w, n in ((8, 16_000), (16, 8_000))]
+    m = [
+        ntk2.pooled_two_input(ntk2.sample_two_input(kind, X, w, 3, n, c_w, 0.0, 1.0, 1.0, seed=5), w)[2]
+        for w, n in ((8, 16_000), (16, 8_000))
+    ]
     z_rec, z_abl = [], []
     for t in "VDABF":
         ext = 2 * m[1][t] - m[0][t]
@@ -910,7 +1002,9 @@ def test_ntk2_variant_needs_its_block_and_claims_name_it():
     ok = {**RAW, "ntk2": {"widths": [4, 8], "nets_per_seed": [20, 20], "blocks_per_seed": 2, "chunk_elems": 100_000}}
     Params.model_validate({**ok, "variants": [*RAW["variants"], "mc_ntk2_relu"]})
     claim = {"id": "c", "text": "t", "metric": "ntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
-    with pytest.raises(ParameterError, match="ntk2_extrap_excess.relu' is produced by no variant or derived-metric declaration"):
+    with pytest.raises(
+        ParameterError, match="ntk2_extrap_excess.relu' is produced by no variant or derived-metric declaration"
+    ):
         check({**ok, "claims": [claim]})
     check({**ok, "claims": [claim], "variants": [*RAW["variants"], "mc_ntk2_relu"]})
 
@@ -924,6 +1018,7 @@ def test_two_input_dntk_at_layer_two_by_brute_force(kind, c_w, c_b):
     from torch.func import jacrev, vmap
 
     from pipelines.ntk_feynman import ntk2
+
     n0, n, N, lam_b, lam_w = 3, 3, 2000, 0.8, 1.2
     X = torch.tensor([[1.0, -0.6, 0.8], [0.3, 0.9, 1.1]], dtype=torch.float64)
     g = torch.Generator().manual_seed(23)
@@ -936,23 +1031,26 @@ def test_two_input_dntk_at_layer_two_by_brute_force(kind, c_w, c_b):
     def one(a, b, c, e):
         pr = {"W0": a, "b0": c, "W1": b, "b1": e}
 
-        def f(q):                                                    # (n, 2): neuron x input
+        def f(q):  # (n, 2): neuron x input
             z = X @ q["W0"].T + q["b0"]
             return (mc.act(kind, z)[0] @ q["W1"].T + q["b1"]).T
 
         def ntk(q):
             J = jacrev(f)(q)
-            return sum(lam[k] * torch.einsum("iam,kbm->iakb", J[k].reshape(n, 2, -1), J[k].reshape(n, 2, -1))
-                       for k in q)
+            return sum(
+                lam[k] * torch.einsum("iam,kbm->iakb", J[k].reshape(n, 2, -1), J[k].reshape(n, 2, -1)) for k in q
+            )
 
         J, dT = jacrev(f)(pr), jacrev(ntk)(pr)
-        d = sum(lam[k] * torch.einsum("iam,jbkcm->iajbkc", J[k].reshape(n, 2, -1), dT[k].reshape(n, 2, n, 2, -1))
-                for k in pr)
+        d = sum(
+            lam[k] * torch.einsum("iam,jbkcm->iajbkc", J[k].reshape(n, 2, -1), dT[k].reshape(n, 2, n, 2, -1))
+            for k in pr
+        )
         return f(pr), d
 
-    z, d = vmap(one)(W0, W1, b0, b1)                 # z (N, n, 2); d (N, i0, a0, i1, a1, i2, a2)
+    z, d = vmap(one)(W0, W1, b0, b1)  # z (N, n, 2); d (N, i0, a0, i1, a1, i2, a2)
     off = ~torch.eye(n, dtype=torch.bool)
-    p_est = torch.einsum("siakbkc,sie->sikabce", d, z)[:, off].mean(1) * n      # (N, a0, a1, a2, a3)
+    p_est = torch.einsum("siakbkc,sie->sikabce", d, z)[:, off].mean(1) * n  # (N, a0, a1, a2, a3)
     q_est = torch.einsum("siaibkc,ske->sikabce", d, z)[:, off].mean(1) * n
     P, Q = ntk2.two_input_dntk_layer2(kind, c_w, c_b, lam_b, lam_w, X.numpy())
     single = dntk.dntk_first_order(kind, c_w, c_b, lam_b, lam_w, float(X[0] @ X[0]) / n0, 2)[-1]
@@ -975,6 +1073,7 @@ def test_two_input_dntk_recursion_contains_single_input_and_layer2(kind, c_w, c_
     dntk.dntk_first_order at x_1 (x_2) at every layer; P is symmetric in (a1, a2); the ablation keeps the
     layer-2 formula at each layer's K, Theta."""
     from pipelines.ntk_feynman import ntk2
+
     X = _pair_inputs()
     rows = ntk2.two_input_dntk(kind, c_w, c_b, 0.8, 1.2, X, 4)
     P2, Q2 = ntk2.two_input_dntk_layer2(kind, c_w, c_b, 0.8, 1.2, X)
@@ -998,18 +1097,21 @@ def test_two_input_dntk_recursion_linear_closed_form():
     P' = lW CW (Th_01 K_23 + Th_02 K_13 + F[(01),(32)] + F[(02),(31)]) + CW^2 P and
     Q' = lW CW (Th_12 K_03 + F[(12),(03)]) + CW^2 Q (indices a0..a3 written 0..3)."""
     from pipelines.ntk_feynman import ntk2
+
     X = np.random.default_rng(3).standard_normal((2, 5))
     cw, cb, lb, lw = 1.3, 0.2, 0.7, 1.1
     rows = ntk2.two_input_dntk("linear", cw, cb, lb, lw, X, 5)
     G = X @ X.T / 5
     K, Th = cb + cw * G, lb + lw * G
-    F = np.zeros((2, 2, 2, 2))                                    # F[a, b, c, d] = F[(ab),(cd)]
+    F = np.zeros((2, 2, 2, 2))  # F[a, b, c, d] = F[(ab),(cd)]
     P, Q = np.zeros((2, 2, 2, 2)), np.zeros((2, 2, 2, 2))
     for r in rows[1:]:
         Pn, Qn = np.empty_like(P), np.empty_like(Q)
         for a0, a1, a2, a3 in np.ndindex(2, 2, 2, 2):
-            Pn[a0, a1, a2, a3] = (lw * cw * (Th[a0, a1] * K[a2, a3] + Th[a0, a2] * K[a1, a3] + F[a0, a1, a3, a2]
-                                             + F[a0, a2, a3, a1]) + cw**2 * P[a0, a1, a2, a3])
+            Pn[a0, a1, a2, a3] = (
+                lw * cw * (Th[a0, a1] * K[a2, a3] + Th[a0, a2] * K[a1, a3] + F[a0, a1, a3, a2] + F[a0, a2, a3, a1])
+                + cw**2 * P[a0, a1, a2, a3]
+            )
             Qn[a0, a1, a2, a3] = lw * cw * (Th[a1, a2] * K[a0, a3] + F[a1, a2, a0, a3]) + cw**2 * Q[a0, a1, a2, a3]
         P, Q = Pn, Qn
         F = cw**2 * np.einsum("ab,cd->abcd", Th, K) + cw**2 * F
@@ -1038,8 +1140,9 @@ def _brute_dntk2(kind, Ws, bs, X, lam_b, lam_w):
         return sum(lam[k] * torch.einsum("iam,kbm->iakb", J[k].reshape(n, 2, -1), J[k].reshape(n, 2, -1)) for k in q)
 
     J, dT = jacrev(f)(pr), jacrev(ntk)(pr)
-    d = sum(lam[k] * torch.einsum("iam,jbkcm->iajbkc", J[k].reshape(n, 2, -1), dT[k].reshape(n, 2, n, 2, -1))
-            for k in pr)
+    d = sum(
+        lam[k] * torch.einsum("iam,jbkcm->iajbkc", J[k].reshape(n, 2, -1), dT[k].reshape(n, 2, n, 2, -1)) for k in pr
+    )
     return f(pr), d
 
 
@@ -1048,6 +1151,7 @@ def test_two_input_dntk_contractions_match_the_full_tensor(kind):
     """sample_two_input_dntk's three contractions per input tuple equal those of the full nested-autodiff
     two-input dNTK tensor at layers 2 and 3 (nets re-drawn from the sampler's generator in its order)."""
     from pipelines.ntk_feynman import ntk2
+
     n0, n, depth, c_w, c_b, lam_b, lam_w, seed = 3, 3, 3, 1.5, 0.2, 0.7, 1.3, 5
     X = np.array([[0.9, -1.1, 0.4], [0.3, 0.8, 1.2]])
     got = ntk2.sample_two_input_dntk(kind, X, n, depth, 1, c_w, c_b, lam_b, lam_w, seed)
@@ -1059,11 +1163,11 @@ def test_two_input_dntk_contractions_match_the_full_tensor(kind):
         bs.append(torch.randn(1, n, generator=gen, dtype=torch.float64)[0] * math.sqrt(c_b))
     us = torch.randint(0, 2, (depth, 1, n), generator=gen).to(torch.float64) * 2 - 1
     for ell in (1, 2):
-        z, d = _brute_dntk2(kind, Ws[:ell + 1], bs[:ell + 1], torch.as_tensor(X), lam_b, lam_w)
+        z, d = _brute_dntk2(kind, Ws[: ell + 1], bs[: ell + 1], torch.as_tensor(X), lam_b, lam_w)
         u = us[ell, 0]
         s1 = torch.einsum("iakbkc,ie->abce", d, z)
-        s2 = torch.einsum("i,k,iakblc,le->abce", u, u, d, z)              # sum u_i0 u_i1 z_i2;a3 dTh_..;a0a1a2
-        s3 = torch.einsum("i,k,iakclb,le->abce", u, u, d, z)              # the same with (a1, a2) swapped
+        s2 = torch.einsum("i,k,iakblc,le->abce", u, u, d, z)  # sum u_i0 u_i1 z_i2;a3 dTh_..;a0a1a2
+        s3 = torch.einsum("i,k,iakclb,le->abce", u, u, d, z)  # the same with (a1, a2) swapped
         np.testing.assert_allclose(got[0, ell, 0] * n * n, s1.numpy(), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(got[0, ell, 1] * n * n, s2.numpy(), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(got[0, ell, 2] * n * n, s3.numpy(), rtol=1e-9, atol=1e-12)
@@ -1076,11 +1180,14 @@ def test_two_input_dntk_recursion_matches_sampled_nets_at_layer_three(kind, c_w,
     2 T(16) - T(8) matches the recursion in all 32 components, and rejects the ablation without inter-layer
     terms (the F, B, P, Q links)."""
     from pipelines.ntk_feynman import ntk2
+
     X = np.array([[1.0, -0.6, 0.8], [0.3, 0.9, 1.1]])
     rec = ntk2.two_input_dntk(kind, c_w, c_b, 0.8, 1.2, X, 3)
     abl = ntk2.two_input_dntk(kind, c_w, c_b, 0.8, 1.2, X, 3, interlayer=False)[2]
-    m = {w: ntk2.pooled_two_input_dntk(ntk2.sample_two_input_dntk(kind, X, w, 3, N, c_w, c_b, 0.8, 1.2, seed=7 + w), w)
-         for w, N in ((8, 12_000), (16, 6_000))}
+    m = {
+        w: ntk2.pooled_two_input_dntk(ntk2.sample_two_input_dntk(kind, X, w, 3, N, c_w, c_b, 0.8, 1.2, seed=7 + w), w)
+        for w, N in ((8, 12_000), (16, 6_000))
+    }
     z2 = np.concatenate([((m[w][1][t] - rec[1][t]) / m[w][1][f"{t}_se"]).ravel() for w in m for t in "PQ"])
     assert np.abs(z2).max() < 4.0, np.abs(z2).max()
     for t in "PQ":
@@ -1095,8 +1202,7 @@ def test_two_input_dntk_recursion_matches_sampled_nets_at_layer_three(kind, c_w,
 def test_dntk2_variant_needs_its_block_and_claims_name_it():
     with pytest.raises(Exception, match="dntk2"):
         Params.model_validate({**RAW, "variants": [*RAW["variants"], "mc_dntk2_relu"]})
-    ok = validate(Params, {**RAW, "dntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_dntk2_relu"]},
-                  "ntk_feynman")
+    ok = validate(Params, {**RAW, "dntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_dntk2_relu"]}, "ntk_feynman")
     assert ok.block_activations("dntk2") == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
     assert ok.block_activations("dntk") == [] and ok.block_activations("ntk2") == []
     claim = {"id": "c", "text": "t", "metric": "dntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
@@ -1111,22 +1217,24 @@ def test_dntk2_pooled_blocks_match_direct_pooling():
     X = np.random.default_rng(3).normal(size=(2, 5))
     stats = ntk2.sample_two_input_dntk("tanh", X, 4, 3, 40, 1.0, 0.0, 1.0, 1.0, seed=2)
     edges = np.linspace(0, 40, 5).round().astype(int)
-    blocks = pd.DataFrame([{"n_nets": int(b - a), **dict(zip(ntk2.DNTK2_COLUMNS, ntk2.dntk2_block_row(stats[a:b])[2]))}
-                           for a, b in zip(edges[:-1], edges[1:])])
+    blocks = pd.DataFrame(
+        [
+            {"n_nets": int(b - a), **dict(zip(ntk2.DNTK2_COLUMNS, ntk2.dntk2_block_row(stats[a:b])[2]))}
+            for a, b in zip(edges[:-1], edges[1:])
+        ]
+    )
     got = ntk2.dntk2_pooled_blocks(blocks, 4)
     ref = ntk2.pooled_two_input_dntk(stats, 4, n_blocks=4)[2]
     names = ntk2.dntk2_quantity_names()
     np.testing.assert_allclose([got[k] for k in names], [*ref["P"].ravel(), *ref["Q"].ravel()], rtol=1e-10)
-    np.testing.assert_allclose([got[f"{k}_se"] for k in names], [*ref["P_se"].ravel(), *ref["Q_se"].ravel()],
-                               rtol=1e-8)
+    np.testing.assert_allclose([got[f"{k}_se"] for k in names], [*ref["P_se"].ravel(), *ref["Q_se"].ravel()], rtol=1e-8)
 
 
 # ------------------------------------------------------------------------ two-input ddNTK wiring (mc_ddntk2_*)
 def test_ddntk2_variant_needs_its_block_and_claims_name_it():
     with pytest.raises(Exception, match="ddntk2"):
         Params.model_validate({**RAW, "variants": [*RAW["variants"], "mc_ddntk2_relu"]})
-    ok = validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_ddntk2_relu"]},
-                  "ntk_feynman")
+    ok = validate(Params, {**RAW, "ddntk2": DNTK2_RAW, "variants": [*RAW["variants"], "mc_ddntk2_relu"]}, "ntk_feynman")
     assert ok.block_activations("ddntk2") == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
     assert ok.block_activations("ddntk") == [] and ok.block_activations("dntk2") == []
     claim = {"id": "c", "text": "t", "metric": "ddntk2_extrap_excess.relu", "op": "<=", "threshold": 0.1}
@@ -1134,8 +1242,7 @@ def test_ddntk2_variant_needs_its_block_and_claims_name_it():
         check({**RAW, "ddntk2": DNTK2_RAW, "claims": [claim]})
     abl = {**claim, "metric": "ddntk2_interlayer_error_ratio.relu"}
     with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
-        check({**RAW, "ddntk2": DNTK2_RAW, "claims": [abl],
-                          "variants": ["recursion", "mc_relu", "mc_ddntk2_relu"]})
+        check({**RAW, "ddntk2": DNTK2_RAW, "claims": [abl], "variants": ["recursion", "mc_relu", "mc_ddntk2_relu"]})
 
 
 def test_ddntk2_pooled_blocks_match_direct_pooling():
@@ -1143,32 +1250,49 @@ def test_ddntk2_pooled_blocks_match_direct_pooling():
     ddntk2.pooled_two_input_ddntk, and the theory variants carry the recursion as "dd2.*" columns."""
     from pipelines.ntk_feynman import ddntk2
     from pipelines.ntk_feynman.data import make_inputs
-    from pipelines.ntk_feynman.train import (DDNTK2_COLUMNS, ddntk2_block_row, ddntk2_pooled_blocks,
-                                             ddntk2_quantity_names, variant_stats)
+    from pipelines.ntk_feynman.train import (
+        DDNTK2_COLUMNS,
+        ddntk2_block_row,
+        ddntk2_pooled_blocks,
+        ddntk2_quantity_names,
+        variant_stats,
+    )
 
     X = np.random.default_rng(3).normal(size=(2, 5))
     stats = ddntk2.sample_two_input_ddntk("tanh", X, 4, 3, 40, 1.0, 0.0, 1.0, 1.0, seed=2)
     edges = np.linspace(0, 40, 5).round().astype(int)
-    blocks = pd.DataFrame([{"n_nets": int(b - a), **dict(zip(DDNTK2_COLUMNS, ddntk2_block_row(stats[a:b])[2]))}
-                           for a, b in zip(edges[:-1], edges[1:])])
+    blocks = pd.DataFrame(
+        [
+            {"n_nets": int(b - a), **dict(zip(DDNTK2_COLUMNS, ddntk2_block_row(stats[a:b])[2]))}
+            for a, b in zip(edges[:-1], edges[1:])
+        ]
+    )
     got = ddntk2_pooled_blocks(blocks, 4)
     ref = ddntk2.pooled_two_input_ddntk(stats, 4, n_blocks=4)[2]
     names = ddntk2_quantity_names()
     assert len(names) == 64 and names[0] == "dd2.R_1111" and names[-1] == "dd2.U_2222"
-    np.testing.assert_allclose([got[k] for k in names], np.concatenate([ref[t].ravel() for t in "RSTU"]),
-                               rtol=1e-10)
-    np.testing.assert_allclose([got[f"{k}_se"] for k in names],
-                               np.concatenate([ref[f"{t}_se"].ravel() for t in "RSTU"]), rtol=1e-8)
+    np.testing.assert_allclose([got[k] for k in names], np.concatenate([ref[t].ravel() for t in "RSTU"]), rtol=1e-10)
+    np.testing.assert_allclose(
+        [got[f"{k}_se"] for k in names], np.concatenate([ref[f"{t}_se"].ravel() for t in "RSTU"]), rtol=1e-8
+    )
     p = Params.model_validate({**RAW, "ddntk2": DNTK2_RAW})
     inputs = make_inputs(p)
     rec, abl, inf = (variant_stats(inputs, p, variant=v) for v in ("recursion", "no_interlayer", "infinite_width"))
     spec = p.activations["relu"]
-    want = ddntk2.two_input_ddntk("relu", spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w,
-                                  np.asarray(inputs["pair"]), p.net.depth,
-                                  quad=theory.Quad(p.quadrature.nodes_per_half, p.quadrature.half_width_sd))
+    want = ddntk2.two_input_ddntk(
+        "relu",
+        spec.c_w,
+        spec.c_b,
+        p.net.lambda_b,
+        p.net.lambda_w,
+        np.asarray(inputs["pair"]),
+        p.net.depth,
+        quad=theory.Quad(p.quadrature.nodes_per_half, p.quadrature.half_width_sd),
+    )
     row = rec[(rec.input == 0) & (rec.activation == "relu") & (rec.layer == 3)].iloc[0]
-    np.testing.assert_allclose(row[names].to_numpy(float),
-                               np.concatenate([want[2][t].ravel() for t in "RSTU"]), rtol=1e-12)
+    np.testing.assert_allclose(
+        row[names].to_numpy(float), np.concatenate([want[2][t].ravel() for t in "RSTU"]), rtol=1e-12
+    )
     l2 = (rec.input == 0) & (rec.layer == 2)
     np.testing.assert_allclose(rec.loc[l2, names].to_numpy(float), abl.loc[l2, names].to_numpy(float))
     assert (inf.loc[inf.input == 0, names] == 0).all().all()

@@ -1,6 +1,7 @@
 """Tests of the two-input ddNTK (`ntk_feynman.ddntk2`): R, S, T, U with input indices (a1, a2, a3, a4) against the
 single-input ddNTK, the exact layer-2 values against brute-force pair averages of the full nested-autodiff
 tensors, the probe sampler against the full tensors, a linear net's closed form, and sampled nets at layer 3."""
+
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 
 from pipelines.ntk_feynman import ddntk, ddntk2, mc, ntk2, theory
 
-X2 = np.array([[1.0, -0.6, 0.8], [0.3, 0.9, 1.1]])          # |x2| / |x1| = 1.1, cosine 0.49
+X2 = np.array([[1.0, -0.6, 0.8], [0.3, 0.9, 1.1]])  # |x2| / |x1| = 1.1, cosine 0.49
 LAM_B, LAM_W = 0.8, 1.2
 ACTS = [("relu", 2.0, 0.1), ("tanh", 1.3, 0.2), ("gelu", 1.98305826, 0.17292239)]
 
@@ -24,8 +25,12 @@ def _brute_ddntk2(kind, Ws, bs, X, lam_b, lam_w):
     shapes = [W.shape for W in Ws] + [b.shape for b in bs]
     sizes = [math.prod(s) for s in shapes]
     theta = torch.cat([t.reshape(-1) for t in (*Ws, *bs)])
-    lam = torch.cat([torch.full((sz,), lam_w / (n0 if i == 0 else n) if i < depth else lam_b, dtype=torch.float64)
-                     for i, sz in enumerate(sizes)])
+    lam = torch.cat(
+        [
+            torch.full((sz,), lam_w / (n0 if i == 0 else n) if i < depth else lam_b, dtype=torch.float64)
+            for i, sz in enumerate(sizes)
+        ]
+    )
 
     def f(t):
         parts = list(torch.split(t, sizes))
@@ -33,7 +38,7 @@ def _brute_ddntk2(kind, Ws, bs, X, lam_b, lam_w):
         z = X @ W[0].T + parts[depth]
         for i in range(1, depth):
             z = mc.act(kind, z)[0] @ W[i].T + parts[depth + i]
-        return z.T.reshape(-1)                                   # flat index i * 2 + a
+        return z.T.reshape(-1)  # flat index i * 2 + a
 
     def ntk(t):
         J = jacrev(f)(t)
@@ -42,8 +47,10 @@ def _brute_ddntk2(kind, Ws, bs, X, lam_b, lam_w):
     lJ = jacrev(f)(theta) * lam
     hT, gT, hz = jacfwd(jacrev(ntk))(theta), jacrev(ntk)(theta) * lam, jacfwd(jacrev(f))(theta)
     sh = (n, 2) * 4
-    return (torch.einsum("abmv,cm,dv->abcd", hT, lJ, lJ).reshape(sh),
-            torch.einsum("abm,cmv,dv->abcd", gT, hz, lJ).reshape(sh))
+    return (
+        torch.einsum("abmv,cm,dv->abcd", hT, lJ, lJ).reshape(sh),
+        torch.einsum("abm,cmv,dv->abcd", gT, hz, lJ).reshape(sh),
+    )
 
 
 # ------------------------------------------------------------------------ definitions and limits
@@ -72,9 +79,8 @@ def test_all_equal_indices_are_the_single_input_ddntk_at_every_layer(kind, c_w, 
     assert not np.allclose(rows[3]["U"], rows[3]["U"].transpose(1, 0, 2, 3), rtol=1e-3)
     abl = ddntk2.two_input_ddntk(kind, c_w, c_b, LAM_B, LAM_W, X2, 4, interlayer=False)
     base = ntk2.two_input_ntk_tensors(kind, c_w, c_b, LAM_B, LAM_W, X2, 4, interlayer=False)
-    for ell in (2, 3):                        # row ell is layer ell + 1: the layer-2 formula at layer ell's K, Th
-        intra = ddntk2._intra(ddntk2._Grid(kind, base[ell - 1]["K"], theory.Quad()), c_w, LAM_W,
-                              base[ell - 1]["Theta"])
+    for ell in (2, 3):  # row ell is layer ell + 1: the layer-2 formula at layer ell's K, Th
+        intra = ddntk2._intra(ddntk2._Grid(kind, base[ell - 1]["K"], theory.Quad()), c_w, LAM_W, base[ell - 1]["Theta"])
         for t in ddntk2.TENSORS:
             np.testing.assert_allclose(abl[ell][t], intra[t], rtol=1e-12)
 
@@ -93,39 +99,73 @@ def test_linear_net_closed_form():
     rows = ddntk2.two_input_ddntk("linear", cw, cb, lb, lw, X, 5)
     G = X @ X.T / 5
     K, Th = cb + cw * G, lb + lw * G
-    F, B = np.zeros((2, 2, 2, 2)), np.zeros((2, 2, 2, 2))              # F[a, b, c, d] = F[(ab),(cd)]
+    F, B = np.zeros((2, 2, 2, 2)), np.zeros((2, 2, 2, 2))  # F[a, b, c, d] = F[(ab),(cd)]
     P, Q = np.zeros((2, 2, 2, 2)), np.zeros((2, 2, 2, 2))
     cur = {t: np.zeros((2, 2, 2, 2)) for t in "RSTU"}
     for r in rows[1:]:
         new = {t: np.empty((2, 2, 2, 2)) for t in "RSTU"}
         for i in np.ndindex(2, 2, 2, 2):
             a1, a2, a3, a4 = i
-            new["R"][i] = (lw * cw * (Th[a1, a3] * Th[a2, a4] + Th[a1, a4] * Th[a2, a3])
-                           + lw * cw * (B[a1, a3, a2, a4] + B[a2, a3, a1, a4]
-                                        + (Q[a4, a3, a1, a2] + Q[a3, a4, a1, a2] - P[a1, a3, a4, a2]
-                                           + Q[a4, a3, a2, a1] + Q[a3, a4, a2, a1] - P[a2, a3, a4, a1]) / 2)
-                           + cw**2 * cur["R"][i])
-            new["S"][i] = (lw**2 * Th[a1, a2] * K[a3, a4] + lw**2 * F[i]
-                           + lw * cw * (Q[a4, a2, a1, a3] + Q[a3, a1, a2, a4]) + cw**2 * cur["S"][i])
-            new["T"][i] = (lw**2 * (Th[a1, a3] * K[a2, a4] + Th[a2, a3] * K[a1, a4])
-                           + lw**2 * (F[a1, a3, a2, a4] + F[a2, a3, a1, a4])
-                           + lw * cw * (P[a3, a1, a2, a4]
-                                        + (Q[a4, a3, a1, a2] + P[a1, a3, a4, a2] - Q[a3, a4, a1, a2]
-                                           + Q[a4, a3, a2, a1] + P[a2, a3, a4, a1] - Q[a3, a4, a2, a1]) / 2)
-                           + cw**2 * cur["T"][i])
+            new["R"][i] = (
+                lw * cw * (Th[a1, a3] * Th[a2, a4] + Th[a1, a4] * Th[a2, a3])
+                + lw
+                * cw
+                * (
+                    B[a1, a3, a2, a4]
+                    + B[a2, a3, a1, a4]
+                    + (
+                        Q[a4, a3, a1, a2]
+                        + Q[a3, a4, a1, a2]
+                        - P[a1, a3, a4, a2]
+                        + Q[a4, a3, a2, a1]
+                        + Q[a3, a4, a2, a1]
+                        - P[a2, a3, a4, a1]
+                    )
+                    / 2
+                )
+                + cw**2 * cur["R"][i]
+            )
+            new["S"][i] = (
+                lw**2 * Th[a1, a2] * K[a3, a4]
+                + lw**2 * F[i]
+                + lw * cw * (Q[a4, a2, a1, a3] + Q[a3, a1, a2, a4])
+                + cw**2 * cur["S"][i]
+            )
+            new["T"][i] = (
+                lw**2 * (Th[a1, a3] * K[a2, a4] + Th[a2, a3] * K[a1, a4])
+                + lw**2 * (F[a1, a3, a2, a4] + F[a2, a3, a1, a4])
+                + lw
+                * cw
+                * (
+                    P[a3, a1, a2, a4]
+                    + (
+                        Q[a4, a3, a1, a2]
+                        + P[a1, a3, a4, a2]
+                        - Q[a3, a4, a1, a2]
+                        + Q[a4, a3, a2, a1]
+                        + P[a2, a3, a4, a1]
+                        - Q[a3, a4, a2, a1]
+                    )
+                    / 2
+                )
+                + cw**2 * cur["T"][i]
+            )
             new["U"][i] = lw * cw * Th[a1, a2] * Th[a3, a4] + lw * cw * B[i] + cw**2 * cur["U"][i]
         Pn, Qn = np.empty_like(P), np.empty_like(Q)
-        for a0, a1, a2, a3 in np.ndindex(2, 2, 2, 2):                   # ntk2's linear closed forms
-            Pn[a0, a1, a2, a3] = (lw * cw * (Th[a0, a1] * K[a2, a3] + Th[a0, a2] * K[a1, a3] + F[a0, a1, a3, a2]
-                                             + F[a0, a2, a3, a1]) + cw**2 * P[a0, a1, a2, a3])
+        for a0, a1, a2, a3 in np.ndindex(2, 2, 2, 2):  # ntk2's linear closed forms
+            Pn[a0, a1, a2, a3] = (
+                lw * cw * (Th[a0, a1] * K[a2, a3] + Th[a0, a2] * K[a1, a3] + F[a0, a1, a3, a2] + F[a0, a2, a3, a1])
+                + cw**2 * P[a0, a1, a2, a3]
+            )
             Qn[a0, a1, a2, a3] = lw * cw * (Th[a1, a2] * K[a0, a3] + F[a1, a2, a0, a3]) + cw**2 * Q[a0, a1, a2, a3]
         P, Q, cur = Pn, Qn, new
         B = cw**2 * np.einsum("ab,cd->abcd", Th, Th) + cw**2 * B
         F = cw**2 * np.einsum("ab,cd->abcd", Th, K) + cw**2 * F
         K, Th = cb + cw * K, lb + lw * K + cw * Th
         for t in "RSTU":
-            np.testing.assert_allclose(r[t], cur[t], rtol=1e-8, atol=1e-8 * np.abs(cur[t]).max(),
-                                       err_msg=f"{t} L{r['layer']}")
+            np.testing.assert_allclose(
+                r[t], cur[t], rtol=1e-8, atol=1e-8 * np.abs(cur[t]).max(), err_msg=f"{t} L{r['layer']}"
+            )
 
 
 # ------------------------------------------------------------------------ sampler and layer 2
@@ -146,13 +186,18 @@ def test_sampler_contractions_match_the_full_tensor(kind):
     us = torch.randint(0, 2, (2, depth, 1, n), generator=gen).to(torch.float64) * 2 - 1
     assert np.all(got[:, 0] == 0)
     for ell in (1, 2):
-        dI, dII = _brute_ddntk2(kind, Ws[:ell + 1], bs[:ell + 1], torch.as_tensor(X), lam_b, lam_w)
+        dI, dII = _brute_ddntk2(kind, Ws[: ell + 1], bs[: ell + 1], torch.as_tensor(X), lam_b, lam_w)
         u, v = us[0, ell, 0], us[1, ell, 0]
-        ref = [torch.einsum("iaibmcld,m,l->abcd", dI, u, u), torch.einsum("iakbmcld,i,k,m,l->abcd", dI, u, v, u, v),
-               torch.einsum("iaibmcld,m,l->abcd", dII, u, u), torch.einsum("iakbmcld,i,k,m,l->abcd", dII, u, v, u, v)]
+        ref = [
+            torch.einsum("iaibmcld,m,l->abcd", dI, u, u),
+            torch.einsum("iakbmcld,i,k,m,l->abcd", dI, u, v, u, v),
+            torch.einsum("iaibmcld,m,l->abcd", dII, u, u),
+            torch.einsum("iakbmcld,i,k,m,l->abcd", dII, u, v, u, v),
+        ]
         for j in range(4):
-            np.testing.assert_allclose(got[0, ell, j] * n * n, ref[j].numpy(), rtol=1e-9, atol=1e-11,
-                                       err_msg=f"C{j + 1} layer {ell + 1}")
+            np.testing.assert_allclose(
+                got[0, ell, j] * n * n, ref[j].numpy(), rtol=1e-9, atol=1e-11, err_msg=f"C{j + 1} layer {ell + 1}"
+            )
 
 
 @pytest.mark.parametrize("kind, c_w, c_b", [("tanh", 1.3, 0.2), ("relu", 2.0, 0.1)])
@@ -178,12 +223,17 @@ def test_layer2_values_by_brute_force_pair_averages(kind, c_w, c_b):
         single = ddntk.layer2_values(kind, c_w, LAM_W, c_b + c_w * sq, LAM_B + LAM_W * sq, theory.Quad())
         for t in ddntk2.TENSORS:
             assert ref[t][a, a, a, a] == pytest.approx(single[t], rel=1e-10)
-    est = {("R", False): torch.einsum("siaibkcke->sikabce", dI), ("S", False): torch.einsum("siakbicke->sikabce", dI),
-           ("S", True): torch.einsum("siakbkcie->sikabce", dI), ("T", False): torch.einsum("siaibkcke->sikabce", dII),
-           ("U", False): torch.einsum("siakbicke->sikabce", dII), ("U", True): torch.einsum("skaibicke->sikabce", dII)}
+    est = {
+        ("R", False): torch.einsum("siaibkcke->sikabce", dI),
+        ("S", False): torch.einsum("siakbicke->sikabce", dI),
+        ("S", True): torch.einsum("siakbkcie->sikabce", dI),
+        ("T", False): torch.einsum("siaibkcke->sikabce", dII),
+        ("U", False): torch.einsum("siakbicke->sikabce", dII),
+        ("U", True): torch.einsum("skaibicke->sikabce", dII),
+    }
     zs = []
     for (t, swap), e in est.items():
-        per = e[:, off].mean(1).numpy() * n                                # (N, a1, a2, a3, a4)
+        per = e[:, off].mean(1).numpy() * n  # (N, a1, a2, a3, a4)
         r = ref[t].transpose(0, 1, 3, 2) if (swap and t == "S") else ref[t].transpose(1, 0, 2, 3) if swap else ref[t]
         blocks = per.reshape(20, -1, 2, 2, 2, 2).mean(1)
         zs.append((per.mean(0) - r) / (blocks.std(0, ddof=1) / 20**0.5))
@@ -217,9 +267,12 @@ def test_recursion_matches_sampled_nets_at_layer_three():
     kind, c_w, c_b = "relu", 2.0, 0.1
     rec = ddntk2.two_input_ddntk(kind, c_w, c_b, LAM_B, LAM_W, X2, 3)
     abl = ddntk2.two_input_ddntk(kind, c_w, c_b, LAM_B, LAM_W, X2, 3, interlayer=False)[2]
-    m = {w: ddntk2.pooled_two_input_ddntk(
-        ddntk2.sample_two_input_ddntk(kind, X2, w, 3, N, c_w, c_b, LAM_B, LAM_W, seed=101 + w), w)
-        for w, N in ((8, 4000), (16, 2000))}
+    m = {
+        w: ddntk2.pooled_two_input_ddntk(
+            ddntk2.sample_two_input_ddntk(kind, X2, w, 3, N, c_w, c_b, LAM_B, LAM_W, seed=101 + w), w
+        )
+        for w, N in ((8, 4000), (16, 2000))
+    }
     z2 = np.concatenate([((m[w][1][t] - rec[1][t]) / m[w][1][f"{t}_se"]).ravel() for w in m for t in ddntk2.TENSORS])
     assert np.abs(z2).max() < 4.0, np.abs(z2).max()
     for t in ddntk2.TENSORS:

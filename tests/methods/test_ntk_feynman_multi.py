@@ -3,6 +3,7 @@ against closed forms (orthant probabilities, Isserlis), scipy and seeded Monte C
 the M-input NTK tensors and dNTK against the two-input and single-input recursions, permutations, repeated
 inputs; the M-input samplers against the two-input ones and against the recursion (layer 2 exact, layer 3 by
 the 1/n extrapolation)."""
+
 import itertools
 import math
 
@@ -45,9 +46,14 @@ def test_gridk_is_nodes_and_grid2_for_one_and_two_variables():
     np.testing.assert_array_equal(w, w2)
 
 
-@pytest.mark.parametrize("C, tol", [(C3, 1e-12),
-                                    (np.array([[1.0, -0.7, 0.4], [-0.7, 2.0, -0.5], [0.4, -0.5, 0.6]]), 1e-12),
-                                    (np.array([[1.0, 0.95, 0.9], [0.95, 1.0, 0.93], [0.9, 0.93, 1.0]]), 2e-7)])
+@pytest.mark.parametrize(
+    "C, tol",
+    [
+        (C3, 1e-12),
+        (np.array([[1.0, -0.7, 0.4], [-0.7, 2.0, -0.5], [0.4, -0.5, 0.6]]), 1e-12),
+        (np.array([[1.0, 0.95, 0.9], [0.95, 1.0, 0.93], [0.9, 0.93, 1.0]]), 2e-7),
+    ],
+)
 def test_gridk_trivariate_orthant_probability_closed_form(C, tol):
     """P(z > 0) = 1/8 + sum_{i<j} asin(rho_ij) / (4 pi): the kinks sit on the splits, so the indicator is exact
     up to the Gauss-Legendre error of the Gaussian density (20 nodes per piece; strongly correlated variables,
@@ -63,12 +69,15 @@ def test_gridk_trivariate_orthant_probability_closed_form(C, tol):
 
 def test_gridk_four_variate_orthant_probability_against_scipy():
     Z, w = Quad().gridk(C4)
-    ref = multivariate_normal.cdf(np.zeros(4), mean=np.zeros(4), cov=C4, abseps=1e-10, releps=1e-10,
-                                  rng=np.random.default_rng(0))
+    ref = multivariate_normal.cdf(
+        np.zeros(4), mean=np.zeros(4), cov=C4, abseps=1e-10, releps=1e-10, rng=np.random.default_rng(0)
+    )
     assert np.sum(w * np.all(Z > 0, axis=0)) == pytest.approx(ref, abs=1e-6)
     # and the 16 sign orthants sum to the total weight, within 1e-6 of one (12 nodes per piece)
-    tot = sum(np.sum(w * np.all((Z > 0) == np.array(sg)[:, None], axis=0))
-              for sg in itertools.product([False, True], repeat=4))
+    tot = sum(
+        np.sum(w * np.all((Z > 0) == np.array(sg)[:, None], axis=0))
+        for sg in itertools.product([False, True], repeat=4)
+    )
     assert tot == pytest.approx(np.sum(w), rel=1e-13)
     assert np.sum(w) == pytest.approx(1.0, abs=1e-6)
 
@@ -95,12 +104,16 @@ def test_gridk_activation_products_against_monte_carlo():
             g_mc = np.prod(f(S), axis=0)
             val = np.sum(w * np.prod(f(Z), axis=0))
             assert abs(val - g_mc.mean()) < 4 * g_mc.std() / math.sqrt(S.shape[1])
-    relu3 = [np.sum(w * np.prod(np.maximum(Z, 0.0), axis=0)) for Z, w in
-             (Quad(nodes_per_half_3d=n).gridk(C3) for n in (6, 10, 20, 28))]
+    relu3 = [
+        np.sum(w * np.prod(np.maximum(Z, 0.0), axis=0))
+        for Z, w in (Quad(nodes_per_half_3d=n).gridk(C3) for n in (6, 10, 20, 28))
+    ]
     errs = np.abs(np.array(relu3[:-1]) - relu3[-1])
     assert errs[0] > errs[1] > 1e-10 > errs[2]
-    relu4 = [np.sum(w * np.prod(np.maximum(Z, 0.0), axis=0)) for Z, w in
-             (Quad(nodes_per_half_4d=n).gridk(C4) for n in (8, 12, 16))]
+    relu4 = [
+        np.sum(w * np.prod(np.maximum(Z, 0.0), axis=0))
+        for Z, w in (Quad(nodes_per_half_4d=n).gridk(C4) for n in (8, 12, 16))
+    ]
     assert abs(relu4[1] - relu4[2]) < 1e-4 * abs(relu4[2]) and abs(relu4[1] - relu4[2]) < abs(relu4[0] - relu4[2])
 
 
@@ -109,15 +122,16 @@ def test_gridk_degenerate_kernels_give_the_lower_dimensional_averages():
     averages equal those of the distinct variables (here the kinks of the dropped ones coincide with, or lie
     on, the kept ones' splits)."""
     q = Quad()
-    relu = lambda z: np.maximum(z, 0.0)                                   # noqa: E731
+    relu = lambda z: np.maximum(z, 0.0)  # noqa: E731
     # z3 = z1 (repeated): <relu(z1) relu(z2) relu(z3)> = <relu(z1)^2 relu(z2)>
     C = C3.copy()
     C[2, :], C[:, 2] = C[0, :], C[:, 0]
     Z, w = q.gridk(C)
     z1, z2, w2 = q.grid2(C[0, 0], C[0, 1], C[1, 1])
     assert np.isfinite(Z).all() and np.isfinite(w).all()
-    assert np.sum(w * relu(Z[0]) * relu(Z[1]) * relu(Z[2])) == pytest.approx(np.sum(w2 * relu(z1) ** 2 * relu(z2)),
-                                                                         rel=1e-10)
+    assert np.sum(w * relu(Z[0]) * relu(Z[1]) * relu(Z[2])) == pytest.approx(
+        np.sum(w2 * relu(z1) ** 2 * relu(z2)), rel=1e-10
+    )
     # z3 = -2 z1 (collinear): relu(z1) relu(z3) = 0
     C = np.array([[1.0, 0.5, -2.0], [0.5, 1.3, -1.0], [-2.0, -1.0, 4.0]])
     Z, w = q.gridk(C)
@@ -132,8 +146,15 @@ def test_gridk_degenerate_kernels_give_the_lower_dimensional_averages():
 
 # ------------------------------------------------------------------------ the expectation engine
 def test_expect_engine_uses_the_rule_of_the_distinct_inputs_it_touches():
-    K = np.array([[1.0, 0.5, 0.2, 0.1, 1.0], [0.5, 1.3, -0.3, 0.4, 0.5], [0.2, -0.3, 0.8, 0.3, 0.2],
-                  [0.1, 0.4, 0.3, 1.1, 0.1], [1.0, 0.5, 0.2, 0.1, 1.0]])     # input 4 repeats input 0
+    K = np.array(
+        [
+            [1.0, 0.5, 0.2, 0.1, 1.0],
+            [0.5, 1.3, -0.3, 0.4, 0.5],
+            [0.2, -0.3, 0.8, 0.3, 0.2],
+            [0.1, 0.4, 0.3, 1.1, 0.1],
+            [1.0, 0.5, 0.2, 0.1, 1.0],
+        ]
+    )  # input 4 repeats input 0
     ex = multi.Expect("tanh", K)
     assert ex.rep == [0, 1, 2, 3, 0]
     q = Quad()
@@ -167,8 +188,10 @@ def test_two_inputs_equal_ntk2(kind, c_w, c_b):
 
 def _pair_index(idx, M):
     pos = multi._upos(M)
-    return ([pos[(idx[a], idx[b])] for a, b in multi.upairs(len(idx))],
-            [idx[a] * M + idx[b] for a, b in multi.opairs(len(idx))])
+    return (
+        [pos[(idx[a], idx[b])] for a, b in multi.upairs(len(idx))],
+        [idx[a] * M + idx[b] for a, b in multi.opairs(len(idx))],
+    )
 
 
 @pytest.mark.parametrize("kind,c_w,c_b", ACTS[:2])
@@ -188,8 +211,9 @@ def test_repeated_input_reproduces_the_two_input_components(kind, c_w, c_b):
     pb = multi.multi_input_dntk(kind, c_w, c_b, 0.8, 1.2, Xr, 4)
     for ra, rb in zip(pa, pb):
         for t in "PQ":
-            np.testing.assert_allclose(rb[t], ra[t][np.ix_(idx, idx, idx, idx)], rtol=0,
-                                       atol=1e-10 * max(1, np.abs(ra[t]).max()))
+            np.testing.assert_allclose(
+                rb[t], ra[t][np.ix_(idx, idx, idx, idx)], rtol=0, atol=1e-10 * max(1, np.abs(ra[t]).max())
+            )
 
 
 @pytest.mark.parametrize("kind,c_w,c_b", ACTS[:2])
@@ -208,8 +232,9 @@ def test_permuting_the_inputs_permutes_the_tensors(kind, c_w, c_b):
     pb = multi.multi_input_dntk(kind, c_w, c_b, 0.8, 1.2, X3[perm], 4)
     for ra, rb in zip(pa, pb):
         for t in "PQ":
-            np.testing.assert_allclose(rb[t], ra[t][np.ix_(perm, perm, perm, perm)], rtol=0,
-                                       atol=1e-6 * np.abs(ra[t]).max() + 1e-300)
+            np.testing.assert_allclose(
+                rb[t], ra[t][np.ix_(perm, perm, perm, perm)], rtol=0, atol=1e-6 * np.abs(ra[t]).max() + 1e-300
+            )
 
 
 @pytest.mark.parametrize("kind,c_w,c_b", ACTS)
@@ -264,10 +289,8 @@ def test_a_third_input_leaves_the_pair_s_statistics_unchanged():
     samplers' statistics of the first two equal those of the pair alone (the two-input samplers in ntk2 are
     these samplers at M = 2)."""
     X3p = np.array([X2[0], X2[1], X3[2]])
-    two = multi.pooled_multi(ntk2.sample_two_input("tanh", X2, 5, 3, 40, 1.3, 0.2, 0.8, 1.2, seed=4), 5, 2,
-                             n_blocks=4)
-    three = multi.pooled_multi(multi.sample_multi("tanh", X3p, 5, 3, 40, 1.3, 0.2, 0.8, 1.2, seed=4), 5, 3,
-                               n_blocks=4)
+    two = multi.pooled_multi(ntk2.sample_two_input("tanh", X2, 5, 3, 40, 1.3, 0.2, 0.8, 1.2, seed=4), 5, 2, n_blocks=4)
+    three = multi.pooled_multi(multi.sample_multi("tanh", X3p, 5, 3, 40, 1.3, 0.2, 0.8, 1.2, seed=4), 5, 3, n_blocks=4)
     u3, o3 = multi.upairs(3), multi.opairs(3)
     iu = [u3.index(p) for p in multi.upairs(2)]
     io = [o3.index(p) for p in multi.opairs(2)]
@@ -289,8 +312,7 @@ def test_three_input_estimators_unbiased_at_layer_two(kind, c_w):
     means: with 20, the s.e. estimate's 19 degrees of freedom give the max over 270 |z| heavy tails)."""
     X = _three_inputs()
     rec = multi.multi_input_ntk_tensors(kind, c_w, 0.0, 1.0, 1.0, X, 2)[1]
-    m = multi.pooled_multi(multi.sample_multi(kind, X, 3, 2, 12_000, c_w, 0.0, 1.0, 1.0, seed=11), 3, 3,
-                           n_blocks=40)[1]
+    m = multi.pooled_multi(multi.sample_multi(kind, X, 3, 2, 12_000, c_w, 0.0, 1.0, 1.0, seed=11), 3, 3, n_blocks=40)[1]
     z = np.concatenate([((m[t] - rec[t]) / m[f"{t}_se"]).ravel() for t in "VDABF"])
     assert z.size == 270 and np.isfinite(z).all()
     assert np.abs(z).max() < 4.5
@@ -305,8 +327,10 @@ def test_three_input_recursion_matches_sampled_nets_at_layer_three(kind, c_w):
     X = _three_inputs()
     rec = multi.multi_input_ntk_tensors(kind, c_w, 0.0, 1.0, 1.0, X, 3)[2]
     abl = multi.multi_input_ntk_tensors(kind, c_w, 0.0, 1.0, 1.0, X, 3, interlayer=False)[2]
-    m = [multi.pooled_multi(multi.sample_multi(kind, X, w, 3, n, c_w, 0.0, 1.0, 1.0, seed=5 + w), w, 3)[2]
-         for w, n in ((8, 16_000), (16, 8_000))]
+    m = [
+        multi.pooled_multi(multi.sample_multi(kind, X, w, 3, n, c_w, 0.0, 1.0, 1.0, seed=5 + w), w, 3)[2]
+        for w, n in ((8, 16_000), (16, 8_000))
+    ]
     z_rec, z_abl = [], []
     for t in "VDABF":
         ext = 2 * m[1][t] - m[0][t]
@@ -334,23 +358,38 @@ RAW = {
     "net": {"depth": 3, "lambda_b": 1.0, "lambda_w": 1.0},
     "activations": {"relu": {"c_w": 2.0, "c_b": 0.0}, "tanh": {"c_w": 1.0, "c_b": 0.0}},
     "quadrature": {"nodes_per_half": 48, "half_width_sd": 12.0},
-    "mc": {"widths": [4, 8], "nets_per_seed": [60, 60], "blocks_per_seed": 3, "chunk_elems": 100_000,
-           "claim_widths": [8], "narrow_width": 4, "slope_min_width": 4},
+    "mc": {
+        "widths": [4, 8],
+        "nets_per_seed": [60, 60],
+        "blocks_per_seed": 3,
+        "chunk_elems": 100_000,
+        "claim_widths": [8],
+        "narrow_width": 4,
+        "slope_min_width": 4,
+    },
     "variants": ["recursion", "no_interlayer", "infinite_width", "mc_relu", "mc_tanh"],
 }
 MULTI_RAW = {"widths": [4, 8], "nets_per_seed": [40, 30], "blocks_per_seed": 3, "chunk_elems": 100_000}
 
 
-@pytest.mark.parametrize("patch,key", [
-    ({"variants": [*RAW["variants"], "mc_multi_relu"]}, "ntk_feynman.variants"),        # no multi block
-    ({"multi": {**MULTI_RAW, "cosines": [0.5, 0.2]}}, "ntk_feynman.multi"),
-    ({"multi": {**MULTI_RAW, "cosines": [0.9, 0.9, -0.9]}}, "ntk_feynman.multi"),       # not positive definite
-    ({"multi": {**MULTI_RAW, "norm_ratios": [1.2, 1.0, 1.0]}}, "ntk_feynman.multi"),
-    ({"multi": {**MULTI_RAW, "widths": [8, 4]}}, "ntk_feynman.multi.widths"),
-    ({"multi": {**MULTI_RAW, "n_input": 3}}, "ntk_feynman.multi.n_input"),
-    ({"multi": {**MULTI_RAW, "n_inputs": 4, "cosines": [0.1] * 6, "norm_ratios": [1.0] * 4},
-      "data": {"n0": 3, "sq_norm": 1.0}}, "multi.n_inputs"),
-])
+@pytest.mark.parametrize(
+    "patch,key",
+    [
+        ({"variants": [*RAW["variants"], "mc_multi_relu"]}, "ntk_feynman.variants"),  # no multi block
+        ({"multi": {**MULTI_RAW, "cosines": [0.5, 0.2]}}, "ntk_feynman.multi"),
+        ({"multi": {**MULTI_RAW, "cosines": [0.9, 0.9, -0.9]}}, "ntk_feynman.multi"),  # not positive definite
+        ({"multi": {**MULTI_RAW, "norm_ratios": [1.2, 1.0, 1.0]}}, "ntk_feynman.multi"),
+        ({"multi": {**MULTI_RAW, "widths": [8, 4]}}, "ntk_feynman.multi.widths"),
+        ({"multi": {**MULTI_RAW, "n_input": 3}}, "ntk_feynman.multi.n_input"),
+        (
+            {
+                "multi": {**MULTI_RAW, "n_inputs": 4, "cosines": [0.1] * 6, "norm_ratios": [1.0] * 4},
+                "data": {"n0": 3, "sq_norm": 1.0},
+            },
+            "multi.n_inputs",
+        ),
+    ],
+)
 def test_bad_multi_parameter_names_the_key(patch, key):
     from pipelines.core.params import ParameterError, validate
     from pipelines.ntk_feynman.params import Params
@@ -368,8 +407,11 @@ def test_multi_claims_need_their_variant():
 
     with pytest.raises(ParameterError, match="is produced by no variant or derived-metric declaration"):
         SPEC.check(validate(Params, {**RAW, "multi": MULTI_RAW, "claims": [claim]}, "ntk_feynman"))
-    ok = validate(Params, {**RAW, "multi": MULTI_RAW, "claims": [claim],
-                           "variants": [*RAW["variants"], "mc_multi_relu"]}, "ntk_feynman")
+    ok = validate(
+        Params,
+        {**RAW, "multi": MULTI_RAW, "claims": [claim], "variants": [*RAW["variants"], "mc_multi_relu"]},
+        "ntk_feynman",
+    )
     assert ok.block_activations("multi") == ["relu"] and ok.mc_activations() == ["relu", "tanh"]
 
 
@@ -408,23 +450,43 @@ MD_VARIANTS = ["mc_multi_dntk_relu", "mc_multi_ddntk_tanh"]
 def _md_params(**patch):
     from pipelines.ntk_feynman.params import Params
 
-    return Params.model_validate({**RAW, "multi": MULTI_RAW, "multi_dntk": MD_RAW, "multi_ddntk": MD_RAW,
-                                  "variants": [*RAW["variants"], *MD_VARIANTS], **patch})
+    return Params.model_validate(
+        {
+            **RAW,
+            "multi": MULTI_RAW,
+            "multi_dntk": MD_RAW,
+            "multi_ddntk": MD_RAW,
+            "variants": [*RAW["variants"], *MD_VARIANTS],
+            **patch,
+        }
+    )
 
 
-@pytest.mark.parametrize("patch,key,msg", [
-    ({"variants": [*RAW["variants"], "mc_multi_dntk_relu"], "multi_dntk": None}, "ntk_feynman.variants",
-     "'multi_dntk' and 'multi' blocks"),                                                  # no multi_dntk block
-    ({"variants": [*RAW["variants"], "mc_multi_ddntk_relu"], "multi": None}, "ntk_feynman.variants",
-     "'multi_ddntk' and 'multi' blocks"),                                                 # no multi block (inputs)
-    ({"variants": [*RAW["variants"], "mc_multi_dntk_gelu"]}, "ntk_feynman.variants",
-     "after 'mc_multi_dntk_'"),                                   # activation not declared
-    ({"multi_dntk": {**MD_RAW, "widths": [4, 3]}}, "ntk_feynman.multi_dntk.widths", "strictly increasing"),
-    ({"multi_ddntk": {**MD_RAW, "widths": [4, 256]}}, "ntk_feynman.multi_ddntk.widths", "128"),
-    ({"multi_ddntk": {**MD_RAW, "nets_per_seed": [6, 6, 6]}}, "ntk_feynman.multi_ddntk", "one entry per width"),
-    ({"multi_dntk": {**MD_RAW, "probes": 2}}, "ntk_feynman.multi_dntk.probes", ""),
-    ({"multi": {**MULTI_RAW, "n_inputs": 5}}, "ntk_feynman.multi", "no default for n_inputs = 5"),
-])
+@pytest.mark.parametrize(
+    "patch,key,msg",
+    [
+        (
+            {"variants": [*RAW["variants"], "mc_multi_dntk_relu"], "multi_dntk": None},
+            "ntk_feynman.variants",
+            "'multi_dntk' and 'multi' blocks",
+        ),  # no multi_dntk block
+        (
+            {"variants": [*RAW["variants"], "mc_multi_ddntk_relu"], "multi": None},
+            "ntk_feynman.variants",
+            "'multi_ddntk' and 'multi' blocks",
+        ),  # no multi block (inputs)
+        (
+            {"variants": [*RAW["variants"], "mc_multi_dntk_gelu"]},
+            "ntk_feynman.variants",
+            "after 'mc_multi_dntk_'",
+        ),  # activation not declared
+        ({"multi_dntk": {**MD_RAW, "widths": [4, 3]}}, "ntk_feynman.multi_dntk.widths", "strictly increasing"),
+        ({"multi_ddntk": {**MD_RAW, "widths": [4, 256]}}, "ntk_feynman.multi_ddntk.widths", "128"),
+        ({"multi_ddntk": {**MD_RAW, "nets_per_seed": [6, 6, 6]}}, "ntk_feynman.multi_ddntk", "one entry per width"),
+        ({"multi_dntk": {**MD_RAW, "probes": 2}}, "ntk_feynman.multi_dntk.probes", ""),
+        ({"multi": {**MULTI_RAW, "n_inputs": 5}}, "ntk_feynman.multi", "no default for n_inputs = 5"),
+    ],
+)
 def test_bad_multi_d_block_names_the_key(patch, key, msg):
     from pipelines.core.params import ParameterError, validate
     from pipelines.ntk_feynman.params import Params
@@ -444,15 +506,24 @@ def test_multi_d_prefixes_do_not_clash_and_claims_need_their_variant():
     p = _md_params()
     assert p.block_activations("multi") == [] and p.mc_activations() == ["relu", "tanh"]
     assert p.block_activations("multi_dntk") == ["relu"] and p.block_activations("multi_ddntk") == ["tanh"]
-    assert [variant_prefix(v) for v in ("mc_multi_relu", "mc_multi_dntk_relu", "mc_multi_ddntk_relu",
-                                        "mc_ddntk_relu", "mc_relu")] == [
-        "mc_multi_", "mc_multi_dntk_", "mc_multi_ddntk_", "mc_ddntk_", None]
+    assert [
+        variant_prefix(v)
+        for v in ("mc_multi_relu", "mc_multi_dntk_relu", "mc_multi_ddntk_relu", "mc_ddntk_relu", "mc_relu")
+    ] == ["mc_multi_", "mc_multi_dntk_", "mc_multi_ddntk_", "mc_ddntk_", None]
     assert {"multi_dntk", "multi_ddntk"} <= set(train._SAMPLERS)
-    for metric, need in (("multi_dntk_extrap_excess.relu", "mc_multi_dntk_relu"),
-                         ("multi_ddntk_interlayer_error_ratio.tanh", "mc_multi_ddntk_tanh")):
+    for metric, need in (
+        ("multi_dntk_extrap_excess.relu", "mc_multi_dntk_relu"),
+        ("multi_ddntk_interlayer_error_ratio.tanh", "mc_multi_ddntk_tanh"),
+    ):
         claim = {"id": "c", "text": "t", "metric": metric, "op": "<=", "threshold": 0.1}
-        raw = {**RAW, "multi": MULTI_RAW, "multi_dntk": MD_RAW, "multi_ddntk": MD_RAW, "claims": [claim],
-               "variants": [*RAW["variants"], "mc_multi_relu", "mc_multi_tanh"]}
+        raw = {
+            **RAW,
+            "multi": MULTI_RAW,
+            "multi_dntk": MD_RAW,
+            "multi_ddntk": MD_RAW,
+            "claims": [claim],
+            "variants": [*RAW["variants"], "mc_multi_relu", "mc_multi_tanh"],
+        }
         with pytest.raises(ParameterError, match=f"'{metric}' is produced by no variant or derived-metric declaration"):
             SPEC.check(validate(Params, raw, "ntk_feynman"))
         SPEC.check(validate(Params, {**raw, "variants": [*raw["variants"], need]}, "ntk_feynman"))
@@ -471,13 +542,20 @@ def test_full_env_four_inputs_new_variants_and_base_claims(monkeypatch):
     new = {"mc_multi_dntk_relu", "mc_multi_dntk_tanh", "mc_multi_ddntk_relu", "mc_multi_ddntk_tanh"}
     assert set(p.variants) == set(base["variants"]) | new
     assert full["claims"] == base["claims"]
-    assert [c.model_dump(mode="json") for c in p.claims[:len(base["claims"])]] == [
-        Params.model_validate(base).claims[i].model_dump(mode="json") for i in range(len(base["claims"]))]
+    assert [c.model_dump(mode="json") for c in p.claims[: len(base["claims"])]] == [
+        Params.model_validate(base).claims[i].model_dump(mode="json") for i in range(len(base["claims"]))
+    ]
     assert len(p.claims) == len(base["claims"]) + len(full["extra_claims"])
-    assert {c.metric.split(".")[0] for c in p.claims[len(base["claims"]):]} >= {
-        "multi_dntk_extrap_excess", "multi_dntk_extrap_max_abs_z", "multi_dntk_interlayer_error_ratio",
-        "multi_dntk_layer2_max_abs_z", "multi_ddntk_extrap_excess", "multi_ddntk_extrap_max_abs_z",
-        "multi_ddntk_interlayer_error_ratio", "multi_ddntk_layer2_max_abs_z"}
+    assert {c.metric.split(".")[0] for c in p.claims[len(base["claims"]) :]} >= {
+        "multi_dntk_extrap_excess",
+        "multi_dntk_extrap_max_abs_z",
+        "multi_dntk_interlayer_error_ratio",
+        "multi_dntk_layer2_max_abs_z",
+        "multi_ddntk_extrap_excess",
+        "multi_ddntk_extrap_max_abs_z",
+        "multi_ddntk_interlayer_error_ratio",
+        "multi_ddntk_layer2_max_abs_z",
+    }
     Xm = np.asarray(make_inputs(p)["multi"])
     nrm = np.linalg.norm(Xm, axis=1)
     np.testing.assert_allclose(nrm / nrm[0], p.multi.norm_ratios)
@@ -486,8 +564,8 @@ def test_full_env_four_inputs_new_variants_and_base_claims(monkeypatch):
 
     names = {n.name for n in SPEC.pipeline(p).only_nodes_with_tags("train").nodes}
     assert {f"ntk_feynman.train.{v}" for v in new} <= names
-    assert not any(v.startswith("mc_multi_d") for v in base["variants"])        # not in the base default run
-    test = method_config("ntk_feynman", env="test")["variants"]                  # repeats base's list (replaces)
+    assert not any(v.startswith("mc_multi_d") for v in base["variants"])  # not in the base default run
+    test = method_config("ntk_feynman", env="test")["variants"]  # repeats base's list (replaces)
     assert set(test) == set(base["variants"]) | {"mc_multi_dntk_relu", "mc_multi_ddntk_relu"}
 
 
@@ -512,13 +590,14 @@ def test_multi_d_variants_tables_pool_to_the_library_estimates():
     row = rec[(rec.activation == "tanh") & (rec.layer == 3) & (rec.input == 0)].iloc[0]
     ref = multi_ddntk.multi_input_ddntk("tanh", 1.0, 0.0, 1.0, 1.0, Xm, 3, quad=quad)[2]
     assert row["mdd.S_1233"] == pytest.approx(ref["S"][0, 1, 2, 2], rel=1e-12)
-    assert np.isnan(rec[rec.activation == "tanh"]["md.P_1111"]).all()          # only planned activations
-    assert not any(c.startswith("md") for c in train.variant_stats(
-        inputs, _without_md(p), variant="infinite_width").columns)
-    for kind, v, fn, pooled in (("multi_dntk", "mc_multi_dntk_relu", multi.sample_multi_dntk,
-                                 multi.pooled_multi_dntk),
-                                ("multi_ddntk", "mc_multi_ddntk_tanh", ddntk2.sample_ddntk_probes,
-                                 ddntk2.pooled_two_input_ddntk)):
+    assert np.isnan(rec[rec.activation == "tanh"]["md.P_1111"]).all()  # only planned activations
+    assert not any(
+        c.startswith("md") for c in train.variant_stats(inputs, _without_md(p), variant="infinite_width").columns
+    )
+    for kind, v, fn, pooled in (
+        ("multi_dntk", "mc_multi_dntk_relu", multi.sample_multi_dntk, multi.pooled_multi_dntk),
+        ("multi_ddntk", "mc_multi_ddntk_tanh", ddntk2.sample_ddntk_probes, ddntk2.pooled_two_input_ddntk),
+    ):
         blocks = out[v]
         assert np.isfinite(blocks[list(train.multi_d_columns(kind, 3))].to_numpy()).all()
         act = v.split("_")[-1]
@@ -532,11 +611,17 @@ def test_multi_d_variants_tables_pool_to_the_library_estimates():
         assert a[f"{tag}.{t}_2131_se"] == pytest.approx(b[f"{t}_se"][1, 0, 2, 0], rel=1e-8)
     cmp = evaluate.compare(inputs, p, **out)
     m = evaluate.derived_metrics(cmp, p)
-    for k in ("multi_dntk_extrap_excess.relu", "multi_dntk_extrap_excess.Q.L3.relu", "multi_dntk_layer2_max_abs_z.relu",
-              "multi_dntk_interlayer_error_ratio.relu", "multi_ddntk_extrap_max_abs_z.L3.tanh",
-              "multi_ddntk_extrap_excess.U.L3.tanh", "multi_ddntk_interlayer_error_ratio.tanh"):
+    for k in (
+        "multi_dntk_extrap_excess.relu",
+        "multi_dntk_extrap_excess.Q.L3.relu",
+        "multi_dntk_layer2_max_abs_z.relu",
+        "multi_dntk_interlayer_error_ratio.relu",
+        "multi_ddntk_extrap_max_abs_z.L3.tanh",
+        "multi_ddntk_extrap_excess.U.L3.tanh",
+        "multi_ddntk_interlayer_error_ratio.tanh",
+    ):
         assert math.isfinite(m[k]), k
-    assert not any(k.startswith("multi_extrap") for k in m)                     # mc_multi_ is not planned
+    assert not any(k.startswith("multi_extrap") for k in m)  # mc_multi_ is not planned
     figs = evaluate.make_plots(cmp, p)
     assert {"multi_input_dntk", "multi_input_ddntk"} <= set(figs) and "multi_input_ntk" not in figs
 

@@ -2,15 +2,17 @@
 M = 2 against the two-input ddNTK, repeated inputs and sub-blocks against it, all-equal indices against the
 single-input ddNTK, permutations, M = 4; the M-input probe sampler against the two-input one (bit for bit) and
 against the recursion at M = 3 (layer 2 exact at any width; layer 3 by the 1/n extrapolation, ablation rejected)."""
+
 import math
 
 import numpy as np
 import pytest
 
-from pipelines.ntk_feynman import ddntk, ddntk2, multi, multi_ddntk as md
+from pipelines.ntk_feynman import ddntk, ddntk2, multi
+from pipelines.ntk_feynman import multi_ddntk as md
 from pipelines.ntk_feynman.theory import Quad
 
-X2 = np.array([[1.0, -0.6, 0.8], [0.3, 0.9, 1.1]])          # ddntk2's test pair
+X2 = np.array([[1.0, -0.6, 0.8], [0.3, 0.9, 1.1]])  # ddntk2's test pair
 LAM_B, LAM_W = 0.8, 1.2
 ACTS = [("relu", 2.0, 0.1), ("tanh", 1.3, 0.2), ("gelu", 1.98305826, 0.17292239)]
 
@@ -29,8 +31,9 @@ def _close(a, b, rel, what=""):
     for ra, rb in zip(a, b):
         for t in md.TENSORS:
             scale = np.abs(rb[t]).max()
-            np.testing.assert_allclose(ra[t], rb[t], rtol=0, atol=rel * scale + 1e-300, err_msg=f"{what} {t} "
-                                       f"layer {rb['layer']}")
+            np.testing.assert_allclose(
+                ra[t], rb[t], rtol=0, atol=rel * scale + 1e-300, err_msg=f"{what} {t} layer {rb['layer']}"
+            )
 
 
 # ------------------------------------------------------------------------ the recursion
@@ -81,8 +84,12 @@ def test_permuting_the_inputs_permutes_the_tensors(kind, c_w, c_b):
     perm = [2, 0, 1]
     a = md.multi_input_ddntk(kind, c_w, c_b, LAM_B, LAM_W, X3, 4)
     b = md.multi_input_ddntk(kind, c_w, c_b, LAM_B, LAM_W, X3[perm], 4)
-    _close([{"layer": r["layer"], **{t: r[t][np.ix_(perm, perm, perm, perm)] for t in md.TENSORS}} for r in a],
-           b, 1e-6, "permutation")
+    _close(
+        [{"layer": r["layer"], **{t: r[t][np.ix_(perm, perm, perm, perm)] for t in md.TENSORS}} for r in a],
+        b,
+        1e-6,
+        "permutation",
+    )
 
 
 def test_four_inputs():
@@ -133,9 +140,11 @@ def test_probe_estimator_unbiased_at_layer_two_three_inputs():
     cosines match all 324 components of R, S, T, U."""
     c_w, c_b = 1.98305826, 0.17292239
     pooled = md.pooled_multi_input_ddntk(
-        md.sample_multi_input_ddntk("gelu", X3, 6, 2, 2000, c_w, c_b, LAM_B, LAM_W, seed=4), 6)
-    z = np.concatenate([v.ravel() for v in _zs(pooled[1], md.multi_input_ddntk_layer2(
-        "gelu", c_w, c_b, LAM_B, LAM_W, X3)).values()])
+        md.sample_multi_input_ddntk("gelu", X3, 6, 2, 2000, c_w, c_b, LAM_B, LAM_W, seed=4), 6
+    )
+    z = np.concatenate(
+        [v.ravel() for v in _zs(pooled[1], md.multi_input_ddntk_layer2("gelu", c_w, c_b, LAM_B, LAM_W, X3)).values()]
+    )
     assert np.abs(z).max() < 4.0 and np.mean(z**2) < 2.0, (np.abs(z).max(), np.mean(z**2))
 
 
@@ -146,13 +155,16 @@ def test_recursion_matches_sampled_nets_at_layer_three_three_inputs():
     kind, c_w, c_b = "relu", 2.0, 0.1
     rec = md.multi_input_ddntk(kind, c_w, c_b, LAM_B, LAM_W, X3, 3)
     abl = md.multi_input_ddntk(kind, c_w, c_b, LAM_B, LAM_W, X3, 3, interlayer=False)
-    m = {w: md.pooled_multi_input_ddntk(
-        md.sample_multi_input_ddntk(kind, X3, w, 3, N, c_w, c_b, LAM_B, LAM_W, seed=101 + w), w)
-        for w, N in ((8, 4000), (16, 2000))}
+    m = {
+        w: md.pooled_multi_input_ddntk(
+            md.sample_multi_input_ddntk(kind, X3, w, 3, N, c_w, c_b, LAM_B, LAM_W, seed=101 + w), w
+        )
+        for w, N in ((8, 4000), (16, 2000))
+    }
 
     raw = [float(np.abs(z).max()) for w in m for z in _zs(m[w][1], rec[1]).values()]
     assert max(raw) < 4.0, raw
-    ext = {t: 2 * m[16][2][t] - m[8][2][t] for t in md.TENSORS}                    # the 1/n extrapolation
+    ext = {t: 2 * m[16][2][t] - m[8][2][t] for t in md.TENSORS}  # the 1/n extrapolation
     ext.update({f"{t}_se": np.hypot(2 * m[16][2][f"{t}_se"], m[8][2][f"{t}_se"]) for t in md.TENSORS})
     z_rec = {t: float(np.abs(z).max()) for t, z in _zs(ext, rec[2]).items()}
     z_abl = {t: float(np.abs(z).max()) for t, z in _zs(ext, abl[2]).items()}

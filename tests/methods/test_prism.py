@@ -1,6 +1,7 @@
 """Tests of `prism`: PRISM's mechanism against independent references (brute-force tangent projector,
 dense SVD, per-example autograd, opacus' accountant), gauge invariance, and bad input (the end-to-end
 --env=test run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import copy
 
 import numpy as np
@@ -58,7 +59,7 @@ def test_tangent_projection_and_lift_match_brute_force():
     torch.testing.assert_close(U @ torch.diag(s) @ V.T, A @ B.T)
     xi = M.tangent_project(U, V, G)
     torch.testing.assert_close(xi.reshape(-1), P @ G.reshape(-1))
-    dA, dB = M.lift(A, B, G)                    # the factor-coordinate lift realises the same projection
+    dA, dB = M.lift(A, B, G)  # the factor-coordinate lift realises the same projection
     torch.testing.assert_close(dA @ B.T + A @ dB.T, xi)
 
 
@@ -75,7 +76,7 @@ def test_intrinsic_norm_matches_dense_per_example_projection():
 def test_noise_covariance_matches_closed_form(sampler):
     """Empirical covariance of vec(ν) = std² P_T (isotropic on T_Z, zero off it); E‖ν‖² = std² r(m+n−r)."""
     A, B = _factors()
-    A = A @ torch.tensor([[3.0, 1.0], [0.0, 0.2]])          # an unbalanced gauge must not matter
+    A = A @ torch.tensor([[3.0, 1.0], [0.0, 0.2]])  # an unbalanced gauge must not matter
     P, dim = _brute_projector(A, B)
     U, _, V = M.usv(A, B)
     g, std, n = torch.Generator().manual_seed(3), 0.7, 40000
@@ -85,8 +86,8 @@ def test_noise_covariance_matches_closed_form(sampler):
         na, nb = M.factor_noise(A, B, std, g, samples=n)
         nu = (na @ B.T + A @ nb.mT).reshape(n, -1)
     cov = nu.T @ nu / n
-    assert float((cov - std ** 2 * P).abs().max()) < 0.03
-    assert abs(float(nu.pow(2).sum(1).mean()) / (std ** 2 * dim) - 1) < 0.02
+    assert float((cov - std**2 * P).abs().max()) < 0.03
+    assert abs(float(nu.pow(2).sum(1).mean()) / (std**2 * dim) - 1) < 0.02
 
 
 def test_retraction_is_the_truncated_svd():
@@ -96,7 +97,7 @@ def test_retraction_is_the_truncated_svd():
     Y = (A @ B.T - 0.3 * (dA @ B.T + A @ dB.T)).numpy()
     u, s, vt = np.linalg.svd(Y)
     np.testing.assert_allclose((A2 @ B2.T).numpy(), (u[:, :2] * s[:2]) @ vt[:2], atol=1e-10)
-    torch.testing.assert_close(A2.T @ A2, B2.T @ B2)          # balanced
+    torch.testing.assert_close(A2.T @ A2, B2.T @ B2)  # balanced
 
 
 def _batch(n=32, seed=6):
@@ -106,16 +107,29 @@ def _batch(n=32, seed=6):
 
 def _base(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"W1": torch.randn(64, 32, generator=g) / 32 ** 0.5, "b1": torch.zeros(64),
-            "W2": torch.randn(64, 64, generator=g) / 8, "b2": torch.zeros(64),
-            "W3": 8 * torch.randn(10, 64, generator=g) / 8, "b3": torch.zeros(10)}
+    return {
+        "W1": torch.randn(64, 32, generator=g) / 32**0.5,
+        "b1": torch.zeros(64),
+        "W2": torch.randn(64, 64, generator=g) / 8,
+        "b2": torch.zeros(64),
+        "W3": 8 * torch.randn(10, 64, generator=g) / 8,
+        "b3": torch.zeros(10),
+    }
 
 
 def _prism_steps(gauge, optimizer, steps=3):
     x, y = _batch()
     mdl = M.AdaptedMLP(_base(), "lora", 4, "balanced", 1e-2, gauge, torch.Generator().manual_seed(7))
-    opt = M.DPStep(mdl, "prism", optimizer, 0.5 if optimizer == "sgd" else 0.05, sigma=1.0, clip=0.5,
-                   batch=32, gen=torch.Generator().manual_seed(8))
+    opt = M.DPStep(
+        mdl,
+        "prism",
+        optimizer,
+        0.5 if optimizer == "sgd" else 0.05,
+        sigma=1.0,
+        clip=0.5,
+        batch=32,
+        gen=torch.Generator().manual_seed(8),
+    )
     for _ in range(steps):
         mdl.train()
         opt.zero_grad()
@@ -157,8 +171,9 @@ def test_per_example_clipping_bounds(mechanism):
     or removing one example moves the clipped sum by at most C."""
     x, y = _batch(8)
     kind = "dense" if mechanism == "dense" else "lora"
-    mdl = M.AdaptedMLP(_base(), kind, 4, "balanced", 1e-1, None, torch.Generator().manual_seed(7),
-                       freeze_B=mechanism == "ffa")
+    mdl = M.AdaptedMLP(
+        _base(), kind, 4, "balanced", 1e-1, None, torch.Generator().manual_seed(7), freeze_B=mechanism == "ffa"
+    )
     if kind == "dense":
         with torch.no_grad():
             for l in M.LAYERS:
@@ -168,19 +183,20 @@ def test_per_example_clipping_bounds(mechanism):
     opt = M.DPStep(mdl, mechanism, "sgd", lr, 0.0, clip, 8, torch.Generator().manual_seed(8))
     params = [q for q in mdl.parameters() if q.requires_grad]
     ref, per_grads = [], []
-    for i in range(8):                                       # per-example autograd reference
+    for i in range(8):  # per-example autograd reference
         mdl.zero_grad()
-        torch.nn.functional.cross_entropy(mdl(x[i:i + 1]), y[i:i + 1]).backward()
+        torch.nn.functional.cross_entropy(mdl(x[i : i + 1]), y[i : i + 1]).backward()
         if mechanism == "prism":
             sq = 0.0
             for l in M.LAYERS:
                 A, B = getattr(mdl, f"A{l}").detach(), getattr(mdl, f"B{l}").detach()
                 U, _, V = M.usv(A, B)
-                GA = getattr(mdl, f"A{l}").grad              # = G_i B; recover G_i = δ aᵀ from the layer
+                GA = getattr(mdl, f"A{l}").grad  # = G_i B; recover G_i = δ aᵀ from the layer
                 W = mdl.W1 if l == "1" else mdl.W2
                 Gi = torch.autograd.functional.jacobian(
-                    lambda D: torch.nn.functional.cross_entropy(_forward_with(mdl, l, D, x[i:i + 1]), y[i:i + 1]),
-                    torch.zeros_like(W))
+                    lambda D: torch.nn.functional.cross_entropy(_forward_with(mdl, l, D, x[i : i + 1]), y[i : i + 1]),
+                    torch.zeros_like(W),
+                )
                 torch.testing.assert_close(Gi @ B, GA)
                 sq += float(M.tangent_project(U, V, Gi).pow(2).sum())
             ref.append(sq)
@@ -192,7 +208,7 @@ def test_per_example_clipping_bounds(mechanism):
     mdl.zero_grad()
     torch.nn.functional.cross_entropy(mdl(x), y).backward()
     snapshot = [q.detach().clone() for q in params]
-    opt.step()                                                # σ 0: SGD on Σ c_i g_i / b (prism: lr 0)
+    opt.step()  # σ 0: SGD on Σ c_i g_i / b (prism: lr 0)
     c = torch.clamp(clip / ref.sqrt(), max=1.0)
     assert opt.log["clip_fraction"][-1] == pytest.approx(float((ref.sqrt() > clip).double().mean()))
     assert float((c * ref.sqrt()).max()) <= clip * (1 + 1e-9)
@@ -204,9 +220,12 @@ def test_per_example_clipping_bounds(mechanism):
     # the step's own per-example norms, from its factored formulas
     ex = opt._per_example()
     if mechanism == "prism":
-        mine = sum(M.intrinsic_sq_norms(*(lambda U, s, V: (U, V))(*M.usv(getattr(mdl, f"A{l}").detach(),
-                                                                         getattr(mdl, f"B{l}").detach())), d, a)
-                   for l, (a, d) in zip(M.LAYERS, ex))
+        mine = sum(
+            M.intrinsic_sq_norms(
+                *(lambda U, s, V: (U, V))(*M.usv(getattr(mdl, f"A{l}").detach(), getattr(mdl, f"B{l}").detach())), d, a
+            )
+            for l, (a, d) in zip(M.LAYERS, ex)
+        )
         torch.testing.assert_close(mine, ref)
 
 
@@ -224,10 +243,14 @@ def test_sigma_matches_opacus():
     from opacus.accountants.analysis.rdp import compute_rdp
 
     from pipelines.prism.privacy import noise_multiplier, rdp_sampled_gaussian, sigma_reference
+
     q, steps, delta = 256 / 20000, 1562, 1e-5
     orders = np.arange(2, 40)
-    np.testing.assert_allclose(rdp_sampled_gaussian(q, 1.05, orders), compute_rdp(q=q, noise_multiplier=1.05,
-                               steps=1, orders=list(orders.astype(float))), rtol=1e-6)
+    np.testing.assert_allclose(
+        rdp_sampled_gaussian(q, 1.05, orders),
+        compute_rdp(q=q, noise_multiplier=1.05, steps=1, orders=list(orders.astype(float))),
+        rtol=1e-6,
+    )
     for eps, card in ((1.0, 2.21), (3.0, 1.05), (8.0, 0.70)):
         mine, theirs = sigma_reference(eps, delta, q, steps), noise_multiplier(eps, delta, q, steps)
         assert mine == pytest.approx(theirs, rel=0.02)
@@ -236,6 +259,7 @@ def test_sigma_matches_opacus():
 
 def test_task_flips_the_declared_fraction():
     from pipelines.prism.data import make_task
+
     raw = copy.deepcopy(RAW)
     raw["data"].update(n_train=600, n_test=200)
     t = make_task(Params.model_validate(raw))
@@ -261,6 +285,7 @@ def test_bad_parameter_names_the_key():
 def test_bad_user_file_names_dataset_and_column(tmp_path):
     from pipelines.core.schemas import InputDataError
     from pipelines.prism.data import make_task
+
     df = pd.DataFrame({f"x{i}": np.zeros(20) for i in range(32)})
     df["y"] = 0
     df["split"] = ["public"] * 10 + ["train"] * 5 + ["test"] * 5
@@ -279,8 +304,9 @@ def test_factor_update_matches_torch_optimizer(optimizer):
     """With σ = 0 and a huge C the naive step is plain SGD / Adam on the batch-summed gradient / b:
     compare against torch.optim on the same gradients."""
     x, y = _batch(16)
-    models = [M.AdaptedMLP(_base(), "lora", 4, "balanced", 1e-1, None, torch.Generator().manual_seed(7))
-              for _ in range(2)]
+    models = [
+        M.AdaptedMLP(_base(), "lora", 4, "balanced", 1e-1, None, torch.Generator().manual_seed(7)) for _ in range(2)
+    ]
     mine = M.DPStep(models[0], "naive", optimizer, 1e-2, 0.0, 1e6, 16, torch.Generator().manual_seed(8))
     params = [q for q in models[1].parameters() if q.requires_grad]
     ref = torch.optim.Adam(params, lr=1e-2) if optimizer == "adam" else torch.optim.SGD(params, lr=1e-2)
@@ -297,12 +323,14 @@ def test_factor_update_matches_torch_optimizer(optimizer):
 @pytest.mark.parametrize("env", ["test", "full"])
 def test_env_parameters_validate(env):
     from pipelines.core.registry import method_config
+
     p = validate(Params, method_config("prism", env=env), "prism")
     assert set(p.variants) <= set(p.methods)
 
 
 def test_user_table_fits_a_base_model_on_the_public_split(tmp_path):
     from pipelines.prism.data import make_task, teacher_logits
+
     g = np.random.default_rng(0)
     x = g.normal(size=(600, 32))
     df = pd.DataFrame(x, columns=[f"x{i}" for i in range(32)])
@@ -314,4 +342,4 @@ def test_user_table_fits_a_base_model_on_the_public_split(tmp_path):
     t = make_task(Params.model_validate(raw))
     assert t["x_train"].shape == (100, 32) and t["y_test"].shape == (100,)
     acc = float((teacher_logits(t["x_test"], t["base"]).argmax(1) == t["y_test"]).double().mean())
-    assert acc > 0.6                                    # chance is 0.25
+    assert acc > 0.6  # chance is 0.25

@@ -3,6 +3,7 @@ enumeration and closed forms (ties up to rounding included), the models against 
 one train node per variant, bad parameters, claims that name unplanned datasets, and bad user files.
 The end-to-end --env=test run is covered by tests/methods/test_all_pipelines.py (its report is checked
 here through the shared ``test_env_run`` fixture)."""
+
 import copy
 import itertools
 from pathlib import Path
@@ -25,9 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def env_raw(env: str = "base") -> dict:
     """conf/base's rankcal parameters, deep-merged with ``env``'s (lists replaced, as Kedro does)."""
+
     def merge(a, b):
-        return {k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                for k, v in {**a, **b}.items()}
+        return {
+            k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+            for k, v in {**a, **b}.items()
+        }
 
     raw = yaml.safe_load((ROOT / "conf" / "base" / "parameters_rankcal.yml").read_text())["rankcal"]
     if env != "base":
@@ -56,8 +60,10 @@ def bf_pl_prob(v, ordering):
 def bf_marginals(Q_row, m):
     """Pairwise, top-1, top-2 and triple marginals of one table row by enumerating orderings."""
     orders = list(itertools.permutations(range(m)))
-    pair = {(i, j): sum(q for q, o in zip(Q_row, orders) if o.index(i) < o.index(j))
-            for i, j in itertools.combinations(range(m), 2)}
+    pair = {
+        (i, j): sum(q for q, o in zip(Q_row, orders) if o.index(i) < o.index(j))
+        for i, j in itertools.combinations(range(m), 2)
+    }
     top1 = [sum(q for q, o in zip(Q_row, orders) if o[0] == j) for j in range(m)]
     top2 = {t: sum(q for q, o in zip(Q_row, orders) if o[:2] == t) for t in itertools.permutations(range(m), 2)}
     trip = {}
@@ -86,8 +92,10 @@ def test_kendall_matrix_matches_pair_counting():
     orders = list(itertools.permutations(range(m)))
     D = R.kendall_matrix(m)
     for a, b in [(0, 23), (5, 17), (9, 9), (3, 12)]:
-        disc = sum((orders[a].index(i) < orders[a].index(j)) != (orders[b].index(i) < orders[b].index(j))
-                   for i, j in itertools.combinations(range(m), 2))
+        disc = sum(
+            (orders[a].index(i) < orders[a].index(j)) != (orders[b].index(i) < orders[b].index(j))
+            for i, j in itertools.combinations(range(m), 2)
+        )
         assert D[a, b] == disc
 
 
@@ -167,8 +175,12 @@ def test_ece_estimators_match_brute_force(m):
     marg = [bf_marginals(Q[r], m) for r in range(n)]
     yo = [orders[k] for k in y]
     # pairwise: each unordered pair once, averaged over pairs
-    ref_pair = np.mean([bf_ece([mg[0][(i, j)] for mg in marg], [o.index(i) < o.index(j) for o in yo], nb)
-                        for i, j in itertools.combinations(range(m), 2)])
+    ref_pair = np.mean(
+        [
+            bf_ece([mg[0][(i, j)] for mg in marg], [o.index(i) < o.index(j) for o in yo], nb)
+            for i, j in itertools.combinations(range(m), 2)
+        ]
+    )
     assert out["ece_pair"] == pytest.approx(ref_pair, abs=1e-12)
     # full-ranking confidence
     conf = Q.max(1)
@@ -177,23 +189,30 @@ def test_ece_estimators_match_brute_force(m):
     # top-1 confidence and class-wise
     t1 = np.array([mg[1] for mg in marg])
     assert out["ece_top1_conf"] == pytest.approx(
-        bf_ece(t1.max(1), [t1[r].argmax() == yo[r][0] for r in range(n)], nb), abs=1e-12)
+        bf_ece(t1.max(1), [t1[r].argmax() == yo[r][0] for r in range(n)], nb), abs=1e-12
+    )
     assert out["ece_top1_cw"] == pytest.approx(
-        np.mean([bf_ece(t1[:, j], [o[0] == j for o in yo], nb) for j in range(m)]), abs=1e-12)
+        np.mean([bf_ece(t1[:, j], [o[0] == j for o in yo], nb) for j in range(m)]), abs=1e-12
+    )
     # ordered top-2 prefix, confidence
     keys = list(itertools.permutations(range(m), 2))
     t2 = np.array([[mg[2][k] for k in keys] for mg in marg])
     assert out["ece_top2_conf"] == pytest.approx(
-        bf_ece(t2.max(1), [keys[int(t2[r].argmax())] == yo[r][:2] for r in range(n)], nb), abs=1e-12)
+        bf_ece(t2.max(1), [keys[int(t2[r].argmax())] == yo[r][:2] for r in range(n)], nb), abs=1e-12
+    )
     if m == 4:
         assert out["ece_full_cw"] == pytest.approx(
-            np.mean([bf_ece(Q[:, k], [yk == k for yk in y], nb) for k in range(24)]), abs=1e-12)
+            np.mean([bf_ece(Q[:, k], [yk == k for yk in y], nb) for k in range(24)]), abs=1e-12
+        )
         refs = []
         for A in itertools.combinations(range(m), 3):
             subs = list(itertools.permutations(A))
             PA = np.array([[mg[3][(A, sub)] for sub in subs] for mg in marg])
-            refs.append(bf_ece(PA.max(1), [subs[int(PA[r].argmax())] == tuple(x for x in yo[r] if x in A)
-                                           for r in range(n)], nb))
+            refs.append(
+                bf_ece(
+                    PA.max(1), [subs[int(PA[r].argmax())] == tuple(x for x in yo[r] if x in A) for r in range(n)], nb
+                )
+            )
         assert out["ece_triple_conf"] == pytest.approx(np.mean(refs), abs=1e-12)
     else:
         assert "ece_triple_conf" not in out and "ece_full_cw" in out  # |A| = 3 = m is full calibration
@@ -216,7 +235,7 @@ def test_tied_scores_share_a_bin():
 def _hits_on_the_larger_copies(scores: np.ndarray) -> np.ndarray:
     """Hits exactly on the rows whose score is the larger bitwise copy: splitting the tied scores at
     a quantile edge would then separate hits from misses and inflate the ECE."""
-    levels = np.unique(scores)[1:]   # hits on the copies from one level up: the most even split
+    levels = np.unique(scores)[1:]  # hits on the copies from one level up: the most even split
     hi = min((scores >= lv for lv in levels), key=lambda h: abs(h.mean() - 0.5))
     assert 0.05 < hi.mean() < 0.95, "need both bitwise copies in quantity"
     return hi
@@ -226,13 +245,13 @@ def test_ib_mallows_rows_with_the_same_theta_share_a_bin():
     m, n = 4, 400
     rng = np.random.default_rng(11)
     centres = R.perms(m)[rng.integers(0, 24, n)]
-    neigh = np.repeat(centres[:, None, :], 15, axis=1)   # all neighbours agree: θ = the cap for every row
+    neigh = np.repeat(centres[:, None, :], 15, axis=1)  # all neighbours agree: θ = the cap for every row
     Q, theta = M.ib_mallows_table(neigh, m, 5.0)
     assert np.all(theta == theta[0])
     g = C.notion_groups(Q, m, "top1_conf")
     scores, first = g.scores[0], g.target[0]
-    assert len(np.unique(scores)) > 1 and np.ptp(scores) < 1e-15   # one rounding step apart
-    np.testing.assert_array_equal(first, centres[:, 0])            # the centre's first label is the mode
+    assert len(np.unique(scores)) > 1 and np.ptp(scores) < 1e-15  # one rounding step apart
+    np.testing.assert_array_equal(first, centres[:, 0])  # the centre's first label is the mode
     hit = _hits_on_the_larger_copies(scores)
     # observed ranking: the centre (its first label hits) or the centre with its top two swapped (misses)
     swapped = centres.copy()
@@ -252,8 +271,8 @@ def test_uniform_predictor_top2_prefix_is_the_lowest_and_scores_tie():
     Q = np.full((n, 120), 1 / 120)
     Q[:, lut == 0] = np.nextafter(1 / 120, 0)
     marg = R.marginal(Q, lut, len(prefixes))
-    assert (marg[:, 0] < marg.max(1)).all() and np.ptp(marg) < 1e-15   # 0.049999999999999996 vs 0.05
-    assert (marg.argmax(1) != 0).all()                                  # a plain argmax misses (0, 1)
+    assert (marg[:, 0] < marg.max(1)).all() and np.ptp(marg) < 1e-15  # 0.049999999999999996 vs 0.05
+    assert (marg.argmax(1) != 0).all()  # a plain argmax misses (0, 1)
     g = C.notion_groups(Q, m, "top2_conf")
     assert prefixes[0] == (0, 1) and (g.target == 0).all()  # ties → the lowest prefix, (0, 1)
     rng = np.random.default_rng(12)
@@ -270,8 +289,8 @@ def test_float32_storage_then_renormalised_keeps_ties():
     rng = np.random.default_rng(13)
     # IB-Mallows tables at the θ cap (probabilities from 1 down to e^-30 of the mode), other centres
     Q = R.mallows_table(rng.integers(0, 24, n), np.full(n, 5.0), m)
-    Q = Q.astype(np.float32).astype(np.float64)    # stored as float32 ...
-    Q /= Q.sum(1, keepdims=True)                    # ... and renormalised: sums in other orders
+    Q = Q.astype(np.float32).astype(np.float64)  # stored as float32 ...
+    Q /= Q.sum(1, keepdims=True)  # ... and renormalised: sums in other orders
     conf = Q.max(1)
     assert len(np.unique(conf)) > 1 and np.ptp(conf) < 1e-14
     hit = _hits_on_the_larger_copies(conf)
@@ -347,7 +366,7 @@ def _user_raw(tmp_path, names=("toy",)) -> dict:
     raw["seeds"] = [0]
     raw["data"].update(datasets=[f"file:{n}" for n in names], user_dir=str(tmp_path))
     raw["rank_disagreement_datasets"] = [f"file:{names[0]}"]
-    raw["claims"] = []   # the default claims name pl_truth / mallows_truth
+    raw["claims"] = []  # the default claims name pl_truth / mallows_truth
     return raw
 
 
@@ -369,18 +388,27 @@ def test_user_csv_format_round_trip(tmp_path):
     assert m == 4 and x.shape == (40, 2) and {",".join(map(str, r)) for r in o} == orders
 
 
-@pytest.mark.parametrize("mutate,pattern", [
-    (lambda df: df.drop(columns="ranking"), r"dataset 'file:toy': column 'ranking' is missing"),
-    (lambda df: df.drop(columns=["x_0", "x_1"]), r"dataset 'file:toy': no feature column x_\*"),
-    (lambda df: df.assign(x_1="abc"), r"dataset 'file:toy': column 'x_1' should be number"),
-    (lambda df: df.iloc[:0], r"dataset 'file:toy': 0 rows"),
-    (lambda df: df.assign(ranking=["0,1,1,3"] + list(df.ranking[1:])),
-     r"dataset 'file:toy': column 'ranking', row 0: '0,1,1,3' is not an ordering"),
-    (lambda df: df.assign(ranking=["a,b,c,d"] + list(df.ranking[1:])),
-     r"dataset 'file:toy': column 'ranking' holds 'a,b,c,d'"),
-    (lambda df: df.assign(ranking=[",".join(map(str, range(7)))] * len(df)),
-     r"dataset 'file:toy': column 'ranking' has m = 7 labels"),
-])
+@pytest.mark.parametrize(
+    "mutate,pattern",
+    [
+        (lambda df: df.drop(columns="ranking"), r"dataset 'file:toy': column 'ranking' is missing"),
+        (lambda df: df.drop(columns=["x_0", "x_1"]), r"dataset 'file:toy': no feature column x_\*"),
+        (lambda df: df.assign(x_1="abc"), r"dataset 'file:toy': column 'x_1' should be number"),
+        (lambda df: df.iloc[:0], r"dataset 'file:toy': 0 rows"),
+        (
+            lambda df: df.assign(ranking=["0,1,1,3"] + list(df.ranking[1:])),
+            r"dataset 'file:toy': column 'ranking', row 0: '0,1,1,3' is not an ordering",
+        ),
+        (
+            lambda df: df.assign(ranking=["a,b,c,d"] + list(df.ranking[1:])),
+            r"dataset 'file:toy': column 'ranking' holds 'a,b,c,d'",
+        ),
+        (
+            lambda df: df.assign(ranking=[",".join(map(str, range(7)))] * len(df)),
+            r"dataset 'file:toy': column 'ranking' has m = 7 labels",
+        ),
+    ],
+)
 def test_bad_user_file_stops_with_one_line_naming_dataset_and_column(tmp_path, mutate, pattern):
     from pipelines.rankcal.data import make_datasets
 
@@ -405,11 +433,11 @@ def test_hierarchy_counterexamples_match_the_card():
     from pipelines.rankcal.demo import counterexample, population_calibration_error
 
     P = R.pl_table(np.log([[0.45, 0.35, 0.20]]))[0]
-    np.testing.assert_allclose(P, [.286, .164, .242, .108, .112, .088], atol=1.5e-3)
+    np.testing.assert_allclose(P, [0.286, 0.164, 0.242, 0.108, 0.112, 0.088], atol=1.5e-3)
     q_sub = counterexample(P, "q_sub", 0.15, 0.01)
     q_top = counterexample(P, "q_top", 0.15, 0.01)
-    np.testing.assert_allclose(q_sub, [.234, .066, .392, .010, .263, .035], atol=2e-3)
-    np.testing.assert_allclose(q_top, [.136, .314, .092, .258, .112, .088], atol=2e-3)
+    np.testing.assert_allclose(q_sub, [0.234, 0.066, 0.392, 0.010, 0.263, 0.035], atol=2e-3)
+    np.testing.assert_allclose(q_top, [0.136, 0.314, 0.092, 0.258, 0.112, 0.088], atol=2e-3)
     assert population_calibration_error(q_sub, P)["pop_ece_pair"] == pytest.approx(0, abs=1e-9)
     assert population_calibration_error(q_sub, P)["pop_ece_top1_cw"] == pytest.approx(0.10, abs=1e-9)
     assert population_calibration_error(q_top, P)["pop_ece_top1_cw"] == pytest.approx(0, abs=1e-9)
@@ -425,13 +453,16 @@ def test_infeasible_counterexample_names_the_key():
 
 
 # ----------------------------------------------------------------- parameters
-@pytest.mark.parametrize("path,value,key", [
-    (("demo", "margin"), -0.1, r"rankcal\.demo\.margin"),
-    (("data", "datasets"), ["iris", "mnist"], r"rankcal\.data\.datasets"),
-    (("models", "variants"), ["neural_pl_ts"], r"rankcal\.models\.variants"),
-    (("ece", "n_bins"), 0, r"rankcal\.ece\.n_bins"),
-    (("models", "knn_k"), "many", r"rankcal\.models\.knn_k"),
-])
+@pytest.mark.parametrize(
+    "path,value,key",
+    [
+        (("demo", "margin"), -0.1, r"rankcal\.demo\.margin"),
+        (("data", "datasets"), ["iris", "mnist"], r"rankcal\.data\.datasets"),
+        (("models", "variants"), ["neural_pl_ts"], r"rankcal\.models\.variants"),
+        (("ece", "n_bins"), 0, r"rankcal\.ece\.n_bins"),
+        (("models", "knn_k"), "many", r"rankcal\.models\.knn_k"),
+    ],
+)
 def test_bad_parameter_names_the_key(path, value, key):
     raw = copy.deepcopy(base_raw())
     raw[path[0]][path[1]] = value
@@ -439,10 +470,13 @@ def test_bad_parameter_names_the_key(path, value, key):
         parse(raw)
 
 
-@pytest.mark.parametrize("key,value,pattern", [
-    ("plot_seed", 7, r"plot_seed: 7"),
-    ("rank_disagreement_datasets", ["glass"], r"rank_disagreement_datasets: \['glass'\]"),
-])
+@pytest.mark.parametrize(
+    "key,value,pattern",
+    [
+        ("plot_seed", 7, r"plot_seed: 7"),
+        ("rank_disagreement_datasets", ["glass"], r"rank_disagreement_datasets: \['glass'\]"),
+    ],
+)
 def test_inconsistent_parameters_name_the_key(key, value, pattern):
     raw = copy.deepcopy(base_raw())
     raw[key] = value
@@ -451,14 +485,33 @@ def test_inconsistent_parameters_name_the_key(key, value, pattern):
 
 
 # ----------------------------------------------------------------- claims must name planned variants
-@pytest.mark.parametrize("edit,pattern", [
-    (lambda r: r["models"].update(variants=["pl_lin", "ib_pl", "rpc_bt", "neural_pl", "neural_pl_ts"]),
-     r"claim 'ib_mallows_calibrated_on_mallows': .*names model 'ib_mallows', which is not in models\.variants"),
-    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "variants.digits5.rankings_as_classes.nll",
-                                   "op": "<=", "threshold": 1.0}), r"claim 'x': .*m <= models\.rac_max_m = 4"),
-    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "variants.demo.q_mid.ece_pair_db",
-                                   "op": "<=", "threshold": 1.0}), r"claim 'x': .*demo predictor 'q_mid'"),
-])
+@pytest.mark.parametrize(
+    "edit,pattern",
+    [
+        (
+            lambda r: r["models"].update(variants=["pl_lin", "ib_pl", "rpc_bt", "neural_pl", "neural_pl_ts"]),
+            r"claim 'ib_mallows_calibrated_on_mallows': .*names model 'ib_mallows', which is not in models\.variants",
+        ),
+        (
+            lambda r: r["claims"].append(
+                {
+                    "id": "x",
+                    "text": "t",
+                    "metric": "variants.digits5.rankings_as_classes.nll",
+                    "op": "<=",
+                    "threshold": 1.0,
+                }
+            ),
+            r"claim 'x': .*m <= models\.rac_max_m = 4",
+        ),
+        (
+            lambda r: r["claims"].append(
+                {"id": "x", "text": "t", "metric": "variants.demo.q_mid.ece_pair_db", "op": "<=", "threshold": 1.0}
+            ),
+            r"claim 'x': .*demo predictor 'q_mid'",
+        ),
+    ],
+)
 def test_claims_naming_models_the_run_does_not_fit_are_refused(edit, pattern):
     raw = copy.deepcopy(base_raw())
     edit(raw)
@@ -467,18 +520,33 @@ def test_claims_naming_models_the_run_does_not_fit_are_refused(edit, pattern):
     assert "\n" not in str(exc.value) and "parameters_rankcal.yml" in str(exc.value)
 
 
-@pytest.mark.parametrize("edit,pattern", [
-    (lambda r: r["data"].update(datasets=["diabetes"]) or r.update(rank_disagreement_datasets=["diabetes"]),
-     r"claim 'pl_lin_calibrated_when_well_specified': metric 'variants\.pl_truth\.pl_lin\.max_ece_db' "
-     r"names variant 'pl_truth', which this run does not plan"),
-    (lambda r: r["data"].update(datasets=["iris", "wine", "pl_truth"]) or r.update(rank_disagreement_datasets=["iris"]),
-     r"claim 'pl_lin_miscalibrated_when_misspecified': .*names variant 'mallows_truth'"),
-    (lambda r: r["rlhf"].update(enabled=False),
-     r"gate 'reward_models_learn': metric 'rlhf\.best_accuracy' is produced by no variant or derived-metric"),
-    (lambda r: r["claims"].append({"id": "x", "text": "t", "metric": "rank_disagreement.iris",
-                                   "op": "<=", "threshold": 1.0}), r"claim 'x': metric 'rank_disagreement\.iris' is "
-                                                                   r"produced by no variant"),
-])
+@pytest.mark.parametrize(
+    "edit,pattern",
+    [
+        (
+            lambda r: r["data"].update(datasets=["diabetes"]) or r.update(rank_disagreement_datasets=["diabetes"]),
+            r"claim 'pl_lin_calibrated_when_well_specified': metric 'variants\.pl_truth\.pl_lin\.max_ece_db' "
+            r"names variant 'pl_truth', which this run does not plan",
+        ),
+        (
+            lambda r: (
+                r["data"].update(datasets=["iris", "wine", "pl_truth"]) or r.update(rank_disagreement_datasets=["iris"])
+            ),
+            r"claim 'pl_lin_miscalibrated_when_misspecified': .*names variant 'mallows_truth'",
+        ),
+        (
+            lambda r: r["rlhf"].update(enabled=False),
+            r"gate 'reward_models_learn': metric 'rlhf\.best_accuracy' is produced by no variant or derived-metric",
+        ),
+        (
+            lambda r: r["claims"].append(
+                {"id": "x", "text": "t", "metric": "rank_disagreement.iris", "op": "<=", "threshold": 1.0}
+            ),
+            r"claim 'x': metric 'rank_disagreement\.iris' is "
+            r"produced by no variant",
+        ),
+    ],
+)
 def test_claims_naming_unplanned_datasets_or_studies_are_refused_before_the_run(edit, pattern):
     from pipelines.rankcal.spec import SPEC
 
@@ -500,8 +568,12 @@ def test_dataset_list_override_that_keeps_the_claimed_datasets_is_valid():
 def test_cli_refuses_a_run_whose_claims_name_datasets_it_does_not_run(e2e_project):
     from tests.conftest import run_kedro
 
-    res = run_kedro(e2e_project, "rankcal", "test",
-                    ["--params", "rankcal.data.datasets=[diabetes],rankcal.rank_disagreement_datasets=[diabetes]"])
+    res = run_kedro(
+        e2e_project,
+        "rankcal",
+        "test",
+        ["--params", "rankcal.data.datasets=[diabetes],rankcal.rank_disagreement_datasets=[diabetes]"],
+    )
     assert res.exit_code != 0
     assert "claim 'pl_lin_calibrated_when_well_specified'" in res.output and "'pl_truth'" in res.output
     assert "Traceback" not in res.output and "Running node" not in res.output
@@ -522,10 +594,13 @@ def test_one_train_node_per_dataset_the_demo_and_each_reward_model(monkeypatch):
     pipe = _pipeline_for(monkeypatch, raw)
     names = {n.name for n in pipe.only_nodes_with_tags("train").nodes}
     assert names == {"rankcal.train.demo", "rankcal.train.file_toy"} | {
-        f"rankcal.train.{d}" for d in base_raw()["data"]["datasets"]} | {
-        f"rankcal.train.rm_{r['name']}" for r in raw["rlhf"]["models"]}
+        f"rankcal.train.{d}" for d in base_raw()["data"]["datasets"]
+    } | {f"rankcal.train.rm_{r['name']}" for r in raw["rlhf"]["models"]}
     assert {n.name for n in pipe.nodes} - names == {
-        "rankcal.data.label_rankings", "rankcal.evaluate.plots", "rankcal.evaluate.report"}
+        "rankcal.data.label_rankings",
+        "rankcal.evaluate.plots",
+        "rankcal.evaluate.report",
+    }
 
 
 def test_pipeline_follows_the_planned_datasets_and_study(monkeypatch):
@@ -559,7 +634,7 @@ def test_model_fits_are_deterministic_and_temperature_scaling_reads_neural_pl():
             assert torch_equal(t, b[model][key]), (model, key)
     e, t = a["neural_pl"], a["neural_pl_ts"]
     T = float(t["temperature"])
-    assert T != 1.0 and len(e["scores_hold"]) == 40   # 20% of the 200 training rows held out
+    assert T != 1.0 and len(e["scores_hold"]) == 40  # 20% of the 200 training rows held out
     np.testing.assert_allclose(t["Q"].numpy(), R.pl_table(e["scores"].numpy() / T), rtol=1e-12)
     assert t["Q"].dtype == e["Q"].dtype and str(t["Q"].dtype) == "torch.float64"
 
@@ -593,9 +668,9 @@ def test_report_of_the_test_env_run(test_env_run):
     assert [c["id"] for c in report["claims"]] == [c["id"] for c in base_raw()["claims"]]
     assert [g["id"] for g in report["gates"]] == ["estimators_pass_the_truth", "reward_models_learn"]
     assert "rlhf.spearman_acc_neg_ece_pair_db" in report["metrics"]
-    assert set(report["bootstrap_ci"]["ci"]) == {f"{d}.{m}" for d in ("pl_truth", "mallows_truth")
-                                                 for m in base_raw()["models"]["variants"]} | {
-        f"linnerud.{m}" for m in base_raw()["models"]["variants"]}
+    assert set(report["bootstrap_ci"]["ci"]) == {
+        f"{d}.{m}" for d in ("pl_truth", "mallows_truth") for m in base_raw()["models"]["variants"]
+    } | {f"linnerud.{m}" for m in base_raw()["models"]["variants"]}
     assert {"reliability_pl_truth.png", "hierarchy_demo.png", "rlhf_accuracy_vs_ece.png"} <= set(report["artifacts"])
     # the counterexamples are flagged even at the test env's n = 3000
     assert v["demo.q_top"]["ece_pair_db"] > 0.05 > v["demo.q_sub"]["ece_pair_db"]

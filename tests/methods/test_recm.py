@@ -2,6 +2,7 @@
 averaging, autograd on an explicit dense map, an exactly symmetric data set), the RECM rule's limit case
 (zero symmetry gap: θ → ~0 and the deployed net is equivariant to numerical precision), the symmetry-gap
 estimators, and bad input (the end-to-end --env=test run is covered by tests/methods/test_all_pipelines.py)."""
+
 import copy
 
 import numpy as np
@@ -13,10 +14,13 @@ from pipelines.core.params import ParameterError, validate
 from pipelines.core.schemas import InputDataError
 from pipelines.recm.params import Params
 
-RAW = {"seeds": [0], "threads": 1,
-       "data": {"eps": [0.0, 0.5], "n_train": 512, "n_test": 128},
-       "train": {"steps": 20},
-       "variants": {"recm": {"kind": "recm"}, "strict": {"kind": "strict"}}}
+RAW = {
+    "seeds": [0],
+    "threads": 1,
+    "data": {"eps": [0.0, 0.5], "n_train": 512, "n_test": 128},
+    "train": {"steps": 20},
+    "variants": {"recm": {"kind": "recm"}, "strict": {"kind": "strict"}},
+}
 
 
 def params(**over) -> Params:
@@ -34,7 +38,7 @@ def brute_force_reynolds(M: torch.Tensor, c_out: int, c_in: int, L: int) -> torc
     """(1/|G|) Σ_g ρ_out(g)⁻¹ M ρ_in(g) with explicit permutation matrices of the cyclic shifts."""
     out = torch.zeros_like(M)
     for k in range(L):
-        S = torch.roll(torch.eye(L, dtype=M.dtype), k, dims=0)      # S x = roll(x, k)
+        S = torch.roll(torch.eye(L, dtype=M.dtype), k, dims=0)  # S x = roll(x, k)
         R_in, R_out = torch.block_diag(*[S] * c_in), torch.block_diag(*[S] * c_out)
         out += R_out.T @ M @ R_in
     return out / L
@@ -48,9 +52,9 @@ def test_reynolds_matches_brute_force_group_average_and_is_a_projector():
     A, B = torch.randn(c_out * L, c_in * L, dtype=torch.float64), torch.randn(c_out * L, c_in * L, dtype=torch.float64)
     P = reynolds(A, c_out, c_in, L)
     torch.testing.assert_close(P, brute_force_reynolds(A, c_out, c_in, L))
-    torch.testing.assert_close(reynolds(P, c_out, c_in, L), P)                    # idempotent
+    torch.testing.assert_close(reynolds(P, c_out, c_in, L), P)  # idempotent
     ref = ((A - reynolds(A, c_out, c_in, L)) * (B - reynolds(B, c_out, c_in, L))).sum()
-    torch.testing.assert_close(perp_inner(A, B, c_out, c_in, L), ref)             # orthogonal projector
+    torch.testing.assert_close(perp_inner(A, B, c_out, c_in, L), ref)  # orthogonal projector
 
 
 def test_conv_is_in_the_range_of_the_projector_and_matches_the_layer():
@@ -96,7 +100,7 @@ def test_strict_net_is_equivariant_and_its_gradient_is_equivariant_on_shift_clos
     ((net(x) - y) ** 2).mean().backward()
     for layer in net.layers:
         G = layer.dense_grad()
-        assert float(perp_inner(G, G, layer.c_out, layer.c_in, layer.L)) < 1e-20 * float((G ** 2).sum())
+        assert float(perp_inner(G, G, layer.c_out, layer.c_in, layer.L)) < 1e-20 * float((G**2).sum())
 
 
 # --------------------------------------------------------------------------- symmetry-gap estimators
@@ -119,8 +123,10 @@ def test_circulant_least_squares_recovers_a_known_circulant_map():
     rng = np.random.default_rng(0)
     L, n = 8, 200
     w = rng.normal(size=(2, L))
+
     def f(x):
         return sum(w[c, d] * np.roll(x[:, c], -d, axis=-1) for c in range(2) for d in range(L)) + 0.3
+
     xtr, xte = rng.normal(size=(n, 2, L)), rng.normal(size=(50, 2, L))
     g = symmetry_gap_linear(xtr, f(xtr), xte, f(xte))
     assert g["linear_circulant_rel_mse"] < 1e-20 and g["symmetry_gap_linear"] < 1e-12
@@ -149,22 +155,25 @@ def test_recm_at_zero_gap_relaxation_vanishes_and_net_is_equivariant():
     from pipelines.recm.train import train_one
 
     torch.set_num_threads(1)
-    p = params(data={"eps": [0.0, 0.5], "n_train": 2048, "n_test": 128},
-               model={"channels": 4, "hidden": 2}, train={"steps": 600, "equiv_test_inputs": 32},
-               recm={"alpha": 0.02})
+    p = params(
+        data={"eps": [0.0, 0.5], "n_train": 2048, "n_test": 128},
+        model={"channels": 4, "hidden": 2},
+        train={"steps": 600, "equiv_test_inputs": 32},
+        recm={"alpha": 0.02},
+    )
     df = make_data(p)
     x, y = arrays(df, 0.0, "train")
     x, y = x[:64], y[:64]
     xs = np.concatenate([np.roll(x, k, -1) for k in range(32)])
     ys = np.concatenate([np.roll(y, k, -1) for k in range(32)])
-    r0, hist, _ = train_one(xs, ys, *arrays(df, 0.0, "test"), p, p.variants["recm"], seed=0,
-                            device=torch.device("cpu"))
+    r0, hist, _ = train_one(xs, ys, *arrays(df, 0.0, "test"), p, p.variants["recm"], seed=0, device=torch.device("cpu"))
     assert hist["theta_l0"]["value"][0] == pytest.approx(1.0, abs=0.05)
     assert r0["max_final_theta"] < 1e-3, r0
     assert r0["n_layers_snapped"] == 3
     assert r0["equiv_error"] < 1e-12
-    r5, _, _ = train_one(*arrays(df, 0.5, "train"), *arrays(df, 0.5, "test"), p, p.variants["recm"], seed=0,
-                         device=torch.device("cpu"))
+    r5, _, _ = train_one(
+        *arrays(df, 0.5, "train"), *arrays(df, 0.5, "test"), p, p.variants["recm"], seed=0, device=torch.device("cpu")
+    )
     assert r5["max_final_theta"] > 0.05 and r5["equiv_error"] > 1e-4
 
 
@@ -177,9 +186,13 @@ def test_single_ema_statistic_has_a_noise_floor_the_two_ema_one_does_not():
     torch.set_num_threads(1)
     rules = ("two_ema", "single_ema", "grad_at_eq", "branch_violation")
     raw = copy.deepcopy(RAW)
-    raw.update(data={"eps": [0.0], "n_train": 64, "n_test": 64}, model={"channels": 4, "hidden": 1},
-               train={"steps": 300, "equiv_test_inputs": 8}, recm={"alpha": 0.02},
-               variants={r: {"kind": "recm", "rule": r} for r in rules})
+    raw.update(
+        data={"eps": [0.0], "n_train": 64, "n_test": 64},
+        model={"channels": 4, "hidden": 1},
+        train={"steps": 300, "equiv_test_inputs": 8},
+        recm={"alpha": 0.02},
+        variants={r: {"kind": "recm", "rule": r} for r in rules},
+    )
     p = Params.model_validate(raw)
     df = make_data(p)
     x, y = arrays(df, 0.0, "train")
@@ -193,7 +206,7 @@ def test_single_ema_statistic_has_a_noise_floor_the_two_ema_one_does_not():
         theta[r] = row["max_final_theta"]
         assert 0.0 <= theta[r] <= 1.0
     # s ≡ 0 gives the closed form θ_T = (1 − α)^(T − 1) (the first step has no B average yet)
-    assert theta["two_ema"] < 1.5 * 0.98 ** 299, theta
+    assert theta["two_ema"] < 1.5 * 0.98**299, theta
     assert theta["single_ema"] > 5 * theta["two_ema"] and theta["single_ema"] > 0.01, theta
 
 
@@ -203,8 +216,9 @@ def test_strict_variant_never_relaxes():
 
     p = params(model={"channels": 2, "hidden": 1})
     df = make_data(p)
-    row, _, state = train_one(*arrays(df, 0.5, "train"), *arrays(df, 0.5, "test"), p, p.variants["strict"],
-                              seed=0, device=torch.device("cpu"))
+    row, _, state = train_one(
+        *arrays(df, 0.5, "train"), *arrays(df, 0.5, "test"), p, p.variants["strict"], seed=0, device=torch.device("cpu")
+    )
     assert row["max_final_theta"] == 0.0 and row["equiv_error"] < 1e-10
     assert all(float(v.abs().max()) == 0.0 for k, v in state.items() if k.endswith(".U"))
 
@@ -213,15 +227,19 @@ def test_train_variant_table_and_the_derived_metrics():
     """train_variant's long table (metrics per ε, the strict net's layer gaps, histories) and the
     declarations on it: per-seed paired ratios / gains, the point-valued excess over min(CR, RPP) + std."""
     from pipelines.core.spec import SeedValues, compute_derived
-    from pipelines.recm.evaluate import data_gaps, fits_table, histories_table, layer_gaps_table
     from pipelines.recm.data import make_data
+    from pipelines.recm.evaluate import data_gaps, fits_table, histories_table, layer_gaps_table
     from pipelines.recm.spec import SPEC
     from pipelines.recm.train import train_variant
 
     raw = copy.deepcopy(RAW)
-    raw.update(seeds=[0, 1], data={"eps": [0.0, 0.2], "n_train": 128, "n_test": 32},
-               model={"channels": 2, "hidden": 1}, train={"steps": 6, "log_every": 2, "equiv_test_inputs": 4},
-               variants={v: {"kind": v} for v in ("recm", "strict", "cr", "rpp")})
+    raw.update(
+        seeds=[0, 1],
+        data={"eps": [0.0, 0.2], "n_train": 128, "n_test": 32},
+        model={"channels": 2, "hidden": 1},
+        train={"steps": 6, "log_every": 2, "equiv_test_inputs": 4},
+        variants={v: {"kind": v} for v in ("recm", "strict", "cr", "rpp")},
+    )
     p = Params.model_validate(raw)
     df = make_data(p)
     gaps = data_gaps(df, p)
@@ -242,20 +260,24 @@ def test_train_variant_table_and_the_derived_metrics():
     assert per_seed["relative_gain.test_mse.recm_vs_strict.min_eps_ge0p2"] == g
     assert set(per_seed["spearman.max_final_theta_vs_symmetry_gap"]) == {0, 1}
     m = np.array(list(values.per_seed("recm", "test_mse.eps0p2").values()))
-    best = min((np.array(list(values.per_seed(b, "test_mse.eps0p2").values())) for b in ("cr", "rpp")),
-               key=lambda a: a.mean())
+    best = min(
+        (np.array(list(values.per_seed(b, "test_mse.eps0p2").values())) for b in ("cr", "rpp")), key=lambda a: a.mean()
+    )
     ref = (m.mean() - best.mean() - np.sqrt((m.std() ** 2 + best.std() ** 2) / 2)) / best.mean()
     assert point["excess.test_mse.recm_over_best_of_cr_rpp_plus_std.max_eps_ge0p2"] == pytest.approx(ref)
     assert point["symmetry_gap_linear.eps0"] == float(gaps["symmetry_gap_linear"].iloc[0])
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("key,bad,where", [
-    ("recm", {"alpha": 0.0}, r"recm\.recm\.alpha"),
-    ("model", {"kernel": 4}, r"recm\.model\.kernel"),
-    ("data", {"eps": [0.0, 3.0]}, r"recm\.data\.eps"),
-    ("train", {"stepz": 3}, r"recm\.train\.stepz"),
-])
+@pytest.mark.parametrize(
+    "key,bad,where",
+    [
+        ("recm", {"alpha": 0.0}, r"recm\.recm\.alpha"),
+        ("model", {"kernel": 4}, r"recm\.model\.kernel"),
+        ("data", {"eps": [0.0, 3.0]}, r"recm\.data\.eps"),
+        ("train", {"stepz": 3}, r"recm\.train\.stepz"),
+    ],
+)
 def test_bad_parameter_names_the_key(key, bad, where):
     raw = copy.deepcopy(RAW)
     raw.setdefault(key, {}).update(bad)
@@ -265,7 +287,7 @@ def test_bad_parameter_names_the_key(key, bad, where):
 
 def test_bad_variant_names_the_key():
     raw = copy.deepcopy(RAW)
-    raw["variants"]["fixed"] = {"kind": "fixed"}          # no theta
+    raw["variants"]["fixed"] = {"kind": "fixed"}  # no theta
     with pytest.raises(ParameterError, match=r"recm\.variants\.fixed"):
         validate(Params, raw, "recm")
     raw["variants"] = {"bad": {"kind": "recm", "rule": "magic"}}
@@ -283,13 +305,24 @@ def test_unstable_simulation_is_rejected_naming_the_key():
 def test_bad_user_table_names_dataset_and_column(tmp_path):
     from pipelines.recm.data import make_data
 
-    good = pd.DataFrame({"eps": [0.0, 0.0], "split": ["train", "test"], "u_prev": [[0.0] * 4] * 2,
-                         "u_now": [[1.0] * 4] * 2, "u_next": [[2.0] * 4] * 2})
+    good = pd.DataFrame(
+        {
+            "eps": [0.0, 0.0],
+            "split": ["train", "test"],
+            "u_prev": [[0.0] * 4] * 2,
+            "u_now": [[1.0] * 4] * 2,
+            "u_next": [[2.0] * 4] * 2,
+        }
+    )
     path = tmp_path / "d.parquet"
     good.to_parquet(path)
     assert len(make_data(params(data={"L": 4, "eps": [0.0], "path": str(path)}))) == 2
-    for bad, col in ((good.drop(columns="u_now"), "u_now"), (good.assign(split=["train", "val"]), "split"),
-                     (good.assign(u_next=[[2.0] * 3] * 2), "u_next"), (good.assign(eps=[0.1, 0.1]), "eps")):
+    for bad, col in (
+        (good.drop(columns="u_now"), "u_now"),
+        (good.assign(split=["train", "val"]), "split"),
+        (good.assign(u_next=[[2.0] * 3] * 2), "u_next"),
+        (good.assign(eps=[0.1, 0.1]), "eps"),
+    ):
         bad.to_parquet(path)
         with pytest.raises(InputDataError, match=rf"recm\.user_data.*'{col}'"):
             make_data(params(data={"L": 4, "eps": [0.0], "path": str(path)}))

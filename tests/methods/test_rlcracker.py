@@ -2,6 +2,7 @@
 generation ↔ detection hashing, the semantic similarity against a brute-force edit distance, the RLCracker
 objective against hand-computed rewards and gradients, and bad input (the end-to-end --env=test run is
 covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import math
 
 import numpy as np
@@ -40,7 +41,7 @@ def test_null_z_scores_are_standard_normal(scheme, h):
     wm = Watermark(scheme, V, TEXT, gamma=0.5, delta=2.0, key=7, context=max(h, 1))
     rng = np.random.default_rng(0)
     T = 200
-    zs = np.array([wm.z(rng.choice(TEXT, size=T + h)) for _ in range(400)])   # unwatermarked: i.i.d. tokens
+    zs = np.array([wm.z(rng.choice(TEXT, size=T + h)) for _ in range(400)])  # unwatermarked: i.i.d. tokens
     # z lives on a lattice of step 1/√(Tγ(1−γ)); spread each atom uniformly over its cell so that the KS
     # test compares continuous laws (this adds step²/12 ≈ 0.002 to the variance)
     step = 1 / math.sqrt(T * 0.25)
@@ -69,13 +70,13 @@ def test_kgw_green_list_follows_the_previous_tokens():
     wm = Watermark("kgw", V, TEXT, gamma=0.5, delta=2.0, key=11, context=2)
     rng = np.random.default_rng(2)
     seq = list(rng.choice(TEXT, 2))
-    for _ in range(98):                     # always pick a green token of the current context
+    for _ in range(98):  # always pick a green token of the current context
         seq.append(int(rng.choice(np.flatnonzero(wm.green(seq[-2:])))))
-    assert wm.count(seq) == (98, 98)        # the first h tokens are not scored
+    assert wm.count(seq) == (98, 98)  # the first h tokens are not scored
     assert wm.z(seq) == pytest.approx(z_score(98, 98, 0.5))
     # the product seeding ("time" scheme) is order-free, a shifted context is not
     assert np.array_equal(wm.green([7, 9]), wm.green([9, 7]))
-    assert wm.count(seq[::-1])[0] < 75      # other contexts: green only by chance
+    assert wm.count(seq[::-1])[0] < 75  # other contexts: green only by chance
 
 
 def test_watermarked_generation_is_detected_and_the_key_matters():
@@ -89,11 +90,19 @@ def test_watermarked_generation_is_detected_and_the_key_matters():
     for scheme in ("unigram", "kgw"):
         wm = Watermark(scheme, V, TEXT, gamma=0.5, delta=4.0, key=5, context=2)
         other = Watermark(scheme, V, TEXT, gamma=0.5, delta=4.0, key=6, context=2)
-        out = sample(model, [[3, 7, 8]] * 8, 64, temperature=1.0, gen=torch.Generator().manual_seed(0),
-                     allowed=allowed, watermark=wm, histories=[[]] * 8)
+        out = sample(
+            model,
+            [[3, 7, 8]] * 8,
+            64,
+            temperature=1.0,
+            gen=torch.Generator().manual_seed(0),
+            allowed=allowed,
+            watermark=wm,
+            histories=[[]] * 8,
+        )
         z = [wm.z(o) for o in out]
         assert min(z) > 4, (scheme, z)
-        assert np.mean([other.z(o) for o in out]) < np.mean(z) / 3     # another key: (mostly) chance
+        assert np.mean([other.z(o) for o in out]) < np.mean(z) / 3  # another key: (mostly) chance
 
 
 # ------------------------------------------------------------------------------ semantics
@@ -195,13 +204,16 @@ def test_shared_models_are_train_nodes():
     assert {"rlcracker.train.generator", "rlcracker.train.attacker_sft"} <= names
 
 
-@pytest.mark.parametrize("path,value,key", [
-    (("rl", "lr"), -1.0, r"rlcracker\.rl\.lr"),
-    (("watermark", "gamma"), 1.5, r"rlcracker\.watermark\.gamma"),
-    (("variants",), ["rlcracker", "gpt4o"], r"rlcracker\.variants"),
-    (("rl", "group_size"), 1, r"rlcracker\.rl\.group_size"),
-    (("data", "synonym_pref"), [0.5, 0.5], r"rlcracker\.data"),
-])
+@pytest.mark.parametrize(
+    "path,value,key",
+    [
+        (("rl", "lr"), -1.0, r"rlcracker\.rl\.lr"),
+        (("watermark", "gamma"), 1.5, r"rlcracker\.watermark\.gamma"),
+        (("variants",), ["rlcracker", "gpt4o"], r"rlcracker\.variants"),
+        (("rl", "group_size"), 1, r"rlcracker\.rl\.group_size"),
+        (("data", "synonym_pref"), [0.5, 0.5], r"rlcracker\.data"),
+    ],
+)
 def test_bad_parameter_names_the_key(path, value, key):
     raw = yaml.safe_load(yaml.safe_dump(RAW))
     d = raw
@@ -215,18 +227,28 @@ def test_bad_parameter_names_the_key(path, value, key):
 def test_bad_user_corpus_names_dataset_and_column(tmp_path):
     from pipelines.rlcracker.data import load_corpus
 
-    corpus = pd.DataFrame({"split": ["train", "wm_train", "test", "test"], "question": ["a b"] * 4,
-                           "text": ["a b c"] * 4})
+    corpus = pd.DataFrame(
+        {"split": ["train", "wm_train", "test", "test"], "question": ["a b"] * 4, "text": ["a b c"] * 4}
+    )
     lexicon = pd.DataFrame({"token": ["a", "b"], "concept": ["x", "x"]})
     corpus.to_parquet(tmp_path / "c.parquet")
     lexicon.to_parquet(tmp_path / "l.parquet")
-    raw = _merge(RAW, {"data": {"source": "file", "corpus_path": str(tmp_path / "c.parquet"),
-                                "lexicon_path": str(tmp_path / "l.parquet")}})
+    raw = _merge(
+        RAW,
+        {
+            "data": {
+                "source": "file",
+                "corpus_path": str(tmp_path / "c.parquet"),
+                "lexicon_path": str(tmp_path / "l.parquet"),
+            }
+        },
+    )
     p = Params.model_validate(raw)
     with pytest.raises(InputDataError, match=r"rlcracker\.wm_corpus.*answer"):
         load_corpus(p)
     corpus.rename(columns={"text": "answer"}).assign(split=["train", "wm_train", "test", "dev"]).to_parquet(
-        tmp_path / "c.parquet")
+        tmp_path / "c.parquet"
+    )
     with pytest.raises(InputDataError, match=r"rlcracker\.wm_corpus.*split"):
         load_corpus(p)
     lexicon.drop(columns="concept").to_parquet(tmp_path / "l.parquet")

@@ -1,5 +1,6 @@
 """A sweep over seeds (`kedro sweep --grid "<m>.seeds=[0],[1]"`) gives each point only a seeds override:
 every parameter that depends on the seeds (plot_seed, ...) defaults from them, for every method and env."""
+
 from __future__ import annotations
 
 import pytest

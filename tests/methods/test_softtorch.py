@@ -2,6 +2,7 @@
 softness → 0, finite differences (gradcheck, float64), sorted inputs, the permutahedron projection and
 isotonic regression against cvxpy, sparsemax against cvxpy — plus bad input (the end-to-end --env=test
 run is covered for every pipeline by tests/methods/test_all_pipelines.py)."""
+
 import itertools
 
 import numpy as np
@@ -27,11 +28,15 @@ def test_elementwise_ops_converge_to_hard(mode):
     y = torch.tensor([0.1, -0.7, 0.3, -0.5, 0.6, 2.0, 1.0], dtype=torch.float64)  # ties for eq
     y2 = y + torch.tensor([0, 0.2, 0, 0, -0.3, 0, 0], dtype=torch.float64)  # no ties for greater/less
     cases = {
-        "heaviside": lambda s, m: so.heaviside(x, s, m), "sign": lambda s, m: so.sign(x, s, m),
-        "abs": lambda s, m: so.abs(x, s, m), "relu": lambda s, m: so.relu(x, s, m),
+        "heaviside": lambda s, m: so.heaviside(x, s, m),
+        "sign": lambda s, m: so.sign(x, s, m),
+        "abs": lambda s, m: so.abs(x, s, m),
+        "relu": lambda s, m: so.relu(x, s, m),
         "relu_gated": lambda s, m: so.relu(x, s, m, gated=True) if m != "hard" else torch.relu(x),
-        "clamp": lambda s, m: so.clamp(x, -1.0, 1.0, s, m), "round": lambda s, m: so.round(x, s, m),
-        "greater": lambda s, m: so.greater(x, y2, s, m), "less": lambda s, m: so.less(x, y2, s, m),
+        "clamp": lambda s, m: so.clamp(x, -1.0, 1.0, s, m),
+        "round": lambda s, m: so.round(x, s, m),
+        "greater": lambda s, m: so.greater(x, y2, s, m),
+        "less": lambda s, m: so.less(x, y2, s, m),
         "eq": lambda s, m: so.eq(x, y, s, m),
     }
     for name, f in cases.items():
@@ -60,15 +65,23 @@ def test_sort_rank_median_converge_to_hard(method):
     err = (so.sort(x, softness=s, mode=mode, method=method, ot_iters=3000) - torch.sort(x).values).abs().max()
     err_soft = (so.sort(x, softness=100 * s, mode=mode, method=method) - torch.sort(x).values).abs().max()
     assert err < tol and err <= err_soft + 1e-9
-    assert torch.allclose(so.rank(x, softness=s, mode=mode, method=method, ot_iters=3000),
-                          so.rank(x, mode="hard"), atol=2e-2)
-    assert torch.allclose(so.median(x, softness=s, mode=mode, method=method, ot_iters=3000), torch.median(x, -1).values,
-                          atol=tol)
+    assert torch.allclose(
+        so.rank(x, softness=s, mode=mode, method=method, ot_iters=3000), so.rank(x, mode="hard"), atol=2e-2
+    )
+    assert torch.allclose(
+        so.median(x, softness=s, mode=mode, method=method, ot_iters=3000), torch.median(x, -1).values, atol=tol
+    )
     # descending sort and top-k membership
-    assert torch.allclose(so.sort(x, softness=s, mode=mode, method=method, descending=True, ot_iters=3000),
-                          torch.sort(x, descending=True).values, atol=tol)
-    assert torch.allclose(so.topk_mask(x, 3, softness=s, mode=mode, method=method, ot_iters=3000),
-                          so.topk_mask(x, 3, mode="hard"), atol=2e-2)
+    assert torch.allclose(
+        so.sort(x, softness=s, mode=mode, method=method, descending=True, ot_iters=3000),
+        torch.sort(x, descending=True).values,
+        atol=tol,
+    )
+    assert torch.allclose(
+        so.topk_mask(x, 3, softness=s, mode=mode, method=method, ot_iters=3000),
+        so.topk_mask(x, 3, mode="hard"),
+        atol=2e-2,
+    )
 
 
 @pytest.mark.parametrize("mode", ("c0", "c1", "c2"))
@@ -82,7 +95,7 @@ def _neuralsort_np(s: np.ndarray, tau: float, absval=np.abs) -> np.ndarray:
     """Grover et al. (2019), written independently: P̂[i, :] = softmax(((n + 1 − 2i)·s − A_s·1) / τ),
     A_s[j, k] = |s_j − s_k|, i = 1..n, row i the i-th LARGEST. ``absval`` swaps in another |·|."""
     n = s.shape[-1]
-    row_sum = absval(s[..., :, None] - s[..., None, :]).sum(-1)          # (A_s·1)[j]
+    row_sum = absval(s[..., :, None] - s[..., None, :]).sum(-1)  # (A_s·1)[j]
     coef = (n + 1 - 2 * np.arange(1, n + 1)).astype(float)
     z = (coef[:, None] * s[..., None, :] - row_sum[..., None, :]) / tau
     z = np.exp(z - z.max(-1, keepdims=True))
@@ -109,8 +122,10 @@ def test_neuralsort_tends_to_the_hard_permutation():
     """τ → 0: P̂ → the hard permutation matrix (Grover et al., Thm. 4), monotonically here."""
     x = _x(9, 11)
     hard = so.argsort(x, mode="hard")
-    errs = [float((so.argsort(x, softness=t, method="neuralsort", standardize=False) - hard).abs().max())
-            for t in (1.0, 0.1, 0.01, 1e-3, 1e-4)]
+    errs = [
+        float((so.argsort(x, softness=t, method="neuralsort", standardize=False) - hard).abs().max())
+        for t in (1.0, 0.1, 0.01, 1e-3, 1e-4)
+    ]
     assert errs[-1] < 1e-12 and all(b <= a for a, b in zip(errs, errs[1:])), errs
     assert torch.equal(so.argsort(x, softness=1e-4, method="neuralsort").argmax(-1), torch.argsort(x))
 
@@ -119,21 +134,36 @@ def test_neuralsort_smoothabs_is_the_formula_with_the_soft_abs():
     """The SoftTorch library's variant, kept as `neuralsort_smoothabs`: the same operator with
     |d| ≈ d·(2σ(d/τ) − 1), the smooth-mode soft abs at the operator's own softness."""
     s, tau = np.random.default_rng(1).normal(size=(2, 7)), 0.2
-    soft_abs = lambda d: d * (2 / (1 + np.exp(-d / tau)) - 1)           # noqa: E731
-    got = so.argsort(torch.from_numpy(s), softness=tau, method="neuralsort_smoothabs", standardize=False,
-                     descending=True)
+    soft_abs = lambda d: d * (2 / (1 + np.exp(-d / tau)) - 1)  # noqa: E731
+    got = so.argsort(
+        torch.from_numpy(s), softness=tau, method="neuralsort_smoothabs", standardize=False, descending=True
+    )
     np.testing.assert_allclose(got.numpy(), _neuralsort_np(s, tau, soft_abs), atol=1e-12, rtol=0)
-    assert float((got - so.argsort(torch.from_numpy(s), softness=tau, method="neuralsort", standardize=False,
-                                   descending=True)).abs().max()) > 1e-3
+    assert (
+        float(
+            (
+                got
+                - so.argsort(torch.from_numpy(s), softness=tau, method="neuralsort", standardize=False, descending=True)
+            )
+            .abs()
+            .max()
+        )
+        > 1e-3
+    )
 
 
 # ------------------------------------------------------------------------------ finite differences
 @pytest.mark.parametrize("mode", SOFT_MODES)
 def test_elementwise_gradcheck(mode):
     x = torch.tensor([-0.31, -0.04, 0.07, 0.22, 0.9, 1.3], dtype=torch.float64, requires_grad=True)
-    for f in (lambda t: so.sigmoidal(t, 0.1, mode), lambda t: so.relu(t, 0.1, mode),
-              lambda t: so.abs(t, 0.1, mode), lambda t: so.round(t, 0.2, mode),
-              lambda t: so.clamp(t, -0.1, 0.5, 0.1, mode), lambda t: so.argmax(t, softness=0.3, mode=mode)):
+    for f in (
+        lambda t: so.sigmoidal(t, 0.1, mode),
+        lambda t: so.relu(t, 0.1, mode),
+        lambda t: so.abs(t, 0.1, mode),
+        lambda t: so.round(t, 0.2, mode),
+        lambda t: so.clamp(t, -0.1, 0.5, 0.1, mode),
+        lambda t: so.argmax(t, softness=0.3, mode=mode),
+    ):
         assert torch.autograd.gradcheck(f, (x,), eps=1e-6, atol=1e-5)
 
 
@@ -142,18 +172,21 @@ def test_sort_rank_gradcheck(method):
     x = _x(6, 5).requires_grad_(True)
     kw = dict(softness=0.3, mode="smooth", method=method, ot_iters=50, ot_tol=0.0)
     assert torch.autograd.gradcheck(lambda t: so.sort(t, **kw), (x,), eps=1e-6, atol=1e-5)
-    assert torch.autograd.gradcheck(lambda t: so.rank(t, softness=0.3, method=method, ot_iters=50), (x,),
-                                    eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(
+        lambda t: so.rank(t, softness=0.3, method=method, ot_iters=50), (x,), eps=1e-6, atol=1e-5
+    )
 
 
 def test_fast_soft_sort_gradcheck():
     # the custom PAV backward (block means) against finite differences, away from block boundaries
     x = torch.tensor([0.3, -1.2, 0.25, 2.0, -0.1, 0.9], dtype=torch.float64, requires_grad=True)
     for s in (0.05, 0.5, 5.0):
-        assert torch.autograd.gradcheck(lambda t: so.sort(t, softness=s, mode="c0", method="fast_soft_sort"),
-                                        (x,), eps=1e-7, atol=1e-5)
-        assert torch.autograd.gradcheck(lambda t: so.rank(t, softness=s, mode="c0", method="fast_soft_sort"),
-                                        (x,), eps=1e-7, atol=1e-5)
+        assert torch.autograd.gradcheck(
+            lambda t: so.sort(t, softness=s, mode="c0", method="fast_soft_sort"), (x,), eps=1e-7, atol=1e-5
+        )
+        assert torch.autograd.gradcheck(
+            lambda t: so.rank(t, softness=s, mode="c0", method="fast_soft_sort"), (x,), eps=1e-7, atol=1e-5
+        )
 
 
 # ------------------------------------------------------------------------------ sorted input
@@ -170,8 +203,11 @@ def test_fast_soft_sort_of_sorted_input_is_identity_exactly():
     # well-separated sorted input: the permutahedron projection is inside, so the output is exact
     x = torch.linspace(-2, 2, 10, dtype=torch.float64)
     assert torch.allclose(so.sort(x, softness=0.01, mode="c0", method="fast_soft_sort"), x, atol=1e-10)
-    assert torch.allclose(so.rank(x, softness=0.01, mode="c0", method="fast_soft_sort"),
-                          torch.arange(1, 11, dtype=torch.float64), atol=1e-10)
+    assert torch.allclose(
+        so.rank(x, softness=0.01, mode="c0", method="fast_soft_sort"),
+        torch.arange(1, 11, dtype=torch.float64),
+        atol=1e-10,
+    )
 
 
 # ------------------------------------------------------------------------------ cvxpy references
@@ -258,8 +294,11 @@ def test_speed_metrics_from_interleaved_rounds(raw):
     from pipelines.softtorch.params import Params
 
     p = Params.model_validate({**raw, "speed": {**raw["speed"], "ratio_n_ot": 8, "ratio_n_quadratic": 8}})
-    rows = [{"n": 8, "method": m, "round": i, "seconds": t * (i + 1)} for i in range(11)
-            for m, t in (("ot", 1.0), ("neuralsort", 0.5), ("softsort", 0.2), ("fast_soft_sort", 0.01))]
+    rows = [
+        {"n": 8, "method": m, "round": i, "seconds": t * (i + 1)}
+        for i in range(11)
+        for m, t in (("ot", 1.0), ("neuralsort", 0.5), ("softsort", 0.2), ("fast_soft_sort", 0.01))
+    ]
     out = speed_metrics(None, p, pd.DataFrame(rows))
     assert out["fwdbwd_ms.ot.n8"] == pytest.approx(6000.0)
     est = out["speedup.fast_soft_sort_vs_ot"]
@@ -325,7 +364,8 @@ def test_bad_user_file_names_dataset_and_column(tmp_path, raw):
         make_digit_sequences(p)
     # a valid user file builds sequences of two-digit images
     df.to_csv(path, index=False)
-    small = Params.model_validate({**raw, "digits": {**raw["digits"], "user_csv": str(path), "n_train": 12,
-                                                     "n_test": 10}})
+    small = Params.model_validate(
+        {**raw, "digits": {**raw["digits"], "user_csv": str(path), "n_train": 12, "n_test": 10}}
+    )
     out = make_digit_sequences(small)["0"]
     assert out["x_train"].shape == (12, 5, 8, 16) and out["y_test"].shape == (10, 5)

@@ -2,6 +2,7 @@
 references (the backbone's own forward, core's KV-cached decoder, a closed form, finite differences),
 then data splits and bad input (the end-to-end --env=test run is covered for every pipeline by
 tests/methods/test_all_pipelines.py)."""
+
 import copy
 
 import pandas as pd
@@ -13,11 +14,15 @@ from pipelines.core.schemas import InputDataError
 from pipelines.svgt import model as M
 from pipelines.svgt.params import Params
 
-RAW = {"seeds": [0], "threads": 1, "variants": ["svgt", "svgt_dz0", "no_intervention"],
-       "data": {"n_topics": 4, "n_verbs": 5, "n_targets": 4, "n_new_verbs": 2, "n_pretrain": 200,
-                "benign_repeats": 1},
-       "backbone": {"d_model": 32, "n_layers": 4, "n_heads": 4, "steps": 5},
-       "value": {"value_dim": 8, "steps": 5}, "bridge": {"k": 3, "steps": 5}}
+RAW = {
+    "seeds": [0],
+    "threads": 1,
+    "variants": ["svgt", "svgt_dz0", "no_intervention"],
+    "data": {"n_topics": 4, "n_verbs": 5, "n_targets": 4, "n_new_verbs": 2, "n_pretrain": 200, "benign_repeats": 1},
+    "backbone": {"d_model": 32, "n_layers": 4, "n_heads": 4, "steps": 5},
+    "value": {"value_dim": 8, "steps": 5},
+    "bridge": {"k": 3, "steps": 5},
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +37,7 @@ def world():
     tok = M.make_tokenizer(vocab)
     m, r = layout(corpus, tok)
     bb = M.make_backbone(len(tok), p.backbone, m + r + p.bridge.k + 8)
-    with torch.no_grad():       # make the random backbone less uniform than its 0.02-std init
+    with torch.no_grad():  # make the random backbone less uniform than its 0.02-std init
         for q in bb.parameters():
             q.mul_(20.0 if q.dim() > 1 else 1.0)
     saved = {"state": bb.state_dict(), "vocab": vocab, "m": m, "r": r}
@@ -53,7 +58,7 @@ def test_no_bridge_and_zero_vector_leave_the_backbone_unchanged(world):
     p, w = world
     b = w.batch(w.split("eval_benign"))
     with torch.no_grad():
-        ref = w.bb(b.ids, attn_mask=M.attn_mask(b.valid))[:, b.m - 1:-1]
+        ref = w.bb(b.ids, attn_mask=M.attn_mask(b.valid))[:, b.m - 1 : -1]
         for iv in (M.NoIntervention(), M.AddVector(torch.randn(p.backbone.d_model), 0.0)):
             got = M.steered_logits(w.bb, b, w.layer, iv)[0]
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
@@ -67,13 +72,13 @@ def test_greedy_without_intervention_matches_cached_generate(world):
     df = w.split("eval_harm_id")
     df = df[df["wrapper"] == "roleplay"].head(4)
     b = w.batch(df, with_response=False)
-    lens = b.valid[:, :b.m].sum(1)
+    lens = b.valid[:, : b.m].sum(1)
     assert bool((lens == lens[0]).all())
     n = int(lens[0])
-    prompt = b.ids[:, b.m - n:b.m]
+    prompt = b.ids[:, b.m - n : b.m]
     ref = generate(w.bb, prompt, 4, temperature=0, eos_id=w.tok.eos_id)[:, n:]
     got = M.greedy(w.bb, b, w.layer, M.NoIntervention(), 4, w.tok.eos_id)
-    assert torch.equal(got[:, :ref.shape[1]], ref)
+    assert torch.equal(got[:, : ref.shape[1]], ref)
 
 
 def test_left_padding_changes_nothing(world):
@@ -98,8 +103,8 @@ def test_response_logits_start_at_m_plus_k_minus_1(world):
     b = w.batch(df)
     with torch.no_grad():
         logits, _, _, bridge, k = M.steered_logits(w.bb, b, w.layer, iv)
-        x = M.run_lower(w.bb, b.ids[:, :b.m], b.valid[:, :b.m], w.layer)
-        x2, v2 = M.splice(x, b.valid[:, :b.m], b.m, bridge)
+        x = M.run_lower(w.bb, b.ids[:, : b.m], b.valid[:, : b.m], w.layer)
+        x2, v2 = M.splice(x, b.valid[:, : b.m], b.m, bridge)
         ref = M.run_upper(w.bb, x2, v2, w.layer)[0][:, -1]
     assert k == p.bridge.k
     torch.testing.assert_close(logits[:, 0], ref, rtol=1e-5, atol=1e-5)
@@ -142,8 +147,8 @@ def test_dz_is_zero_when_the_prompt_is_scored_safe(world):
 def test_bridge_gradients_never_reach_frozen_weights(world):
     """A stage-3 loss backpropagates into the bridge generator only; after a training run the backbone and
     the value model are bit-for-bit unchanged."""
-    from pipelines.svgt.train import _sampler, _stage3_loss
     from pipelines.core.training import fit
+    from pipelines.svgt.train import _sampler, _stage3_loss
 
     p, w = world
     iv = _svgt(p, w)
@@ -184,7 +189,9 @@ def test_bridge_gradient_matches_finite_differences(world):
     (grad,) = torch.autograd.grad(loss, iv.gen.gate)
     eps = 1e-5
     with torch.no_grad():
-        fd = (ce(torch.tensor(-0.5 + eps, dtype=torch.float64)) - ce(torch.tensor(-0.5 - eps, dtype=torch.float64))) / (2 * eps)
+        fd = (ce(torch.tensor(-0.5 + eps, dtype=torch.float64)) - ce(torch.tensor(-0.5 - eps, dtype=torch.float64))) / (
+            2 * eps
+        )
     assert abs(float(grad) - float(fd)) <= 1e-6 + 1e-4 * abs(float(fd))
     assert abs(float(fd)) > 1e-8
 
@@ -199,7 +206,7 @@ def test_held_out_verbs_and_wrappers_stay_out_of_value_and_bridge_training(world
     assert not (set(train["wrapper"]) & set(p.data.ood_wrappers))
     ev = set(c[c["split"] == "eval_harm_id"]["request"])
     assert ev and not (ev & set(train["request"]))
-    look = set(c[c["split"] == "eval_lookalike"]["request"])      # benign look-alikes: evaluation only
+    look = set(c[c["split"] == "eval_lookalike"]["request"])  # benign look-alikes: evaluation only
     assert look and not (look & set(train["request"]))
 
 
@@ -216,14 +223,17 @@ def test_shared_training_steps_and_one_row_variant_per_steering_coefficient():
     assert "caa" not in reported and "svgt" in reported
 
 
-@pytest.mark.parametrize("patch, key", [
-    ({"bridge": {"k": 0}}, r"svgt\.bridge\.k"),
-    ({"value": {"lr_stage1": -1.0}}, r"svgt\.value\.lr_stage1"),
-    ({"bridge": {"lambda_ce": True}}, r"svgt\.bridge\.lambda_ce"),
-    ({"variants": ["svgt", "caa_typo", "no_intervention"]}, r"svgt\.variants"),
-    ({"data": {"ood_wrappers": ["klingon"]}}, r"svgt\.data\.ood_wrappers"),
-    ({"value": {"extract_layer": 3}}, r"extract_layer"),
-])
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"bridge": {"k": 0}}, r"svgt\.bridge\.k"),
+        ({"value": {"lr_stage1": -1.0}}, r"svgt\.value\.lr_stage1"),
+        ({"bridge": {"lambda_ce": True}}, r"svgt\.bridge\.lambda_ce"),
+        ({"variants": ["svgt", "caa_typo", "no_intervention"]}, r"svgt\.variants"),
+        ({"data": {"ood_wrappers": ["klingon"]}}, r"svgt\.data\.ood_wrappers"),
+        ({"value": {"extract_layer": 3}}, r"extract_layer"),
+    ],
+)
 def test_bad_parameter_names_the_key(patch, key):
     raw = copy.deepcopy(RAW)
     for k, v in patch.items():

@@ -6,6 +6,7 @@ head), no future leakage, the LLM backend against a stub server, the variants' i
 gains (per seed, paired), user data with only level-A texts (window length from the files), bad user tables and bad
 parameters. The --env=test run itself is covered by tests/methods/test_all_pipelines.py; its report is
 checked here through the shared ``test_env_run`` fixture."""
+
 from __future__ import annotations
 
 import copy
@@ -53,17 +54,17 @@ def test_labeller_on_hand_made_series():
     sx = x[0].std()
     y_no = np.full((4, H), x[0].mean())
     path = np.zeros((4, H))
-    path[0] = 3 * sx                                        # big persistent jump from t=0: strong rise
-    path[1, 16:] = -0.3 * sx                                # small late drop
-    path[2] = 0.0                                           # no event
-    path[3] = sx * np.sin(2 * np.pi * np.arange(H) / 6)     # oscillation
+    path[0] = 3 * sx  # big persistent jump from t=0: strong rise
+    path[1, 16:] = -0.3 * sx  # small late drop
+    path[2] = 0.0  # no event
+    path[3] = sx * np.sin(2 * np.pi * np.arange(H) / 6)  # oscillation
     y = y_no + path
     stats = primitive_stats(x, y, y_no)
     th = {"shift_lo": 0.5, "shift_hi": 2.0, "vol_lo": 0.3, "vol_hi": 1.0, "q_diffuse": 0.0, "tail_median": 0.3}
     lab = apply_labeller(stats, th, LP)
     assert list(lab["shift"]) == ["STRONG-RISE", "STABLE", "STABLE", "STABLE"]
     assert lab["lag"][1] == "LATE" and lab["lag"][2] == "DIFFUSE"
-    assert lab["lag"][0] == "MID-PERSIST"                   # constant from t=0: centroid 0.52, tail 1/3 >= 0.3
+    assert lab["lag"][0] == "MID-PERSIST"  # constant from t=0: centroid 0.52, tail 1/3 >= 0.3
     # volatility: y with no step-to-step movement is much calmer than a noisy history
     assert lab["vol"][0] == "MUCH-CALMER"
     # shape rules on clean templates
@@ -83,9 +84,11 @@ def test_early_fading_event_is_early_fade():
     x = np.random.default_rng(1).normal(0, 1, (1, 96))
     y_no = np.zeros((1, H))
     y = y_no + 2 * 0.5 ** (np.arange(H) / 4)[None]
-    lab = apply_labeller(primitive_stats(x, y, y_no),
-                         {"shift_lo": 0.1, "shift_hi": 5, "vol_lo": 9, "vol_hi": 10, "q_diffuse": 0.0,
-                          "tail_median": 0.2}, LP)
+    lab = apply_labeller(
+        primitive_stats(x, y, y_no),
+        {"shift_lo": 0.1, "shift_hi": 5, "vol_lo": 9, "vol_hi": 10, "q_diffuse": 0.0, "tail_median": 0.2},
+        LP,
+    )
     assert lab["lag"][0] == "EARLY-FADE"
 
 
@@ -115,7 +118,7 @@ def test_thresholds_use_train_only():
     _, info = label_primitives(w, p)
     w2 = w.copy()
     test = (w2.split == "test").to_numpy()
-    w2["y"] = [np.asarray(y) * 50 if t else y for y, t in zip(w2["y"], test)]   # wild test futures
+    w2["y"] = [np.asarray(y) * 50 if t else y for y, t in zip(w2["y"], test)]  # wild test futures
     _, info2 = label_primitives(w2, p)
     assert info["thresholds"] == info2["thresholds"]
 
@@ -135,7 +138,7 @@ def test_unseen_paraphrases_are_new_many_and_free_of_modifiers():
         # most paraphrases hold a word no seen phrase of any group has: n-grams of the train texts miss them
         novel = np.mean([bool(set(ph.split()) - bank_words) for ph in phrases])
         assert novel >= 0.5, (group, novel)
-    assert sum(map(len, ob.values())) > 4 * sum(map(len, BANK.values()))      # 535 vs 114
+    assert sum(map(len, ob.values())) > 4 * sum(map(len, BANK.values()))  # 535 vs 114
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +175,7 @@ def test_unseen_share_touches_only_test_texts(synth):
     np.testing.assert_array_equal(changed.to_numpy(), flags.any(1))
     # the narrative span still covers the narrative after the replacement
     row = ta.iloc[int(np.flatnonzero(flags.any(1))[0])]
-    assert row["text"][row["narrative_start"]:row["narrative_end"]].startswith("Analysts expect")
+    assert row["text"][row["narrative_start"] : row["narrative_end"]].startswith("Analysts expect")
 
 
 # ------------------------------------------------------------------------------------------ extractors
@@ -225,7 +228,7 @@ def test_minilm_head_matches_sklearn_logistic_regression():
     n, d, l2 = 240, 12, 1e-2
     x = rng.normal(size=(n, d))
     y = np.stack([rng.integers(len(LABELS[prim]), size=n) for prim in PRIMITIVES], 1)
-    y[:, 0] = np.argmax(x[:, :5] + rng.normal(scale=0.5, size=(n, 5)), 1)      # learnable signal
+    y[:, 0] = np.argmax(x[:, :5] + rng.normal(scale=0.5, size=(n, 5)), 1)  # learnable signal
     model = fit_head(torch.tensor(x, dtype=torch.float32), torch.tensor(y), None, None, l2, 60, 2, seed=0)
     got = head_probs(model, torch.tensor(x, dtype=torch.float32))
     for k, prim in enumerate(PRIMITIVES):
@@ -246,8 +249,10 @@ def _fake_emb(w: pd.DataFrame, gt: pd.DataFrame, dim: int = 16, seed: int = 0) -
     x[np.arange(len(ids)), lab] += 3.0
     test = w.loc[w.split == "test", "window_id"].to_numpy()
     xs = torch.tensor(x[np.isin(ids, test)] + 0.1, dtype=torch.float32)
-    return {"A": {"window_id": torch.tensor(ids), "clauses": torch.tensor(x, dtype=torch.float32)},
-            "seen_A": {"window_id": torch.tensor(test), "clauses": xs}}
+    return {
+        "A": {"window_id": torch.tensor(ids), "clauses": torch.tensor(x, dtype=torch.float32)},
+        "seen_A": {"window_id": torch.tensor(test), "clauses": xs},
+    }
 
 
 def test_minilm_head_is_cross_fitted_and_never_reads_test_labels(synth):
@@ -262,7 +267,7 @@ def test_minilm_head_is_cross_fitted_and_never_reads_test_labels(synth):
     assert set(out.loc[out.rendering == "seen", "window_id"]) == test
     shift = out[(out.primitive == "shift") & (out.rendering == "open")].set_index("window_id")
     truth = gt.set_index("window_id").loc[shift.index, "shift"]
-    assert (shift["label"] == truth).loc[list(test)].mean() > 0.8          # it learns the signal
+    assert (shift["label"] == truth).loc[list(test)].mean() > 0.8  # it learns the signal
     # scrambled test labels: nothing changes
     gt2 = gt.copy()
     is_test = gt2.window_id.isin(test)
@@ -277,8 +282,10 @@ def test_minilm_head_is_cross_fitted_and_never_reads_test_labels(synth):
     out3 = extract_minilm_head(emb, gt3, w, p)
     mine = (out.window_id == tr_id) & (out.primitive == "shift")
     np.testing.assert_array_equal(np.stack(out.loc[mine, "probs"]), np.stack(out3.loc[mine, "probs"]))
-    assert not np.array_equal(np.stack(out.loc[~mine & (out.primitive == "shift"), "probs"]),
-                              np.stack(out3.loc[~mine & (out3.primitive == "shift"), "probs"]))
+    assert not np.array_equal(
+        np.stack(out.loc[~mine & (out.primitive == "shift"), "probs"]),
+        np.stack(out3.loc[~mine & (out3.primitive == "shift"), "probs"]),
+    )
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -295,12 +302,19 @@ def test_gate_shapes_and_prefix_never_enters_the_head():
     m.head.register_forward_hook(record)
     B = 5
     probs = torch.softmax(torch.randn(B, 4, 6), -1)
-    out, g, logit = m(torch.randn(B, 96), probs=probs, margin_z=torch.randn(B, 4), entropy=torch.rand(B, 4),
-                      return_gate=True)
+    out, g, logit = m(
+        torch.randn(B, 96), probs=probs, margin_z=torch.randn(B, 4), entropy=torch.rand(B, 4), return_gate=True
+    )
     assert out.shape == (B, 24) and g.shape == (B, 4) and ((g > 0) & (g < 1)).all()
     assert seen["in"] == (B, 11 * 16)
-    _, g1, _ = m(torch.randn(B, 96), probs=probs, margin_z=torch.randn(B, 4), entropy=torch.rand(B, 4),
-                 gate_mode="one", return_gate=True)
+    _, g1, _ = m(
+        torch.randn(B, 96),
+        probs=probs,
+        margin_z=torch.randn(B, 4),
+        entropy=torch.rand(B, 4),
+        gate_mode="one",
+        return_gate=True,
+    )
     assert torch.equal(g1, torch.ones(B, 4))
 
 
@@ -309,9 +323,8 @@ def test_gate_zero_gives_the_null_token():
 
     pre = GatedPrimitivePrefix(8, 4)
     with torch.no_grad():
-        pre.b2.fill_(-1e4)                                   # gate closed
-    tokens, g, _ = pre(torch.softmax(torch.randn(3, 4, 6), -1), torch.zeros(3, 4), torch.zeros(3, 4),
-                       torch.zeros(3, 8))
+        pre.b2.fill_(-1e4)  # gate closed
+    tokens, g, _ = pre(torch.softmax(torch.randn(3, 4, 6), -1), torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(3, 8))
     assert torch.allclose(tokens, (pre.null + pre.type_emb).expand(3, -1, -1), atol=1e-6)
 
 
@@ -360,11 +373,27 @@ def test_variant_inputs_and_single_node_selection():
     pipe = load_pipeline("tess")
     names = {n.name for n in pipe.nodes}
     variants = list(plan(params()))
-    expected = {"naive", "seasonal_naive", "dlinear", "patchtst", "tfidf_ridge", "minilm_ridge", "fusion_A",
-                "xattn_A", "tess", "tess_nogate", "oracle", "shuffled", "tess_lexicon", "tess_prototype",
-                "fusion_D", "xattn_D", "tess_D"}
+    expected = {
+        "naive",
+        "seasonal_naive",
+        "dlinear",
+        "patchtst",
+        "tfidf_ridge",
+        "minilm_ridge",
+        "fusion_A",
+        "xattn_A",
+        "tess",
+        "tess_nogate",
+        "oracle",
+        "shuffled",
+        "tess_lexicon",
+        "tess_prototype",
+        "fusion_D",
+        "xattn_D",
+        "tess_D",
+    }
     assert set(variants) == expected
-    assert "tess.data.extractor_head" in names          # the shared minilm_head fit
+    assert "tess.data.extractor_head" in names  # the shared minilm_head fit
     one = pipe.only_nodes("tess.train.tess_lexicon")
     assert [n.name for n in one.nodes] == ["tess.train.tess_lexicon"]
     assert set(one.inputs()) == {"params:tess", "tess.windows", "tess.primitives_gt", "tess.extractions_lexicon"}
@@ -372,8 +401,12 @@ def test_variant_inputs_and_single_node_selection():
     assert "tess.patchtst_artifacts_tensors" in pipe.only_nodes("tess.train.tfidf_ridge").inputs()
     # the backend list follows the parameters: lexicon as the main backend makes minilm_head a variant
     from pipelines.tess.train import backend_variants
+
     assert backend_variants(params({"extractor": {"backend": "lexicon"}})) == {
-        "tess": "lexicon", "tess_minilm_head": "minilm_head", "tess_prototype": "prototype"}
+        "tess": "lexicon",
+        "tess_minilm_head": "minilm_head",
+        "tess_prototype": "prototype",
+    }
 
 
 def test_gains_are_core_relative_gains_per_seed_paired():
@@ -382,8 +415,15 @@ def test_gains_are_core_relative_gains_per_seed_paired():
     from pipelines.tess.spec import SPEC
 
     p = params({"seeds": [0, 1]})
-    mse = {"naive": [2.0, 2.0], "seasonal_naive": [1.5, 1.5], "dlinear": [1.0, 1.2], "patchtst": [1.1, 1.0],
-           "tess": [0.5, 0.7], "tess_nogate": [0.6, 0.7], "oracle": [0.4]}
+    mse = {
+        "naive": [2.0, 2.0],
+        "seasonal_naive": [1.5, 1.5],
+        "dlinear": [1.0, 1.2],
+        "patchtst": [1.1, 1.0],
+        "tess": [0.5, 0.7],
+        "tess_nogate": [0.6, 0.7],
+        "oracle": [0.4],
+    }
     tables = {}
     for v in SPEC.variants(p):
         r = Results(v)
@@ -393,16 +433,18 @@ def test_gains_are_core_relative_gains_per_seed_paired():
     values = SeedValues(tables)
     point, per_seed = {}, {}
     for d in SPEC.declarations(p):
-        if not getattr(d, "inputs", ()):                  # those reading the data tables are tested end to end
+        if not getattr(d, "inputs", ()):  # those reading the data tables are tested end to end
             for k, x in d.compute(values, p, values.variants, {}).items():
                 (per_seed if isinstance(x, dict) else point)[k] = x
     # best unimodal by mean (patchtst 1.05 < dlinear 1.1), then paired seed by seed
     assert per_seed["relative_gain.test_mse.tess_vs_best_unimodal"] == pytest.approx(
-        {0: relative_gain(method=0.5, baseline=1.1), 1: relative_gain(method=0.7, baseline=1.0)})
-    assert per_seed["relative_gain.test_mse.oracle_vs_tess"] == pytest.approx({0: 0.2})   # single seed: seed 0
+        {0: relative_gain(method=0.5, baseline=1.1), 1: relative_gain(method=0.7, baseline=1.0)}
+    )
+    assert per_seed["relative_gain.test_mse.oracle_vs_tess"] == pytest.approx({0: 0.2})  # single seed: seed 0
     assert per_seed["rel_impr_vs_best_unimodal"] == pytest.approx(
-        {s: 100 * x for s, x in per_seed["relative_gain.test_mse.tess_vs_best_unimodal"].items()})
-    assert np.isnan(point["relative_gain.test_mse.tess_vs_tfidf_ridge.seen_paraphrases"])   # no seen rendering
+        {s: 100 * x for s, x in per_seed["relative_gain.test_mse.tess_vs_best_unimodal"].items()}
+    )
+    assert np.isnan(point["relative_gain.test_mse.tess_vs_tfidf_ridge.seen_paraphrases"])  # no seen rendering
 
 
 # ------------------------------------------------------------------------------------------ LLM backend
@@ -411,10 +453,22 @@ def _stub_answer(body: dict, with_logprobs: bool) -> dict:
 
     answer = "3" if "surge" not in body["messages"][0]["content"] else "5"
     if body.get("logprobs") and with_logprobs:
-        return completion([f"Label: {answer}"], logprobs=[[
-            {"token": "Label", "top_logprobs": []}, {"token": ":", "top_logprobs": []},
-            {"token": f" {answer}", "top_logprobs": [{"token": f" {answer}", "logprob": np.log(0.9)},
-                                                      {"token": " 1", "logprob": np.log(0.1)}]}]])
+        return completion(
+            [f"Label: {answer}"],
+            logprobs=[
+                [
+                    {"token": "Label", "top_logprobs": []},
+                    {"token": ":", "top_logprobs": []},
+                    {
+                        "token": f" {answer}",
+                        "top_logprobs": [
+                            {"token": f" {answer}", "logprob": np.log(0.9)},
+                            {"token": " 1", "logprob": np.log(0.1)},
+                        ],
+                    },
+                ]
+            ],
+        )
     if body.get("logprobs"):
         return completion([f"Label: {answer}"])
     return completion([f"<think>maybe 1</think>Label: {answer}"] * body.get("n", 1))
@@ -440,10 +494,10 @@ def _llm_backend_checks(stub, tmp_path, with_logprobs, LLMError):
     assert shift.loc[0, "label"] == "STRONG-RISE" and shift.loc[1, "label"] == "STABLE"
     if with_logprobs:
         assert shift.loc[0, "probs"][4] == pytest.approx(0.9 / 1.0 * 1 / (1 + 0.01), abs=0.02)
-    else:                                                   # 4 votes for "3"/"5", <think> stripped, ε-smoothed
+    else:  # 4 votes for "3"/"5", <think> stripped, ε-smoothed
         assert shift.loc[1, "probs"][2] == pytest.approx(4.01 / 4.05, abs=1e-6)
     n_calls = len(stub.requests)
-    again = extract_llm(texts, seen, windows, p)            # second run: served from the cache
+    again = extract_llm(texts, seen, windows, p)  # second run: served from the cache
     assert len(stub.requests) == n_calls
     pd.testing.assert_frame_equal(out, again)
     # no endpoint: the cache still answers; an uncached prompt fails closed with a clear error
@@ -461,11 +515,17 @@ def _user_files(tmp_path, n: int = 48, L: int = 64, H: int = 16, levels=("A",)):
     t = np.arange(L + H)
     series = np.sin(2 * np.pi * t / 24)[None] + rng.normal(0, 0.3, (n, L + H)) + rng.normal(0, 1, (n, 1))
     split = np.array(["train"] * (n // 2) + ["val"] * (n // 4) + ["test"] * (n - n // 2 - n // 4))
-    windows = pd.DataFrame({"window_id": np.arange(n) + 100, "split": split,
-                            "x": list(series[:, :L]), "y": list(series[:, L:])})
+    windows = pd.DataFrame(
+        {"window_id": np.arange(n) + 100, "split": split, "x": list(series[:, :L]), "y": list(series[:, L:])}
+    )
     words = ["prices surge on strong demand", "a calm and flat week ahead", "the index may slip a little"]
-    texts = pd.DataFrame([{"window_id": int(w), "level": lv, "text": f"{words[i % 3]} ({lv})"}
-                          for i, w in enumerate(windows.window_id) for lv in levels])
+    texts = pd.DataFrame(
+        [
+            {"window_id": int(w), "level": lv, "text": f"{words[i % 3]} ({lv})"}
+            for i, w in enumerate(windows.window_id)
+            for lv in levels
+        ]
+    )
     wp, tp = tmp_path / "windows.parquet", tmp_path / "texts.parquet"
     windows.to_parquet(wp)
     texts.to_parquet(tp)
@@ -473,15 +533,20 @@ def _user_files(tmp_path, n: int = 48, L: int = 64, H: int = 16, levels=("A",)):
 
 
 def _files_params(wp, tp, **data):
-    return params({"data": {"source": "files", "windows_path": str(wp), "texts_path": str(tp), **data},
-                   "model": {"patch_len": 16, "stride": 8}, "train": {"epochs": 1}})
+    return params(
+        {
+            "data": {"source": "files", "windows_path": str(wp), "texts_path": str(tp), **data},
+            "model": {"patch_len": 16, "stride": 8},
+            "train": {"epochs": 1},
+        }
+    )
 
 
 def test_user_data_with_level_a_only_runs_every_variant(tmp_path):
     """The README's own-data path with level-A texts only (L = 64, H = 16 from the files, not 96 / 24)."""
+    from pipelines.core.spec import make_report
     from pipelines.tess.data import generate_windows, label_primitives, render_texts
     from pipelines.tess.embed import embed_texts
-    from pipelines.core.spec import make_report
     from pipelines.tess.extract import extract_lexicon
     from pipelines.tess.head import extract_minilm_head
     from pipelines.tess.spec import SPEC
@@ -495,8 +560,13 @@ def test_user_data_with_level_a_only_runs_every_variant(tmp_path):
     assert (info["history_used"], info["horizon_used"]) == (64, 16)
     texts, seen = render_texts(w, gt, p)
     assert set(texts.level) == {"A"} and len(seen) == 0
-    data = {"windows": w, "primitives_gt": gt, "texts": texts, "texts_seen": seen,
-            "extractions_lexicon": extract_lexicon(texts, seen, p)}
+    data = {
+        "windows": w,
+        "primitives_gt": gt,
+        "texts": texts,
+        "texts_seen": seen,
+        "extractions_lexicon": extract_lexicon(texts, seen, p),
+    }
     emb, data["extractions_prototype"] = embed_texts(texts, seen, w, p)
     assert set(emb) == {"A"}
     data["text_emb_tensors"] = emb
@@ -505,34 +575,55 @@ def test_user_data_with_level_a_only_runs_every_variant(tmp_path):
     data["labeller_json"] = info
     outputs = {}
     for v in plan(p):
-        kw = {arg: (data[ds] if ds in data else outputs[ds]) for arg, ds in variant_inputs(p, v).items()
-              if arg != "windows"}
+        kw = {
+            arg: (data[ds] if ds in data else outputs[ds])
+            for arg, ds in variant_inputs(p, v).items()
+            if arg != "windows"
+        }
         outputs[f"results_{v}"], outputs[f"{v}_artifacts_tensors"] = train_variant(p, w, variant=v, **kw)
-    for v in ("tess_D", "fusion_D", "xattn_D"):                     # no level-D texts: skipped, not failed
+    for v in ("tess_D", "fusion_D", "xattn_D"):  # no level-D texts: skipped, not failed
         assert len(outputs[f"results_{v}"]) == 0
     assert len(outputs["results_tess"]) and "tess_seen" not in set(outputs["results_tess"].variant)
-    rep = make_report("tess", p=p, **{f"r__{v}": outputs[f"results_{v}"] for v in plan(p)},
-                      **{f"i__{k}": data[ds] for k, ds in SPEC.inputs_map().items()})
+    rep = make_report(
+        "tess",
+        p=p,
+        **{f"r__{v}": outputs[f"results_{v}"] for v in plan(p)},
+        **{f"i__{k}": data[ds] for k, ds in SPEC.inputs_map().items()},
+    )
     assert (rep["history_used"], rep["horizon_used"]) == (64, 16)
     assert (rep["metrics"]["history_used"], rep["metrics"]["horizon_used"]) == (64, 16)
     assert "tess_D" not in rep["variants"] and "tess" in rep["variants"]
     claims = {c["id"]: c for c in rep["claims"]}
-    assert claims["tess_beats_tfidf_seen_paraphrases"]["verdict"] == "fails"       # no seen rendering: NaN
+    assert claims["tess_beats_tfidf_seen_paraphrases"]["verdict"] == "fails"  # no seen rendering: NaN
     assert claims["tess_beats_tfidf_seen_paraphrases"]["value"] is None
 
 
-@pytest.mark.parametrize("table,breaks,match", [
-    ("windows", lambda d: d.drop(columns="x"), r"dataset 'tess\.user_windows': column 'x' is missing"),
-    ("windows", lambda d: d.assign(window_id=d.window_id.astype(str)), r"'tess\.user_windows': column 'window_id' should be int"),
-    ("windows", lambda d: d.iloc[:0], r"'tess\.user_windows': 0 rows"),
-    ("windows", lambda d: d.assign(split="training"), r"'tess\.user_windows': column 'split' has unknown value\(s\) \['training'\]"),
-    ("windows", lambda d: d.assign(y=[v[:-1] if i == 0 else v for i, v in enumerate(d.y)]),
-     r"'tess\.user_windows': column 'y' holds arrays of different lengths"),
-    ("texts", lambda d: d.drop(columns="text"), r"dataset 'tess\.user_texts': column 'text' is missing"),
-    ("texts", lambda d: d.assign(text=1.0), r"'tess\.user_texts': column 'text' should be str"),
-    ("texts", lambda d: d.iloc[1:], r"'tess\.user_texts': column 'window_id' lacks a level-A text"),
-    ("texts", lambda d: d.assign(level="Z"), r"'tess\.user_texts': column 'level' has unknown value\(s\) \['Z'\]"),
-])
+@pytest.mark.parametrize(
+    "table,breaks,match",
+    [
+        ("windows", lambda d: d.drop(columns="x"), r"dataset 'tess\.user_windows': column 'x' is missing"),
+        (
+            "windows",
+            lambda d: d.assign(window_id=d.window_id.astype(str)),
+            r"'tess\.user_windows': column 'window_id' should be int",
+        ),
+        ("windows", lambda d: d.iloc[:0], r"'tess\.user_windows': 0 rows"),
+        (
+            "windows",
+            lambda d: d.assign(split="training"),
+            r"'tess\.user_windows': column 'split' has unknown value\(s\) \['training'\]",
+        ),
+        (
+            "windows",
+            lambda d: d.assign(y=[v[:-1] if i == 0 else v for i, v in enumerate(d.y)]),
+            r"'tess\.user_windows': column 'y' holds arrays of different lengths",
+        ),
+        ("texts", lambda d: d.drop(columns="text"), r"dataset 'tess\.user_texts': column 'text' is missing"),
+        ("texts", lambda d: d.assign(text=1.0), r"'tess\.user_texts': column 'text' should be str"),
+        ("texts", lambda d: d.iloc[1:], r"'tess\.user_texts': column 'window_id' lacks a level-A text"),
+        ("texts", lambda d: d.assign(level="Z"), r"'tess\.user_texts': column 'level' has unknown value\(s\) \['Z'\]"),
+    ],
+)
 def test_bad_user_tables_name_the_dataset_and_column(tmp_path, table, breaks, match):
     from pipelines.tess.data import generate_windows, label_primitives, render_texts
 
@@ -562,9 +653,13 @@ def test_report_has_both_vocabulary_conditions(test_env_run):
     for v in ("tess", "tfidf_ridge", "minilm_ridge", "tess_lexicon"):
         assert v in r["variants"] and f"{v}_seen" in r["variants"], v
     m = r["metrics"]
-    for k in ("relative_gain.test_mse.tess_vs_tfidf_ridge.seen_paraphrases",
-              "relative_gain.test_mse.tess_vs_tfidf_ridge.unseen_paraphrases",
-              "extract_acc.minilm_head.mean.unseen_slots", "unseen_paraphrase_share_measured", "gate_auroc"):
+    for k in (
+        "relative_gain.test_mse.tess_vs_tfidf_ridge.seen_paraphrases",
+        "relative_gain.test_mse.tess_vs_tfidf_ridge.unseen_paraphrases",
+        "extract_acc.minilm_head.mean.unseen_slots",
+        "unseen_paraphrase_share_measured",
+        "gate_auroc",
+    ):
         assert k in m, k
     assert (r["history_used"], r["horizon_used"]) == (96, 24) == (m["history_used"], m["horizon_used"])
     assert "paraphrase_conditions.png" in r["artifacts"]

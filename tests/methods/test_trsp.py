@@ -4,6 +4,7 @@ property-based checks (hypothesis) that ECA's and pair-centred GC's JR factor ne
 random plane, general-metric and adversarial (clustered, coincident) instances; the λ-hybrid's limits;
 the gadget's closed form; bad parameters, bad user files and failing instances named. The end-to-end
 --env=test run is covered by tests/methods/test_all_pipelines.py."""
+
 import copy
 import itertools
 import math
@@ -31,8 +32,10 @@ BOUND = 1 + math.sqrt(2)
 
 def raw(env: str = "base") -> dict:
     def merge(a, b):
-        return {k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                for k, v in {**a, **b}.items()}
+        return {
+            k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+            for k, v in {**a, **b}.items()
+        }
 
     r = yaml.safe_load((ROOT / "conf" / "base" / "parameters_trsp.yml").read_text())["trsp"]
     if env != "base":
@@ -47,8 +50,9 @@ def params(env: str = "test", **changes) -> Params:
 
 
 def random_instance(rng, n, m, k, gamma=0.0, metric="l1", L=10.0):
-    return from_points(rng.uniform(0, L, (n, 2)), rng.uniform(0, L, (n, 2)), rng.uniform(0, L, (m, 2)),
-                       k, gamma, metric)
+    return from_points(
+        rng.uniform(0, L, (n, 2)), rng.uniform(0, L, (n, 2)), rng.uniform(0, L, (m, 2)), k, gamma, metric
+    )
 
 
 # ------------------------------------------------------------------ loop-written references
@@ -96,8 +100,7 @@ def bf_core(inst, S, t, alpha):
     size = math.ceil(alpha * t * inst.n / inst.k - 1e-9)
     if size > inst.n:
         return 1.0
-    return bf_factor(inst, S, list(itertools.combinations(range(inst.m), t)),
-                     lambda T, i: bf_cost(inst, T, i), size)
+    return bf_factor(inst, S, list(itertools.combinations(range(inst.m), t)), lambda T, i: bf_cost(inst, T, i), size)
 
 
 # ------------------------------------------------------------------ costs and violation factors
@@ -106,7 +109,7 @@ def test_cost_matches_loop_reference_and_single_stops_never_help():
     inst = random_instance(rng, 9, 6, 4, gamma=0.3)
     for S in ([], [2], [0, 3], [1, 4, 5]):
         np.testing.assert_allclose(inst.cost(S), [bf_cost(inst, S, i) for i in range(inst.n)])
-    np.testing.assert_allclose(inst.cost([3]), inst.walk)   # triangle inequality: one stop = walking
+    np.testing.assert_allclose(inst.cost([3]), inst.walk)  # triangle inequality: one stop = walking
 
 
 @pytest.mark.parametrize("mode", ["set", "ordered"])
@@ -114,8 +117,9 @@ def test_cost_matches_loop_reference_and_single_stops_never_help():
 def test_jr_factor_equals_brute_force_over_groups(mode, seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(5, 8))
-    inst = random_instance(rng, n, 6, int(rng.choice([4, 6])), gamma=float(rng.choice([0.0, 0.5])),
-                           metric=str(rng.choice(["l1", "l2"])))
+    inst = random_instance(
+        rng, n, 6, int(rng.choice([4, 6])), gamma=float(rng.choice([0.0, 0.5])), metric=str(rng.choice(["l1", "l2"]))
+    )
     for S in ([0, 1], sorted(rng.choice(6, 3, replace=False).tolist()), []):
         assert Ms.jr_factor(inst, S, mode) == pytest.approx(bf_jr(inst, S, mode), rel=1e-12)
 
@@ -131,8 +135,10 @@ def test_jr_factor_is_the_violation_threshold():
     cS = inst.cost(S)
 
     def blocked(beta):
-        return any(sum(beta * bf_cost(inst, T, i) < cS[i] for i in range(inst.n)) >= g
-                   for T in itertools.combinations(range(inst.m), 2))
+        return any(
+            sum(beta * bf_cost(inst, T, i) < cS[i] for i in range(inst.n)) >= g
+            for T in itertools.combinations(range(inst.m), 2)
+        )
 
     assert blocked(b * (1 - 1e-9)) and not blocked(b)
 
@@ -231,7 +237,7 @@ def test_expanding_opens_in_level_order_within_budget():
     inst = random_instance(rng, 60, 15, 6, gamma=0.2)
     e = A.expanding(inst, inst.k)
     assert e.levels == sorted(e.levels) and len(e.stops) <= inst.k
-    assert e.unsatisfied.sum() < math.ceil(2 * inst.n / inst.k)   # stopped because |U| < g
+    assert e.unsatisfied.sum() < math.ceil(2 * inst.n / inst.k)  # stopped because |U| < g
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -246,7 +252,7 @@ def test_hybrid_limits_are_gc_trsp_and_eca(seed):
 def _check_bound(inst, mode):
     """The theorem is about the stops the expansion opens; the greedy fill only adds stops (costs can only
     fall), so the pipeline's solutions are checked too."""
-    for walk_combos in (True, False):       # ECA; pair-centred GC
+    for walk_combos in (True, False):  # ECA; pair-centred GC
         e = A.expanding(inst, inst.k, mode, use_walk=walk_combos, use_combos=walk_combos)
         filled = A.greedy_fill(inst, e.stops, inst.k)
         for S in (e.stops, filled):
@@ -287,8 +293,11 @@ def test_jr_bound_needs_group_factor_two():
     inst = _three_commuter_pairs()
     for mode in ("set", "ordered"):
         for expansion_only in (True, False):
-            S = A.expanding(inst, inst.k, mode, group_factor=1.0).stops if expansion_only \
+            S = (
+                A.expanding(inst, inst.k, mode, group_factor=1.0).stops
+                if expansion_only
                 else A.eca(inst, mode, group_factor=1.0)
+            )
             assert len(S) <= inst.k
             b = Ms.jr_factor(inst, S, mode, group_factor=1.0)
             assert b == pytest.approx(3.0) and b > BOUND
@@ -298,14 +307,19 @@ def test_jr_bound_needs_group_factor_two():
 
 
 coord = st.floats(0, 10, allow_nan=False, allow_infinity=False)
-SETTINGS = settings(max_examples=80, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
-@given(n=st.integers(4, 16), m=st.integers(3, 9), k=st.sampled_from([2, 3, 4, 6, 8]),
-       gamma=st.sampled_from([0.0, 0.2, 1.0]), metric=st.sampled_from(["l1", "l2"]),
-       mode=st.sampled_from(["set", "ordered"]), seed=st.integers(0, 2**31))
+@given(
+    n=st.integers(4, 16),
+    m=st.integers(3, 9),
+    k=st.sampled_from([2, 3, 4, 6, 8]),
+    gamma=st.sampled_from([0.0, 0.2, 1.0]),
+    metric=st.sampled_from(["l1", "l2"]),
+    mode=st.sampled_from(["set", "ordered"]),
+    seed=st.integers(0, 2**31),
+)
 def test_eca_jr_bound_on_random_plane_instances(n, m, k, gamma, metric, mode, seed):
     k = min(k, m)
     if k < 2:
@@ -314,8 +328,13 @@ def test_eca_jr_bound_on_random_plane_instances(n, m, k, gamma, metric, mode, se
 
 
 @SETTINGS
-@given(n=st.integers(4, 12), m=st.integers(3, 6), k=st.sampled_from([2, 4]), seed=st.integers(0, 2**31),
-       asymmetric=st.booleans())
+@given(
+    n=st.integers(4, 12),
+    m=st.integers(3, 6),
+    k=st.sampled_from([2, 4]),
+    seed=st.integers(0, 2**31),
+    asymmetric=st.booleans(),
+)
 def test_eca_jr_bound_in_general_metrics(n, m, k, seed, asymmetric):
     """Shortest paths on a random weighted graph (a road-like metric). Ordered deviations only need c >= 0,
     so c may be any non-negative (asymmetric) matrix; set deviations are checked with symmetric c."""
@@ -338,9 +357,15 @@ def test_eca_jr_bound_in_general_metrics(n, m, k, seed, asymmetric):
 
 
 @SETTINGS
-@given(n=st.integers(6, 16), k=st.sampled_from([2, 4, 6, 8]), hubs=st.integers(2, 5),
-       jitter=st.sampled_from([0.0, 0.01, 0.5]), gamma=st.sampled_from([0.0, 0.2]),
-       mode=st.sampled_from(["set", "ordered"]), seed=st.integers(0, 2**31))
+@given(
+    n=st.integers(6, 16),
+    k=st.sampled_from([2, 4, 6, 8]),
+    hubs=st.integers(2, 5),
+    jitter=st.sampled_from([0.0, 0.01, 0.5]),
+    gamma=st.sampled_from([0.0, 0.2]),
+    mode=st.sampled_from(["set", "ordered"]),
+    seed=st.integers(0, 2**31),
+)
 def test_eca_jr_bound_on_adversarial_instances(n, k, hubs, jitter, gamma, mode, seed):
     """Gadget-like structure: trips between a few hubs (coincident or nearly coincident endpoints), stops
     on the hubs, at their midpoints and at random points: the ties and near-ties the proof must survive."""
@@ -358,20 +383,31 @@ def test_adversarial_search_stays_within_bound():
     from pipelines.trsp.train import adversarial_search
 
     p = params("test")
-    p = validate(Params, {**p.model_dump(mode="json"),
-                          "adversarial": {**p.adversarial.model_dump(mode="json"), "restarts": 2, "steps": 15}},
-                 "trsp")
+    p = validate(
+        Params,
+        {
+            **p.model_dump(mode="json"),
+            "adversarial": {**p.adversarial.model_dump(mode="json"), "restarts": 2, "steps": 15},
+        },
+        "trsp",
+    )
     for v in ("eca", "pair_gc"):
         rows = adversarial_search(v, p, 0)
         steps = [r for r in rows if r["family"] == "adversarial_step"]
         assert steps and max(r["jr_beta_hat"] for r in steps) <= BOUND
         proxies = [r["proxy"] for r in steps if r["instance"] == "adv_jr_s0_r0"]
-        assert proxies == sorted(proxies)   # hill climbing never accepts a worse instance
+        assert proxies == sorted(proxies)  # hill climbing never accepts a worse instance
 
 
 @SETTINGS
-@given(n=st.integers(6, 16), k=st.sampled_from([2, 4, 6]), hubs=st.integers(2, 5),
-       jitter=st.sampled_from([0.01, 0.5, 2.0]), metric=st.sampled_from(["l1", "l2"]), seed=st.integers(0, 2**31))
+@given(
+    n=st.integers(6, 16),
+    k=st.sampled_from([2, 4, 6]),
+    hubs=st.integers(2, 5),
+    jitter=st.sampled_from([0.01, 0.5, 2.0]),
+    metric=st.sampled_from(["l1", "l2"]),
+    seed=st.integers(0, 2**31),
+)
 def test_gc_trsp_is_2_core_within_bound_with_a_free_shuttle(n, k, hubs, jitter, metric, seed):
     """γ = 0: Greedy Capture is (1 + √2)-proportionally fair on the 2n endpoints, and a blocking group of
     ≥ 2|T|n/k agents would give ≥ 2n/k endpoints improving by β at one centre of T, so GC-TrSP is in the
@@ -388,16 +424,19 @@ def test_gc_trsp_is_2_core_within_bound_with_a_free_shuttle(n, k, hubs, jitter, 
 
 
 # ------------------------------------------------------------------ pipeline shape and bad input
-@pytest.mark.parametrize("key,value,match", [
-    ("metric", "l3", r"trsp\.metric"),
-    ("deviation", "unordered", r"trsp\.deviation"),
-    ("variants", ["eca", "hybrid_150"], r"trsp\.variants"),
-    ("variants", ["eca", "kmeans"], r"trsp\.variants"),
-    ("jr_group_factor", 0, r"trsp\.jr_group_factor"),
-    ("random_draws", True, r"trsp\.random_draws"),
-    ("plot_seed", 9, r"trsp"),
-    ("typo_key", 1, r"trsp\.typo_key"),
-])
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("metric", "l3", r"trsp\.metric"),
+        ("deviation", "unordered", r"trsp\.deviation"),
+        ("variants", ["eca", "hybrid_150"], r"trsp\.variants"),
+        ("variants", ["eca", "kmeans"], r"trsp\.variants"),
+        ("jr_group_factor", 0, r"trsp\.jr_group_factor"),
+        ("random_draws", True, r"trsp\.random_draws"),
+        ("plot_seed", 9, r"trsp"),
+        ("typo_key", 1, r"trsp\.typo_key"),
+    ],
+)
 def test_bad_parameter_names_the_key(key, value, match):
     with pytest.raises(ParameterError, match=match):
         validate(Params, {**raw(), key: value}, "trsp")
@@ -425,7 +464,7 @@ def test_claims_must_name_planned_variants_and_instances():
         c["requires"] = [g for g in c["requires"] if g != "adversarial_search_finds_high_factor"]
     with pytest.raises(ParameterError, match=r"claim 'kmedian_violates_jr_on_gadget'.*'kmedian'"):
         validate(Params, r, "trsp")
-    r["claims"] = [c for c in r["claims"] if "kmedian" not in c["id"]]   # the gate still compares with kmedian
+    r["claims"] = [c for c in r["claims"] if "kmedian" not in c["id"]]  # the gate still compares with kmedian
     with pytest.raises(ParameterError, match=r"'kmedian_finds_gadget_social_optimum'.*gain\.gadget_w20"):
         load_spec("trsp").check(validate(Params, r, "trsp"))
     r = copy.deepcopy(raw())
@@ -448,8 +487,9 @@ def test_group_factor_below_two_refused_with_bound_claims():
     r = copy.deepcopy(raw())
     r["claims"] = [c for c in r["claims"] if "jr_bound_violations" not in c["metric"]]
     assert validate(Params, {**r, "jr_group_factor": 1.0}, "trsp").jr_group_factor == 1.0
-    r["claims"].append({"id": "extra_bound", "text": "t", "metric": "variants.eca.jr_bound_violations",
-                        "op": "<=", "threshold": 0})
+    r["claims"].append(
+        {"id": "extra_bound", "text": "t", "metric": "variants.eca.jr_bound_violations", "op": "<=", "threshold": 0}
+    )
     with pytest.raises(ParameterError, match=r"^parameter trsp\.jr_group_factor: .*extra_bound"):
         validate(Params, {**r, "jr_group_factor": 1.5}, "trsp")
     assert validate(Params, {**r, "jr_group_factor": 2.5}, "trsp").jr_group_factor == 2.5
@@ -461,7 +501,7 @@ def test_bad_user_file_names_dataset_and_column(tmp_path):
     r = copy.deepcopy(raw("test"))
     r["data"]["user"] = {"agents_path": str(f)}
     r["data"]["city"]["enabled"] = r["data"]["gadget"]["enabled"] = False
-    r["claims"], r["gates"] = [], []      # the declared claims name city and gadget metrics
+    r["claims"], r["gates"] = [], []  # the declared claims name city and gadget metrics
     with pytest.raises(InputDataError, match=r"trsp\.user_agents.*'ty'"):
         make_instances(validate(Params, r, "trsp"))
     r2 = copy.deepcopy(r)
@@ -492,8 +532,9 @@ def test_user_trips_become_instances(tmp_path):
 def _grid_graph(tmp_path, rows=4, cols=5, km=1.0):
     """A rows x cols street grid; returns the nodes and edges files."""
     ids = np.arange(rows * cols).reshape(rows, cols)
-    nodes = pd.DataFrame({"node": ids.ravel(), "x": np.tile(np.arange(cols) * km, rows),
-                          "y": np.repeat(np.arange(rows) * km, cols)})
+    nodes = pd.DataFrame(
+        {"node": ids.ravel(), "x": np.tile(np.arange(cols) * km, rows), "y": np.repeat(np.arange(rows) * km, cols)}
+    )
     e = [(ids[r, c], ids[r, c + 1]) for r in range(rows) for c in range(cols - 1)]
     e += [(ids[r, c], ids[r + 1, c]) for r in range(rows - 1) for c in range(cols)]
     edges = pd.DataFrame({"u": [a for a, _ in e], "v": [b for _, b in e], "length_km": km})
@@ -514,10 +555,13 @@ def test_road_graph_metric_equals_networkx_shortest_paths(tmp_path):
     trips = pd.DataFrame(rng.uniform(0, 3, (12, 4)), columns=["sx", "sy", "tx", "ty"])
     trips.to_csv(tmp_path / "trips.csv", index=False)
     r = copy.deepcopy(raw("test"))
-    r["data"]["user"] = {"agents_path": str(tmp_path / "trips.csv"), "graph_nodes_path": str(tmp_path / "nodes.csv"),
-                         "graph_edges_path": str(tmp_path / "edges.csv")}
+    r["data"]["user"] = {
+        "agents_path": str(tmp_path / "trips.csv"),
+        "graph_nodes_path": str(tmp_path / "nodes.csv"),
+        "graph_edges_path": str(tmp_path / "edges.csv"),
+    }
     r["data"]["city"]["enabled"] = r["data"]["gadget"]["enabled"] = False
-    r["claims"], r["gates"] = [], []      # the declared claims name city and gadget metrics
+    r["claims"], r["gates"] = [], []  # the declared claims name city and gadget metrics
     r["data"]["city"]["n_kmeans_candidates"] = 6
     p = validate(Params, r, "trsp")
     graph = make_graph(p)
@@ -529,10 +573,12 @@ def test_road_graph_metric_equals_networkx_shortest_paths(tmp_path):
     np.testing.assert_allclose(graph_distances(graph, pts), ref)
     (meta, inst), *_ = to_instances(make_instances(p), p.metric, graph)
     assert meta["family"] == "user"
-    s_nodes = nodes[["x", "y"]].to_numpy()[[int(np.argmin(((nodes[["x", "y"]].to_numpy() - q) ** 2).sum(1)))
-                                           for q in trips[["sx", "sy"]].to_numpy()]]
-    t_nodes = nodes[["x", "y"]].to_numpy()[[int(np.argmin(((nodes[["x", "y"]].to_numpy() - q) ** 2).sum(1)))
-                                           for q in trips[["tx", "ty"]].to_numpy()]]
+    s_nodes = nodes[["x", "y"]].to_numpy()[
+        [int(np.argmin(((nodes[["x", "y"]].to_numpy() - q) ** 2).sum(1))) for q in trips[["sx", "sy"]].to_numpy()]
+    ]
+    t_nodes = nodes[["x", "y"]].to_numpy()[
+        [int(np.argmin(((nodes[["x", "y"]].to_numpy() - q) ** 2).sum(1))) for q in trips[["tx", "ty"]].to_numpy()]
+    ]
     np.testing.assert_allclose(inst.walk, np.abs(s_nodes - t_nodes).sum(1))
 
 
@@ -542,10 +588,15 @@ def test_bad_road_graph_names_dataset_and_column(tmp_path):
     nodes, edges = _grid_graph(tmp_path)
     edges.loc[0, "v"] = 999
     edges.to_csv(tmp_path / "edges.csv", index=False)
-    pd.DataFrame({"sx": [0.0, 1], "sy": [0.0, 1], "tx": [2.0, 3], "ty": [1.0, 2]}).to_csv(tmp_path / "t.csv", index=False)
+    pd.DataFrame({"sx": [0.0, 1], "sy": [0.0, 1], "tx": [2.0, 3], "ty": [1.0, 2]}).to_csv(
+        tmp_path / "t.csv", index=False
+    )
     r = copy.deepcopy(raw("test"))
-    r["data"]["user"] = {"agents_path": str(tmp_path / "t.csv"), "graph_nodes_path": str(tmp_path / "nodes.csv"),
-                         "graph_edges_path": str(tmp_path / "edges.csv")}
+    r["data"]["user"] = {
+        "agents_path": str(tmp_path / "t.csv"),
+        "graph_nodes_path": str(tmp_path / "nodes.csv"),
+        "graph_edges_path": str(tmp_path / "edges.csv"),
+    }
     with pytest.raises(InputDataError, match=r"trsp\.user_graph_edges.*'v'.*999"):
         make_graph(validate(Params, r, "trsp"))
     nodes.drop(columns="x").to_csv(tmp_path / "nodes.csv", index=False)
@@ -565,13 +616,19 @@ def test_unreachable_road_trips_name_the_instance(tmp_path):
     edges = pd.DataFrame({"u": [0, 2], "v": [1, 3], "length_km": [1.0, 1.0]})
     nodes.to_csv(tmp_path / "n.csv", index=False)
     edges.to_csv(tmp_path / "e.csv", index=False)
-    pd.DataFrame({"sx": [0.0, 0, 5], "sy": [0.0, 0, 0], "tx": [1.0, 6, 6], "ty": [0.0, 0, 0]}).to_csv(tmp_path / "t.csv", index=False)
+    pd.DataFrame({"sx": [0.0, 0, 5], "sy": [0.0, 0, 0], "tx": [1.0, 6, 6], "ty": [0.0, 0, 0]}).to_csv(
+        tmp_path / "t.csv", index=False
+    )
     pd.DataFrame({"x": [0.0, 1, 5, 6], "y": [0.0, 0, 0, 0]}).to_csv(tmp_path / "c.csv", index=False)
     r = copy.deepcopy(raw("test"))
-    r["data"]["user"] = {"agents_path": str(tmp_path / "t.csv"), "candidates_path": str(tmp_path / "c.csv"),
-                         "graph_nodes_path": str(tmp_path / "n.csv"), "graph_edges_path": str(tmp_path / "e.csv")}
+    r["data"]["user"] = {
+        "agents_path": str(tmp_path / "t.csv"),
+        "candidates_path": str(tmp_path / "c.csv"),
+        "graph_nodes_path": str(tmp_path / "n.csv"),
+        "graph_edges_path": str(tmp_path / "e.csv"),
+    }
     r["data"]["city"]["enabled"] = r["data"]["gadget"]["enabled"] = False
-    r["claims"], r["gates"] = [], []      # the declared claims name city and gadget metrics
+    r["claims"], r["gates"] = [], []  # the declared claims name city and gadget metrics
     r["data"]["city"]["ks"] = [2]
     r["data"]["city"]["gammas"] = [0.0]
     p = validate(Params, r, "trsp")
@@ -581,8 +638,7 @@ def test_unreachable_road_trips_name_the_instance(tmp_path):
 
 def test_bad_instances_are_named():
     with pytest.raises(InstanceError, match="instance 'bad'.*non-finite"):
-        Instance(ds=np.array([[np.nan, 1.0]]), dt=np.ones((1, 2)), walk=np.ones(1), c=np.zeros((2, 2)), k=2,
-                 name="bad")
+        Instance(ds=np.array([[np.nan, 1.0]]), dt=np.ones((1, 2)), walk=np.ones(1), c=np.zeros((2, 2)), k=2, name="bad")
     with pytest.raises(InstanceError, match="instance 'small'.*exceeds"):
         Instance(ds=np.ones((1, 2)), dt=np.ones((1, 2)), walk=np.ones(1), c=np.zeros((2, 2)), k=3, name="small")
 

@@ -1,6 +1,7 @@
 """Unreadable user files, over the registry: every file a method declares (``Params.USER_FILES``), cut in
 half (or empty), stops the method's data stage with one line naming the parameter and the file, whichever
 of the method's files it is (the others hold a readable file of the right kind)."""
+
 from __future__ import annotations
 
 import copy
@@ -98,7 +99,7 @@ def _data_stage_error(m: str, p, key: str, path: str) -> str | None:
             assert "\n" not in msg, msg
             if f"{m}.{key}" in msg and path in msg:
                 return msg
-            if path in msg:   # the node read the cut file: it must name the parameter too
+            if path in msg:  # the node read the cut file: it must name the parameter too
                 raise AssertionError(f"node data.{d.name}: {msg}") from None
     return None
 
@@ -130,9 +131,13 @@ def test_every_documented_path_parameter_is_declared():
                 dotted = ".".join((*prefix, k))
                 if isinstance(v, dict):
                     yield from walk(v, (*prefix, k))
-                elif (k == "path" or k.endswith(("_path", "_file", "_csv")) or k.startswith("user_")) \
-                        and not k.startswith(("init", "cache")) and not k.endswith("_dir"):   # a folder
+                elif (
+                    (k == "path" or k.endswith(("_path", "_file", "_csv")) or k.startswith("user_"))
+                    and not k.startswith(("init", "cache"))
+                    and not k.endswith("_dir")
+                ):  # a folder
                     yield dotted
+
         for dotted in walk(_deep_merge(_raw("base", m), _raw("full", m))):
             if dotted not in declared:
                 missing.append(f"{m}.{dotted}")
@@ -149,8 +154,14 @@ def test_read_user_file_names_key_and_file_for_a_cut_file(kind, tmp_path):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize(("content", "why"), [(None, "file not found"), (b"", "the file is empty \\(0 bytes\\)"),
-                                              (b"\n\n", "not a readable CSV file: EmptyDataError")])
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (None, "file not found"),
+        (b"", "the file is empty \\(0 bytes\\)"),
+        (b"\n\n", "not a readable CSV file: EmptyDataError"),
+    ],
+)
 def test_read_user_file_missing_or_empty(content, why, tmp_path):
     path = tmp_path / "x.csv"
     if content is not None:

@@ -3,6 +3,7 @@ F.conv2d for the im2col baseline), the re-parameterisation, the interleaved timi
 the speed metrics on known numbers, the port of the training loop onto core's fit (against the old loop),
 the variant and benchmark nodes, the report through core, the method's parameter rules and bad user images. Float comparisons between different
 code paths are made in float64, or against a float32 error bound scaled to the reduction length."""
+
 import math
 
 import numpy as np
@@ -13,14 +14,28 @@ import torch.nn.functional as F
 
 from pipelines.core.params import ParameterError, validate
 from pipelines.core.schemas import InputDataError
-from pipelines.wbmm.ops import (WBMM, WindowAttention, build_matrix, dw_kernel_to_table, relative_index,
-                                unfold_dwconv, wbmm)
+from pipelines.wbmm.ops import (
+    WBMM,
+    WindowAttention,
+    build_matrix,
+    dw_kernel_to_table,
+    relative_index,
+    unfold_dwconv,
+    wbmm,
+)
 from pipelines.wbmm.params import Params
 
 BENCH = {"batch": [1], "channels": [4], "sizes": [14, 28], "dw_kernels": [5, 7, 13, 27], "windows": [7, 14]}
 ACC = {"variants": {"wbmm_d3": ["w7", "dw3"], "dw7_d3": ["dw7", "dw3"], "dw13_d3": ["dw13", "dw3"]}}
-TINY_ACC = {"widths": [4, 8], "epochs": 1, "batch_size": 32, "train_limit": 96, "test_size": 60,
-            "speed_rounds": 6, "speed_warmup": 1}
+TINY_ACC = {
+    "widths": [4, 8],
+    "epochs": 1,
+    "batch_size": 32,
+    "train_limit": 96,
+    "test_size": 60,
+    "speed_rounds": 6,
+    "speed_warmup": 1,
+}
 
 
 def raw_params(**over) -> dict:
@@ -46,14 +61,15 @@ def per_window_conv(x: torch.Tensor, table: torch.Tensor, w: int, flip: bool = F
     out = torch.zeros_like(xp)
     for i in range(0, hp, w):
         for j in range(0, wp, w):
-            win = xp[:, :, i:i + w, j:j + w]
-            out[:, :, i:i + w, j:j + w] = F.conv2d(win, kernel, padding=w - 1, groups=c) + win
+            win = xp[:, :, i : i + w, j : j + w]
+            out[:, :, i : i + w, j : j + w] = F.conv2d(win, kernel, padding=w - 1, groups=c) + win
     return out[:, :, :h, :wd]
 
 
 # --------------------------------------------------------------------------------------- the operator
-@pytest.mark.parametrize("shape,w", [((2, 3, 14, 14), 7), ((1, 4, 8, 8), 4), ((2, 2, 10, 13), 4),
-                                     ((1, 3, 5, 6), 7), ((1, 2, 28, 28), 14)])
+@pytest.mark.parametrize(
+    "shape,w", [((2, 3, 14, 14), 7), ((1, 4, 8, 8), 4), ((2, 2, 10, 13), 4), ((1, 3, 5, 6), 7), ((1, 2, 28, 28), 14)]
+)
 def test_wbmm_equals_per_window_conv2d_plus_identity(shape, w):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=gen, dtype=torch.float64)
@@ -138,8 +154,7 @@ def test_unfold_dwconv_matches_conv2d():
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(2, 5, 9, 11, generator=gen, dtype=torch.float64)
     weight = torch.randn(5, 1, 5, 5, generator=gen, dtype=torch.float64)
-    torch.testing.assert_close(unfold_dwconv(x, weight), F.conv2d(x, weight, padding=2, groups=5),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(unfold_dwconv(x, weight), F.conv2d(x, weight, padding=2, groups=5), atol=1e-12, rtol=0)
 
 
 def test_window_attention_is_window_local():
@@ -164,8 +179,20 @@ def _samples(times: dict[tuple, float], rounds: int = 15, jitter: float = 0.0, s
     for (h, op, param, mode), s in times.items():
         noise = np.exp(jitter * rng.standard_normal(rounds))
         for r in range(rounds):
-            rows.append({"dtype": "float32", "batch": 1, "channels": 4, "size": h, "op": op, "param": param,
-                         "mode": mode, "round": r, "seconds": s * load[r] * noise[r], "inner": 1})
+            rows.append(
+                {
+                    "dtype": "float32",
+                    "batch": 1,
+                    "channels": 4,
+                    "size": h,
+                    "op": op,
+                    "param": param,
+                    "mode": mode,
+                    "round": r,
+                    "seconds": s * load[r] * noise[r],
+                    "inner": 1,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -174,10 +201,10 @@ def _known_times() -> dict[tuple, float]:
     for h in (14, 28):
         for k in (5, 7, 13, 27):
             for mode, f in (("fwd", 1.0), ("fwdbwd", 3.0)):
-                t[(h, "dw", k, mode)] = f * k * k / 1e4      # time ∝ k²: slope 1
+                t[(h, "dw", k, mode)] = f * k * k / 1e4  # time ∝ k²: slope 1
         for w in (7, 14):
             for mode, f in (("fwd", 1.0), ("fwdbwd", 2.0)):
-                t[(h, "wbmm", w, mode)] = f * 2e-4            # flat in w: slope 0
+                t[(h, "wbmm", w, mode)] = f * 2e-4  # flat in w: slope 0
     return t
 
 
@@ -188,9 +215,12 @@ def test_bench_metrics_on_known_times_pair_rounds_away_the_load():
 
     assert loglog_slope([1, 4, 16], [2, 4, 8]) == pytest.approx(0.5)
     var_rows, m = bench_metrics(_samples(_known_times()), params())
-    for key, want in {"speedup.fwd.wbmm_w7_vs_dw_k7.b1_c4_h28": 4.9e-3 / 2e-4,
-                      "speedup.fwdbwd.wbmm_w14_vs_dw_k5.min_h_ge28": 7.5e-3 / 4e-4,
-                      "slope_dw_time_vs_k2.fwd.min": 1.0, "gflops_ratio.wbmm_w14_vs_w7.min_h_ge28": 4.0}.items():
+    for key, want in {
+        "speedup.fwd.wbmm_w7_vs_dw_k7.b1_c4_h28": 4.9e-3 / 2e-4,
+        "speedup.fwdbwd.wbmm_w14_vs_dw_k5.min_h_ge28": 7.5e-3 / 4e-4,
+        "slope_dw_time_vs_k2.fwd.min": 1.0,
+        "gflops_ratio.wbmm_w14_vs_w7.min_h_ge28": 4.0,
+    }.items():
         for suffix in ("", ".ci_low", ".ci_high"):
             assert m[key + suffix] == pytest.approx(want, rel=1e-9), key + suffix
     assert m["slope_wbmm_time_vs_w2.fwd.max_h_ge28"] == pytest.approx(0.0, abs=1e-9)
@@ -199,7 +229,8 @@ def test_bench_metrics_on_known_times_pair_rounds_away_the_load():
     assert names == {"dw_k5", "dw_k7", "dw_k13", "dw_k27", "wbmm_w7", "wbmm_w14"}
     assert all("fwd_ms_b1_c4_h14" in r for r in var_rows)
     assert next(r for r in var_rows if r["variant"] == "wbmm_w7")["fwd_ms_b1_c4_h14"] == pytest.approx(
-        1e3 * 2e-4 * np.median(np.random.default_rng(0).uniform(1.0, 3.0, 15)))
+        1e3 * 2e-4 * np.median(np.random.default_rng(0).uniform(1.0, 3.0, 15))
+    )
 
 
 def test_intervals_cover_and_summaries_are_joint():
@@ -233,12 +264,16 @@ def test_too_few_rounds_give_an_unbounded_interval_and_an_inconclusive_claim():
     # 5 rounds cannot give 95% (min..max misses the median with prob. 2/32); 6 can. Over 6 configs
     # (Bonferroni), 7 rounds cannot reach 1 - 0.05/6, 8 can.
     assert math.isinf(med_ci(np.arange(5.0), 0.95)[1]) and not math.isinf(med_ci(np.arange(6.0), 0.95)[1])
-    assert math.isinf(med_ci(np.arange(7.0), 1 - 0.05 / 6)[1]) and not math.isinf(med_ci(np.arange(8.0), 1 - 0.05 / 6)[1])
+    assert math.isinf(med_ci(np.arange(7.0), 1 - 0.05 / 6)[1]) and not math.isinf(
+        med_ci(np.arange(8.0), 1 - 0.05 / 6)[1]
+    )
     assert med_ci(np.arange(5.0), 0.95) == (2.0, -math.inf, math.inf)
     assert rat_ci(np.full(6, 2.0), np.ones(6), 0.95) == (2.0, 2.0, 2.0)
     v, lo, hi = rat_ci(np.full(5, 2.0), np.ones(5), 0.95)
-    [c] = evaluate_claims([{"id": "a", "text": "", "metric": "r", "op": ">=", "threshold": 1.0}],
-                          {"r": v, "r.ci_low": lo, "r.ci_high": hi})
+    [c] = evaluate_claims(
+        [{"id": "a", "text": "", "metric": "r", "op": ">=", "threshold": 1.0}],
+        {"r": v, "r.ci_low": lo, "r.ci_high": hi},
+    )
     assert c["verdict"] == "inconclusive" and c["holds"] is False
 
 
@@ -248,28 +283,47 @@ def test_report_verdicts_follow_the_intervals():
     from pipelines.core.spec import Results, make_report
     from pipelines.wbmm.train import columns
 
-    claims = [{"id": "rf", "text": "", "metric": "speedup.fwd.wbmm_w7_vs_dw_k7.min", "op": ">=", "threshold": 1.0},
-              {"id": "head", "text": "", "metric": "speedup.fwd.wbmm_w14_vs_dw_k5.median", "op": ">=",
-               "threshold": 1.0},
-              {"id": "mid", "text": "", "metric": "speedup.fwdbwd.wbmm_w7_vs_dw_k7.b1_c4_h14", "op": ">=",
-               "threshold": 1.0},
-              {"id": "train", "text": "", "metric": "ratio.train_imgs_per_s.wbmm_d3_vs_dw13_d3", "op": ">=",
-               "threshold": 1.3},
-              {"id": "acc", "text": "", "metric": "diff.test_acc.wbmm_d3_minus_dw13_d3", "op": ">=", "threshold": -1.5}]
+    claims = [
+        {"id": "rf", "text": "", "metric": "speedup.fwd.wbmm_w7_vs_dw_k7.min", "op": ">=", "threshold": 1.0},
+        {"id": "head", "text": "", "metric": "speedup.fwd.wbmm_w14_vs_dw_k5.median", "op": ">=", "threshold": 1.0},
+        {"id": "mid", "text": "", "metric": "speedup.fwdbwd.wbmm_w7_vs_dw_k7.b1_c4_h14", "op": ">=", "threshold": 1.0},
+        {
+            "id": "train",
+            "text": "",
+            "metric": "ratio.train_imgs_per_s.wbmm_d3_vs_dw13_d3",
+            "op": ">=",
+            "threshold": 1.3,
+        },
+        {"id": "acc", "text": "", "metric": "diff.test_acc.wbmm_d3_minus_dw13_d3", "op": ">=", "threshold": -1.5},
+    ]
     p = params(claims=claims, bench={"rounds": 15})
     t = _known_times()
     t[(14, "dw", 7, "fwdbwd")] = t[(14, "wbmm", 7, "fwdbwd")]  # equal times: with jitter the interval straddles 1
     bench = _samples(t, jitter=0.2, seed=3)
     rng = np.random.default_rng(0)
     load = rng.uniform(1, 2, 15)
-    speed = pd.DataFrame([{"variant": v, "round": r, "seconds": s * load[r], "batch_size": 64}
-                          for v, s in (("wbmm_d3", 0.05), ("dw13_d3", 0.1), ("dw7_d3", 0.07)) for r in range(15)])
-    fits = {f"r__{v}": Results(v).add(0, test_acc=a, fit_imgs_per_s=1.0).table()
-            for v, a in (("wbmm_d3", 95.0), ("dw13_d3", 94.0), ("dw7_d3", 93.0))}
+    speed = pd.DataFrame(
+        [
+            {"variant": v, "round": r, "seconds": s * load[r], "batch_size": 64}
+            for v, s in (("wbmm_d3", 0.05), ("dw13_d3", 0.1), ("dw7_d3", 0.07))
+            for r in range(15)
+        ]
+    )
+    fits = {
+        f"r__{v}": Results(v).add(0, test_acc=a, fit_imgs_per_s=1.0).table()
+        for v, a in (("wbmm_d3", 95.0), ("dw13_d3", 94.0), ("dw7_d3", 93.0))
+    }
     arts = {"bench": {"bench": columns(bench), "env": {"clock": "wall"}}, "speed": {"speed": columns(speed)}}
-    rep = make_report("wbmm", p=p, **fits, r__operator_speed=Results("operator_speed").table(),
-                      r__train_speed=Results("train_speed").table(), a__operator_speed=arts["bench"],
-                      a__train_speed=arts["speed"], **{f"i__{k}": v for k, v in arts.items()})
+    rep = make_report(
+        "wbmm",
+        p=p,
+        **fits,
+        r__operator_speed=Results("operator_speed").table(),
+        r__train_speed=Results("train_speed").table(),
+        a__operator_speed=arts["bench"],
+        a__train_speed=arts["speed"],
+        **{f"i__{k}": v for k, v in arts.items()},
+    )
     verdicts = {c["id"]: c["verdict"] for c in rep["claims"]}
     assert verdicts == {"rf": "holds", "head": "holds", "mid": "inconclusive", "train": "holds", "acc": "holds"}
     assert rep["metrics"]["ratio.train_imgs_per_s.wbmm_d3_vs_dw13_d3"] == pytest.approx(2.0)
@@ -285,7 +339,7 @@ def test_time_group_interleaves_rounds_and_repeats_short_calls():
     out = time_group(calls, lambda: None, "wall", rounds=4, warmup=0, min_sample_s=0.0, max_inner=10)
     assert {k: (len(v[0]), v[1]) for k, v in out.items()} == {k: (4, 1) for k in "abc"}
     timed = log[6:]  # after the two probe calls of each
-    assert [sorted(timed[3 * r:3 * r + 3]) for r in range(4)] == [list("abc")] * 4  # every round runs each once
+    assert [sorted(timed[3 * r : 3 * r + 3]) for r in range(4)] == [list("abc")] * 4  # every round runs each once
     assert [timed[3 * r] for r in range(3)] == list("abc")  # in an order rotated each round
     out = time_group({"x": lambda: None}, lambda: None, "cpu", rounds=3, warmup=1, min_sample_s=1.0, max_inner=7)
     assert out["x"][1] == 7 and len(out["x"][0]) == 3
@@ -305,9 +359,19 @@ def test_run_benchmark_times_every_grid_row_in_rounds():
     from pipelines.wbmm.bench import run_benchmark
     from pipelines.wbmm.data import make_grid
 
-    p = params(bench={"batch": [1], "channels": [2], "sizes": [14], "dw_kernels": [5, 7], "windows": [7],
-                      "rounds": 6, "warmup": 0, "min_sample_s": 0.0},
-               pairs={"matched_rf": [[7, 7]], "matched_params": [[7, 7]], "headline": [7, 5]})
+    p = params(
+        bench={
+            "batch": [1],
+            "channels": [2],
+            "sizes": [14],
+            "dw_kernels": [5, 7],
+            "windows": [7],
+            "rounds": 6,
+            "warmup": 0,
+            "min_sample_s": 0.0,
+        },
+        pairs={"matched_rf": [[7, 7]], "matched_params": [[7, 7]], "headline": [7, 5]},
+    )
     grid = make_grid(p)
     bench, env = run_benchmark(grid, p)
     assert len(bench) == 6 * len(grid) and set(bench["round"]) == set(range(6))
@@ -332,18 +396,31 @@ def test_timings_run_at_the_stated_thread_count_and_restore_it(monkeypatch):
     monkeypatch.setattr(bench_mod, "interleaved_timing", spy)
     before = torch.get_num_threads()
     try:
-        p = params(threads=2, bench={"batch": [1], "channels": [2], "sizes": [14], "dw_kernels": [5, 7],
-                                     "windows": [7], "rounds": 6, "warmup": 0, "min_sample_s": 0.0, "threads": 1},
-                   pairs={"matched_rf": [[7, 7]], "matched_params": [[7, 7]], "headline": [7, 5]},
-                   acc=TINY_ACC)
+        p = params(
+            threads=2,
+            bench={
+                "batch": [1],
+                "channels": [2],
+                "sizes": [14],
+                "dw_kernels": [5, 7],
+                "windows": [7],
+                "rounds": 6,
+                "warmup": 0,
+                "min_sample_s": 0.0,
+                "threads": 1,
+            },
+            pairs={"matched_rf": [[7, 7]], "matched_params": [[7, 7]], "headline": [7, 5]},
+            acc=TINY_ACC,
+        )
         bench, env = bench_mod.run_benchmark(make_grid(p), p)
-        assert torch.get_num_threads() == 2                 # the node's own count (threads: 2), restored
+        assert torch.get_num_threads() == 2  # the node's own count (threads: 2), restored
         speed = bench_mod.train_speed(make_images(p), p)
         assert torch.get_num_threads() == 2
         assert seen and set(seen) == {1}
         assert (bench["threads"] == 1).all() and (speed["threads"] == 1).all()
         assert env["timing_threads"] == 1 and env["node_threads"] == 2 and env["clock"] == "cpu"
         from pipelines.wbmm.train import columns
+
         assert operator_speed({}, p, {"bench": columns(bench)})["bench.timing_threads"] == 1.0
         assert train_speed_metrics({}, p, {"speed": columns(speed)})["train_step.timing_threads"] == 1.0
     finally:
@@ -369,7 +446,7 @@ def _old_loop(pattern, data, p, seed):
         model.train()
         perm = torch.randperm(len(ytr), generator=gen)
         for s in range(spe):
-            idx = perm[s * a.batch_size:(s + 1) * a.batch_size]
+            idx = perm[s * a.batch_size : (s + 1) * a.batch_size]
             loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -414,15 +491,22 @@ def test_one_train_node_per_configured_variant_and_one_per_benchmark(monkeypatch
 
     names = {n.name for n in load_pipeline("wbmm").nodes}
     assert {f"wbmm.train.{v}" for v in [*ACC["variants"], "operator_speed", "train_speed"]} == {
-        n for n in names if ".train." in n}
+        n for n in names if ".train." in n
+    }
     assert {"wbmm.data.images", "wbmm.data.bench_grid"} <= names
     # the variant list comes from the run's parameters (env + --params)
-    raw = raw_params(acc={"variants": {"a1": ["w7"], "b2": ["dw5"]}}, pairs={"matched_rf": [[7, 7]],
-                     "matched_params": [[7, 13]], "headline": [14, 5]})
+    raw = raw_params(
+        acc={"variants": {"a1": ["w7"], "b2": ["dw5"]}},
+        pairs={"matched_rf": [[7, 7]], "matched_params": [[7, 13]], "headline": [14, 5]},
+    )
     monkeypatch.setattr(registry, "method_config", lambda m: raw)
     pipe = load_pipeline("wbmm")
     assert {n.name for n in pipe.nodes if ".train." in n.name} == {
-        "wbmm.train.a1", "wbmm.train.b2", "wbmm.train.operator_speed", "wbmm.train.train_speed"}
+        "wbmm.train.a1",
+        "wbmm.train.b2",
+        "wbmm.train.operator_speed",
+        "wbmm.train.train_speed",
+    }
     one = pipe.only_nodes("wbmm.train.b2")  # what `kedro run --nodes=wbmm.train.b2` selects
     [node] = one.nodes
     assert set(node.inputs) == {"wbmm.images_tensors", "params:wbmm"}
@@ -432,21 +516,24 @@ def test_one_train_node_per_configured_variant_and_one_per_benchmark(monkeypatch
 
 
 # ---------------------------------------------------------------------------------- bad parameters
-@pytest.mark.parametrize("over,key", [
-    ({"bench": {"dw_kernels": [4, 7, 13, 27]}}, r"wbmm\.bench\.dw_kernels"),
-    ({"bench": {"windows": [0, 7, 14]}}, r"wbmm\.bench\.windows"),
-    ({"bench": {"rounds": 5}}, r"wbmm\.bench\.rounds: .*at least 6"),
-    ({"bench": {"rounds": True}}, r"wbmm\.bench\.rounds"),
-    ({"acc": {"speed_rounds": 4}}, r"wbmm\.acc: .*speed_rounds"),
-    ({"pairs": {"headline": [8, 5]}}, r"wbmm\.pairs"),
-    ({"pairs": {"headline": [14, 5, 3]}}, r"wbmm\.pairs\.headline"),
-    ({"acc": {"variants": {"x": ["conv7"]}}}, r"wbmm\.acc\.variants"),
-    ({"acc": {"variants": {"Bad-Name": ["w7"]}}}, r"wbmm\.acc\.variants"),
-    ({"acc": {"epochs": 0}}, r"wbmm\.acc\.epochs"),
-    ({"bench": {"modes": ["bwd"]}}, r"wbmm\.bench\.modes"),
-    ({"bench": {"clock": "cpu", "threads": 2}}, r"wbmm\.bench: .*bench\.threads: 1"),
-    ({"bench": {"threads": 0}}, r"wbmm\.bench\.threads"),
-])
+@pytest.mark.parametrize(
+    "over,key",
+    [
+        ({"bench": {"dw_kernels": [4, 7, 13, 27]}}, r"wbmm\.bench\.dw_kernels"),
+        ({"bench": {"windows": [0, 7, 14]}}, r"wbmm\.bench\.windows"),
+        ({"bench": {"rounds": 5}}, r"wbmm\.bench\.rounds: .*at least 6"),
+        ({"bench": {"rounds": True}}, r"wbmm\.bench\.rounds"),
+        ({"acc": {"speed_rounds": 4}}, r"wbmm\.acc: .*speed_rounds"),
+        ({"pairs": {"headline": [8, 5]}}, r"wbmm\.pairs"),
+        ({"pairs": {"headline": [14, 5, 3]}}, r"wbmm\.pairs\.headline"),
+        ({"acc": {"variants": {"x": ["conv7"]}}}, r"wbmm\.acc\.variants"),
+        ({"acc": {"variants": {"Bad-Name": ["w7"]}}}, r"wbmm\.acc\.variants"),
+        ({"acc": {"epochs": 0}}, r"wbmm\.acc\.epochs"),
+        ({"bench": {"modes": ["bwd"]}}, r"wbmm\.bench\.modes"),
+        ({"bench": {"clock": "cpu", "threads": 2}}, r"wbmm\.bench: .*bench\.threads: 1"),
+        ({"bench": {"threads": 0}}, r"wbmm\.bench\.threads"),
+    ],
+)
 def test_bad_parameter_names_the_key(over, key):
     with pytest.raises(ParameterError, match=key):
         params(**over)
@@ -461,8 +548,10 @@ def test_parameters_of_every_env_validate_and_pairs_match_the_card():
         return yaml.safe_load((ROOT / "conf" / env / "parameters_wbmm.yml").read_text())["wbmm"]
 
     def merge(a, b):
-        return {k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                for k, v in {**a, **b}.items()}
+        return {
+            k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+            for k, v in {**a, **b}.items()
+        }
 
     base = validate(Params, load("base"), "wbmm")
     assert base.pairs.headline == [14, 5] and [7, 13] in base.pairs.matched_params
@@ -475,8 +564,12 @@ def test_parameters_of_every_env_validate_and_pairs_match_the_card():
 # ------------------------------------------------------------------------------------ bad user images
 def _npz(tmp_path, **change):
     rng = np.random.default_rng(0)
-    arrays = {"x_train": rng.random((20, 8, 8)), "y_train": np.arange(20) % 4,
-              "x_test": rng.random((6, 8, 8)), "y_test": np.arange(6) % 4}
+    arrays = {
+        "x_train": rng.random((20, 8, 8)),
+        "y_train": np.arange(20) % 4,
+        "x_test": rng.random((6, 8, 8)),
+        "y_test": np.arange(6) % 4,
+    }
     for k, v in change.items():
         if v is None:
             arrays.pop(k)
@@ -496,17 +589,29 @@ def test_user_npz_is_loaded_resized_and_shared_by_the_seeds(tmp_path):
     assert images["0"]["y_test"].dtype == torch.int64 and images["1"] is images["0"]
 
 
-@pytest.mark.parametrize("change,msg", [
-    ({"y_test": None}, r"array 'y_test' is missing"),
-    ({"y_train": (np.arange(20) % 4).astype(float)}, r"array 'y_train' should be int, got float64"),
-    ({"x_test": np.zeros((0, 8, 8)), "y_test": np.zeros(0, int)}, r"arrays 'x_test', 'y_test' have 0 rows, at least 1"),
-    ({"x_test": np.zeros((6, 64))}, r"array 'x_test' should be .*images"),
-    ({"y_train": np.arange(19) % 4}, r"arrays 'x_train' \(20 rows\) and 'y_train' \(19 rows\) differ in length"),
-    ({"x_train": np.full((20, 8, 8), "a")}, r"array 'x_train' should be array\[number\], got elements of dtype <U1"),
-    ({"x_train": np.full((20, 8, 8), np.nan)}, r"array 'x_train' has 1280 non-finite value\(s\) \(first at row 0\)"),
-    ({"y_test": -np.ones(6, int)}, r"array 'y_test' must be >= 0; 6 value\(s\) are not"),
-    ({"x_test": np.zeros((6, 3, 8, 8))}, r"'x_train' images are \(8, 8\) but 'x_test' \(3, 8, 8\)"),
-])
+@pytest.mark.parametrize(
+    "change,msg",
+    [
+        ({"y_test": None}, r"array 'y_test' is missing"),
+        ({"y_train": (np.arange(20) % 4).astype(float)}, r"array 'y_train' should be int, got float64"),
+        (
+            {"x_test": np.zeros((0, 8, 8)), "y_test": np.zeros(0, int)},
+            r"arrays 'x_test', 'y_test' have 0 rows, at least 1",
+        ),
+        ({"x_test": np.zeros((6, 64))}, r"array 'x_test' should be .*images"),
+        ({"y_train": np.arange(19) % 4}, r"arrays 'x_train' \(20 rows\) and 'y_train' \(19 rows\) differ in length"),
+        (
+            {"x_train": np.full((20, 8, 8), "a")},
+            r"array 'x_train' should be array\[number\], got elements of dtype <U1",
+        ),
+        (
+            {"x_train": np.full((20, 8, 8), np.nan)},
+            r"array 'x_train' has 1280 non-finite value\(s\) \(first at row 0\)",
+        ),
+        ({"y_test": -np.ones(6, int)}, r"array 'y_test' must be >= 0; 6 value\(s\) are not"),
+        ({"x_test": np.zeros((6, 3, 8, 8))}, r"'x_train' images are \(8, 8\) but 'x_test' \(3, 8, 8\)"),
+    ],
+)
 def test_bad_user_npz_stops_at_the_door_naming_dataset_and_column(tmp_path, change, msg):
     from kedro.io import DatasetError
 
@@ -530,7 +635,8 @@ def test_missing_npz_is_an_input_error(tmp_path):
 def test_report_of_the_test_env_run(test_env_run):
     report = test_env_run("wbmm").report
     assert {"wbmm_d3", "dw7_d3", "dw13_d3", "wbmm_w7", "wbmm_w14", "dw_k5", "unfold_k5", "attn_w7"} <= set(
-        report["variants"])
+        report["variants"]
+    )
     timing = [c for c in report["claims"] if not c["metric"].startswith(("diff.", "variants."))]
     assert [c["id"] for c in timing][:2] == ["wbmm_time_flat_in_window", "wbmm_gflops_rise_with_window"]
     for c in timing:  # every timing claim carries its interval, and its verdict follows from it

@@ -2,6 +2,7 @@
 forwards, explicit logical-order masks, a brute-force training mask, a hand-written training loop),
 structural p_cache bounds, the interleaved timing, one train node per trained model, bad parameters and
 bad input files (the end-to-end --env=test run is tests/methods/test_all_pipelines.py's)."""
+
 import copy
 import json
 
@@ -68,7 +69,7 @@ def test_ar_cached_logits_equal_uncached():
     cache.write(kv, torch.full((3,), 9))
     steps = [lg]
     for t in range(9, x.shape[1]):
-        lg, kv = forward_on_cache(model, cache, x[:, t:t + 1], torch.full((3, 1), t))
+        lg, kv = forward_on_cache(model, cache, x[:, t : t + 1], torch.full((3, 1), t))
         cache.write(kv, torch.ones(3, dtype=torch.long))
         steps.append(lg)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
@@ -88,7 +89,7 @@ def test_streaming_cached_logits_equal_uncached():
     for i, pre in enumerate(prefixes):
         row = KVCache(model, 1, 40, "cpu")
         for s in range(0, len(pre), 3):
-            chunk = pre[s:s + 3][None]
+            chunk = pre[s : s + 3][None]
             _, kv = forward_on_cache(model, row, chunk, torch.arange(s, s + chunk.shape[1])[None])
             row.write(kv, torch.tensor([chunk.shape[1]]))
         for L in range(len(model.layers)):
@@ -105,7 +106,7 @@ def test_streaming_cached_logits_equal_uncached():
         x = torch.cat([pre, tok[i]])[None]
         p = torch.cat([torch.arange(len(pre)), pos[i]])[None]
         ref, _ = model(x, p)
-        torch.testing.assert_close(cached[i], ref[0, len(pre):], atol=1e-5, rtol=0)
+        torch.testing.assert_close(cached[i], ref[0, len(pre) :], atol=1e-5, rtol=0)
 
 
 def test_reordering_equals_logical_order_with_explicit_mask():
@@ -123,9 +124,12 @@ def test_reordering_equals_logical_order_with_explicit_mask():
     ref = []
     for b in range(3):
         ob = observed[b]
-        m = (ob[:, None] & ob[None, :] & (j <= i)) | (~ob[:, None] & ob[None, :]) | \
-            (~ob[:, None] & ~ob[None, :] & (j <= i))
-        lg, _ = model(tok[b:b + 1], pos[None], m[None])
+        m = (
+            (ob[:, None] & ob[None, :] & (j <= i))
+            | (~ob[:, None] & ob[None, :])
+            | (~ob[:, None] & ~ob[None, :] & (j <= i))
+        )
+        lg, _ = model(tok[b : b + 1], pos[None], m[None])
         ref.append(lg[0])
     ref = torch.stack(ref)
     # (b) observed moved to the physical prefix, logical positions kept for RoPE, plain causal mask
@@ -214,7 +218,7 @@ def test_batched_decoding_equals_one_by_one():
     model, prompts = _model(5), _prompts(5)
     batched = decode_parallel(model, prompts, EOS, MASK, 10, 4, 0.8, 0.05)
     for i in range(5):
-        single = decode_parallel(model, prompts[i:i + 1], EOS, MASK, 10, 4, 0.8, 0.05)
+        single = decode_parallel(model, prompts[i : i + 1], EOS, MASK, 10, 4, 0.8, 0.05)
         assert single.tokens[0] == batched.tokens[i] and single.forwards[0] == batched.forwards[i]
 
 
@@ -241,15 +245,18 @@ def _tiny_raw(**train):
     return raw
 
 
-@pytest.mark.parametrize("path,value,key", [
-    (("decode", "window"), 0, "wedlm.decode.window"),
-    (("train", "gamma_min"), 0.0, "wedlm.train.gamma_min"),
-    (("decode", "refill"), "sometimes", "wedlm.decode.refill"),
-    (("model", "n_heads"), "four", "wedlm.model.n_heads"),
-    (("eval", "tau_grid"), [0.1], "wedlm.eval.tau_grid"),
-    (("train", "steps"), True, "wedlm.train.steps"),
-    (("eval", "timing_rounds"), 0, "wedlm.eval.timing_rounds"),
-])
+@pytest.mark.parametrize(
+    "path,value,key",
+    [
+        (("decode", "window"), 0, "wedlm.decode.window"),
+        (("train", "gamma_min"), 0.0, "wedlm.train.gamma_min"),
+        (("decode", "refill"), "sometimes", "wedlm.decode.refill"),
+        (("model", "n_heads"), "four", "wedlm.model.n_heads"),
+        (("eval", "tau_grid"), [0.1], "wedlm.eval.tau_grid"),
+        (("train", "steps"), True, "wedlm.train.steps"),
+        (("eval", "timing_rounds"), 0, "wedlm.eval.timing_rounds"),
+    ],
+)
 def test_bad_parameter_names_the_key(path, value, key):
     raw = copy.deepcopy(_base_params())
     raw[path[0]][path[1]] = value
@@ -292,8 +299,10 @@ def test_tasks_follow_their_rules_and_file_input(tmp_path):
         seq = [*r.prompt, *r.answer]
         assert all((b - a) % 32 == 1 for a, b in zip(seq, seq[1:]))
     # file input: JSONL rows are laid out with tags, SEP, EOS and PAD by the pipeline
-    rows = [{"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
-            {"regime": "reverse", "prompt": list(range(10)), "answer": list(range(9, -1, -1))}]
+    rows = [
+        {"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
+        {"regime": "reverse", "prompt": list(range(10)), "answer": list(range(9, -1, -1))},
+    ]
     for name in ("train", "test"):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     raw["data"].update(source="file", train_path=str(tmp_path / "train.jsonl"), test_path=str(tmp_path / "test.jsonl"))
@@ -309,19 +318,37 @@ def test_tasks_follow_their_rules_and_file_input(tmp_path):
 GOOD = {"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))}
 
 
-@pytest.mark.parametrize("lines,msg", [
-    ([{"prompt": [1], "answer": list(range(12))}], r"column 'regime' is missing"),
-    ([{**GOOD, "prompt": 5}], r"column 'prompt' should be array\[int\], got a value of type int \(first at line 1\)"),
-    ([{**GOOD, "regime": 3}], r"column 'regime' should be str"),
-    ([{**GOOD, "answer": None}], r"column 'answer'"),
-    ([], r"0 rows, at least 1 needed"),
-    ([GOOD, {**GOOD, "prompt": [99]}], r"column 'prompt' must be in \[0, \d+\]; 1 value\(s\) are not \(first 99 at line 2\)"),
-    ([{**GOOD, "prompt": [1.5]}], r"column 'prompt' should be array\[int\], got elements of dtype float64 \(first at line 1\)"),
-    ([{**GOOD, "answer": [1]}], r"line 1: column 'answer' has 1 tokens"),
-    ([{**GOOD, "regime": "add"}], r"column 'regime' has unknown value\(s\) \['add'\] \(allowed: .*; first at line 1\)"),
-    ([{**GOOD, "prompt": list(range(11))}], r"column 'prompt' must hold arrays of a length <= \d+; 1 row\(s\) do not \(first of length 11 at line 1\)"),
-    (["{not json"], r"line 1 is not JSON"),
-])
+@pytest.mark.parametrize(
+    "lines,msg",
+    [
+        ([{"prompt": [1], "answer": list(range(12))}], r"column 'regime' is missing"),
+        (
+            [{**GOOD, "prompt": 5}],
+            r"column 'prompt' should be array\[int\], got a value of type int \(first at line 1\)",
+        ),
+        ([{**GOOD, "regime": 3}], r"column 'regime' should be str"),
+        ([{**GOOD, "answer": None}], r"column 'answer'"),
+        ([], r"0 rows, at least 1 needed"),
+        (
+            [GOOD, {**GOOD, "prompt": [99]}],
+            r"column 'prompt' must be in \[0, \d+\]; 1 value\(s\) are not \(first 99 at line 2\)",
+        ),
+        (
+            [{**GOOD, "prompt": [1.5]}],
+            r"column 'prompt' should be array\[int\], got elements of dtype float64 \(first at line 1\)",
+        ),
+        ([{**GOOD, "answer": [1]}], r"line 1: column 'answer' has 1 tokens"),
+        (
+            [{**GOOD, "regime": "add"}],
+            r"column 'regime' has unknown value\(s\) \['add'\] \(allowed: .*; first at line 1\)",
+        ),
+        (
+            [{**GOOD, "prompt": list(range(11))}],
+            r"column 'prompt' must hold arrays of a length <= \d+; 1 row\(s\) do not \(first of length 11 at line 1\)",
+        ),
+        (["{not json"], r"line 1 is not JSON"),
+    ],
+)
 def test_bad_input_file_stops_with_one_line_naming_dataset_and_column(tmp_path, lines, msg):
     from pipelines.wedlm.data import make_tasks
 
@@ -416,10 +443,15 @@ def test_one_train_node_trains_every_model_and_times_the_decoders_side_by_side()
     p = _params(method_config("wedlm"))
     assert trained_variants(p) == ["wedlm", "ar_only"]  # conf/base trains the AR-only baseline too
     assert {n.name for n in pipe.only_nodes_with_tags("train").nodes} == {"wedlm.train.wedlm"}
-    assert {n.name for n in pipe.nodes} == {"wedlm.data.tasks", "wedlm.train.wedlm", "wedlm.evaluate.plots",
-                                            "wedlm.evaluate.report"}
-    assert trained_variants(_params({**method_config("wedlm"), "train": {**method_config("wedlm")["train"],
-                                                                         "ar_only_seeds": []}})) == ["wedlm"]
+    assert {n.name for n in pipe.nodes} == {
+        "wedlm.data.tasks",
+        "wedlm.train.wedlm",
+        "wedlm.evaluate.plots",
+        "wedlm.evaluate.report",
+    }
+    assert trained_variants(
+        _params({**method_config("wedlm"), "train": {**method_config("wedlm")["train"], "ar_only_seeds": []}})
+    ) == ["wedlm"]
 
 
 def test_variant_node_trains_decodes_and_timing_is_interleaved():
@@ -451,7 +483,7 @@ def test_variant_node_trains_decodes_and_timing_is_interleaved():
     for (variant, regime), t in timing.groupby(["variant", "regime"]):
         d = dec if variant != "ar_only" else ar_dec
         ref = d[(d.variant == variant) & (d.regime == regime) & (d.kind == "main")].sort_values("item")
-        assert t.tokens.sum() == ref.n_gen.iloc[:p.eval.n_timing].sum()
+        assert t.tokens.sum() == ref.n_gen.iloc[: p.eval.n_timing].sum()
     m = _speed_ratios(timing, list(p.data.regimes))
     for r in p.data.regimes:
         for pair in ("wedlm_vs_ar", "wedlm_fast_vs_ar", "blockwise_vs_ar", "wedlm_fast_vs_blockwise"):
@@ -482,13 +514,14 @@ def test_own_data_builds_no_synthetic_chain(tmp_path, monkeypatch):
 
     monkeypatch.setattr(data, "markov_chain", no_chain)
     raw = _tiny_raw()
-    rows = [{"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
-            {"regime": "markov", "prompt": [5, 6], "answer": list(range(12))},
-            {"regime": "reverse", "prompt": list(range(10)), "answer": list(range(9, -1, -1))}]
+    rows = [
+        {"regime": "count", "prompt": [1, 2, 3], "answer": list(range(4, 16))},
+        {"regime": "markov", "prompt": [5, 6], "answer": list(range(12))},
+        {"regime": "reverse", "prompt": list(range(10)), "answer": list(range(9, -1, -1))},
+    ]
     for name in ("train", "test"):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    raw["data"].update(source="file", train_path=str(tmp_path / "train.jsonl"),
-                       test_path=str(tmp_path / "test.jsonl"))
+    raw["data"].update(source="file", train_path=str(tmp_path / "train.jsonl"), test_path=str(tmp_path / "test.jsonl"))
     big = copy.deepcopy(raw)
     big["data"]["n_symbols"] = 32000
     tracemalloc.start()

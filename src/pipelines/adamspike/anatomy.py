@@ -1,6 +1,7 @@
 """The anatomy of a spike, computed from one run's per-step table: spike events (the card's definition),
 the five stages as per-step labels, alarm rules (sustained for k steps) and their precision / recall / lead
 against the detected spikes, and the step-sign test of the λ_grad·η > 2 predictor."""
+
 from __future__ import annotations
 
 import math
@@ -21,10 +22,10 @@ def precond_threshold(beta1: float) -> float:
 
 @dataclass
 class Event:
-    detect: int       # first step with loss > factor × min(previous `window` losses)
-    onset: int        # the argmin of the loss over the window before detection: the rise starts here
-    peak: int         # the largest loss before the event ends
-    end: int          # last step of the recovery (loss back within `factor` of its onset level), inclusive
+    detect: int  # first step with loss > factor × min(previous `window` losses)
+    onset: int  # the argmin of the loss over the window before detection: the rise starts here
+    peak: int  # the largest loss before the event ends
+    end: int  # last step of the recovery (loss back within `factor` of its onset level), inclusive
     rise_decades: float
 
 
@@ -34,8 +35,14 @@ def _prev_min(log_loss: np.ndarray, window: int) -> np.ndarray:
     return s.shift(1).rolling(window, min_periods=1).min().fillna(np.inf).to_numpy()
 
 
-def detect_spikes(log_loss: np.ndarray, factor: float, window: int, merge: int,
-                  ratio: np.ndarray | None = None, decoupled_ratio: float | None = None) -> list[Event]:
+def detect_spikes(
+    log_loss: np.ndarray,
+    factor: float,
+    window: int,
+    merge: int,
+    ratio: np.ndarray | None = None,
+    decoupled_ratio: float | None = None,
+) -> list[Event]:
     """Spikes: loss_t > factor × min(loss over the previous `window` steps, counting only steps after the
     previous event's recovery). A detection within `merge` steps of an event's first detection, or before
     that event has recovered, belongs to it.
@@ -65,10 +72,10 @@ def detect_spikes(log_loss: np.ndarray, factor: float, window: int, merge: int,
             if log_loss[t] > log_loss[peak]:
                 peak = t
             t += 1
-        back = np.flatnonzero(log_loss[peak + 1:] <= log_loss[onset] + lf)
+        back = np.flatnonzero(log_loss[peak + 1 :] <= log_loss[onset] + lf)
         end = peak + 1 + int(back[0]) if back.size else n - 1
         if ratio is not None and decoupled_ratio is not None:
-            again = np.flatnonzero(np.nan_to_num(ratio[peak + 1:end + 1], nan=np.inf) < decoupled_ratio)
+            again = np.flatnonzero(np.nan_to_num(ratio[peak + 1 : end + 1], nan=np.inf) < decoupled_ratio)
             if again.size:
                 end = peak + int(again[0])
         events.append(Event(d, onset, peak, end, float(log_loss[peak] - log_loss[onset])))
@@ -85,8 +92,8 @@ def stage_labels(run: pd.DataFrame, events: list[Event], thr_precond: float, dec
     lab = np.where(r < decoupled_ratio, 2, 1)
     lab = np.where(np.nan_to_num(lam, nan=-np.inf) > thr_precond, 3, lab)
     for e in events:
-        lab[e.onset:e.peak + 1] = 4
-        lab[e.peak + 1:min(e.end + 1, n)] = 5
+        lab[e.onset : e.peak + 1] = 4
+        lab[e.peak + 1 : min(e.end + 1, n)] = 5
     return lab
 
 
@@ -96,10 +103,12 @@ def rule_conditions(run: pd.DataFrame, thr_precond: float) -> dict[str, np.ndarr
     up = np.zeros(len(ll), bool)
     up[1:] = ll[1:] > ll[:-1]
     with np.errstate(invalid="ignore"):
-        return {"lambda_grad": run["eta_lambda_grad"].to_numpy(float) > 2.0,
-                "lambda_precond": run["eta_lambda_max_precond"].to_numpy(float) > thr_precond,
-                "lambda_raw": run["eta_lambda_max_raw"].to_numpy(float) > 2.0,
-                "loss_up": up}
+        return {
+            "lambda_grad": run["eta_lambda_grad"].to_numpy(float) > 2.0,
+            "lambda_precond": run["eta_lambda_max_precond"].to_numpy(float) > thr_precond,
+            "lambda_raw": run["eta_lambda_max_raw"].to_numpy(float) > 2.0,
+            "loss_up": up,
+        }
 
 
 def alarms(cond: np.ndarray, k: int) -> np.ndarray:
@@ -108,8 +117,8 @@ def alarms(cond: np.ndarray, k: int) -> np.ndarray:
     if len(cond) < k:
         return np.array([], int)
     # step t alarms iff cond[t-k+1..t] all hold and cond[t-k] does not (or t = k-1)
-    full = np.convolve(cond.astype(int), np.ones(k, int), mode="valid") == k    # window ending at t = i + k - 1
-    prev_ok = np.r_[True, ~cond[:len(cond) - k]]
+    full = np.convolve(cond.astype(int), np.ones(k, int), mode="valid") == k  # window ending at t = i + k - 1
+    prev_ok = np.r_[True, ~cond[: len(cond) - k]]
     return np.flatnonzero(full & prev_ok) + k - 1
 
 
@@ -124,10 +133,13 @@ def score_alarms(alarm_steps: np.ndarray, spike_steps: list[int], horizon: int) 
         before = a[(a <= d) & (a >= d - horizon)]
         if before.size:
             leads.append(int(d - before.max()))
-    return {"precision": tp / len(a) if len(a) else 0.0,
-            "recall": len(leads) / len(s) if len(s) else float("nan"),
-            "median_lead": float(np.median(leads)) if leads else float("nan"),
-            "n_alarms": float(len(a)), "leads": leads}
+    return {
+        "precision": tp / len(a) if len(a) else 0.0,
+        "recall": len(leads) / len(s) if len(s) else float("nan"),
+        "median_lead": float(np.median(leads)) if leads else float("nan"),
+        "n_alarms": float(len(a)),
+        "leads": leads,
+    }
 
 
 def step_sign_accuracy(run: pd.DataFrame) -> float:
@@ -143,7 +155,7 @@ def eos_median(run: pd.DataFrame, thr_precond: float) -> float:
     NaN if it never does."""
     lam = run["eta_lambda_max_precond"].to_numpy(float)
     hit = np.flatnonzero(lam >= thr_precond)
-    return float(np.median(lam[hit[0]:])) if hit.size else float("nan")
+    return float(np.median(lam[hit[0] :])) if hit.size else float("nan")
 
 
 def thin_steps(n: int, events: list[Event], budget: int) -> np.ndarray:

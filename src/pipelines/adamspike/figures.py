@@ -1,6 +1,7 @@
 """The figures of `adamspike` (MLflow artifacts): the quadratic's spike, each headline run's stacked time
 series shaded by stage (whole run and zoomed on one spike with the five stages labelled on the loss curve),
 spike counts over the β₂ / ε ablations, loss curves, the alarm rules compared, and the step-sign test."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,16 +10,21 @@ from pipelines.adamspike.anatomy import RULES, STAGES
 from pipelines.adamspike.params import Params
 
 STAGE_COLORS = {1: "#9ecae1", 2: "#a1d99b", 3: "#fdd0a2", 4: "#fc9272", 5: "#bcbddc"}
-RULE_LABELS = {"lambda_grad": "η·λ_grad > 2 (paper)", "lambda_precond": "η·λ_max(Ĥ) > thr",
-               "lambda_raw": "η·λ_max(H) > 2", "loss_up": "loss went up"}
+RULE_LABELS = {
+    "lambda_grad": "η·λ_grad > 2 (paper)",
+    "lambda_precond": "η·λ_max(Ĥ) > thr",
+    "lambda_raw": "η·λ_max(H) > 2",
+    "loss_up": "loss went up",
+}
 
 
 def _shade(ax, steps, lab):
     for s, c in STAGE_COLORS.items():
         m = lab == s
         if m.any():
-            ax.fill_between(steps, 0, 1, where=m, step="mid", color=c, alpha=0.45, lw=0,
-                            transform=ax.get_xaxis_transform())
+            ax.fill_between(
+                steps, 0, 1, where=m, step="mid", color=c, alpha=0.45, lw=0, transform=ax.get_xaxis_transform()
+            )
 
 
 def _stage_legend(fig):
@@ -58,9 +64,16 @@ def _stack(p: Params, v: str, a: dict, seed: int, lo: int = 0, hi: int | None = 
             splits = np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1)
             seg = max(splits, key=len)
             mid = seg[len(seg) // 2]
-            axes[0].annotate(f"S{s}", (st[mid], ll[mid]), xytext=(0, 14), textcoords="offset points",
-                             ha="center", fontsize=10, fontweight="bold",
-                             arrowprops={"arrowstyle": "-", "lw": 0.6})
+            axes[0].annotate(
+                f"S{s}",
+                (st[mid], ll[mid]),
+                xytext=(0, 14),
+                textcoords="offset points",
+                ha="center",
+                fontsize=10,
+                fontweight="bold",
+                arrowprops={"arrowstyle": "-", "lw": 0.6},
+            )
             seen.add(s)
     lam = run["eta_lambda_max_precond"].to_numpy()[sl]
     axes[1].plot(st, lam, lw=0.7, label="η·λ_max(Ĥ)")
@@ -87,8 +100,12 @@ def _stack(p: Params, v: str, a: dict, seed: int, lo: int = 0, hi: int | None = 
         _shade(ax, st, lab)
         ax.grid(alpha=0.2)
     cfg = p.configs[v]
-    fig.suptitle(f"{v} (β₁={cfg.beta1}, β₂={cfg.beta2}, ε={cfg.eps:g}), seed {seed}"
-                 + (f", steps {lo}–{hi}" if annotate else ""), y=0.985, fontsize=10)
+    fig.suptitle(
+        f"{v} (β₁={cfg.beta1}, β₂={cfg.beta2}, ε={cfg.eps:g}), seed {seed}"
+        + (f", steps {lo}–{hi}" if annotate else ""),
+        y=0.985,
+        fontsize=10,
+    )
     _stage_legend(fig)
     fig.tight_layout(rect=(0, 0, 1, 0.965))
     return fig
@@ -97,7 +114,7 @@ def _stack(p: Params, v: str, a: dict, seed: int, lo: int = 0, hi: int | None = 
 def _zoom_score(lab: np.ndarray, e) -> tuple:
     """Which spike to zoom on: one whose run-up shows decoupling (S2) and latent instability (S3) before
     it, then the largest rise; the whole-run figure shows every spike."""
-    before = set(lab[max(0, e.onset - 250):e.onset].tolist())
+    before = set(lab[max(0, e.onset - 250) : e.onset].tolist())
     return (2 in before, 3 in before, e.rise_decades)
 
 
@@ -130,8 +147,9 @@ def _quad_figure(p: Params, analysed):
         _shade(ax, run["step"].to_numpy(), a["stages"])
         ax.grid(alpha=0.2)
         ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"½aθ² with a={p.quad.a:g}, η={p.quad.lr:g}: GD converges, Adam spikes (shading: {main})",
-                 y=0.985, fontsize=10)
+    fig.suptitle(
+        f"½aθ² with a={p.quad.a:g}, η={p.quad.lr:g}: GD converges, Adam spikes (shading: {main})", y=0.985, fontsize=10
+    )
     _stage_legend(fig)
     fig.tight_layout(rect=(0, 0, 1, 0.965))
     return fig
@@ -162,7 +180,7 @@ def _counts(p: Params, analysed):
 
 
 def _beta2_heatmap(p: Params, analysed):
-    from pipelines.core.plots import heatmap
+    from pipelines.core.api import heatmap
 
     cells = {}
     for v, by in analysed.items():
@@ -174,8 +192,9 @@ def _beta2_heatmap(p: Params, analysed):
     if len(b1) * len(b2) < 2:
         return None
     vals = np.array([[cells.get((i, j), np.nan) for j in b2] for i in b1])
-    return heatmap(vals, b2, b1, title="MLP spikes per run (mean over seeds), ε = 1e-8", fmt="{:.1f}",
-                   xlabel="β₂", ylabel="β₁")
+    return heatmap(
+        vals, b2, b1, title="MLP spikes per run (mean over seeds), ε = 1e-8", fmt="{:.1f}", xlabel="β₂", ylabel="β₁"
+    )
 
 
 def _loss_curves(p: Params, analysed):
@@ -191,10 +210,9 @@ def _loss_curves(p: Params, analysed):
         for seed, a in sorted(analysed[v].items()):
             ax.plot(a["run"]["step"], a["run"]["log10_loss"], lw=0.5, label=f"seed {seed}")
         c = p.configs[v]
-        ax.set_title(f"{v}: " + ("GD" if c.optimizer == "gd" else f"β₁={c.beta1} β₂={c.beta2} ε={c.eps:g}"),
-                     fontsize=8)
+        ax.set_title(f"{v}: " + ("GD" if c.optimizer == "gd" else f"β₁={c.beta1} β₂={c.beta2} ε={c.eps:g}"), fontsize=8)
         ax.grid(alpha=0.2)
-    for ax in axes.ravel()[len(mlps):]:
+    for ax in axes.ravel()[len(mlps) :]:
         ax.axis("off")
     axes[0, 0].legend(fontsize=6)
     for ax in axes[:, 0]:
@@ -223,8 +241,9 @@ def _predictors(p: Params, analysed):
         ax.bar(x + 0.2, rec, 0.4, label="recall")
         ax.set_xticks(x, [RULE_LABELS[r] for r in RULES], rotation=30, ha="right", fontsize=7)
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"{v}: alarms after k={p.predictor.k} consecutive steps,\nwindow {p.predictor.horizon}",
-                     fontsize=8)
+        ax.set_title(
+            f"{v}: alarms after k={p.predictor.k} consecutive steps,\nwindow {p.predictor.horizon}", fontsize=8
+        )
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
     ax = axes[-1]
@@ -284,8 +303,12 @@ def make_figures(p: Params, analysed) -> dict:
             lo, hi = max(0, e.onset - 250), min(len(a["run"]), e.end + 120)
             figs[f"spike_zoom_{v}"] = _stack(p, v, a, seed, lo, hi, annotate=True)
     figs["spike_counts"] = _counts(p, analysed)
-    for name, make in (("beta2_ablation", _beta2_heatmap), ("loss_curves_mlp", _loss_curves),
-                       ("predictor_comparison", _predictors), ("step_sign", _step_sign)):
+    for name, make in (
+        ("beta2_ablation", _beta2_heatmap),
+        ("loss_curves_mlp", _loss_curves),
+        ("predictor_comparison", _predictors),
+        ("step_sign", _step_sign),
+    ):
         f = make(p, analysed)
         if f is not None:
             figs[name] = f

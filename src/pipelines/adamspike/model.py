@@ -2,6 +2,7 @@
 log space (paper §3, the constant-curvature counterexample), the 1 → H (tanh) → 1 MLP, Hessian-vector
 products (an analytic R-operator in numpy, and torch double-backward as the generic reference) and warm-started
 power iteration on the preconditioned Hessian D^½ H D^½ (same spectrum as Ĥ = D H)."""
+
 from __future__ import annotations
 
 import math
@@ -34,15 +35,23 @@ def _slog_add(s1: float, l1: float, s2: float, l2: float) -> tuple[float, float]
 class QuadTrace:
     """Per-step record of the scalar run: everything in log10 so nothing underflows."""
 
-    log10_loss: np.ndarray          # loss at θ_t (the step's starting point), t = 0..T (T+1 values)
-    log10_g2: np.ndarray            # g_t², t = 0..T-1
-    log10_v: np.ndarray             # bias-corrected v̂_t (1 for GD)
+    log10_loss: np.ndarray  # loss at θ_t (the step's starting point), t = 0..T (T+1 values)
+    log10_g2: np.ndarray  # g_t², t = 0..T-1
+    log10_v: np.ndarray  # bias-corrected v̂_t (1 for GD)
     eta_lambda_precond: np.ndarray  # η a / (√v̂_t + ε): λ(Ĥ) of the 1-D problem times η
-    eta_lambda_grad: np.ndarray     # η uHu / (g u): equals the above for β₁ = 0; +inf when g u ≤ 0
+    eta_lambda_grad: np.ndarray  # η uHu / (g u): equals the above for β₁ = 0; +inf when g u ≤ 0
 
 
-def quad_run(a: float, theta0: float, lr: float, steps: int, optimizer: str = "adam", beta1: float = 0.0,
-             beta2: float = 0.99, eps: float = 0.0) -> QuadTrace:
+def quad_run(
+    a: float,
+    theta0: float,
+    lr: float,
+    steps: int,
+    optimizer: str = "adam",
+    beta1: float = 0.0,
+    beta2: float = 0.99,
+    eps: float = 0.0,
+) -> QuadTrace:
     """Adam (bias-corrected, PyTorch's update θ ← θ − η m̂/(√v̂ + ε)) or GD on ½aθ², tracked as signed logs.
 
     In float64 the loss of the β₂ = 0.999 run underflows (it falls below 1e-300); here θ, m and v are kept
@@ -58,7 +67,7 @@ def quad_run(a: float, theta0: float, lr: float, steps: int, optimizer: str = "a
     log_g2, log_v, lam_p, lam_g = (np.empty(steps) for _ in range(4))
     for t in range(steps):
         log_loss[t] = (math.log(0.5) + la + 2 * l_th) / ln10
-        s_g, l_g = s_th, la + l_th                    # g = a θ
+        s_g, l_g = s_th, la + l_th  # g = a θ
         log_g2[t] = 2 * l_g / ln10
         if optimizer == "gd":
             step_s, step_l = s_g, math.log(lr) + l_g  # η g
@@ -68,16 +77,20 @@ def quad_run(a: float, theta0: float, lr: float, steps: int, optimizer: str = "a
             k = t + 1
             # m ← β₁ m + (1-β₁) g ;  v ← β₂ v + (1-β₂) g²
             if beta1 > 0:
-                s_m, l_m = _slog_add(s_m, math.log(beta1) + l_m if l_m > -math.inf else -math.inf,
-                                     s_g, math.log1p(-beta1) + l_g)
+                s_m, l_m = _slog_add(
+                    s_m, math.log(beta1) + l_m if l_m > -math.inf else -math.inf, s_g, math.log1p(-beta1) + l_g
+                )
             else:
                 s_m, l_m = s_g, l_g
-            l_v = np.logaddexp(math.log(beta2) + l_v, math.log1p(-beta2) + 2 * l_g) if l_v > -math.inf \
+            l_v = (
+                np.logaddexp(math.log(beta2) + l_v, math.log1p(-beta2) + 2 * l_g)
+                if l_v > -math.inf
                 else math.log1p(-beta2) + 2 * l_g
+            )
             l_mhat = l_m - math.log(-math.expm1(k * math.log(beta1))) if beta1 > 0 else l_m
             l_vhat = l_v - math.log(-math.expm1(k * math.log(beta2)))
             l_den = float(np.logaddexp(0.5 * l_vhat, math.log(eps))) if eps > 0 else 0.5 * l_vhat
-            step_s, step_l = s_m, math.log(lr) + l_mhat - l_den   # η m̂ / (√v̂ + ε)
+            step_s, step_l = s_m, math.log(lr) + l_mhat - l_den  # η m̂ / (√v̂ + ε)
             log_v[t] = l_vhat / ln10
             lam_p[t] = lr * a * math.exp(-l_den)
             # λ_grad = a u / g (1-D): u/g = (m̂/g)/(√v̂+ε); g u ≤ 0 → +inf (the first-order term already raises L)
@@ -128,16 +141,16 @@ class MlpCurvature:
 
     def _split(self, theta: np.ndarray):
         h = self.h_dim
-        return theta[:h], theta[h:2 * h], theta[2 * h:3 * h], theta[3 * h]
+        return theta[:h], theta[h : 2 * h], theta[2 * h : 3 * h], theta[3 * h]
 
     def at(self, theta: np.ndarray) -> MlpCurvature:
         w1, b1, w2, b2 = self._split(theta)
         self.w1, self.w2 = w1, w2
-        self.hid = np.tanh(np.outer(self.x, w1) + b1)        # N × H
+        self.hid = np.tanh(np.outer(self.x, w1) + b1)  # N × H
         self.dtanh = 1.0 - self.hid**2
-        self.r = self.hid @ w2 + b2 - self.y                 # residuals
-        self.df = 2.0 * self.r / self.n                      # dL/df
-        self.dz = np.outer(self.df, w2) * self.dtanh         # dL/dz, N × H
+        self.r = self.hid @ w2 + b2 - self.y  # residuals
+        self.df = 2.0 * self.r / self.n  # dL/df
+        self.dz = np.outer(self.df, w2) * self.dtanh  # dL/dz, N × H
         return self
 
     def loss(self) -> float:
@@ -153,21 +166,21 @@ class MlpCurvature:
         rz = np.outer(self.x, v1) + c1
         rh = self.dtanh * rz
         rdf = 2.0 * (rh @ self.w2 + self.hid @ v2 + c2) / self.n
-        rdz = (np.outer(rdf, self.w2) + np.outer(self.df, v2)) * self.dtanh \
-            - 2.0 * np.outer(self.df, self.w2) * self.hid * rh
+        rdz = (np.outer(rdf, self.w2) + np.outer(self.df, v2)) * self.dtanh - 2.0 * np.outer(
+            self.df, self.w2
+        ) * self.hid * rh
         return np.concatenate([rdz.T @ self.x, rdz.sum(0), rdf @ self.hid + self.df @ rh, [rdf.sum()]])
-
 
     def hvp_batch(self, vs: np.ndarray) -> np.ndarray:
         """H V for the k columns of V (P × k) in one pass: the power iterations of a step share it."""
-        v1, c1, v2, c2 = (a.T for a in self._split(vs))        # (k, H) ×3, (k,)
-        rz = self.x[None, :, None] * v1[:, None, :] + c1[:, None, :]   # k × N × H
+        v1, c1, v2, c2 = (a.T for a in self._split(vs))  # (k, H) ×3, (k,)
+        rz = self.x[None, :, None] * v1[:, None, :] + c1[:, None, :]  # k × N × H
         rh = self.dtanh * rz
-        rdf = 2.0 * (rh @ self.w2 + v2 @ self.hid.T + c2[:, None]) / self.n      # k × N
-        rdz = (rdf[:, :, None] * self.w2 + self.df[:, None] * v2[:, None, :]) * self.dtanh \
-            - 2.0 * (np.outer(self.df, self.w2) * self.hid) * rh
-        return np.concatenate([(self.x @ rdz).T, rdz.sum(1).T, (rdf @ self.hid + self.df @ rh).T,
-                               rdf.sum(1)[None]])
+        rdf = 2.0 * (rh @ self.w2 + v2 @ self.hid.T + c2[:, None]) / self.n  # k × N
+        rdz = (rdf[:, :, None] * self.w2 + self.df[:, None] * v2[:, None, :]) * self.dtanh - 2.0 * (
+            np.outer(self.df, self.w2) * self.hid
+        ) * rh
+        return np.concatenate([(self.x @ rdz).T, rdz.sum(1).T, (rdf @ self.hid + self.df @ rh).T, rdf.sum(1)[None]])
 
 
 class QuadraticCurvature:

@@ -5,6 +5,7 @@ curvature uᵀHu / gᵀu of the update actually applied), η·λ_max(H) and cos(
 The MLP trains through core's loop (``core.training.fit``) with an Adam / SGD instance built here and kept,
 so the per-step callback can read its second moments; the quadratic is an exact scalar recursion in log
 space (``model.quad_run``), since its loss leaves float64's range."""
+
 from __future__ import annotations
 
 import math
@@ -14,11 +15,21 @@ import pandas as pd
 
 from pipelines.adamspike.model import MlpCurvature, flat_params, make_mlp, quad_run
 from pipelines.adamspike.params import Params, Variant
-from pipelines.core.runtime import node_setup
-from pipelines.core.streams import np_rng
+from pipelines.core.api import node_setup, np_rng
 
-COLUMNS = ["seed", "step", "log10_loss", "log10_loss_next", "eta_lambda_grad", "eta_lambda_max_precond",
-           "eta_lambda_max_raw", "decoupling_ratio", "cos_grad_topeig", "log10_sum_g2", "log10_sum_v"]
+COLUMNS = [
+    "seed",
+    "step",
+    "log10_loss",
+    "log10_loss_next",
+    "eta_lambda_grad",
+    "eta_lambda_max_precond",
+    "eta_lambda_max_raw",
+    "decoupling_ratio",
+    "cos_grad_topeig",
+    "log10_sum_g2",
+    "log10_sum_v",
+]
 
 
 def _log10(x):
@@ -30,13 +41,22 @@ def run_quad(p: Params, cfg: Variant, seed: int) -> pd.DataFrame:
     q = p.quad
     tr = quad_run(q.a, q.theta0, q.lr, q.steps, cfg.optimizer, cfg.beta1, cfg.beta2, cfg.eps)
     n = q.steps
-    out = pd.DataFrame({
-        "seed": seed, "step": np.arange(n), "log10_loss": tr.log10_loss[:-1], "log10_loss_next": tr.log10_loss[1:],
-        "eta_lambda_grad": tr.eta_lambda_grad, "eta_lambda_max_precond": tr.eta_lambda_precond,
-        "eta_lambda_max_raw": np.full(n, q.lr * q.a),
-        "decoupling_ratio": 10.0 ** np.clip(tr.log10_g2 - tr.log10_v, -300, 300),
-        "cos_grad_topeig": np.ones(n), "log10_sum_g2": tr.log10_g2, "log10_sum_v": tr.log10_v})
-    if cfg.optimizer == "gd":     # no second moment: v̂ and the decoupling ratio are undefined
+    out = pd.DataFrame(
+        {
+            "seed": seed,
+            "step": np.arange(n),
+            "log10_loss": tr.log10_loss[:-1],
+            "log10_loss_next": tr.log10_loss[1:],
+            "eta_lambda_grad": tr.eta_lambda_grad,
+            "eta_lambda_max_precond": tr.eta_lambda_precond,
+            "eta_lambda_max_raw": np.full(n, q.lr * q.a),
+            "decoupling_ratio": 10.0 ** np.clip(tr.log10_g2 - tr.log10_v, -300, 300),
+            "cos_grad_topeig": np.ones(n),
+            "log10_sum_g2": tr.log10_g2,
+            "log10_sum_v": tr.log10_v,
+        }
+    )
+    if cfg.optimizer == "gd":  # no second moment: v̂ and the decoupling ratio are undefined
         out[["decoupling_ratio", "log10_sum_v"]] = np.nan
     return out
 
@@ -65,8 +85,9 @@ class Tracker:
             self.opt = torch.optim.SGD(params, lr=self.lr, momentum=0.0, weight_decay=0.0, foreach=True)
         else:
             # the fused kernel: same update as the reference loop, ~2x less per-step overhead on tiny tensors
-            self.opt = torch.optim.Adam(params, lr=self.lr, betas=(c.beta1, c.beta2), eps=c.eps,
-                                        weight_decay=0.0, fused=True)
+            self.opt = torch.optim.Adam(
+                params, lr=self.lr, betas=(c.beta1, c.beta2), eps=c.eps, weight_decay=0.0, fused=True
+            )
         return self.opt
 
     def __call__(self, info) -> None:
@@ -77,7 +98,7 @@ class Tracker:
         grads = [q.grad.detach().cpu().numpy().ravel() for q in self.params]
         sg2 = float(sum(gi @ gi for gi in grads))
         if self.cfg.optimizer == "gd":
-            sv, bc, vs = float("nan"), 1.0, None    # no second moment: the decoupling ratio is undefined for GD
+            sv, bc, vs = float("nan"), 1.0, None  # no second moment: the decoupling ratio is undefined for GD
         else:
             st = [self.opt.state[q] for q in self.params]
             bc = 1.0 - self.cfg.beta2 ** float(st[0]["step"])
@@ -137,8 +158,9 @@ class _TorchCurvature:
         import torch
 
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(torch.as_tensor(theta, dtype=self.x.dtype, device=self.x.device),
-                                                self.model.parameters())
+            torch.nn.utils.vector_to_parameters(
+                torch.as_tensor(theta, dtype=self.x.dtype, device=self.x.device), self.model.parameters()
+            )
         return self
 
     def hvp(self, v: np.ndarray) -> np.ndarray:
@@ -151,21 +173,34 @@ def run_mlp(data: pd.DataFrame, p: Params, cfg: Variant, seed: int, variant: str
     import torch
     import torch.nn.functional as F
 
-    from pipelines.core.training import fit
+    from pipelines.core.api import fit
 
     device = node_setup(p, seed)
     x = torch.tensor(data["x"].to_numpy(float), dtype=torch.float64, device=device)[:, None]
     y = torch.tensor(data["y"].to_numpy(float), dtype=torch.float64, device=device)
     model = make_mlp(p.mlp.width, seed).to(device)
-    curv = MlpCurvature(x.cpu().numpy(), y.cpu().numpy(), p.mlp.width) if p.tracking.hvp == "analytic" \
+    curv = (
+        MlpCurvature(x.cpu().numpy(), y.cpu().numpy(), p.mlp.width)
+        if p.tracking.hvp == "analytic"
         else _TorchCurvature(model, x, y)
+    )
     tracker = Tracker(model, curv, cfg, p, seed, p.mlp.lr, p.mlp.steps)
     # full batch, no clipping, no weight decay: the paper's plain Adam (clipping would cap the spikes)
     y_col = y[:, None]
-    fit(model, None, lambda m, a, b: F.mse_loss(m(a), b), steps=p.mlp.steps,
-        sample_batch=lambda step, gen: (x, y_col), lr=p.mlp.lr, weight_decay=0.0,
-        optimizer=tracker.make_optimizer, grad_clip=None,
-        seed=seed, desc=f"adamspike.{variant}", callback=tracker)
+    fit(
+        model,
+        None,
+        lambda m, a, b: F.mse_loss(m(a), b),
+        steps=p.mlp.steps,
+        sample_batch=lambda step, gen: (x, y_col),
+        lr=p.mlp.lr,
+        weight_decay=0.0,
+        optimizer=tracker.make_optimizer,
+        grad_clip=None,
+        seed=seed,
+        desc=f"adamspike.{variant}",
+        callback=tracker,
+    )
     with torch.no_grad():
         final = float(((model(x).squeeze(-1) - y) ** 2).mean())
     rec = tracker.rec

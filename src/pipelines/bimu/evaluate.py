@@ -1,13 +1,13 @@
 """The report and plots of `bimu`: per-seed final metrics of every variant, the comparisons the claims
 name (BiMU vs learning-speed-matched BayesBiNN; VR querying vs random and query-all at equal budget), and
 the quantities over stream time (per task; per stream step for active querying) as MLflow histories."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from pipelines.bimu.params import Params
-from pipelines.core.plots import finish, line_plot
-from pipelines.core.spec import Diff, Fn, paired
+from pipelines.core.api import Diff, Fn, finish, line_plot, paired
 
 
 def labels_to_reach(curve: dict, target: float, metric: str = "bal_acc") -> float:
@@ -47,12 +47,18 @@ def derived() -> list:
     """The comparisons the claims name, per seed and paired: BiMU vs learning-speed-matched BayesBiNN; the
     query rules vs random and query-all at equal budget."""
     out = [guarded_ratio("frac_saturated"), guarded_ratio("mean_bernoulli_var")]
-    out += [Diff(k, "bimu", "bayesbinn", name=f"diff.{k}.bimu_vs_bayesbinn")
-            for k in ("acc_mean_last5", "acc_mean_seen", "ood_auc_epistemic_min")]
-    out += [Diff("bal_acc", v, "al_random", name=f"diff.bal_acc.{v}_vs_al_random")
-            for v in ("al_vr", "al_entropy", "al_epistemic")]
-    out += [Fn(label_savings, ["label_savings_x.bal_acc.al_vr_vs_al_random"], needs_=["al_vr", "al_random"]),
-            Diff("bal_acc", "al_all", "al_vr", name="diff.bal_acc.al_all_vs_al_vr")]
+    out += [
+        Diff(k, "bimu", "bayesbinn", name=f"diff.{k}.bimu_vs_bayesbinn")
+        for k in ("acc_mean_last5", "acc_mean_seen", "ood_auc_epistemic_min")
+    ]
+    out += [
+        Diff("bal_acc", v, "al_random", name=f"diff.bal_acc.{v}_vs_al_random")
+        for v in ("al_vr", "al_entropy", "al_epistemic")
+    ]
+    out += [
+        Fn(label_savings, ["label_savings_x.bal_acc.al_vr_vs_al_random"], needs_=["al_vr", "al_random"]),
+        Diff("bal_acc", "al_all", "al_vr", name="diff.bal_acc.al_all_vs_al_vr"),
+    ]
     return out
 
 
@@ -62,14 +68,22 @@ def make_plots(p: Params, values, results: dict[str, dict]) -> dict:
     figs = {}
     if cont:
         tasks = np.arange(1, p.continual.n_tasks + 1)
-        for k, label, name in (("acc_current_task", "newest-task accuracy", "plasticity"),
-                               ("acc_mean_seen", "mean accuracy over seen tasks", "retention"),
-                               ("mean_bernoulli_var", "mean Bernoulli variance 1 − tanh²λ", "variance"),
-                               ("frac_saturated", "share of weights with |tanh λ| > 0.99", "saturation")):
+        for k, label, name in (
+            ("acc_current_task", "newest-task accuracy", "plasticity"),
+            ("acc_mean_seen", "mean accuracy over seen tasks", "retention"),
+            ("mean_bernoulli_var", "mean Bernoulli variance 1 − tanh²λ", "variance"),
+            ("frac_saturated", "share of weights with |tanh λ| > 0.99", "saturation"),
+        ):
             has = {v: np.asarray(r["per_task"][k]) for v, r in cont.items() if k in r["per_task"]}
             ys, es = {v: a.mean(1) for v, a in has.items()}, {v: a.std(1) for v, a in has.items()}
-            figs[name] = line_plot(tasks, ys, xlabel="task", ylabel=label, errors=es,
-                                   title=f"{label} over the stream (mean ± std over seeds)")
+            figs[name] = line_plot(
+                tasks,
+                ys,
+                xlabel="task",
+                ylabel=label,
+                errors=es,
+                title=f"{label} over the stream (mean ± std over seeds)",
+            )
     if act:
         import matplotlib.pyplot as plt
 
@@ -77,9 +91,13 @@ def make_plots(p: Params, values, results: dict[str, dict]) -> dict:
         for v, r in act.items():
             c = r["curve"]
             ax.plot(np.asarray(c["n_labels"]).mean(1), np.asarray(c["bal_acc"]).mean(1), marker="o", label=v)
-        figs["labels_to_accuracy"] = finish(fig, ax, xlabel="labels queried (= backprop updates)",
-                                            ylabel="balanced test accuracy",
-                                            title=f"active querying, budget {p.active.budget:.0%}")
+        figs["labels_to_accuracy"] = finish(
+            fig,
+            ax,
+            xlabel="labels queried (= backprop updates)",
+            ylabel="balanced test accuracy",
+            title=f"active querying, budget {p.active.budget:.0%}",
+        )
     return figs
 
 

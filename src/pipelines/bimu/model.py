@@ -8,6 +8,7 @@ in one Python step, each replica with its own λ, noise and data.
 Block: BinaryLinear (no bias) → LayerNorm (no affine) → reverse binary gate 1[|z| > 1]; the last layer is
 BinaryLinear → LayerNorm giving the logits.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,16 +42,16 @@ class RelaxedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, lam1, lam2, x, y, n1, n2, tau):
-        w1 = torch.tanh((lam1.unsqueeze(1) + n1) / tau)                  # R K H D
+        w1 = torch.tanh((lam1.unsqueeze(1) + n1) / tau)  # R K H D
         h1 = torch.einsum("rkhd,rd->rkh", w1, x)
         z1, sd1 = _ln(h1)
         a = (z1.abs() > 1).to(x.dtype)
-        w2 = torch.tanh((lam2.unsqueeze(1) + n2) / tau)                  # R K C H
+        w2 = torch.tanh((lam2.unsqueeze(1) + n2) / tau)  # R K C H
         h2 = torch.einsum("rkch,rkh->rkc", w2, a)
         z2, sd2 = _ln(h2)
         logp = torch.log_softmax(z2, -1)
-        onehot = torch.nn.functional.one_hot(y, z2.shape[-1]).to(x.dtype).unsqueeze(1)   # R 1 C
-        loss = -(logp * onehot).sum(-1).mean(1)                          # R
+        onehot = torch.nn.functional.one_hot(y, z2.shape[-1]).to(x.dtype).unsqueeze(1)  # R 1 C
+        loss = -(logp * onehot).sum(-1).mean(1)  # R
         ctx.save_for_backward(x, w1, z1, sd1, a, w2, z2, sd2, logp, onehot)
         ctx.tau = tau
         return loss
@@ -87,8 +88,7 @@ def binary_net_loss(w1: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, y: torc
 
 def relaxed_loss_autograd(lam1, lam2, x, y, n1, n2, tau: float = 1.0) -> torch.Tensor:
     """The relaxed loss with plain autograd ops (the reference the fused backward is tested against)."""
-    return binary_net_loss(torch.tanh((lam1.unsqueeze(1) + n1) / tau), torch.tanh((lam2.unsqueeze(1) + n2) / tau),
-                           x, y)
+    return binary_net_loss(torch.tanh((lam1.unsqueeze(1) + n1) / tau), torch.tanh((lam2.unsqueeze(1) + n2) / tau), x, y)
 
 
 def ste_sign(w: torch.Tensor) -> torch.Tensor:
@@ -112,7 +112,7 @@ class NoiseBlocks:
         self.s1, self.s2, self.block, self.gens = tuple(shape1), tuple(shape2), block, gens
         self.start = -1
 
-    def _draw(self, shape):      # (block, R, ...) with replica r drawn from gens[r]
+    def _draw(self, shape):  # (block, R, ...) with replica r drawn from gens[r]
         u = _rand((shape[0], self.block, *shape[1:]), self.gens).transpose(0, 1)
         return torch.special.logit(u, eps=1e-7).mul_(0.5)
 
@@ -129,10 +129,10 @@ class BinaryBayesNet(torch.nn.Module):
 
     def __init__(self, replicas: int, d_in: int, hidden: int, n_classes: int, init: str, gen):
         super().__init__()
-        if init == "uniform":      # Equinox Linear's default U(±1/√fan_in), as BiMU's official init
+        if init == "uniform":  # Equinox Linear's default U(±1/√fan_in), as BiMU's official init
             l1 = (_rand((replicas, hidden, d_in), gen) * 2 - 1) / math.sqrt(d_in)
             l2 = (_rand((replicas, n_classes, hidden), gen) * 2 - 1) / math.sqrt(hidden)
-        elif init == "zero":       # BayesBiNN's λ₀ = 0
+        elif init == "zero":  # BayesBiNN's λ₀ = 0
             l1, l2 = torch.zeros(replicas, hidden, d_in), torch.zeros(replicas, n_classes, hidden)
         else:
             raise ValueError(f"unknown init {init!r}")
@@ -146,10 +146,8 @@ class BinaryBayesNet(torch.nn.Module):
 def hard_probs(lam1: torch.Tensor, lam2: torch.Tensor, x: torch.Tensor, k: int, gen) -> torch.Tensor:
     """Softmax outputs (R, K, N, C) of K hard Bernoulli weight samples; x is (N, D) or (R, N, D); ``gen``
     one generator or one per replica."""
-    w1 = torch.where(_rand((lam1.shape[0], k, *lam1.shape[1:]), gen) < torch.sigmoid(2 * lam1).unsqueeze(1),
-                     1.0, -1.0)
-    w2 = torch.where(_rand((lam2.shape[0], k, *lam2.shape[1:]), gen) < torch.sigmoid(2 * lam2).unsqueeze(1),
-                     1.0, -1.0)
+    w1 = torch.where(_rand((lam1.shape[0], k, *lam1.shape[1:]), gen) < torch.sigmoid(2 * lam1).unsqueeze(1), 1.0, -1.0)
+    w2 = torch.where(_rand((lam2.shape[0], k, *lam2.shape[1:]), gen) < torch.sigmoid(2 * lam2).unsqueeze(1), 1.0, -1.0)
     xr = x if x.dim() == 3 else x.unsqueeze(0).expand(lam1.shape[0], -1, -1)
     h1 = torch.einsum("rkhd,rnd->rknh", w1, xr)
     z1, _ = _ln(h1)
@@ -162,14 +160,21 @@ def uncertainty(probs: torch.Tensor) -> dict[str, torch.Tensor]:
     """From MC softmax samples (..., K, N, C): the mean prediction, aleatoric = mean entropy and epistemic =
     mutual information (both in bits), and the variation ratio (share of samples disagreeing with the
     argmax of the mean prediction)."""
+
     def ent(q):
         return -(q * torch.log2(q.clamp_min(1e-12))).sum(-1)
+
     mean = probs.mean(-3)
     alea = ent(probs).mean(-2)
     pred = mean.argmax(-1)
     agree = (probs.argmax(-1) == pred.unsqueeze(-2)).to(probs.dtype).mean(-2)
-    return {"mean": mean, "pred": pred, "aleatoric": alea, "epistemic": (ent(mean) - alea).clamp_min(0),
-            "vr": 1 - agree}
+    return {
+        "mean": mean,
+        "pred": pred,
+        "aleatoric": alea,
+        "epistemic": (ent(mean) - alea).clamp_min(0),
+        "vr": 1 - agree,
+    }
 
 
 # ---------------------------------------------------------------- posterior regulariser and update rules
@@ -186,8 +191,17 @@ def bernoulli_kl_grad(lam: torch.Tensor, lam0: torch.Tensor | float = 0.0) -> to
     return (1 - torch.tanh(lam) ** 2) * (lam - lam0)
 
 
-def bimu_delta(lam: torch.Tensor, grad: torch.Tensor, *, lm: float, eta: float, eta_max: float, kappa: float,
-               n_mem: float, relaxation: bool = True) -> torch.Tensor:
+def bimu_delta(
+    lam: torch.Tensor,
+    grad: torch.Tensor,
+    *,
+    lm: float,
+    eta: float,
+    eta_max: float,
+    kappa: float,
+    n_mem: float,
+    relaxation: bool = True,
+) -> torch.Tensor:
     """BiMU's Δλ = −(η g + s λ / N) / (s + 2 g t + 2|g| + 1/η_max), g = ℓ_m ∂L/∂λ, t = tanh λ,
     s = κ(1 − t²). ``relaxation=False`` drops the prior relaxation and the uncertainty-dependent step
     (s = 0 and the 2gt + 2|g| terms): the update is then the plain online step −η η_max g."""
@@ -199,8 +213,9 @@ def bimu_delta(lam: torch.Tensor, grad: torch.Tensor, *, lm: float, eta: float, 
     return -(eta * g + s * lam / n_mem) / (s + 2 * g * t + 2 * g.abs() + 1 / eta_max)
 
 
-def bayesbinn_delta(lam: torch.Tensor, grad: torch.Tensor, *, lr: float, prior_strength: float,
-                    lam0: float = 0.0) -> torch.Tensor:
+def bayesbinn_delta(
+    lam: torch.Tensor, grad: torch.Tensor, *, lr: float, prior_strength: float, lam0: float = 0.0
+) -> torch.Tensor:
     """BayesBiNN (official form): ĝ = ∂L/∂λ / (1 − tanh² λ + 1e−7) (the reparameterisation gradient mapped
     to the expectation parameter), Δλ = −lr (ĝ + prior_strength (λ − λ₀))."""
     ghat = grad / (1 - torch.tanh(lam) ** 2 + 1e-7)
@@ -226,7 +241,7 @@ class LambdaRule(torch.optim.Optimizer):
         ps = [q for grp in self.param_groups for q in grp["params"] if q.grad is not None]
         if not ps:
             return None
-        live = sum(q.grad.abs().flatten(1).sum(1) for q in ps) > 0          # R
+        live = sum(q.grad.abs().flatten(1).sum(1) for q in ps) > 0  # R
         for q in ps:
             d = self.rule(q, q.grad, **self.hp)
             q.add_(d * live.view(-1, *[1] * (q.dim() - 1)).to(d.dtype))
@@ -252,11 +267,12 @@ class GaussianNet(torch.nn.Module):
         return torch.einsum("rkch,rknh->rknc", w2, h)
 
 
-def mesu_delta(mu, sigma, g_mu, g_sigma, *, lr_mu: float, lr_sigma: float, sigma_prior: float, n_mem: float,
-               mu_prior: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def mesu_delta(
+    mu, sigma, g_mu, g_sigma, *, lr_mu: float, lr_sigma: float, sigma_prior: float, n_mem: float, mu_prior: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """MESU (Bonnet et al.): Δμ = η_μ(−σ² ∂L/∂μ + σ²(μ_p − μ)/(N σ_p²)),
     Δσ = ½ η_σ(−σ² ∂L/∂σ + σ(σ_p² − σ²)/(N σ_p²))."""
-    s2, sp2 = sigma * sigma, sigma_prior ** 2
+    s2, sp2 = sigma * sigma, sigma_prior**2
     d_mu = lr_mu * (-s2 * g_mu + s2 * (mu_prior - mu) / (n_mem * sp2))
     d_sigma = 0.5 * lr_sigma * (-s2 * g_sigma + sigma * (sp2 - s2) / (n_mem * sp2))
     return d_mu, d_sigma
@@ -305,7 +321,7 @@ class MetaAdam(torch.optim.Optimizer):
                     st["m1"], st["m2"] = torch.zeros_like(w), torch.zeros_like(w)
                 st["m1"].mul_(b1).add_(w.grad, alpha=1 - b1)
                 st["m2"].mul_(b2).addcmul_(w.grad, w.grad, value=1 - b2)
-                step = -grp["lr"] * (st["m1"] / (1 - b1 ** self.t)) / ((st["m2"] / (1 - b2 ** self.t)).sqrt() + self.eps)
+                step = -grp["lr"] * (st["m1"] / (1 - b1**self.t)) / ((st["m2"] / (1 - b2**self.t)).sqrt() + self.eps)
                 if self.m > 0:
                     toward_zero = step * w < 0
                     step = torch.where(toward_zero, step * (1 - torch.tanh(self.m * w) ** 2), step)

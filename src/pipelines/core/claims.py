@@ -10,6 +10,7 @@ the claims test nothing (the base model learned its task, a metric has headroom)
 value is on the claimed side, and when it does not, every claim that depends on it (all of them, unless a
 claim lists ``requires``) is **untested**, never holds or fails.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,9 @@ def _estimate(metric: str, values: Mapping[str, float], intervals: Mapping[str, 
     return Estimate(value)
 
 
-def _check(c: Mapping[str, Any], values: Mapping[str, float], intervals: Mapping[str, Estimate],
-           kind: str) -> dict[str, Any]:
+def _check(
+    c: Mapping[str, Any], values: Mapping[str, float], intervals: Mapping[str, Estimate], kind: str
+) -> dict[str, Any]:
     c = dict(c)
     if c["op"] not in OPS:
         raise ClaimError(f"{kind} '{c['id']}': op {c['op']!r} is not one of {sorted(OPS)}")
@@ -65,8 +67,11 @@ def _check(c: Mapping[str, Any], values: Mapping[str, float], intervals: Mapping
     op, thr = OPS[c["op"]], float(c["threshold"])
     est = _estimate(c["metric"], values, intervals)
     value = est.value
-    entry = {**{k: v for k, v in c.items() if v is not None or k not in ("requires", "tolerance")},
-             "threshold": thr, "value": None if math.isnan(value) else value}
+    entry = {
+        **{k: v for k, v in c.items() if v is not None or k not in ("requires", "tolerance")},
+        "threshold": thr,
+        "value": None if math.isnan(value) else value,
+    }
     if est.n:
         entry["n_seeds"] = est.n
     if math.isnan(value):
@@ -74,7 +79,7 @@ def _check(c: Mapping[str, Any], values: Mapping[str, float], intervals: Mapping
     elif est.has_interval or (est.lo is not None or est.hi is not None):
         lo, hi = _num(est.lo), _num(est.hi)
         entry["ci"] = [None if math.isnan(lo) else lo, None if math.isnan(hi) else hi]
-        if math.isnan(lo) or math.isnan(hi):       # no interval could be formed: undecided
+        if math.isnan(lo) or math.isnan(hi):  # no interval could be formed: undecided
             verdict = "inconclusive"
         elif op(lo, thr) and op(hi, thr):
             verdict = "holds"
@@ -92,15 +97,19 @@ def _check(c: Mapping[str, Any], values: Mapping[str, float], intervals: Mapping
     return entry
 
 
-def evaluate_gates(gates: Iterable[Mapping[str, Any]], values: Mapping[str, float],
-                   intervals: Mapping[str, Estimate] | None = None) -> list[dict[str, Any]]:
+def evaluate_gates(
+    gates: Iterable[Mapping[str, Any]], values: Mapping[str, float], intervals: Mapping[str, Estimate] | None = None
+) -> list[dict[str, Any]]:
     """Each gate with its value, interval, verdict and ``passed`` (its value on the claimed side)."""
     return [_check(g, values, intervals or {}, "gate") for g in gates]
 
 
-def evaluate_claims(claims: Iterable[Mapping[str, Any]], values: Mapping[str, float],
-                    intervals: Mapping[str, Estimate] | None = None,
-                    gates: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+def evaluate_claims(
+    claims: Iterable[Mapping[str, Any]],
+    values: Mapping[str, float],
+    intervals: Mapping[str, Estimate] | None = None,
+    gates: Iterable[Mapping[str, Any]] = (),
+) -> list[dict[str, Any]]:
     """Each claim with its measured ``value``, ``ci`` (where it has one), ``verdict`` and ``holds``. A NaN
     value never holds. ``gates`` are evaluated gate entries: a claim whose gates did not all pass is
     ``untested`` (``untested_by`` names them)."""
@@ -128,5 +137,4 @@ def verdict_counts(claims: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return counts
 
 
-__all__ = ["ClaimError", "OPS", "VERDICTS", "evaluate_claims", "evaluate_gates", "flat_metrics",
-           "verdict_counts"]
+__all__ = ["ClaimError", "OPS", "VERDICTS", "evaluate_claims", "evaluate_gates", "flat_metrics", "verdict_counts"]

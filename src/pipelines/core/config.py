@@ -3,6 +3,7 @@
 machinery (which configures logging on import). A config file that is not valid YAML is named in one
 line, ``<file>:<line>:<col>: <problem>`` (:class:`ConfigFileError`), by :func:`check_config_files` before a
 run or sweep starts, and by the loader should one be read later."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,9 @@ def yaml_error_line(path: Path | str, exc: Exception) -> str:
     return f"{where}: {' '.join(str(what).split())}"
 
 
-def config_files(conf_source: Path | str, env: str | None, base_env: str = "base",
-                 default_run_env: str = "local") -> list[Path]:
+def config_files(
+    conf_source: Path | str, env: str | None, base_env: str = "base", default_run_env: str = "local"
+) -> list[Path]:
     """The config files a run with ``env`` reads: every .yml/.yaml/.json under conf/<base> and
     conf/<env> (default env when None), hidden files and folders left out, as Kedro does."""
     root = Path(conf_source)
@@ -51,8 +53,9 @@ def config_files(conf_source: Path | str, env: str | None, base_env: str = "base
     return out
 
 
-def check_config_files(conf_source: Path | str, env: str | None, base_env: str = "base",
-                       default_run_env: str = "local") -> None:
+def check_config_files(
+    conf_source: Path | str, env: str | None, base_env: str = "base", default_run_env: str = "local"
+) -> None:
     """Parse every config file of the run (as OmegaConf does: duplicate keys are errors too); the first
     that is not valid YAML raises :class:`ConfigFileError` naming its file, line and column."""
     import yaml

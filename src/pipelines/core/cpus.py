@@ -1,4 +1,5 @@
 """The CPUs this process may use, without importing torch (the sweep driver and the runtime share it)."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Versioned datasets the catalog factories use beyond kedro-datasets' parquet and JSON ones."""
+
 from __future__ import annotations
 
 import io
@@ -8,22 +9,24 @@ from typing import Any
 
 import fsspec
 import pandas as pd
-from kedro_datasets.pandas import ParquetDataset
 from kedro.io import AbstractVersionedDataset, DatasetError, Version
 from kedro.io.core import get_filepath_str, get_protocol_and_path
+from kedro_datasets.pandas import ParquetDataset
 
 log = logging.getLogger(__name__)
 
 
 class _FsDataset(AbstractVersionedDataset):
-    def __init__(self, filepath: str, version: Version | None = None, metadata: dict | None = None,
-                 fs_args: dict | None = None) -> None:
+    def __init__(
+        self, filepath: str, version: Version | None = None, metadata: dict | None = None, fs_args: dict | None = None
+    ) -> None:
         protocol, path = get_protocol_and_path(filepath, version)
         self._protocol = protocol
         self._fs = fsspec.filesystem(protocol, **(fs_args or {}))
         self.metadata = metadata
-        super().__init__(filepath=PurePosixPath(path), version=version, exists_function=self._fs.exists,
-                         glob_function=self._fs.glob)
+        super().__init__(
+            filepath=PurePosixPath(path), version=version, exists_function=self._fs.exists, glob_function=self._fs.glob
+        )
 
     def _describe(self) -> dict[str, Any]:
         return {"filepath": self._filepath, "protocol": self._protocol, "version": self._version}
@@ -45,8 +48,9 @@ class TableDataset(ParquetDataset):
             return super().load()
         except Exception as exc:  # noqa: BLE001 - re-raised with the dataset's name
             name = (self.metadata or {}).get("dataset", "?")
-            raise DatasetError(f"dataset '{name}' could not be read from {self._get_load_path()}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+            raise DatasetError(
+                f"dataset '{name}' could not be read from {self._get_load_path()}: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 class TorchDataset(_FsDataset):
@@ -112,7 +116,7 @@ def _log_artifacts(local_dir: str, artifact_path: str) -> None:
         import mlflow
     except ImportError:  # pragma: no cover
         return
-    if mlflow.active_run() is not None:   # a lost tracking server never fails the node (core.tracking)
+    if mlflow.active_run() is not None:  # a lost tracking server never fails the node (core.tracking)
         from pipelines.core.tracking import guarded
 
         guarded(artifact_path, mlflow.log_artifacts, local_dir, artifact_path=artifact_path)

@@ -5,6 +5,7 @@ The headline is the report's optional ``headline`` block ``{metric, method, lowe
 tolerance}`` (and ``paper``), else the same keys in ``conf/base/parameters_<m>.yml``, else inferred from the
 first claim on ``relative_gain.<metric>.<a>_vs_<b>`` or on ``variants.<v>.<metric>``.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,12 @@ def infer_headline(report: Mapping[str, Any]) -> dict[str, Any] | None:
                 v, metric = ".".join(parts[1:k]), ".".join(parts[k:])
                 if v in variants and metric in (variants[v] or {}):
                     # "method >= threshold" means higher is better, and vice versa
-                    return {"metric": metric, "method": v,
-                            "lower_is_better": c.get("op") in ("<=", "<"), "inferred": True}
+                    return {
+                        "metric": metric,
+                        "method": v,
+                        "lower_is_better": c.get("op") in ("<=", "<"),
+                        "inferred": True,
+                    }
     return None
 
 
@@ -73,8 +78,13 @@ def headline_values(report: Mapping[str, Any], head: Mapping[str, Any] | None) -
     """The headline's numbers in a report: the method's value and seed std, the best baseline (among the
     declared ``baselines``, else every other variant) and its value, and the relative gain (> 0: the method
     is better). Missing or non-finite values are None."""
-    out: dict[str, Any] = {"method_value": None, "method_std": None, "best_baseline": None,
-                           "best_baseline_value": None, "relative_gain": None}
+    out: dict[str, Any] = {
+        "method_value": None,
+        "method_std": None,
+        "best_baseline": None,
+        "best_baseline_value": None,
+        "relative_gain": None,
+    }
     if not head:
         return out
     variants, stds = report.get("variants") or {}, report.get("variants_std") or {}

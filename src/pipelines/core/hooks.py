@@ -7,6 +7,7 @@ Every MLflow call goes through ``core.tracking.guarded``: a lost tracking server
 run computes or saves. The parent run is tagged with its owning process (``core.tracking``) and, for a
 resumed run, ``resumed_from``; the report's parameters are saved beside it (``params.json``), so a report
 saved while the server was down can be logged later with all it would have logged."""
+
 from __future__ import annotations
 
 import logging
@@ -31,15 +32,16 @@ def end_mlflow_runs(status: str = "FINISHED") -> None:
     if mlflow is None:
         return
     while mlflow.active_run() is not None:
-        if tracking.lost():            # the store is gone: forget the runs here, never wait on it again
+        if tracking.lost():  # the store is gone: forget the runs here, never wait on it again
             tracking.guarded("the run's end", lambda: None)
             tracking.drop_active_runs()
             return
         tracking.guarded("the run's end", mlflow.end_run, status)
 
 
-def log_typed_params(inputs: dict[str, Any], logged: set[str], into: dict[str, str] | None = None,
-                     trees: dict[str, Any] | None = None) -> None:
+def log_typed_params(
+    inputs: dict[str, Any], logged: set[str], into: dict[str, str] | None = None, trees: dict[str, Any] | None = None
+) -> None:
     """Log a node's typed ``params:<m>`` flattened (``m.data.n_train`` ...) to the active MLflow run,
     once per run: kedro-mlflow flattens dicts only, and Kedro now hands nodes a ``Params`` model.
     ``into`` collects them too (with or without MLflow), for the ``params.json`` beside the report;
@@ -66,15 +68,15 @@ def log_typed_params(inputs: dict[str, Any], logged: set[str], into: dict[str, s
                 flat[prefix] = str(v)[:6000]
 
         tree = params_dict(value)
-        walk(name[len("params:"):], tree)
+        walk(name[len("params:") :], tree)
         if trees is not None:
-            trees[name[len("params:"):]] = tree
+            trees[name[len("params:") :]] = tree
         if into is not None:
             into.update(flat)
         if not active:
             continue
-        for i in range(0, len(flat), 100):   # MLflow's batch limit
-            tracking.guarded("parameters", mlflow.log_params, dict(list(flat.items())[i:i + 100]))
+        for i in range(0, len(flat), 100):  # MLflow's batch limit
+            tracking.guarded("parameters", mlflow.log_params, dict(list(flat.items())[i : i + 100]))
 
 
 def tag_owner(resumed: dict[str, Any] | None, save_version: str | None, name: str | None = None) -> None:
@@ -100,8 +102,9 @@ def tag_owner(resumed: dict[str, Any] | None, save_version: str | None, name: st
     tracking.guarded("the experiment's kind", mark_experiment_kind, mlflow.active_run().info.experiment_id)
     if resumed and resumed.get("mlflow_run_id"):
         run_id = mlflow.active_run().info.run_id
-        tracking.guarded("the run's tags", mlflow.MlflowClient().set_tag, resumed["mlflow_run_id"],
-                         "resumed_by", run_id)
+        tracking.guarded(
+            "the run's tags", mlflow.MlflowClient().set_tag, resumed["mlflow_run_id"], "resumed_by", run_id
+        )
 
 
 class PlatformHooks:
@@ -122,8 +125,10 @@ class PlatformHooks:
             "git_commit": git_commit(),
             "runner": runner_name(),
             # a run of part of the pipeline (--nodes, --from-nodes, --tags ...): its wall time is not the method's
-            "partial_run": any(run_params.get(k) for k in ("node_names", "from_nodes", "to_nodes", "from_inputs",
-                                                           "to_outputs", "tags", "namespaces")),
+            "partial_run": any(
+                run_params.get(k)
+                for k in ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "tags", "namespaces")
+            ),
             "_t0": time.perf_counter(),
         }
         self._logged_params: set[str] = set()
@@ -148,8 +153,12 @@ class PlatformHooks:
     @hook_impl
     def before_node_run(self, node, inputs: dict[str, Any]) -> None:
         current_node.set(node.name)
-        log_typed_params(inputs, getattr(self, "_logged_params", set()), getattr(self, "_params", None),
-                         getattr(self, "_param_trees", None))
+        log_typed_params(
+            inputs,
+            getattr(self, "_logged_params", set()),
+            getattr(self, "_params", None),
+            getattr(self, "_param_trees", None),
+        )
 
     @hook_impl
     def after_node_run(self, node) -> None:
@@ -172,7 +181,8 @@ class PlatformHooks:
                 data["resumed_from"] = dict(self._resumed)
                 data["wall_seconds_covers"] = (
                     f"this resumed run only: the nodes run {self._resumed['save_version']} had finished were "
-                    f"skipped, and their time is not included")
+                    f"skipped, and their time is not included"
+                )
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data: Any) -> None:
@@ -185,11 +195,19 @@ class PlatformHooks:
 
                 tracking.note_report(_shown(path))
                 (path.parent / "params.json").write_text(json.dumps(getattr(self, "_params", {}), indent=1))
-            run_id = tracking.guarded("the report and its variant runs", log_report, data,
-                                      getattr(self, "_param_trees", {}).get(data.get("pipeline")))
+            run_id = tracking.guarded(
+                "the report and its variant runs",
+                log_report,
+                data,
+                getattr(self, "_param_trees", {}).get(data.get("pipeline")),
+            )
             if run_id:
-                log.info("report %s logged to MLflow run %s (+%d variant runs)", dataset_name, run_id,
-                         len(data.get("variants", {})))
+                log.info(
+                    "report %s logged to MLflow run %s (+%d variant runs)",
+                    dataset_name,
+                    run_id,
+                    len(data.get("variants", {})),
+                )
 
     def _saved_path(self, dataset_name: str):
         """Where the report just saved was written (a local versioned JSON file), else None."""

@@ -4,6 +4,7 @@ Nothing in the project requires an endpoint. Answers are cached in an append-onl
 sha256 of (model, request body), so a run can be repeated (or run on a machine without the endpoint) from
 the cache; with no endpoint configured and no cached answer the client fails closed with an error that
 names the parameter to set. Tests talk to :func:`stub_server` on 127.0.0.1."""
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,15 @@ class ChatClient:
 
     ``param_prefix`` (e.g. ``"hypospace.sampler.llm"``) names the parameters in error messages."""
 
-    def __init__(self, base_url: str | None, model: str, api_key: str | None = None, timeout_s: float = 60.0,
-                 cache_path: str | Path | None = None, param_prefix: str = "llm"):
+    def __init__(
+        self,
+        base_url: str | None,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        cache_path: str | Path | None = None,
+        param_prefix: str = "llm",
+    ):
         self.base_url = (base_url or "").rstrip("/") or None
         self.model, self.api_key, self.timeout_s, self.param_prefix = model, api_key, timeout_s, param_prefix
         self.cache_path = Path(cache_path) if cache_path else None
@@ -41,9 +49,11 @@ class ChatClient:
                     row = json.loads(line)
                     self.cache[row["key"]] = row["response"]
                 except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                    raise LLMError(f"{self.param_prefix}: cache file {self.cache_path} line {n} is corrupt "
-                                   f"({exc}); move it away to start a fresh cache") from exc
-        self.calls = 0      # requests actually sent
+                    raise LLMError(
+                        f"{self.param_prefix}: cache file {self.cache_path} line {n} is corrupt "
+                        f"({exc}); move it away to start a fresh cache"
+                    ) from exc
+        self.calls = 0  # requests actually sent
         self.cache_hits = 0
 
     def key(self, body: Mapping[str, Any]) -> str:
@@ -54,8 +64,9 @@ class ChatClient:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(f"{self.base_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers=headers)
+        req = urllib.request.Request(
+            f"{self.base_url}/v1/chat/completions", data=json.dumps(body).encode(), headers=headers
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 self.calls += 1
@@ -76,8 +87,10 @@ class ChatClient:
             return self.cache[k]
         if not self.base_url:
             where = f" and this request is not in the cache ({self.cache_path})" if self.cache_path else ""
-            raise LLMError(f"{self.param_prefix}.base_url is not set{where}; configure an OpenAI-compatible "
-                           "endpoint or choose an offline backend")
+            raise LLMError(
+                f"{self.param_prefix}.base_url is not set{where}; configure an OpenAI-compatible "
+                "endpoint or choose an offline backend"
+            )
         out = self._post({"model": self.model, **request})
         self.cache[k] = out
         if self.cache_path is not None:
@@ -95,8 +108,7 @@ def completion(contents: list[str], logprobs: list[list[dict]] | None = None) ->
     """A chat-completion response body with these choice contents (for stub servers and tests)."""
     choices = []
     for i, text in enumerate(contents):
-        ch: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
-                              "finish_reason": "stop"}
+        ch: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
         if logprobs is not None:
             ch["logprobs"] = {"content": logprobs[i]}
         choices.append(ch)
@@ -105,7 +117,7 @@ def completion(contents: list[str], logprobs: list[list[dict]] | None = None) ->
 
 @dataclass
 class Stub:
-    url: str                                   # base URL, e.g. http://127.0.0.1:PORT
+    url: str  # base URL, e.g. http://127.0.0.1:PORT
     requests: list[dict] = field(default_factory=list)  # request bodies received, in order
 
 

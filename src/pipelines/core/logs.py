@@ -2,6 +2,7 @@
 
 Default output is a progress report (``core.progress``); ``-v`` turns Kedro's and the plugins' INFO lines
 (every dataset load and save, each node's signature, MLflow's own messages) back on."""
+
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,7 @@ import warnings
 
 # Loggers conf/logging.yml keeps at WARNING; -v sets them to INFO.
 VERBOSE_LOGGERS = ("kedro", "kedro_mlflow", "mlflow")
-DEBUG_WHEN_VERBOSE = ("pipelines.core.pool",)      # each worker's node: pid, seconds, threads
+DEBUG_WHEN_VERBOSE = ("pipelines.core.pool",)  # each worker's node: pid, seconds, threads
 
 
 class _Stderr:

@@ -1,6 +1,7 @@
 """Metrics that more than one method needs, written once: the binned ECE (equal-mass bins whose edges
 never split tied scores, ties taken up to a rounding tolerance), a tie-aware argmax, the relative gain
 with one argument order and direction, and interleaved timing with a distribution-free interval."""
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,9 @@ def _onehot(ids: np.ndarray) -> np.ndarray:
     return oh
 
 
-def binned_ece(scores: np.ndarray, indicators: np.ndarray, n_bins: int,
-               weights: np.ndarray | None = None) -> np.ndarray | float:
+def binned_ece(
+    scores: np.ndarray, indicators: np.ndarray, n_bins: int, weights: np.ndarray | None = None
+) -> np.ndarray | float:
     """ECE ``Σ_b (n_b/n)|acc_b − conf_b|`` of ``scores`` (n,) with equal-mass, tie-preserving bins.
 
     ``indicators`` (n,) gives a float; (r, n) gives the r ECEs of each row with the same bins (e.g. the
@@ -91,6 +93,7 @@ def relative_gain(*, method: float, baseline: float, lower_is_better: bool = Tru
 @dataclass
 class RatioEstimate:
     """Median of paired per-round ratios a/b with a distribution-free confidence interval."""
+
     ratio: float
     ci_low: float
     ci_high: float
@@ -132,9 +135,14 @@ def ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -
     return RatioEstimate(med, lo, hi, len(a), confidence)
 
 
-def interleaved_timing(fns: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 1,
-                       sync: Callable[[], None] | None = None, clock: str = "wall",
-                       inner: int | Mapping[str, int] = 1) -> dict[str, np.ndarray]:
+def interleaved_timing(
+    fns: Mapping[str, Callable[[], object]],
+    rounds: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+    clock: str = "wall",
+    inner: int | Mapping[str, int] = 1,
+) -> dict[str, np.ndarray]:
     """Time each function ``rounds`` times, interleaved: every round runs every function once, in an
     order rotated each round, so drift and bursts of load fall on all of them alike. ``inner`` calls per
     sample (for very short functions; a mapping name → calls gives each function its own count, for
@@ -155,7 +163,7 @@ def interleaved_timing(fns: Mapping[str, Callable[[], object]], rounds: int, war
         sync()
     out: dict[str, list[float]] = {nm: [] for nm in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for nm in order:
             sync()
             t0 = tick()
@@ -166,5 +174,16 @@ def interleaved_timing(fns: Mapping[str, Callable[[], object]], rounds: int, war
     return {nm: np.asarray(v) for nm, v in out.items()}
 
 
-__all__ = ["RatioEstimate", "TIE_ATOL", "TIE_RTOL", "argmax_ties", "binned_ece", "equal_mass_bins",
-           "interleaved_timing", "median_ci", "ratio_ci", "relative_gain", "snap_ties"]
+__all__ = [
+    "RatioEstimate",
+    "TIE_ATOL",
+    "TIE_RTOL",
+    "argmax_ties",
+    "binned_ece",
+    "equal_mass_bins",
+    "interleaved_timing",
+    "median_ci",
+    "ratio_ci",
+    "relative_gain",
+    "snap_ties",
+]

@@ -7,6 +7,7 @@ with its parameters and plots: ``kedro report log <report.json>``.
 The MLflow 3 UI opens an experiment on the page its ``mlflow.experimentKind`` tag names (GenAI traces
 when it is unset); :func:`mark_experiment_kind` tags the platform's experiments as classic ML training
 (the runs table). Parent runs are named ``<pipeline> · <env> · <save version>`` (:func:`parent_run_name`)."""
+
 from __future__ import annotations
 
 import json
@@ -105,11 +106,18 @@ def headline_metrics(report: Mapping[str, Any]) -> tuple[dict[str, float], dict[
         return {}, {}
     row = headline_values(report, head)
     metric = head["metric"]
-    metrics = _finite({f"headline.{metric}": row["method_value"], f"headline.{metric}_std": row["method_std"],
-                       f"headline.best_baseline.{metric}": row["best_baseline_value"],
-                       "headline.relative_gain": row["relative_gain"]})
-    tags = {"headline": f"{metric} of {head['method']} "
-                        f"({'lower' if head.get('lower_is_better', True) else 'higher'} is better)"}
+    metrics = _finite(
+        {
+            f"headline.{metric}": row["method_value"],
+            f"headline.{metric}_std": row["method_std"],
+            f"headline.best_baseline.{metric}": row["best_baseline_value"],
+            "headline.relative_gain": row["relative_gain"],
+        }
+    )
+    tags = {
+        "headline": f"{metric} of {head['method']} "
+        f"({'lower' if head.get('lower_is_better', True) else 'higher'} is better)"
+    }
     if row["best_baseline"]:
         tags["headline.best_baseline"] = row["best_baseline"]
     return metrics, tags
@@ -123,12 +131,15 @@ def _log_histories(run_id: str, series: Mapping[str, Mapping[str, list]]) -> Non
     from mlflow.tracking import MlflowClient
 
     now = int(time.time() * 1000)
-    batch = [Metric(f"history.{name}", float(v), now, int(s))
-             for name, h in series.items() for s, v in zip(h["step"], h["value"])
-             if v is not None and math.isfinite(v)]
+    batch = [
+        Metric(f"history.{name}", float(v), now, int(s))
+        for name, h in series.items()
+        for s, v in zip(h["step"], h["value"])
+        if v is not None and math.isfinite(v)
+    ]
     client = MlflowClient()
     for i in range(0, len(batch), 1000):  # MLflow's per-batch limit
-        client.log_batch(run_id, metrics=batch[i:i + 1000])
+        client.log_batch(run_id, metrics=batch[i : i + 1000])
 
 
 def log_report(report: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> str | None:
@@ -142,8 +153,16 @@ def log_report(report: Mapping[str, Any], params: Mapping[str, Any] | None = Non
         return None
     m = report["pipeline"]
     tags = {"pipeline": m, "role": "parent"}
-    for key in ("env", "git_commit", "params_hash", "save_version", "threads", "threads_setting",
-                "omp_wait_policy", "runner"):
+    for key in (
+        "env",
+        "git_commit",
+        "params_hash",
+        "save_version",
+        "threads",
+        "threads_setting",
+        "omp_wait_policy",
+        "runner",
+    ):
         if report.get(key) is not None:
             tags[key] = str(report[key])
     mlflow.set_tags(tags)
@@ -158,9 +177,13 @@ def log_report(report: Mapping[str, Any], params: Mapping[str, Any] | None = Non
     mlflow.set_tags({"verdicts": tags["verdicts"]})
     metrics.update(_finite({"claims_held": report.get("claims_held"), "wall_seconds": report.get("wall_seconds")}))
     gates = report.get("gates") or []
-    metrics.update({"claims_declared": float(len(report.get("claims") or [])),
-                    "gates_passed": float(sum(bool(g.get("passed")) for g in gates)),
-                    "gates_declared": float(len(gates))})
+    metrics.update(
+        {
+            "claims_declared": float(len(report.get("claims") or [])),
+            "gates_passed": float(sum(bool(g.get("passed")) for g in gates)),
+            "gates_declared": float(len(gates)),
+        }
+    )
     head_metrics, head_tags = headline_metrics(report)
     metrics.update(head_metrics)
     if head_tags:
@@ -175,18 +198,20 @@ def log_report(report: Mapping[str, Any], params: Mapping[str, Any] | None = Non
     for variant, row in report["variants"].items():
         # no `with`: a failure must not be followed by end_run's own call to a lost server (the run's
         # clean-up forgets the child, core.tracking)
-        child = mlflow.start_run(run_name=variant, nested=True, experiment_id=parent.info.experiment_id,
-                                 tags={**{k: v for k, v in tags.items() if k != "role"}, "role": "variant",
-                                       "variant": variant})
+        child = mlflow.start_run(
+            run_name=variant,
+            nested=True,
+            experiment_id=parent.info.experiment_id,
+            tags={**{k: v for k, v in tags.items() if k != "role"}, "role": "variant", "variant": variant},
+        )
         values = _finite(row)
         values.update({f"{k}_std": v for k, v in _finite(stds.get(variant, {})).items()})
         mlflow.log_metrics(values)
         seeds = variant_seeds(report, variant)
-        own = {**variant_params(params, variant), "variant": variant, "seeds": str(seeds),
-               "n_seeds": str(len(seeds))}
+        own = {**variant_params(params, variant), "variant": variant, "seeds": str(seeds), "n_seeds": str(len(seeds))}
         items = list(own.items())
-        for i in range(0, len(items), 100):   # MLflow's batch limit
-            mlflow.log_params(dict(items[i:i + 100]))
+        for i in range(0, len(items), 100):  # MLflow's batch limit
+            mlflow.log_params(dict(items[i : i + 100]))
         if variant in histories:
             _log_histories(child.info.run_id, histories[variant])
         mlflow.end_run()
@@ -227,8 +252,11 @@ def _read_report(path: Path) -> dict[str, Any]:
         raise RelogError(f"{path}: cannot be read ({exc.__class__.__name__}: {exc})") from None
     except json.JSONDecodeError as exc:
         raise RelogError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    if not isinstance(report, dict) or not isinstance(report.get("pipeline"), str) \
-            or not isinstance(report.get("variants"), dict):
+    if (
+        not isinstance(report, dict)
+        or not isinstance(report.get("pipeline"), str)
+        or not isinstance(report.get("variants"), dict)
+    ):
         raise RelogError(f"{path}: not a pipeline report (it needs 'pipeline' and 'variants')")
     return report
 
@@ -266,28 +294,34 @@ def relog_report(path: Path, tracking_uri: str, experiment: str | None = None) -
     exp = client.get_experiment_by_name(name)
     if exp is None:
         location = None
-        if tracking_uri.startswith("sqlite:///"):   # as the project's own runs: mlartifacts beside the db
-            location = (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
-        exp_id = client.create_experiment(name, artifact_location=location,
-                                          tags={EXPERIMENT_KIND_TAG: CLASSIC_ML_KIND})
+        if tracking_uri.startswith("sqlite:///"):  # as the project's own runs: mlartifacts beside the db
+            location = (Path(tracking_uri[len("sqlite:///") :]).resolve().parent / "mlartifacts").as_uri()
+        exp_id = client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: CLASSIC_ML_KIND})
     else:
         exp_id = exp.experiment_id
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp_id)
         mark_experiment_kind(exp_id, client)
-    stale = [r for r in client.search_runs([exp_id], filter_string=f"tags.save_version = '{version}' and "
-                                                                   f"attributes.status = 'RUNNING'")
-             if "mlflow.parentRunId" not in r.data.tags]
+    stale = [
+        r
+        for r in client.search_runs(
+            [exp_id], filter_string=f"tags.save_version = '{version}' and attributes.status = 'RUNNING'"
+        )
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)
     try:
         while mlflow.active_run() is not None:
             mlflow.end_run()
-        with mlflow.start_run(experiment_id=exp_id, run_name=parent_run_name(m, report.get("env"), version),
-                              tags={"relogged_from": str(path), "save_version": version}) as run:
+        with mlflow.start_run(
+            experiment_id=exp_id,
+            run_name=parent_run_name(m, report.get("env"), version),
+            tags={"relogged_from": str(path), "save_version": version},
+        ) as run:
             items = list(params.items())
-            for i in range(0, len(items), 100):   # MLflow's batch limit
-                mlflow.log_params(dict(items[i:i + 100]))
+            for i in range(0, len(items), 100):  # MLflow's batch limit
+                mlflow.log_params(dict(items[i : i + 100]))
             log_report(report, unflatten_params(params).get(m))
             pngs = sorted(plots.glob("*.png")) if plots is not None and plots.is_dir() else []
             if pngs:
@@ -298,5 +332,11 @@ def relog_report(path: Path, tracking_uri: str, experiment: str | None = None) -
     for r in stale:
         client.set_tag(r.info.run_id, "relogged_as", run_id)
         client.set_terminated(r.info.run_id, "FAILED")
-    return {"run_id": run_id, "experiment": name, "variants": len(report["variants"]), "plots": len(pngs),
-            "params": len(params), "ended": [r.info.run_id for r in stale]}
+    return {
+        "run_id": run_id,
+        "experiment": name,
+        "variants": len(report["variants"]),
+        "plots": len(pngs),
+        "params": len(params),
+        "ended": [r.info.run_id for r in stale],
+    }

@@ -6,6 +6,7 @@ project's ``kedro run`` validates the same schemas first, in :func:`validate`, s
 (strictly: ``true`` is not an int), a missing, unknown or out-of-range key stops the command with one
 line naming the key, before any MLflow run is opened.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,8 @@ class Strict(BaseModel):
 
 # Constrained numbers that are not in pydantic (which has PositiveInt, NonNegativeFloat, ...): methods
 # declare ``lr: PositiveFloat = 1e-3`` or ``flip_frac: Fraction`` rather than spelling out ``Field(gt=0, lt=1)``.
-Fraction = Annotated[float, Field(gt=0, lt=1)]       # strictly between 0 and 1
-Probability = Annotated[float, Field(ge=0, le=1)]    # 0 … 1, both included
+Fraction = Annotated[float, Field(gt=0, lt=1)]  # strictly between 0 and 1
+Probability = Annotated[float, Field(ge=0, le=1)]  # 0 … 1, both included
 
 
 VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -40,8 +41,10 @@ VARIANT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 def _variant_name(name: str) -> str:
     if not VARIANT_RE.match(name):
-        raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '_' "
-                         "(it names the node train.<variant> and its datasets)")
+        raise ValueError(
+            f"variant name {name!r} must be lower-case letters, digits and '_' "
+            "(it names the node train.<variant> and its datasets)"
+        )
     return name
 
 
@@ -60,13 +63,14 @@ class ClaimSpec(Strict):
     metric: str
     op: Literal[">=", "<=", ">", "<"]
     threshold: float
-    tolerance: float | None = Field(default=None, ge=0)   # scoreboard regression tolerance on the value
-    requires: list[str] | None = None   # the gates this claim depends on (None: every gate; []: none)
+    tolerance: float | None = Field(default=None, ge=0)  # scoreboard regression tolerance on the value
+    requires: list[str] | None = None  # the gates this claim depends on (None: every gate; []: none)
 
 
 class GateSpec(Strict):
     """A precondition without which the claims test nothing (the base model learned its task, a metric
     has headroom): same schema as a claim; when it fails, the claims that depend on it are untested."""
+
     id: str = Field(pattern=r"^[a-z0-9_]+$")
     text: str
     metric: str
@@ -78,10 +82,11 @@ class TinyTransformerParams(Strict):
     """The shared tiny-transformer block (core.seqmodels.TinyConfig's sizes): a method's
     ``model: TinyTransformerParams`` (or a subclass adding its own keys) instead of re-declaring d_model /
     n_layers / n_heads."""
+
     d_model: int = Field(default=64, ge=8)
     n_layers: int = Field(default=2, ge=1)
     n_heads: int = Field(default=4, ge=1)
-    d_ff: int = Field(default=0, ge=0)          # 0 → 4 · d_model
+    d_ff: int = Field(default=0, ge=0)  # 0 → 4 · d_model
     dropout: float = Field(default=0.0, ge=0, lt=1)
 
     @model_validator(mode="after")
@@ -94,8 +99,15 @@ class TinyTransformerParams(Strict):
         """The ``core.seqmodels.TinyConfig`` of these sizes."""
         from pipelines.core.seqmodels import TinyConfig
 
-        return TinyConfig(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers,
-                          n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout, **overrides)
+        return TinyConfig(
+            vocab_size=vocab_size,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            **overrides,
+        )
 
 
 class Headline(Strict):
@@ -134,7 +146,7 @@ class MethodParams(Strict):
     threads: Threads = "auto"
     claims: list[ClaimSpec] = Field(default_factory=list)
     gates: list[GateSpec] = Field(default_factory=list)
-    paper: str | None = None                # short citation / title, shown by the scoreboard
+    paper: str | None = None  # short citation / title, shown by the scoreboard
     headline: Headline | None = None
 
     def threads_scale(self) -> bool:
@@ -151,7 +163,7 @@ class MethodParams(Strict):
             extra = data.pop("extra_claims") or []
             if not isinstance(extra, list):
                 raise ValueError("extra_claims: expected a list of claims")
-            for i, c in enumerate(extra):             # errors name extra_claims.<i>, not their place in claims
+            for i, c in enumerate(extra):  # errors name extra_claims.<i>, not their place in claims
                 try:
                     ClaimSpec.model_validate(c)
                 except ValidationError as exc:
@@ -193,9 +205,11 @@ class MethodParams(Strict):
         for c in [*self.gates, *self.claims]:
             parts = c.metric.split(".")
             if parts[0] == "variants" and len(parts) >= 3 and parts[1] not in planned:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', which this run "
-                                 f"does not plan (variants: {planned}); a run without it declares its own claims "
-                                 "in an env (conf/<env>/parameters_<method>.yml)")
+                raise ValueError(
+                    f"claim '{c.id}': metric '{c.metric}' names variant '{parts[1]}', which this run "
+                    f"does not plan (variants: {planned}); a run without it declares its own claims "
+                    "in an env (conf/<env>/parameters_<method>.yml)"
+                )
         return self
 
     def __str__(self) -> str:
@@ -222,8 +236,8 @@ class VariantSeeds(Strict):
         """The seeds ``variant`` runs on: the first ``variant_seeds[variant]`` of ``seeds``. A prefix, so a
         variant on fewer seeds still shares them with the others (paired comparisons), and ``kedro sweep``
         over seed lists moves every variant together."""
-        seeds = self.seeds                                     # type: ignore[attr-defined]
-        return list(seeds[:self.variant_seeds.get(variant, len(seeds))])
+        seeds = self.seeds  # type: ignore[attr-defined]
+        return list(seeds[: self.variant_seeds.get(variant, len(seeds))])
 
     @model_validator(mode="after")
     def _variant_seeds_name_variants(self):
@@ -251,8 +265,9 @@ def known_names(v: list[str], known, what: str = "variant") -> list[str]:
 def names_of(known, what: str = "variant", min_length: int = 1):
     """The type of a list-of-names parameter: ``variants: names_of(VARIANTS)`` is a list of at least
     ``min_length`` names from ``known``, none twice (:func:`known_names`; the message names the offenders)."""
-    return Annotated[list[str], Field(min_length=min_length),
-                     AfterValidator(functools.partial(known_names, known=known, what=what))]
+    return Annotated[
+        list[str], Field(min_length=min_length), AfterValidator(functools.partial(known_names, known=known, what=what))
+    ]
 
 
 def keys_of(known, value: Any):
@@ -264,13 +279,16 @@ def keys_of(known, value: Any):
     known = tuple(known)
     if not known:
         raise ValueError("keys_of: at least one known key")
-    return dict[Literal[known], value]   # type: ignore[valid-type]
+    return dict[Literal[known], value]  # type: ignore[valid-type]
 
 
 def _clean_loc(loc: tuple) -> tuple:
     """The key path of an error, without the tags pydantic adds for the members of a union."""
-    return tuple(p for p in loc if isinstance(p, int)
-                 or not (p in _TYPE_TAGS or "[" in p or "-" in p or p.startswith("function")))
+    return tuple(
+        p
+        for p in loc
+        if isinstance(p, int) or not (p in _TYPE_TAGS or "[" in p or "-" in p or p.startswith("function"))
+    )
 
 
 def _describe(errs: list[dict[str, Any]]) -> str:
@@ -281,7 +299,7 @@ def _describe(errs: list[dict[str, Any]]) -> str:
         return "unknown key (typo?)"
     if first["type"] == "literal_error" and first["loc"] and first["loc"][-1] == "[key]":
         return f"unknown key (typo?): use {first.get('ctx', {}).get('expected', 'a known key')}"
-    msgs = list(dict.fromkeys(e["msg"] for e in errs))   # a union: what each member expected
+    msgs = list(dict.fromkeys(e["msg"] for e in errs))  # a union: what each member expected
     got = first.get("input")
     msg = " or ".join([msgs[0], *(m[:1].lower() + m[1:] for m in msgs[1:])])
     return f"{msg} (got {got!r})" if not isinstance(got, dict | list) else msg
@@ -314,4 +332,3 @@ def schema_for(method: str) -> type[BaseModel] | None:
             return None
         raise
     return getattr(module, "Params", None)
-

@@ -1,4 +1,5 @@
 """Plot helpers returning matplotlib Figures (saved by ``FiguresDataset`` and logged to MLflow)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -30,8 +31,13 @@ def reliability_diagram(confidence, correct, n_bins: int = 10, title: str = "Rel
     ax.bar(centres[mask], acc[mask], width=width * 0.9, edgecolor="k", alpha=0.7, label="accuracy")
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     ax.plot(conf[mask], acc[mask], "o", color="C3", ms=4, label="mean confidence")
-    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted probability", ylabel="observed frequency",
-           title=f"{title}\nECE = {ece:.3f}")
+    ax.set(
+        xlim=(0, 1),
+        ylim=(0, 1),
+        xlabel="predicted probability",
+        ylabel="observed frequency",
+        title=f"{title}\nECE = {ece:.3f}",
+    )
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     return fig
@@ -46,15 +52,29 @@ def confusion_matrix(cm: np.ndarray, labels: Sequence[str], title: str = "Confus
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     for i in range(len(labels)):
         for j in range(len(labels)):
-            ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=6,
-                    color="white" if norm[i, j] > 0.5 else "black")
+            ax.text(
+                j,
+                i,
+                int(cm[i, j]),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if norm[i, j] > 0.5 else "black",
+            )
     ax.set(xlabel="predicted", ylabel="true", title=title)
     fig.tight_layout()
     return fig
 
 
-def line_plot(x, series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str = "",
-              errors: Mapping[str, Sequence[float]] | None = None, logy: bool = False):
+def line_plot(
+    x,
+    series: Mapping[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    errors: Mapping[str, Sequence[float]] | None = None,
+    logy: bool = False,
+):
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, ys in series.items():
         err = (errors or {}).get(name)
@@ -76,8 +96,13 @@ def finish(fig, ax, legend: float | None = 8, **labels):
     return fig
 
 
-def bar_plot(names: Sequence[str], values: Sequence[float], errors: Sequence[float] | None = None,
-             ylabel: str = "", title: str = ""):
+def bar_plot(
+    names: Sequence[str],
+    values: Sequence[float],
+    errors: Sequence[float] | None = None,
+    ylabel: str = "",
+    title: str = "",
+):
     fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(names)), 4))
     ax.bar(range(len(names)), values, yerr=errors, capsize=3, color="C0", edgecolor="k")
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
@@ -87,8 +112,16 @@ def bar_plot(names: Sequence[str], values: Sequence[float], errors: Sequence[flo
     return fig
 
 
-def heatmap(values: np.ndarray, xlabels: Sequence, ylabels: Sequence, title: str = "", fmt: str = "{:.2f}",
-            xlabel: str = "", ylabel: str = "", cmap: str = "viridis"):
+def heatmap(
+    values: np.ndarray,
+    xlabels: Sequence,
+    ylabels: Sequence,
+    title: str = "",
+    fmt: str = "{:.2f}",
+    xlabel: str = "",
+    ylabel: str = "",
+    cmap: str = "viridis",
+):
     values = np.asarray(values, float)
     fig, ax = plt.subplots(figsize=(1.5 + 0.7 * len(xlabels), 1.2 + 0.5 * len(ylabels)))
     im = ax.imshow(values, cmap=cmap, aspect="auto")

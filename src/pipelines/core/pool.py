@@ -18,6 +18,7 @@ SequentialRunner does. ``--runner-params workers=N`` fixes the count; ``start_me
 
 Each node's thread count is recorded in the report (``threads_by_node``), with the ``workers`` count.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -70,14 +71,15 @@ def pool_width(pipeline: Pipeline, pooled: list[Node] | None = None) -> int:
     deps = pipeline.node_dependencies
     pset = set(pooled)
     depth: dict[Node, int] = {}
-    for n in pipeline.nodes:              # topological order
+    for n in pipeline.nodes:  # topological order
         below = [depth[d] for d in deps[n]]
         depth[n] = max(below, default=0) + (1 if n in pset else 0)
     return max(Counter(depth[n] for n in pooled).values())
 
 
-def plan_workers(width: int, usable: int, concurrency: int = 1, threads: int | None = None,
-                 fixed: int | None = None) -> int:
+def plan_workers(
+    width: int, usable: int, concurrency: int = 1, threads: int | None = None, fixed: int | None = None
+) -> int:
     """Worker processes for a run: ``fixed`` if given (at most ``width``), else the run's CPUs (``usable //
     concurrency``) over the threads one worker computes with (``threads``, 1 by default), at most ``width``."""
     if width <= 0:
@@ -101,7 +103,7 @@ def run_in_worker(node_blob: bytes, inputs_blob: bytes, env: dict[str, str | Non
     the pickled ``(outputs, info)``, info saying where it ran and the threads each node's preamble chose."""
     import resource
 
-    for k, v in env.items():      # a worker serves one run at a time: this run's settings, not the server's
+    for k, v in env.items():  # a worker serves one run at a time: this run's settings, not the server's
         if v is None:
             os.environ.pop(k, None)
         else:
@@ -112,19 +114,22 @@ def run_in_worker(node_blob: bytes, inputs_blob: bytes, env: dict[str, str | Non
     inputs = pickle.loads(inputs_blob)
     runctx.take_node_threads()
     torch = _torch()
-    if torch is not None:        # a node that never calls node_setup still computes within the share
+    if torch is not None:  # a node that never calls node_setup still computes within the share
         from pipelines.core.runtime import cpu_budget
 
         torch.set_num_threads(cpu_budget() if os.environ.get("PIPELINES_THREADS") else 1)
-    token = runctx.current_node.set(node.name)     # the NaN guard names the node, as in the driver
+    token = runctx.current_node.set(node.name)  # the NaN guard names the node, as in the driver
     t0 = time.perf_counter()
     try:
         outputs = node.run(inputs)
     finally:
         runctx.current_node.reset(token)
-    info = {"pid": os.getpid(), "seconds": round(time.perf_counter() - t0, 3),
-            "threads_by_node": runctx.take_node_threads(),
-            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    info = {
+        "pid": os.getpid(),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "threads_by_node": runctx.take_node_threads(),
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
     if not info["threads_by_node"] and torch is not None:
         info["threads_by_node"] = {node.name: {"threads": torch.get_num_threads(), "setting": "worker"}}
     return pickle.dumps((outputs, info), protocol=pickle.HIGHEST_PROTOCOL)
@@ -158,11 +163,14 @@ class PoolRunner(OffloadingRunner):
             raise ValueError(f"runner setting 'workers' (--runner-params): {workers!r} is not a positive integer")
         available = mp.get_all_start_methods()
         if start_method is not None and start_method not in START_METHODS:
-            raise ValueError(f"runner setting 'start_method' (--runner-params): {start_method!r} is not one of "
-                             f"{', '.join(START_METHODS)}")
+            raise ValueError(
+                f"runner setting 'start_method' (--runner-params): {start_method!r} is not one of "
+                f"{', '.join(START_METHODS)}"
+            )
         if start_method is not None and start_method not in available:
-            raise ValueError(f"runner setting 'start_method': {start_method!r} is not available here "
-                             f"({', '.join(available)})")
+            raise ValueError(
+                f"runner setting 'start_method': {start_method!r} is not available here ({', '.join(available)})"
+            )
         self.workers = int(workers) if workers is not None else None
         self.start_method = start_method or ("forkserver" if "forkserver" in available else "spawn")
         self.used_workers = 0
@@ -172,7 +180,7 @@ class PoolRunner(OffloadingRunner):
         return f"PoolRunner(workers={self.used_workers})"
 
     def _get_executor(self, max_workers: int) -> None:
-        return None       # AbstractRunner._run then runs sequentially (the one-worker case)
+        return None  # AbstractRunner._run then runs sequentially (the one-worker case)
 
     def _run(self, pipeline: Pipeline, catalog, hook_manager=None, run_id: str | None = None) -> None:
         from pipelines.core.cpus import usable_cpus
@@ -180,21 +188,32 @@ class PoolRunner(OffloadingRunner):
 
         pooled = pooled_nodes(pipeline)
         threads_env = os.environ.get("PIPELINES_THREADS", "").strip()
-        n = plan_workers(pool_width(pipeline, pooled), usable_cpus(), concurrency(),
-                         int(threads_env) if threads_env.isdigit() else None, self.workers)
+        n = plan_workers(
+            pool_width(pipeline, pooled),
+            usable_cpus(),
+            concurrency(),
+            int(threads_env) if threads_env.isdigit() else None,
+            self.workers,
+        )
         if n <= 1:
             self.used_workers = 0
             runctx.set_run_workers(0)
-            self._logger.info("PoolRunner: %s; running in this process",
-                              "no train node" if not pooled else "one worker's worth of CPUs or of train nodes")
+            self._logger.info(
+                "PoolRunner: %s; running in this process",
+                "no train node" if not pooled else "one worker's worth of CPUs or of train nodes",
+            )
             super()._run(pipeline, catalog, hook_manager, run_id)
             return
         self.used_workers = n
         runctx.set_run_workers(n)
-        env = {"PIPELINES_THREADS": threads_env or None,
-               "PIPELINES_CONCURRENCY": str(concurrency() * n)}
-        self._logger.info("PoolRunner: %d worker processes (%s) for %d train nodes; %d usable CPUs",
-                          n, self.start_method, len(pooled), usable_cpus())
+        env = {"PIPELINES_THREADS": threads_env or None, "PIPELINES_CONCURRENCY": str(concurrency() * n)}
+        self._logger.info(
+            "PoolRunner: %d worker processes (%s) for %d train nodes; %d usable CPUs",
+            n,
+            self.start_method,
+            len(pooled),
+            usable_cpus(),
+        )
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             # the server imports torch once (while this process runs the data nodes); workers fork from it
@@ -232,28 +251,49 @@ class PoolRunner(OffloadingRunner):
 
     def _completed(self, node: Node, seconds: float) -> None:
         p = self.placements[node.name]
-        self._logger.debug("Completed node: %s (worker pid %s, %.2fs, threads %s)", node.name, p["pid"], seconds,
-                           ",".join(str(r["threads"]) for r in p["threads_by_node"].values()) or "-")
+        self._logger.debug(
+            "Completed node: %s (worker pid %s, %.2fs, threads %s)",
+            node.name,
+            p["pid"],
+            seconds,
+            ",".join(str(r["threads"]) for r in p["threads_by_node"].values()) or "-",
+        )
 
-    def _submit(self, node: Node, catalog, hook_manager, run_id, executor: ProcessPoolExecutor,
-                env: dict[str, str | None], cwd: str) -> tuple[Future, dict[str, Any]] | None:
+    def _submit(
+        self,
+        node: Node,
+        catalog,
+        hook_manager,
+        run_id,
+        executor: ProcessPoolExecutor,
+        env: dict[str, str | None],
+        cwd: str,
+    ) -> tuple[Future, dict[str, Any]] | None:
         try:
             node_blob = pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
-            self._logger.warning("PoolRunner: node '%s' cannot be sent to a worker (%s: %s); it runs in this "
-                                 "process (node functions are module-level functions or functools.partial)",
-                                 node.name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-            Task(node=node, catalog=catalog, hook_manager=hook_manager, is_async=self._is_async,
-                 run_id=run_id).execute()
+            self._logger.warning(
+                "PoolRunner: node '%s' cannot be sent to a worker (%s: %s); it runs in this "
+                "process (node functions are module-level functions or functools.partial)",
+                node.name,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+            Task(
+                node=node, catalog=catalog, hook_manager=hook_manager, is_async=self._is_async, run_id=run_id
+            ).execute()
             return None
         inputs = load_inputs(node, catalog, hook_manager, run_id)
         try:
             blob = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001
-            error = PoolRunnerError(f"node '{node.name}': its inputs cannot be sent to a worker process "
-                                    f"({type(exc).__name__}: {exc}); run with --runner=SequentialRunner")
-            hook_manager.hook.on_node_error(error=error, node=node, catalog=catalog, inputs=inputs,
-                                            is_async=False, run_id=run_id)
+            error = PoolRunnerError(
+                f"node '{node.name}': its inputs cannot be sent to a worker process "
+                f"({type(exc).__name__}: {exc}); run with --runner=SequentialRunner"
+            )
+            hook_manager.hook.on_node_error(
+                error=error, node=node, catalog=catalog, inputs=inputs, is_async=False, run_id=run_id
+            )
             raise error from exc
         return executor.submit(run_in_worker, node_blob, blob, env, cwd), inputs
 
@@ -261,22 +301,27 @@ class PoolRunner(OffloadingRunner):
         try:
             outputs, info = pickle.loads(fut.result())
         except BrokenProcessPool as exc:
-            error = PoolRunnerError(f"node '{node.name}': its worker process died or could not start (killed, out "
-                                    "of memory, or an unimportable __main__); rerun with --only-missing-outputs to "
-                                    "resume")
-            hook_manager.hook.on_node_error(error=error, node=node, catalog=catalog, inputs=inputs,
-                                            is_async=False, run_id=run_id)
+            error = PoolRunnerError(
+                f"node '{node.name}': its worker process died or could not start (killed, out "
+                "of memory, or an unimportable __main__); rerun with --only-missing-outputs to "
+                "resume"
+            )
+            hook_manager.hook.on_node_error(
+                error=error, node=node, catalog=catalog, inputs=inputs, is_async=False, run_id=run_id
+            )
             raise error from exc
         except Exception as exc:
             # the node's own exception, as SequentialRunner raises it (its type kept, e.g. NonFiniteLossError)
-            hook_manager.hook.on_node_error(error=exc, node=node, catalog=catalog, inputs=inputs,
-                                            is_async=False, run_id=run_id)
+            hook_manager.hook.on_node_error(
+                error=exc, node=node, catalog=catalog, inputs=inputs, is_async=False, run_id=run_id
+            )
             self._logger.error("Node '%s' failed in worker process: %s: %s", node.name, type(exc).__name__, exc)
             raise
         self.placements[node.name] = info
         runctx.merge_node_threads(info["threads_by_node"])
-        hook_manager.hook.after_node_run(node=node, catalog=catalog, inputs=inputs, outputs=outputs,
-                                         is_async=False, run_id=run_id)
+        hook_manager.hook.after_node_run(
+            node=node, catalog=catalog, inputs=inputs, outputs=outputs, is_async=False, run_id=run_id
+        )
         return outputs
 
 
@@ -291,5 +336,12 @@ def _stop(executor: ProcessPoolExecutor) -> None:
         p.join(timeout=5)
 
 
-__all__ = ["PoolRunner", "PoolRunnerError", "ThreadRecordHooks", "plan_workers", "pool_width", "pooled_nodes",
-           "run_in_worker"]
+__all__ = [
+    "PoolRunner",
+    "PoolRunnerError",
+    "ThreadRecordHooks",
+    "plan_workers",
+    "pool_width",
+    "pooled_nodes",
+    "run_in_worker",
+]

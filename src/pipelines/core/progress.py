@@ -6,6 +6,7 @@ A long loop says where it is with :func:`note` (``core.training.fit`` does, per 
 prints the latest note, so a step that runs for minutes (a big ``train.epochs``, text embedding) shows
 it is alive within seconds of starting and how far it got.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,7 @@ from kedro.framework.hooks import hook_impl
 
 log = logging.getLogger("pipelines.progress")
 
-HEARTBEAT_S = 10.0      # first heartbeat after this long, then every this long
+HEARTBEAT_S = 10.0  # first heartbeat after this long, then every this long
 _state: dict[str, Any] = {"note": None}
 
 
@@ -54,8 +55,12 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            log.info("  %s running for %s%s", self.name, fmt_seconds(time.perf_counter() - self.t0),
-                     _fmt_note(_state["note"]))
+            log.info(
+                "  %s running for %s%s",
+                self.name,
+                fmt_seconds(time.perf_counter() - self.t0),
+                _fmt_note(_state["note"]),
+            )
 
     def stop(self) -> float:
         self._stop.set()
@@ -69,8 +74,10 @@ def summary_line(report: dict[str, Any]) -> str:
     passed = sum(1 for g in gates if g.get("passed"))
     parts = [f"gates {passed}/{len(gates)} passed"] if gates else []
     n = sum(v.values()) if v else len(report.get("claims") or [])
-    parts.append(f"claims {v.get('holds', 0)} held, {v.get('fails', 0)} failed, "
-                 f"{v.get('inconclusive', 0)} inconclusive, {v.get('untested', 0)} untested (of {n})")
+    parts.append(
+        f"claims {v.get('holds', 0)} held, {v.get('fails', 0)} failed, "
+        f"{v.get('inconclusive', 0)} inconclusive, {v.get('untested', 0)} untested (of {n})"
+    )
     return "; ".join(parts)
 
 
@@ -90,8 +97,13 @@ class ProgressHooks:
         self._n, self._started, self._done, self._t0 = len(pipeline.nodes), 0, 0, time.perf_counter()
         self._reports, self._catalog = [], catalog
         names = ", ".join(run_params.get("pipeline_names") or []) or "__default__"
-        log.info("%s: %d steps (env %s, save version %s)", names, self._n, run_params.get("env") or "base",
-                 run_params.get("run_id"))
+        log.info(
+            "%s: %d steps (env %s, save version %s)",
+            names,
+            self._n,
+            run_params.get("env") or "base",
+            run_params.get("run_id"),
+        )
 
     @hook_impl
     def before_node_run(self, node) -> None:
@@ -125,8 +137,12 @@ class ProgressHooks:
     def after_pipeline_run(self, run_params: dict[str, Any]) -> None:
         took = fmt_seconds(time.perf_counter() - self._t0)
         if not self._reports:
-            log.info("finished %d steps in %s; no report was written by this run (it ran part of the "
-                     "pipeline: the report is written by <method>.evaluate.report)", self._n, took)
+            log.info(
+                "finished %d steps in %s; no report was written by this run (it ran part of the "
+                "pipeline: the report is written by <method>.evaluate.report)",
+                self._n,
+                took,
+            )
         for name, report in self._reports:
             log.info("%s: %s", name.rsplit(".", 1)[0], summary_line(report))
             path = self._path(name)

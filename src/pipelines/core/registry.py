@@ -5,6 +5,7 @@ a ``pipeline.py`` with ``create_pipeline``.
 Discovery reads the file system only; a method's modules are imported when its pipeline is
 asked for, so ``kedro run --pipeline=x`` imports x alone and a broken method breaks only itself.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,9 +22,13 @@ NOT_METHODS = {"core"}
 def discover_methods() -> list[str]:
     """Names of the method sub-packages, sorted."""
     return sorted(
-        p.name for p in PACKAGE_DIR.iterdir()
-        if p.is_dir() and p.name not in NOT_METHODS and not p.name.startswith(("_", "."))
-        and ((p / "spec.py").is_file() or (p / "pipeline.py").is_file()) and (p / "__init__.py").is_file()
+        p.name
+        for p in PACKAGE_DIR.iterdir()
+        if p.is_dir()
+        and p.name not in NOT_METHODS
+        and not p.name.startswith(("_", "."))
+        and ((p / "spec.py").is_file() or (p / "pipeline.py").is_file())
+        and (p / "__init__.py").is_file()
     )
 
 
@@ -67,10 +72,11 @@ def method_config(method: str, env: str | None = None, runtime_params: dict | No
     if key not in _CONFIG_CACHE:
         from kedro.config import MissingConfigException
 
-        from pipelines.core import config as settings   # the project's loader settings, light
+        from pipelines.core import config as settings  # the project's loader settings, light
 
-        loader = settings.CONFIG_LOADER_CLASS(conf_source=key[0], env=env, runtime_params=params,
-                                              **settings.CONFIG_LOADER_ARGS)
+        loader = settings.CONFIG_LOADER_CLASS(
+            conf_source=key[0], env=env, runtime_params=params, **settings.CONFIG_LOADER_ARGS
+        )
         try:
             _CONFIG_CACHE[key] = dict(loader["parameters"])
         except MissingConfigException:

@@ -3,6 +3,7 @@
 Nodes call :func:`build_report`; the run context (env, git commit, save version, wall time) is stamped
 by ``PlatformHooks`` when the report is saved, so node functions stay pure.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -18,8 +19,10 @@ from pipelines.core.stats import ESTIMATOR, Estimate, t_interval
 
 #: a metric whose name says it is a time, a rate or a ratio of times (one dot-separated or
 #: underscore-separated word of the name)
-TIMING_NAME = re.compile(r"(^|[._])(ms|us|ns|s|sec|seconds|time|times|wall|latency|throughput|speedup|per_s|"
-                         r"tokens_per_s|clock|overhead)([._]|$)|_ms\b|_s\b|speedup|latency|seconds")
+TIMING_NAME = re.compile(
+    r"(^|[._])(ms|us|ns|s|sec|seconds|time|times|wall|latency|throughput|speedup|per_s|"
+    r"tokens_per_s|clock|overhead)([._]|$)|_ms\b|_s\b|speedup|latency|seconds"
+)
 
 
 def timing_metrics(flat: Iterable[str], declared: Iterable[str] = ()) -> list[str]:
@@ -29,8 +32,9 @@ def timing_metrics(flat: Iterable[str], declared: Iterable[str] = ()) -> list[st
     out = []
     for key in flat:
         bare = key.split(".", 2)[2] if key.startswith("variants.") and key.count(".") >= 2 else key
-        if TIMING_NAME.search(bare) or any(fnmatch.fnmatchcase(bare, p) or fnmatch.fnmatchcase(key, p)
-                                           for p in declared):
+        if TIMING_NAME.search(bare) or any(
+            fnmatch.fnmatchcase(bare, p) or fnmatch.fnmatchcase(key, p) for p in declared
+        ):
             out.append(key)
     return sorted(out)
 
@@ -73,8 +77,10 @@ def aggregate_seeds(rows: Iterable[Mapping[str, Any]]) -> tuple[dict, dict, dict
                 continue
             per_seed.setdefault(v, {}).setdefault(k, []).append(float(val))
     mean = {v: {k: sum(x) / len(x) for k, x in ms.items()} for v, ms in per_seed.items()}
-    std = {v: {k: math.sqrt(sum((xi - mean[v][k]) ** 2 for xi in x) / len(x)) for k, x in ms.items()}
-           for v, ms in per_seed.items()}
+    std = {
+        v: {k: math.sqrt(sum((xi - mean[v][k]) ** 2 for xi in x) / len(x)) for k, x in ms.items()}
+        for v, ms in per_seed.items()
+    }
     return mean, std, per_seed
 
 
@@ -114,11 +120,16 @@ def history_series(values: Any, max_points: int = MAX_HISTORY_POINTS) -> dict[st
     return {"step": [int(s) for s in steps], "value": [float(v) for v in vals]}
 
 
-def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
-                 metrics: Mapping[str, Any] | None = None, artifacts: Iterable[str] = (),
-                 extra: Mapping[str, Any] | None = None,
-                 histories: Mapping[str, Mapping[str, Any]] | None = None,
-                 derived_per_seed: Mapping[str, Mapping[Any, float]] | None = None) -> dict[str, Any]:
+def build_report(
+    pipeline: str,
+    params: Any,
+    rows: Iterable[Mapping[str, Any]],
+    metrics: Mapping[str, Any] | None = None,
+    artifacts: Iterable[str] = (),
+    extra: Mapping[str, Any] | None = None,
+    histories: Mapping[str, Mapping[str, Any]] | None = None,
+    derived_per_seed: Mapping[str, Mapping[Any, float]] | None = None,
+) -> dict[str, Any]:
     """Assemble ``<m>.report``: variants table with seed intervals, derived metrics, gates and claims.
 
     ``params`` is the method's ``Params`` (or its dict). Every variant metric with two or more seeds gets a
@@ -161,36 +172,44 @@ def build_report(pipeline: str, params: Any, rows: Iterable[Mapping[str, Any]],
     values = flat_metrics(mean, plain)
     gates = evaluate_gates(params.get("gates", []), values, intervals)
     claims = evaluate_claims(params.get("claims", []), values, intervals, gates)
-    return _clean({
-        "pipeline": pipeline,
-        "seeds": list(params.get("seeds", [])),
-        "params_hash": params_hash(params),
-        **thread_record(),
-        "variants": mean,
-        "variants_std": std,
-        "variants_ci": variants_ci,
-        "per_seed": per_seed,
-        "metrics": plain,
-        "metrics_ci": metrics_ci,
-        **({"metrics_per_seed": {k: {str(s): x for s, x in d.items()} for k, d in derived_per_seed.items()}}
-           if derived_per_seed else {}),
-        "interval": ESTIMATOR,
-        # what measures the machine, not the method: comparisons of two runs leave these out
-        "timing_metrics": timing_metrics(values, declared_timings),
-        "gates": gates,
-        "gates_passed": all(g["passed"] for g in gates),
-        "claims": claims,
-        "claims_held": sum(c["holds"] for c in claims),
-        "claims_declared": len(claims),
-        "verdicts": verdict_counts(claims),
-        # the files the plots dataset writes: a figure named "x" is saved as x.png
-        "artifacts": sorted(a if "." in a else f"{a}.png" for a in artifacts),
-        "paper": params.get("paper"),
-        "headline": params.get("headline"),
-        **({"histories": {v: {k: history_series(s) for k, s in h.items()} for v, h in histories.items()}}
-           if histories else {}),
-        **(extra or {}),
-    })
+    return _clean(
+        {
+            "pipeline": pipeline,
+            "seeds": list(params.get("seeds", [])),
+            "params_hash": params_hash(params),
+            **thread_record(),
+            "variants": mean,
+            "variants_std": std,
+            "variants_ci": variants_ci,
+            "per_seed": per_seed,
+            "metrics": plain,
+            "metrics_ci": metrics_ci,
+            **(
+                {"metrics_per_seed": {k: {str(s): x for s, x in d.items()} for k, d in derived_per_seed.items()}}
+                if derived_per_seed
+                else {}
+            ),
+            "interval": ESTIMATOR,
+            # what measures the machine, not the method: comparisons of two runs leave these out
+            "timing_metrics": timing_metrics(values, declared_timings),
+            "gates": gates,
+            "gates_passed": all(g["passed"] for g in gates),
+            "claims": claims,
+            "claims_held": sum(c["holds"] for c in claims),
+            "claims_declared": len(claims),
+            "verdicts": verdict_counts(claims),
+            # the files the plots dataset writes: a figure named "x" is saved as x.png
+            "artifacts": sorted(a if "." in a else f"{a}.png" for a in artifacts),
+            "paper": params.get("paper"),
+            "headline": params.get("headline"),
+            **(
+                {"histories": {v: {k: history_series(s) for k, s in h.items()} for v, h in histories.items()}}
+                if histories
+                else {}
+            ),
+            **(extra or {}),
+        }
+    )
 
 
 def _value_cell(c: Mapping[str, Any]) -> str:
@@ -209,8 +228,10 @@ def gates_table(report: Mapping[str, Any]) -> str:
         return ""
     lines = ["| gate | metric | op | threshold | value [95% CI] | passed |", "|---|---|---|---|---|---|"]
     for g in gates:
-        lines.append(f"| {g['id']} | `{g['metric']}` | {g['op']} | {g['threshold']:g} | {_value_cell(g)} | "
-                     f"{'yes' if g.get('passed') else '**NO: claims untested**'} |")
+        lines.append(
+            f"| {g['id']} | `{g['metric']}` | {g['op']} | {g['threshold']:g} | {_value_cell(g)} | "
+            f"{'yes' if g.get('passed') else '**NO: claims untested**'} |"
+        )
     return "\n".join(lines)
 
 
@@ -220,8 +241,12 @@ def claims_table(report: Mapping[str, Any]) -> str:
     lines = ["| claim | metric | op | threshold | value [95% CI] | verdict |", "|---|---|---|---|---|---|"]
     for c in report["claims"]:
         verdict = c.get("verdict", "holds" if c["holds"] else "fails")
-        shown = {"holds": "holds", "fails": "**fails**", "inconclusive": "*inconclusive*",
-                 "untested": f"untested ({', '.join(c.get('untested_by', []))})"}[verdict]
+        shown = {
+            "holds": "holds",
+            "fails": "**fails**",
+            "inconclusive": "*inconclusive*",
+            "untested": f"untested ({', '.join(c.get('untested_by', []))})",
+        }[verdict]
         lines.append(f"| {c['id']} | `{c['metric']}` | {c['op']} | {c['threshold']:g} | {_value_cell(c)} | {shown} |")
     return "\n".join(lines)
 
@@ -241,4 +266,3 @@ def variants_table(report: Mapping[str, Any], metrics: Iterable[str] | None = No
                 cells.append(f"{row[k]:.4g}" + (f" ± {s:.2g}" if s else ""))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-

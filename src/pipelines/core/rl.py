@@ -13,6 +13,7 @@ per iteration — and leaves the rest to the method:
     reference); a regulariser wraps it, a different RL objective replaces it;
   - the log-probs: ``logprob_fn(model, ids)`` → logp [B, T-1] or (logp, logits) (default: the causal
     LM's token log-probs and its logits), e.g. a tempered or vocabulary-restricted sampling distribution."""
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["GRPOBatch", "GRPOResult", "Rollouts", "group_advantages", "grpo_train", "k3_kl", "masked_mean",
-           "ppo_clip_loss", "ppo_objective", "sample_rollouts", "token_entropy", "token_logprobs"]
+__all__ = [
+    "GRPOBatch",
+    "GRPOResult",
+    "Rollouts",
+    "group_advantages",
+    "grpo_train",
+    "k3_kl",
+    "masked_mean",
+    "ppo_clip_loss",
+    "ppo_objective",
+    "sample_rollouts",
+    "token_entropy",
+    "token_logprobs",
+]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim=None) -> torch.Tensor:
@@ -47,13 +60,13 @@ def _masked_to_zero(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.where(mask.expand_as(x) != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6,
-                     scale: bool = True) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:
     """GRPO's A = (r − mean_group) / (std_group + eps) for rewards [n_groups · group_size] laid out group
     after group (the unbiased std, as GRPO implementations use; ``scale=False`` gives r − mean only)."""
     if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, "
-                         f"got shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be 1-D with a multiple of group_size={group_size} entries, got shape {tuple(rewards.shape)}"
+        )
     if group_size < 2 and scale:
         raise ValueError("group_size must be ≥ 2 to scale advantages by the group's std")
     r = rewards.float().view(-1, group_size)
@@ -63,8 +76,13 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6,
     return a.view(-1)
 
 
-def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor | None = None, clip: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    clip: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """−E[min(ρ·A, clip(ρ, 1−ε, 1+ε)·A)] over the masked tokens (token-mean over the batch), ρ = exp(logp −
     logp_old). ``advantages`` is per sequence [B] (broadcast to tokens) or per token [B, T]. Returns the
     loss and diagnostics (clipped fraction, mean ratio)."""
@@ -111,6 +129,7 @@ class Rollouts:
     the rows' minibatch order for each pass ([N] or [passes, N]; default: shuffled by the loop's generator
     — a method that draws its own per-iteration stream, e.g. to give every variant the same minibatches,
     passes it here)."""
+
     ids: torch.Tensor
     action_mask: torch.Tensor
     rewards: torch.Tensor
@@ -123,8 +142,9 @@ class Rollouts:
     def __post_init__(self):
         n = self.ids.shape[0]
         if self.action_mask.shape != self.ids.shape:
-            raise ValueError(f"Rollouts: action_mask shape {tuple(self.action_mask.shape)} != ids shape "
-                             f"{tuple(self.ids.shape)}")
+            raise ValueError(
+                f"Rollouts: action_mask shape {tuple(self.action_mask.shape)} != ids shape {tuple(self.ids.shape)}"
+            )
         for name in ("rewards", "advantages"):
             t = getattr(self, name)
             if t is not None and t.shape != (n,):
@@ -144,24 +164,25 @@ class Rollouts:
 class GRPOBatch:
     """What the objective sees for one minibatch. Token tensors are [b, T-1], aligned with
     ``sequence_logprobs`` (position t scores ids[:, t+1]); ``mask`` is 1.0 on action tokens."""
+
     model: torch.nn.Module
     ids: torch.Tensor
     mask: torch.Tensor
-    logp: torch.Tensor                 # current policy via logprob_fn, differentiable
-    logits: torch.Tensor | None        # [b, T-1, V] behind logp (entropy bonuses); None if logprob_fn gives none
-    logp_old: torch.Tensor | None      # the sampling policy's (no grad); None with old_logprobs=False
-    logp_ref: torch.Tensor | None      # the reference policy's (no grad); None without ref_policy
-    advantages: torch.Tensor           # [b]
-    rewards: torch.Tensor              # [b]
-    extras: dict[str, torch.Tensor]    # the Rollouts' extras, these rows
-    stats: dict[str, float]            # the Rollouts' per-iteration stats
-    index: torch.Tensor                # rows of this minibatch in the iteration's Rollouts
+    logp: torch.Tensor  # current policy via logprob_fn, differentiable
+    logits: torch.Tensor | None  # [b, T-1, V] behind logp (entropy bonuses); None if logprob_fn gives none
+    logp_old: torch.Tensor | None  # the sampling policy's (no grad); None with old_logprobs=False
+    logp_ref: torch.Tensor | None  # the reference policy's (no grad); None without ref_policy
+    advantages: torch.Tensor  # [b]
+    rewards: torch.Tensor  # [b]
+    extras: dict[str, torch.Tensor]  # the Rollouts' extras, these rows
+    stats: dict[str, float]  # the Rollouts' per-iteration stats
+    index: torch.Tensor  # rows of this minibatch in the iteration's Rollouts
     iteration: int
 
 
 @dataclass
 class GRPOResult:
-    history: list[dict[str, float]]       # one row per iteration (see grpo_train)
+    history: list[dict[str, float]]  # one row per iteration (see grpo_train)
     last_rollouts: Rollouts | None = None
 
 
@@ -190,10 +211,17 @@ def token_logprobs(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Ten
     return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0], logits
 
 
-def sample_rollouts(policy: torch.nn.Module, prompts: torch.Tensor, group_size: int,
-                    reward_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, max_new_tokens: int,
-                    eos_id: int | None = None, temperature: float = 1.0,
-                    generator: torch.Generator | None = None) -> Rollouts:
+def sample_rollouts(
+    policy: torch.nn.Module,
+    prompts: torch.Tensor,
+    group_size: int,
+    reward_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    max_new_tokens: int,
+    eos_id: int | None = None,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Rollouts:
     """Single-turn rollouts: each prompt row [P, T0] repeated ``group_size`` times, sampled with
     ``core.seqmodels.generate``; the response tokens up to and including the first EOS are actions.
     ``reward_fn(prompts_repeated [N, T0], responses [N, n])`` → rewards [N]."""
@@ -207,7 +235,7 @@ def sample_rollouts(policy: torch.nn.Module, prompts: torch.Tensor, group_size: 
     mask = torch.zeros_like(out, dtype=torch.bool)
     if resp.shape[1]:
         act = torch.ones_like(resp, dtype=torch.bool)
-        if eos_id is not None:   # tokens after the first EOS are padding
+        if eos_id is not None:  # tokens after the first EOS are padding
             is_eos = (resp == eos_id).long()
             act = (is_eos.cumsum(1) - is_eos) == 0
         mask[:, t0:] = act
@@ -215,15 +243,31 @@ def sample_rollouts(policy: torch.nn.Module, prompts: torch.Tensor, group_size: 
     return Rollouts(out, mask, rewards)
 
 
-def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, int, torch.Generator], Rollouts],
-               *, iterations: int, group_size: int, objective: Callable[[GRPOBatch], Any] | None = None,
-               clip: float = 0.2, kl_coef: float = 0.0, ref_policy: torch.nn.Module | None = None,
-               logprob_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
-               old_logprobs: bool = True, updates_per_iteration: int = 1, minibatches: int = 1,
-               lr: float = 1e-5, optimizer: str | Callable = "adamw", weight_decay: float = 0.0,
-               scheduler: str | Callable | None = None, grad_clip: float | None = 1.0, adv_eps: float = 1e-6,
-               callback: Callable[[int, dict[str, float], Rollouts], None] | None = None,
-               seed: int = 0, desc: str = "grpo", progress: bool | None = None) -> GRPOResult:
+def grpo_train(
+    policy: torch.nn.Module,
+    rollout_fn: Callable[[torch.nn.Module, int, torch.Generator], Rollouts],
+    *,
+    iterations: int,
+    group_size: int,
+    objective: Callable[[GRPOBatch], Any] | None = None,
+    clip: float = 0.2,
+    kl_coef: float = 0.0,
+    ref_policy: torch.nn.Module | None = None,
+    logprob_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
+    old_logprobs: bool = True,
+    updates_per_iteration: int = 1,
+    minibatches: int = 1,
+    lr: float = 1e-5,
+    optimizer: str | Callable = "adamw",
+    weight_decay: float = 0.0,
+    scheduler: str | Callable | None = None,
+    grad_clip: float | None = 1.0,
+    adv_eps: float = 1e-6,
+    callback: Callable[[int, dict[str, float], Rollouts], None] | None = None,
+    seed: int = 0,
+    desc: str = "grpo",
+    progress: bool | None = None,
+) -> GRPOResult:
     """GRPO-style RL through ONE ``core.training.fit`` run of ``iterations × updates_per_iteration ×
     minibatches`` steps. At each iteration's first step: ``rollout_fn(policy, it, generator)`` with the
     policy in eval mode and no grad (the generator is fit's, seeded by ``seed``); the sampling policy's
@@ -250,6 +294,7 @@ def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, i
     def logprobs(model, ids):
         out = logprob_fn(model, ids)
         return out if isinstance(out, tuple) else (out, None)
+
     objective = objective or (lambda b: ppo_objective(b, clip, kl_coef))
     per_iter = updates_per_iteration * minibatches
     history: list[dict[str, float]] = []
@@ -261,10 +306,14 @@ def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, i
             return
         ro, it = cur["ro"], cur["it"]
         r = ro.rewards.float().view(-1, group_size)
-        row = {"iteration": float(it), "reward_mean": float(r.mean()),
-               "reward_std": float(r.std()) if r.numel() > 1 else 0.0,
-               "zero_variance_groups": float((r.std(1) == 0).float().mean()) if group_size > 1 else 0.0,
-               "action_tokens": float(cur["mask"].sum(1).mean()), **ro.stats}
+        row = {
+            "iteration": float(it),
+            "reward_mean": float(r.mean()),
+            "reward_std": float(r.std()) if r.numel() > 1 else 0.0,
+            "zero_variance_groups": float((r.std(1) == 0).float().mean()) if group_size > 1 else 0.0,
+            "action_tokens": float(cur["mask"].sum(1).mean()),
+            **ro.stats,
+        }
         for key in dict.fromkeys(k for s in steps for k in s):
             vals = [s[key] for s in steps if key in s and math.isfinite(s[key])]
             row[key] = sum(vals) / len(vals) if vals else math.nan
@@ -288,26 +337,36 @@ def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, i
                     raise ValueError(f"grpo_train: {n} rollouts is not a multiple of group_size={group_size}")
                 if n < minibatches:
                     raise ValueError(f"grpo_train: {n} rollouts cannot make {minibatches} minibatches")
-                old = ro.logp_old if ro.logp_old is not None else (logprobs(policy, ro.ids)[0] if old_logprobs
-                                                                    else None)
+                old = (
+                    ro.logp_old if ro.logp_old is not None else (logprobs(policy, ro.ids)[0] if old_logprobs else None)
+                )
                 ref = logprobs(ref_policy, ro.ids)[0] if ref_policy is not None else None
             policy.train()
-            adv = ro.advantages if ro.advantages is not None else (
-                group_advantages(ro.rewards, group_size, eps=adv_eps) if group_size > 1
-                else ro.rewards.float() - ro.rewards.float().mean())
+            adv = (
+                ro.advantages
+                if ro.advantages is not None
+                else (
+                    group_advantages(ro.rewards, group_size, eps=adv_eps)
+                    if group_size > 1
+                    else ro.rewards.float() - ro.rewards.float().mean()
+                )
+            )
             if ro.order is not None:
                 order = ro.order.view(-1, n)
                 if order.shape[0] not in (1, updates_per_iteration):
-                    raise ValueError(f"grpo_train: Rollouts.order has {order.shape[0]} passes, "
-                                     f"updates_per_iteration={updates_per_iteration}")
+                    raise ValueError(
+                        f"grpo_train: Rollouts.order has {order.shape[0]} passes, "
+                        f"updates_per_iteration={updates_per_iteration}"
+                    )
                 order = order.expand(updates_per_iteration, n)
             elif per_iter == 1:
                 order = torch.arange(n)[None]
             else:
                 order = torch.stack([torch.randperm(n, generator=gen) for _ in range(updates_per_iteration)])
             cur.clear()
-            cur.update(ro=ro, it=it, old=old, ref=ref, adv=adv, order=order,
-                       mask=ro.action_mask[:, 1:].to(torch.float32))
+            cur.update(
+                ro=ro, it=it, old=old, ref=ref, adv=adv, order=order, mask=ro.action_mask[:, 1:].to(torch.float32)
+            )
         pas, mb = divmod(k, minibatches)
         return (cur["order"][pas].tensor_split(minibatches)[mb],)
 
@@ -315,19 +374,41 @@ def grpo_train(policy: torch.nn.Module, rollout_fn: Callable[[torch.nn.Module, i
         ro = cur["ro"]
         ids = ro.ids[idx]
         lp, logits = logprobs(model, ids)
-        b = GRPOBatch(model=model, ids=ids, mask=cur["mask"][idx], logp=lp, logits=logits,
-                      logp_old=None if cur["old"] is None else cur["old"][idx],
-                      logp_ref=None if cur["ref"] is None else cur["ref"][idx],
-                      advantages=cur["adv"][idx], rewards=ro.rewards[idx],
-                      extras={k: v[idx] for k, v in ro.extras.items()}, stats=ro.stats, index=idx,
-                      iteration=cur["it"])
+        b = GRPOBatch(
+            model=model,
+            ids=ids,
+            mask=cur["mask"][idx],
+            logp=lp,
+            logits=logits,
+            logp_old=None if cur["old"] is None else cur["old"][idx],
+            logp_ref=None if cur["ref"] is None else cur["ref"][idx],
+            advantages=cur["adv"][idx],
+            rewards=ro.rewards[idx],
+            extras={k: v[idx] for k, v in ro.extras.items()},
+            stats=ro.stats,
+            index=idx,
+            iteration=cur["it"],
+        )
         return objective(b)
 
     def on_step(s) -> None:
         steps.append({"loss": s.loss, **s.extras, **({"grad_norm": s.grad_norm} if s.grad_norm is not None else {})})
 
-    fit(policy, None, loss_fn, sample_batch=sample_batch, steps=iterations * per_iter, lr=lr, optimizer=optimizer,
-        weight_decay=weight_decay, scheduler=scheduler, grad_clip=grad_clip, seed=seed, desc=desc,
-        progress=progress, callback=on_step)
+    fit(
+        policy,
+        None,
+        loss_fn,
+        sample_batch=sample_batch,
+        steps=iterations * per_iter,
+        lr=lr,
+        optimizer=optimizer,
+        weight_decay=weight_decay,
+        scheduler=scheduler,
+        grad_clip=grad_clip,
+        seed=seed,
+        desc=desc,
+        progress=progress,
+        callback=on_step,
+    )
     close_iteration()
     return GRPOResult(history, cur.get("ro"))

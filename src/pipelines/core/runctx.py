@@ -1,4 +1,5 @@
 """Run context shared by the CLI, the config resolvers and the hooks (no heavy imports)."""
+
 from __future__ import annotations
 
 import contextvars
@@ -10,9 +11,9 @@ DEFAULT_PIPELINE = "tess"
 
 _requested: list[str] = []
 _runner: list[str] = []
-_run_config: dict = {}      # env, conf_source and --params of the `kedro run` being set up
-_resume: dict = {}          # the killed run a `kedro run --only-missing-outputs` resumes
-config_cache: dict = {}     # parameters read for that run (core.registry.method_config); cleared per run
+_run_config: dict = {}  # env, conf_source and --params of the `kedro run` being set up
+_resume: dict = {}  # the killed run a `kedro run --only-missing-outputs` resumes
+config_cache: dict = {}  # parameters read for that run (core.registry.method_config); cleared per run
 current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_node", default=None)
 # What this run's nodes used, wherever they ran (core.runtime.set_threads in this process; the pool runner
 # and GPUNodeRunner merge what their workers report): {node name: {"threads", "setting"}}, and the number
@@ -67,7 +68,7 @@ def set_run_config(env: str | None, conf_source: str | None, runtime_params: dic
     """Called by the project's ``kedro run`` (and ``kedro sweep`` points): what a pipeline built from
     its parameters (one train node per variant) must read."""
     _run_config.clear()
-    config_cache.clear()    # the conf files may have changed since the last run in this process
+    config_cache.clear()  # the conf files may have changed since the last run in this process
     _run_config.update(env=env, conf_source=conf_source, runtime_params=dict(runtime_params or {}))
 
 
@@ -134,10 +135,12 @@ def git_commit(cwd: Path | None = None) -> str:
     if not (cwd / ".git").exists() and os.environ.get("GIT_COMMIT"):
         return os.environ["GIT_COMMIT"]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
-                             text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("GIT_COMMIT", "unknown")

@@ -11,6 +11,7 @@ Backend (first that is set wins): ``--runner-params address=...``, ``$RAY_ADDRES
 import); ``local`` → a local Ray instance with this machine's CPUs/GPUs; anything else (``auto``,
 ``ray://head:10001``, ``head:6379``) → join that cluster.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -83,8 +84,9 @@ def parse_config(raw: dict[str, Any], source: str) -> RunnerConfig:
         raise RunnerConfigError(f"runner setting '{key}' ({source}): {why}") from None
 
 
-def resolve_config(overrides: dict[str, Any], conf: dict[str, Any] | None = None,
-                   environ: dict[str, str] | None = None) -> RunnerConfig:
+def resolve_config(
+    overrides: dict[str, Any], conf: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+) -> RunnerConfig:
     """Runner kwargs (``--runner-params``) > ``$RAY_ADDRESS`` > runner.yml > defaults."""
     environ = os.environ if environ is None else environ
     merged = dict(parse_config(dict(conf or {}), "runner.yml").model_dump(exclude_unset=True))
@@ -157,8 +159,7 @@ def load_runner_conf(env: str | None) -> dict[str, Any]:
     conf_source = Path(project_root()) / settings.CONF_SOURCE
     if not conf_source.is_dir():
         return {}
-    loader = settings.CONFIG_LOADER_CLASS(conf_source=str(conf_source), env=env,
-                                          **settings.CONFIG_LOADER_ARGS)
+    loader = settings.CONFIG_LOADER_CLASS(conf_source=str(conf_source), env=env, **settings.CONFIG_LOADER_ARGS)
     if "runner" not in loader.config_patterns:
         loader.config_patterns["runner"] = ["runner*", "runner*/**"]
     try:
@@ -180,15 +181,16 @@ class RayConnectError(RunnerConfigError):
     """The driver cannot join the Ray cluster (unreachable, or token authentication refused it)."""
 
 
-AUTH_HINT = ("set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token> (or RAY_AUTH_TOKEN_PATH) "
-             "in the driver's environment")
+AUTH_HINT = (
+    "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token> (or RAY_AUTH_TOKEN_PATH) "
+    "in the driver's environment"
+)
 
 
 def _connect_error(address: str, exc: BaseException, captured: str = "") -> RayConnectError:
     text = f"{exc} {captured}"
     if "AuthenticationError" in type(exc).__name__ or "InvalidAuthToken" in text or "Unauthenticated" in text:
-        return RayConnectError(f"the Ray cluster at {address} refused this driver (token authentication): "
-                               f"{AUTH_HINT}")
+        return RayConnectError(f"the Ray cluster at {address} refused this driver (token authentication): {AUTH_HINT}")
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return RayConnectError(f"cannot connect to the Ray cluster at {address}: {first}")
 
@@ -259,11 +261,12 @@ def _remote_error(node: Node, exc: BaseException, attempts: int) -> RemoteNodeEr
     if isinstance(exc, rex.RayTaskError):
         remote_tb = getattr(exc, "traceback_str", "") or str(exc)
         what = f"{type(cause).__name__}: {cause}" if cause is not None else exc.__class__.__name__
-        msg = (f"node '{node.name}' failed in its Ray task ({what}) on {getattr(exc, 'ip', '?')} "
-               f"pid {getattr(exc, 'pid', '?')}\n--- remote traceback ---\n{remote_tb.rstrip()}")
+        msg = (
+            f"node '{node.name}' failed in its Ray task ({what}) on {getattr(exc, 'ip', '?')} "
+            f"pid {getattr(exc, 'pid', '?')}\n--- remote traceback ---\n{remote_tb.rstrip()}"
+        )
     else:  # the worker died more often than max_retries allows, the node was lost, OOM-killed, ...
-        msg = (f"node '{node.name}' failed in its Ray task after {attempts} attempt(s): "
-               f"{type(exc).__name__}: {exc}")
+        msg = f"node '{node.name}' failed in its Ray task after {attempts} attempt(s): {type(exc).__name__}: {exc}"
     if isinstance(cause, Exception) and not isinstance(cause, RemoteNodeError):
         try:
             cls = type(f"RemoteNodeError[{type(cause).__name__}]", (RemoteNodeError, type(cause)), {})
@@ -285,17 +288,21 @@ def _cpu_outputs(node_name: str, obj: Any, policy: str, path: str = "outputs") -
         if obj.device.type == "cpu":
             return obj
         if policy == "reject":
-            raise CudaOutputError(f"node '{node_name}' returned a {obj.device} tensor at {path}; nodes "
-                                  "return CPU tensors (pipelines.core.runtime.to_cpu) or set "
-                                  "cuda_outputs: convert in runner.yml")
+            raise CudaOutputError(
+                f"node '{node_name}' returned a {obj.device} tensor at {path}; nodes "
+                "return CPU tensors (pipelines.core.runtime.to_cpu) or set "
+                "cuda_outputs: convert in runner.yml"
+            )
         return obj.detach().cpu()
     if isinstance(obj, torch.nn.Module):
         devices = {t.device.type for t in chain(obj.parameters(), obj.buffers())}
         if devices <= {"cpu"}:
             return obj
         if policy == "reject":
-            raise CudaOutputError(f"node '{node_name}' returned a module on {sorted(devices)} at {path}; "
-                                  "move it to the CPU or set cuda_outputs: convert in runner.yml")
+            raise CudaOutputError(
+                f"node '{node_name}' returned a module on {sorted(devices)} at {path}; "
+                "move it to the CPU or set cuda_outputs: convert in runner.yml"
+            )
         return obj.cpu()
     if isinstance(obj, dict):
         return {k: _cpu_outputs(node_name, v, policy, f"{path}[{k!r}]") for k, v in obj.items()}
@@ -330,7 +337,7 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
     os.environ["PIPELINES_THREADS"] = str(max(1, int(cpus)))
     # the NaN guard names the node from current_node, as PlatformHooks.before_node_run does in the driver
     token = current_node.set(node.name)
-    take_node_threads()       # a reused worker: only this task's record goes back
+    take_node_threads()  # a reused worker: only this task's record goes back
     t0 = time.perf_counter()
     try:
         outputs = node.run(inputs)
@@ -338,11 +345,15 @@ def _execute_remote(node: Node, inputs: dict[str, Any], cuda_outputs: str) -> tu
     finally:
         current_node.reset(token)
     ctx = ray.get_runtime_context()
-    info = {"host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": list(ray.get_gpu_ids()),
-            "node_id": ctx.get_node_id(),
-            "seconds": round(time.perf_counter() - t0, 3),
-            # what the node's preamble chose in this task, for the driver's report (threads_by_node)
-            "threads_by_node": take_node_threads()}
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "gpu_ids": list(ray.get_gpu_ids()),
+        "node_id": ctx.get_node_id(),
+        "seconds": round(time.perf_counter() - t0, 3),
+        # what the node's preamble chose in this task, for the driver's report (threads_by_node)
+        "threads_by_node": take_node_threads(),
+    }
     return outputs, info
 
 
@@ -445,8 +456,9 @@ class GPUNodeRunner(OffloadingRunner):
     def _run(self, pipeline: Pipeline, catalog, hook_manager=None, run_id: str | None = None) -> None:
         cfg = self._configure(hook_manager)
         if cfg.backend == "inline":
-            self._logger.info("GPUNodeRunner: inline backend (no RAY_ADDRESS / runner address); "
-                              "gpu nodes run in this process")
+            self._logger.info(
+                "GPUNodeRunner: inline backend (no RAY_ADDRESS / runner address); gpu nodes run in this process"
+            )
             super()._run(pipeline, catalog, hook_manager, run_id)
             return
         remote = {n: g for n in pipeline.nodes if (g := node_gpus(n, cfg.num_gpus)) is not None}
@@ -472,13 +484,11 @@ class GPUNodeRunner(OffloadingRunner):
     def _connect(self, cfg: RunnerConfig) -> bool:
         """Join or start Ray; True if this runner started (and so must stop) it."""
         import ray
-
         import ray.exceptions as rex
 
         if ray.is_initialized():  # a caller (a notebook, a test) already connected: reuse, leave running
             return False
-        kwargs: dict[str, Any] = {"runtime_env": worker_runtime_env(cfg.runtime_env),
-                                  "logging_level": logging.WARNING}
+        kwargs: dict[str, Any] = {"runtime_env": worker_runtime_env(cfg.runtime_env), "logging_level": logging.WARNING}
         if cfg.address.strip().lower() == "local":
             kwargs.update(address="local", num_cpus=cfg.local_cpus, include_dashboard=False)
         else:
@@ -513,11 +523,15 @@ class GPUNodeRunner(OffloadingRunner):
 
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         per_node = [n.get("Resources", {}).get("GPU", 0.0) for n in nodes]
-        self._gpu_nodes = {n["NodeID"]: n.get("NodeName") or n.get("NodeManagerAddress", "?")
-                           for n in nodes if n.get("Resources", {}).get("GPU", 0.0) > 0}
+        self._gpu_nodes = {
+            n["NodeID"]: n.get("NodeName") or n.get("NodeManagerAddress", "?")
+            for n in nodes
+            if n.get("Resources", {}).get("GPU", 0.0) > 0
+        }
         total = ray.cluster_resources()
-        summary = ", ".join(f"{k}: {v:g}" for k, v in sorted(total.items())
-                            if not k.startswith(("node:", "memory", "object_store")))
+        summary = ", ".join(
+            f"{k}: {v:g}" for k, v in sorted(total.items()) if not k.startswith(("node:", "memory", "object_store"))
+        )
         largest = max(per_node, default=0.0)
         out = {}
         for node, gpus in remote.items():
@@ -528,29 +542,42 @@ class GPUNodeRunner(OffloadingRunner):
                 if not self._warned_fallback:
                     self._logger.warning(
                         "GPUNodeRunner: the Ray cluster (%s) has no GPU; gpu nodes run on CPU "
-                        "(allow_cpu_fallback: true): %s", summary,
-                        ", ".join(sorted(n.name for n in remote)))
+                        "(allow_cpu_fallback: true): %s",
+                        summary,
+                        ", ".join(sorted(n.name for n in remote)),
+                    )
                     self._warned_fallback = True
                 out[node] = 0.0
                 continue
             where = "has no GPU" if largest == 0 else f"has at most {largest:g} GPU(s) on one node"
-            hint = (" Set allow_cpu_fallback: true in conf/<env>/runner.yml (or --runner-params "
-                    "allow_cpu_fallback=true) to run gpu nodes on CPU." if largest == 0 else "")
+            hint = (
+                " Set allow_cpu_fallback: true in conf/<env>/runner.yml (or --runner-params "
+                "allow_cpu_fallback=true) to run gpu nodes on CPU."
+                if largest == 0
+                else ""
+            )
             raise GPUUnavailableError(
                 f"node '{node.name}' is tagged gpu and asks for {gpus:g} GPU(s), but the Ray cluster "
                 f"({cfg.address}) {where}; its resources: {summary or 'none'} over {len(nodes)} "
-                f"node(s).{hint}")
+                f"node(s).{hint}"
+            )
         return out
 
     # -- how a node travels (the loop is core.scheduling's) -----------------------------------------
-    def _run_with_ray(self, pipeline: Pipeline, catalog, hook_manager, run_id, remote: dict[Node, float],
-                      cfg: RunnerConfig) -> None:
+    def _run_with_ray(
+        self, pipeline: Pipeline, catalog, hook_manager, run_id, remote: dict[Node, float], cfg: RunnerConfig
+    ) -> None:
         import ray
 
         self._task_fn, self._remote, self._cfg = ray.remote(_execute_remote), remote, cfg
         self._unschedulable: dict[Node, float] = {}  # gpu node → since when no alive Ray node can run it
-        self._logger.info("GPUNodeRunner: %d of %d nodes go to Ray (%s): %s", len(remote), len(pipeline.nodes),
-                          cfg.address, ", ".join(f"{n.name}[gpus={g:g}]" for n, g in remote.items()))
+        self._logger.info(
+            "GPUNodeRunner: %d of %d nodes go to Ray (%s): %s",
+            len(remote),
+            len(pipeline.nodes),
+            cfg.address,
+            ", ".join(f"{n.name}[gpus={g:g}]" for n, g in remote.items()),
+        )
         # every ready gpu node is submitted at once: independent ones run concurrently
         self._drive(pipeline, catalog, hook_manager, run_id, set(remote))
 
@@ -562,7 +589,8 @@ class GPUNodeRunner(OffloadingRunner):
             raise RemoteNodeError(
                 f"node '{node.name}': its function or inputs cannot be shipped to Ray "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                "define node functions in an importable module") from exc
+                "define node functions in an importable module"
+            ) from exc
         self._unschedulable.pop(node, None)
         return ref, inputs
 
@@ -589,11 +617,17 @@ class GPUNodeRunner(OffloadingRunner):
 
     @staticmethod
     def _submit(task_fn, node: Node, inputs: dict[str, Any], gpus: float, cfg: RunnerConfig):
-        return task_fn.options(num_gpus=gpus, num_cpus=cfg.cpus_per_node, max_retries=cfg.max_retries,
-                               retry_exceptions=False, name=node.name).remote(node, inputs, cfg.cuda_outputs)
+        return task_fn.options(
+            num_gpus=gpus,
+            num_cpus=cfg.cpus_per_node,
+            max_retries=cfg.max_retries,
+            retry_exceptions=False,
+            name=node.name,
+        ).remote(node, inputs, cfg.cuda_outputs)
 
-    def _watch_lost_nodes(self, inflight: dict, remote: dict[Node, float], unschedulable: dict[Node, float],
-                          task_fn, cfg: RunnerConfig) -> None:
+    def _watch_lost_nodes(
+        self, inflight: dict, remote: dict[Node, float], unschedulable: dict[Node, float], task_fn, cfg: RunnerConfig
+    ) -> None:
         """A task waiting for GPUs that no alive node has any more (its node was lost; Ray would retry it
         forever): after ``lost_node_timeout_s``, fail naming the node, or send it again on CPU."""
         import ray
@@ -602,8 +636,11 @@ class GPUNodeRunner(OffloadingRunner):
         now = time.monotonic()
         for ref, (node, inputs, _t0) in list(inflight.items()):
             gpus = remote[node]
-            if gpus <= 0 or any(n.get("Resources", {}).get("GPU", 0.0) >= gpus
-                                and n.get("Resources", {}).get("CPU", 0.0) >= cfg.cpus_per_node for n in alive):
+            if gpus <= 0 or any(
+                n.get("Resources", {}).get("GPU", 0.0) >= gpus
+                and n.get("Resources", {}).get("CPU", 0.0) >= cfg.cpus_per_node
+                for n in alive
+            ):
                 unschedulable.pop(node, None)
                 continue
             since = unschedulable.setdefault(node, now)
@@ -617,8 +654,13 @@ class GPUNodeRunner(OffloadingRunner):
             if cfg.allow_cpu_fallback:
                 self._logger.warning(
                     "GPUNodeRunner: node '%s' asks for %g GPU(s) but the Ray cluster (%s) %s for %.0f s; "
-                    "it runs again on CPU (allow_cpu_fallback: true)", node.name, gpus, cfg.address, what,
-                    now - since)
+                    "it runs again on CPU (allow_cpu_fallback: true)",
+                    node.name,
+                    gpus,
+                    cfg.address,
+                    what,
+                    now - since,
+                )
                 remote[node] = 0.0
                 inflight[self._submit(task_fn, node, inputs, 0.0, cfg)] = (node, inputs, time.perf_counter())
                 unschedulable.pop(node, None)
@@ -626,12 +668,12 @@ class GPUNodeRunner(OffloadingRunner):
             raise RayNodeLostError(
                 f"node '{node.name}' asks for {gpus:g} GPU(s) but the Ray cluster ({cfg.address}) {what}: "
                 f"no alive node can run it (waited {now - since:.0f} s, lost_node_timeout_s="
-                f"{cfg.lost_node_timeout_s:g}). Set allow_cpu_fallback: true to run it on CPU instead.")
+                f"{cfg.lost_node_timeout_s:g}). Set allow_cpu_fallback: true to run it on CPU instead."
+            )
 
     def _where(self, name: str) -> str:
         p = self.placements.get(name, {})
-        return (f"{p.get('host')} pid {p.get('pid')} gpus {p.get('gpu_ids')} "
-                f"ray node {str(p.get('node_id'))[:12]}")
+        return f"{p.get('host')} pid {p.get('pid')} gpus {p.get('gpu_ids')} ray node {str(p.get('node_id'))[:12]}"
 
     def _collect(self, ref, node: Node, inputs, catalog, hook_manager, run_id, cfg: RunnerConfig):
         import ray
@@ -641,12 +683,14 @@ class GPUNodeRunner(OffloadingRunner):
             outputs, info = ray.get(ref)
         except rex.RayError as exc:
             error = _remote_error(node, exc, cfg.max_retries + 1)
-            hook_manager.hook.on_node_error(error=error, node=node, catalog=catalog, inputs=inputs,
-                                            is_async=False, run_id=run_id)
+            hook_manager.hook.on_node_error(
+                error=error, node=node, catalog=catalog, inputs=inputs, is_async=False, run_id=run_id
+            )
             raise error from None
         self.placements[node.name] = info
         merge_node_threads(info.get("threads_by_node") or {})
         set_run_workers(len({(p.get("host"), p.get("pid")) for p in self.placements.values()}))
-        hook_manager.hook.after_node_run(node=node, catalog=catalog, inputs=inputs, outputs=outputs,
-                                         is_async=False, run_id=run_id)
+        hook_manager.hook.after_node_run(
+            node=node, catalog=catalog, inputs=inputs, outputs=outputs, is_async=False, run_id=run_id
+        )
         return outputs

@@ -10,6 +10,7 @@ OpenMP's wait policy is made passive on the package import (``pipelines/__init__
 Each node's count is recorded (by node name, ``core.runctx``), so the report says what every variant used,
 also when it ran in a worker process or a Ray task.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,7 @@ import torch
 from pipelines.core.cpus import _cgroup_quota_cpus, usable_cpus  # noqa: F401 (re-exported)
 
 CONCURRENCY_ENV = "PIPELINES_CONCURRENCY"
-THREADS_ENV = "PIPELINES_THREADS"      # what `auto` means in a Ray task: the CPUs Ray reserved for it
+THREADS_ENV = "PIPELINES_THREADS"  # what `auto` means in a Ray task: the CPUs Ray reserved for it
 
 # What the last node preamble chose: the report and MLflow record it.
 _chosen: dict[str, Any] = {}
@@ -95,12 +96,16 @@ def thread_record() -> dict[str, Any]:
     n = max(train) if train else _chosen.get("threads", torch.get_num_threads())
     settings = [r["setting"] for name, r in by_node.items() if ".train." in f".{name}"]
     setting = settings[0] if settings else _chosen.get("threads_setting", "auto")
-    return {"threads": n, "threads_setting": setting,
-            "threads_by_node": {k: r["threads"] for k, r in sorted(by_node.items())},
-            "workers": run_workers(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
-            "omp_wait_policy_source": "user" if pipelines.OMP_WAIT_POLICY_SET_BY_USER else "platform",
-            "usable_cpus": usable_cpus(), "concurrency": concurrency()}
+    return {
+        "threads": n,
+        "threads_setting": setting,
+        "threads_by_node": {k: r["threads"] for k, r in sorted(by_node.items())},
+        "workers": run_workers(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
+        "omp_wait_policy_source": "user" if pipelines.OMP_WAIT_POLICY_SET_BY_USER else "platform",
+        "usable_cpus": usable_cpus(),
+        "concurrency": concurrency(),
+    }
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -149,5 +154,18 @@ def to_cpu(obj):
     return obj
 
 
-__all__ = ["CONCURRENCY_ENV", "THREADS_ENV", "concurrency", "cpu_budget", "get_device", "node_setup", "params_scale",
-           "resolve_threads", "seed_everything", "set_threads", "thread_record", "to_cpu", "usable_cpus"]
+__all__ = [
+    "CONCURRENCY_ENV",
+    "THREADS_ENV",
+    "concurrency",
+    "cpu_budget",
+    "get_device",
+    "node_setup",
+    "params_scale",
+    "resolve_threads",
+    "seed_everything",
+    "set_threads",
+    "thread_record",
+    "to_cpu",
+    "usable_cpus",
+]

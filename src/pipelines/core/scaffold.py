@@ -1,5 +1,6 @@
 """``kedro method new <name>``: a new method folder, its parameters and its test, from a template
 that already passes its own tests and the end-to-end ``--env=test`` run."""
+
 from __future__ import annotations
 
 import keyword
@@ -17,8 +18,7 @@ class ScaffoldError(ValueError):
 
 def targets(root: Path, name: str) -> dict[str, Path]:
     pkg = root / "src" / "pipelines" / name
-    files = {f"{stem}.py.tmpl": pkg / f"{stem}.py"
-             for stem in ("__init__", "params", "spec", "data", "train")}
+    files = {f"{stem}.py.tmpl": pkg / f"{stem}.py" for stem in ("__init__", "params", "spec", "data", "train")}
     files["README.md.tmpl"] = pkg / "README.md"
     for env in ("base", "test", "full"):
         files[f"parameters_{env}.yml.tmpl"] = root / "conf" / env / f"parameters_{name}.yml"
@@ -44,7 +44,7 @@ def add_to_import_contracts(pyproject: Path, name: str) -> bool:
         if new not in lines:
             lines = sorted([*lines, new])
             changed = True
-        out += [text[pos:block.start()], "".join(lines)]
+        out += [text[pos : block.start()], "".join(lines)]
         pos = block.end()
     if changed:
         pyproject.write_text("".join(out) + text[pos:])

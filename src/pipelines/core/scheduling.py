@@ -14,6 +14,7 @@ sequential run. A subclass says how a node travels:
 - ``_cancel(handles)`` stops what is in flight when the run fails or is interrupted;
 - ``_capacity()`` how many nodes may be in flight at once; ``_completed(node, seconds)`` logs one.
 """
+
 from __future__ import annotations
 
 import sys
@@ -78,7 +79,7 @@ class OffloadingRunner(AbstractRunner):
         Task(node=node, catalog=catalog, hook_manager=hook_manager, is_async=self._is_async, run_id=run_id).execute()
 
     def _drive(self, pipeline: Pipeline, catalog, hook_manager, run_id, offloaded: Collection[Node]) -> None:
-        nodes = pipeline.nodes            # topological order: driver nodes run in SequentialRunner's order
+        nodes = pipeline.nodes  # topological order: driver nodes run in SequentialRunner's order
         order = {nd: i for i, nd in enumerate(nodes)}
         deps = pipeline.node_dependencies
         load_counts = Counter(chain.from_iterable(nd.inputs for nd in nodes))
@@ -95,24 +96,25 @@ class OffloadingRunner(AbstractRunner):
                 ready = sorted((nd for nd in todo if deps[nd] <= done), key=order.__getitem__)
                 # inputs are loaded only when a node can be shipped, so the driver holds no more than the
                 # in-flight nodes' inputs at once
-                for node in [nd for nd in ready if nd in offloaded][:max(0, self._capacity() - len(inflight))]:
+                for node in [nd for nd in ready if nd in offloaded][: max(0, self._capacity() - len(inflight))]:
                     todo.discard(node)
                     shipped = self._offload(node, catalog, hook_manager, run_id)
-                    if shipped is None:        # it ran here: look again
+                    if shipped is None:  # it ran here: look again
                         finish(node)
                         break
                     inflight[shipped[0]] = (node, shipped[1], time.perf_counter())
                 else:
                     local = [nd for nd in ready if nd not in offloaded]
-                    if local:   # one driver node, then look again: it may unlock more offloaded nodes
+                    if local:  # one driver node, then look again: it may unlock more offloaded nodes
                         todo.discard(local[0])
                         self._run_here(local[0], catalog, hook_manager, run_id)
                         finish(local[0])
                         continue
                     if not inflight:
                         if todo:
-                            raise RuntimeError(f"{type(self).__name__}: cannot schedule "
-                                               f"{sorted(nd.name for nd in todo)}")
+                            raise RuntimeError(
+                                f"{type(self).__name__}: cannot schedule {sorted(nd.name for nd in todo)}"
+                            )
                         break
                     for handle in self._wait(inflight):
                         node, inputs, t0 = inflight.pop(handle)

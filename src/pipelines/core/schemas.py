@@ -24,6 +24,7 @@ becomes a column, one row per item (an ``N×H×W`` array gives ``N`` rows holdin
 that a schema depends on are added where the table is read: ``SCHEMA.refine(ranges={"y": (0, k - 1)})``
 (mapping fields are merged, the others replaced).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,8 @@ import numpy as np
 import pandas as pd
 from kedro.io import DatasetError
 
-SCALAR_KINDS = ("int", "float", "number", "str", "json", "bool", "datetime")   # json: a str that parses as JSON
-ELEMENT_KINDS = ("int", "float", "number", "bool")     # of array[<kind>]
+SCALAR_KINDS = ("int", "float", "number", "str", "json", "bool", "datetime")  # json: a str that parses as JSON
+ELEMENT_KINDS = ("int", "float", "number", "bool")  # of array[<kind>]
 KINDS = (*SCALAR_KINDS, "array", *(f"array[{k}]" for k in ELEMENT_KINDS), "any")
 _ELEMENT_DTYPES = {"int": "iu", "float": "f", "number": "iuf", "bool": "b"}
 
@@ -61,11 +62,13 @@ def _kind_problem(s: pd.Series, kind: str) -> tuple[str, Any] | None:
     if kind == "any":
         return None
     if kind in ("int", "float", "number", "bool", "datetime"):
-        ok = {"int": lambda: pd.api.types.is_integer_dtype(s) and not pd.api.types.is_bool_dtype(s),
-              "float": lambda: pd.api.types.is_float_dtype(s),
-              "number": lambda: pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s),
-              "bool": lambda: pd.api.types.is_bool_dtype(s),
-              "datetime": lambda: pd.api.types.is_datetime64_any_dtype(s)}[kind]()
+        ok = {
+            "int": lambda: pd.api.types.is_integer_dtype(s) and not pd.api.types.is_bool_dtype(s),
+            "float": lambda: pd.api.types.is_float_dtype(s),
+            "number": lambda: pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s),
+            "bool": lambda: pd.api.types.is_bool_dtype(s),
+            "datetime": lambda: pd.api.types.is_datetime64_any_dtype(s),
+        }[kind]()
         return None if ok else (str(s.dtype), None)
     if kind == "str":
         bad = ~s.map(lambda v: isinstance(v, str)).to_numpy(bool)
@@ -135,8 +138,8 @@ class TableSchema:
     dataset: str
     columns: Mapping[str, str] = field(default_factory=dict)
     min_rows: int = 1
-    no_missing: tuple[str, ...] = field(default=())   # columns that may not hold NaN / None
-    patterns: Mapping[str, str] = field(default_factory=dict)       # regex (full match) -> kind
+    no_missing: tuple[str, ...] = field(default=())  # columns that may not hold NaN / None
+    patterns: Mapping[str, str] = field(default_factory=dict)  # regex (full match) -> kind
     finite: tuple[str, ...] = field(default=())
     ranges: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     allowed: Mapping[str, Collection] = field(default_factory=dict)
@@ -170,15 +173,23 @@ class TableSchema:
         return [name]
 
     def _table(self, data: Mapping) -> pd.DataFrame:
-        keys = list(dict.fromkeys([*self.columns, *(k for k in data if isinstance(k, str)
-                                                    and any(re.fullmatch(p, k) for p in self.patterns))]))
+        keys = list(
+            dict.fromkeys(
+                [
+                    *self.columns,
+                    *(k for k in data if isinstance(k, str) and any(re.fullmatch(p, k) for p in self.patterns)),
+                ]
+            )
+        )
         for k in self.columns:
             if k not in data:
-                self._fail(f"{self.item} '{k}' is missing ({self.item}s: {', '.join(map(str, list(data)[:12])) or 'none'})")
+                self._fail(
+                    f"{self.item} '{k}' is missing ({self.item}s: {', '.join(map(str, list(data)[:12])) or 'none'})"
+                )
         cols, first = {}, None
         for k in keys:
             v = data[k]
-            if hasattr(v, "detach"):     # a torch tensor
+            if hasattr(v, "detach"):  # a torch tensor
                 v = v.detach().cpu()
                 try:
                     v = v.numpy()
@@ -194,8 +205,9 @@ class TableSchema:
             cols[k] = list(a) if a.ndim > 1 else a
         df = pd.DataFrame(cols)
         if len(df) < self.min_rows and cols:
-            self._fail(f"{self.item}s {', '.join(map(repr, cols))} have {len(df)} rows, "
-                       f"at least {self.min_rows} needed")
+            self._fail(
+                f"{self.item}s {', '.join(map(repr, cols))} have {len(df)} rows, at least {self.min_rows} needed"
+            )
         return df
 
     def check(self, df: Any, tables: Mapping[str, pd.DataFrame] | None = None) -> Any:
@@ -229,14 +241,18 @@ class TableSchema:
         for col in (c for n in self.no_missing for c in self._names(df, n)):
             miss = df[col].isna().to_numpy(bool)
             if miss.any():
-                self._fail(f"{self.item} '{col}' has {int(miss.sum())} missing value(s) "
-                           f"(first at {self._at(df, int(np.argmax(miss)))})")
+                self._fail(
+                    f"{self.item} '{col}' has {int(miss.sum())} missing value(s) "
+                    f"(first at {self._at(df, int(np.argmax(miss)))})"
+                )
         for col in (c for n in self.finite for c in self._names(df, n)):
             vals, rows = _flat(df[col])
             bad = ~np.isfinite(_numeric(vals))
             if bad.any():
-                self._fail(f"{self.item} '{col}' has {int(bad.sum())} non-finite value(s) "
-                           f"(first at {self._at(df, rows[np.argmax(bad)])})")
+                self._fail(
+                    f"{self.item} '{col}' has {int(bad.sum())} non-finite value(s) "
+                    f"(first at {self._at(df, rows[np.argmax(bad)])})"
+                )
         for name, (lo, hi) in self.ranges.items():
             for col in self._names(df, name):
                 vals, rows = _flat(df[col])
@@ -247,26 +263,33 @@ class TableSchema:
                     ok &= True if hi is None else num <= hi
                 if not ok.all():
                     i = int(np.argmax(~ok))
-                    self._fail(f"{self.item} '{col}' must be {_bound(lo, hi)}; {int((~ok).sum())} value(s) are "
-                               f"not (first {_py(vals[i])!r} at {self._at(df, rows[i])})")
+                    self._fail(
+                        f"{self.item} '{col}' must be {_bound(lo, hi)}; {int((~ok).sum())} value(s) are "
+                        f"not (first {_py(vals[i])!r} at {self._at(df, rows[i])})"
+                    )
         for col, values in self.allowed.items():
             bad = ~df[col].isin(list(values)).to_numpy(bool)
             if bad.any():
                 unknown = sorted({str(v) for v in df[col][bad]})
-                self._fail(f"{self.item} '{col}' has unknown value(s) {unknown[:3]} (allowed: {_show(values)}; "
-                           f"first at {self._at(df, int(np.argmax(bad)))})")
+                self._fail(
+                    f"{self.item} '{col}' has unknown value(s) {unknown[:3]} (allowed: {_show(values)}; "
+                    f"first at {self._at(df, int(np.argmax(bad)))})"
+                )
         for col, need in self.covers.items():
             need = need if isinstance(need, Mapping) else dict.fromkeys(need, 1)
             for v, k in need.items():
                 n = int((df[col] == v).sum())
                 if n < k:
-                    self._fail(f"{self.item} '{col}' has {n or 'no'} {v!r} rows"
-                               + (f", at least {k} needed" if k > 1 else ""))
+                    self._fail(
+                        f"{self.item} '{col}' has {n or 'no'} {v!r} rows" + (f", at least {k} needed" if k > 1 else "")
+                    )
         for col, spec in self.lengths.items():
             lens = df[col].map(len).to_numpy(int)
             if spec is None:
                 if len(set(lens)) > 1:
-                    self._fail(f"{self.item} '{col}' holds arrays of different lengths {sorted(set(lens.tolist()))[:4]}")
+                    self._fail(
+                        f"{self.item} '{col}' holds arrays of different lengths {sorted(set(lens.tolist()))[:4]}"
+                    )
                 continue
             if isinstance(spec, str):
                 want, what = df[spec].map(len).to_numpy(int), f"the length of {self.item} '{spec}'"
@@ -280,16 +303,21 @@ class TableSchema:
             bad = np.asarray(bad, bool) & np.ones(len(lens), bool)
             if bad.any():
                 i = int(np.argmax(bad))
-                self._fail(f"{self.item} '{col}' must hold arrays of {what}; {int(bad.sum())} row(s) do not "
-                           f"(first of length {lens[i]} at {self._at(df, i)})")
+                self._fail(
+                    f"{self.item} '{col}' must hold arrays of {what}; {int(bad.sum())} row(s) do not "
+                    f"(first of length {lens[i]} at {self._at(df, i)})"
+                )
         for key in self.unique:
             cols = [key] if isinstance(key, str) else list(key)
             dup = df.duplicated(cols).to_numpy(bool)
             if dup.any():
                 i = int(np.argmax(dup))
                 v = tuple(_py(df[c].iloc[i]) for c in cols)
-                what = f"{self.item} '{key}' repeats {v[0]!r}" if isinstance(key, str) else \
-                    f"{self.item}s {', '.join(map(repr, cols))} repeat {v!r}"
+                what = (
+                    f"{self.item} '{key}' repeats {v[0]!r}"
+                    if isinstance(key, str)
+                    else f"{self.item}s {', '.join(map(repr, cols))} repeat {v!r}"
+                )
                 self._fail(f"{what}, which must be unique (first repeat at {self._at(df, i)})")
         for col, (other, other_col) in self.refs.items():
             if tables is None or other not in tables:
@@ -297,13 +325,16 @@ class TableSchema:
             bad = ~df[col].isin(set(tables[other][other_col])).to_numpy(bool)
             if bad.any():
                 i = int(np.argmax(bad))
-                self._fail(f"{self.item} '{col}' names {_py(df[col].iloc[i])!r}, which is not in '{other}' "
-                           f"column '{other_col}' ({int(bad.sum())} row(s); first at {self._at(df, i)})")
+                self._fail(
+                    f"{self.item} '{col}' names {_py(df[col].iloc[i])!r}, which is not in '{other}' "
+                    f"column '{other_col}' ({int(bad.sum())} row(s); first at {self._at(df, i)})"
+                )
         return given
 
 
-def read_feature_csv(path: str | Path, dataset: str, columns: Mapping[str, str], min_rows: int,
-                     hint: str, key: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+def read_feature_csv(
+    path: str | Path, dataset: str, columns: Mapping[str, str], min_rows: int, hint: str, key: str | None = None
+) -> tuple[pd.DataFrame, list[str]]:
     """A user CSV of numeric feature columns ``x_*`` and the named ``columns`` (name → kind), none of them
     with a gap. A missing file (the message ends with ``hint``, in parentheses: what the file should be),
     no ``x_*`` column or a schema miss stops the run with one line naming ``dataset``. Returns the table
@@ -315,24 +346,42 @@ def read_feature_csv(path: str | Path, dataset: str, columns: Mapping[str, str],
     df = read_user_file(path, key=key or dataset, kind="csv")
     feats = [c for c in df.columns if str(c).startswith("x_")]
     if not feats:
-        raise InputDataError(f"dataset '{dataset}': no feature column x_* "
-                             f"(columns: {', '.join(map(str, df.columns[:12]))})")
-    TableSchema(dataset, {**columns, **{c: "number" for c in feats}}, min_rows=min_rows,
-                no_missing=(*columns, *feats)).check(df)
+        raise InputDataError(
+            f"dataset '{dataset}': no feature column x_* (columns: {', '.join(map(str, df.columns[:12]))})"
+        )
+    TableSchema(
+        dataset, {**columns, **{c: "number" for c in feats}}, min_rows=min_rows, no_missing=(*columns, *feats)
+    ).check(df)
     return df, feats
 
 
 # ------------------------------------------------------------------------------------------ user files
 #: file suffix -> kind of :func:`read_user_file`
-SUFFIX_KINDS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".json": "json",
-                ".jsonl": "jsonl", ".npz": "npz", ".npy": "npy", ".pt": "pt", ".pth": "pt", ".txt": "txt"}
+SUFFIX_KINDS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".json": "json",
+    ".jsonl": "jsonl",
+    ".npz": "npz",
+    ".npy": "npy",
+    ".pt": "pt",
+    ".pth": "pt",
+    ".txt": "txt",
+}
 FILE_KINDS = ("parquet", "csv", "tsv", "json", "jsonl", "npz", "npy", "pt", "txt")
-_KIND_WORDS = {"parquet": "a readable parquet file (truncated, or not parquet?)",
-               "csv": "a readable CSV file", "tsv": "a readable tab-separated file",
-               "json": "a readable JSON file (truncated?)", "jsonl": "a readable JSON-lines file (truncated?)",
-               "npz": "a readable .npz file (truncated, or not np.savez?)",
-               "npy": "a readable .npy file (truncated, or not np.save?)",
-               "pt": "a torch.save file of tensors (truncated?)", "txt": "a readable UTF-8 text file"}
+_KIND_WORDS = {
+    "parquet": "a readable parquet file (truncated, or not parquet?)",
+    "csv": "a readable CSV file",
+    "tsv": "a readable tab-separated file",
+    "json": "a readable JSON file (truncated?)",
+    "jsonl": "a readable JSON-lines file (truncated?)",
+    "npz": "a readable .npz file (truncated, or not np.savez?)",
+    "npy": "a readable .npy file (truncated, or not np.save?)",
+    "pt": "a torch.save file of tensors (truncated?)",
+    "txt": "a readable UTF-8 text file",
+}
 
 
 def user_file_kind(path: str | Path, kind: str | tuple[str, ...] | None = None) -> str:
@@ -356,7 +405,7 @@ def _read_kind(path: Path, kind: str, read_kw: Mapping[str, Any]) -> Any:
     if kind == "jsonl":
         return pd.read_json(path, lines=True, **read_kw)
     if kind == "npz":
-        with np.load(path, allow_pickle=False, **read_kw) as z:    # every array now: a cut file fails here
+        with np.load(path, allow_pickle=False, **read_kw) as z:  # every array now: a cut file fails here
             return {k: z[k] for k in z.files}
     if kind == "npy":
         return np.load(path, allow_pickle=False, **read_kw)
@@ -374,9 +423,15 @@ def _first_line(exc: BaseException, n: int = 160) -> str:
     return f"{type(exc).__name__}: {text[:n]}" + ("..." if len(text) > n else "")
 
 
-def read_user_file(path: str | Path | None, *, key: str, schema: TableSchema | None = None,
-                   kind: str | tuple[str, ...] | None = None, tables: Mapping[str, pd.DataFrame] | None = None,
-                   **read_kw: Any) -> Any:
+def read_user_file(
+    path: str | Path | None,
+    *,
+    key: str,
+    schema: TableSchema | None = None,
+    kind: str | tuple[str, ...] | None = None,
+    tables: Mapping[str, pd.DataFrame] | None = None,
+    **read_kw: Any,
+) -> Any:
     """A file the user names in parameter ``key`` (``"prism.data.path"``), read and, given ``schema``,
     checked. Whatever keeps it from being read (no file, a folder, an empty or cut file, another format)
     raises :class:`InputDataError` in one line naming ``key``, the file and what is wrong, e.g.
@@ -393,13 +448,15 @@ def read_user_file(path: str | Path | None, *, key: str, schema: TableSchema | N
     where = f"dataset '{key} ({p})'"
     k = user_file_kind(p, kind)
     if k not in FILE_KINDS:
-        raise InputDataError(f"{where}: a file suffix this parameter does not read "
-                             f"(one of {', '.join(s for s, v in SUFFIX_KINDS.items() if v in FILE_KINDS)})")
+        raise InputDataError(
+            f"{where}: a file suffix this parameter does not read "
+            f"(one of {', '.join(s for s, v in SUFFIX_KINDS.items() if v in FILE_KINDS)})"
+        )
     if p.is_dir():
         raise InputDataError(f"{where}: a folder, not a {k} file")
     if not p.is_file():
         raise InputDataError(f"{where}: file not found")
-    if p.stat().st_size == 0 and k != "txt":      # an empty text is read: its method says what it lacks
+    if p.stat().st_size == 0 and k != "txt":  # an empty text is read: its method says what it lacks
         raise InputDataError(f"{where}: the file is empty (0 bytes), not {_KIND_WORDS[k]}")
     try:
         data = _read_kind(p, k, read_kw)
@@ -410,5 +467,12 @@ def read_user_file(path: str | Path | None, *, key: str, schema: TableSchema | N
     return data if schema is None else schema.check(data, tables=tables)
 
 
-__all__ = ["FILE_KINDS", "InputDataError", "KINDS", "TableSchema", "read_feature_csv", "read_user_file",
-           "user_file_kind"]
+__all__ = [
+    "FILE_KINDS",
+    "InputDataError",
+    "KINDS",
+    "TableSchema",
+    "read_feature_csv",
+    "read_user_file",
+    "user_file_kind",
+]

@@ -22,6 +22,7 @@ method value worse than the reference by more than the headline tolerance (relat
 pipeline that had a report and now has none. A pipeline new since the reference is a note, not a regression.
 Imports no method and no torch; mlflow only when reading a store.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,9 @@ def latest_reports_from_dir(root: Path, env: str | None = None) -> dict[str, dic
     return {m: r for m, (_, r) in best.items()}
 
 
-def latest_reports_from_mlflow(tracking_uri: str, run_filter: str = "",
-                               pipelines: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+def latest_reports_from_mlflow(
+    tracking_uri: str, run_filter: str = "", pipelines: Iterable[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """The report of the newest finished parent run per pipeline (``tags.role = 'parent'``) in the store,
     optionally narrowed by an MLflow filter such as ``tags.env = 'base'``."""
     out: dict[str, dict[str, Any]] = {}
@@ -105,8 +107,13 @@ def parent_runs(tracking_uri: str, run_filter: str = "", pipelines: Iterable[str
     runs = []
     token = None
     while True:
-        page = client.search_runs([e.experiment_id for e in exps], filt, order_by=["attributes.start_time DESC"],
-                                  max_results=1000, page_token=token)
+        page = client.search_runs(
+            [e.experiment_id for e in exps],
+            filt,
+            order_by=["attributes.start_time DESC"],
+            max_results=1000,
+            page_token=token,
+        )
         runs.extend(page)
         token = page.token
         if not token:
@@ -138,18 +145,18 @@ def report_of_run(tracking_uri: str, run) -> dict[str, Any] | None:
 @dataclass
 class Row:
     pipeline: str
-    status: str = NOT_RUN                   # "ok" or "not run"
+    status: str = NOT_RUN  # "ok" or "not run"
     paper: str | None = None
     headline: dict[str, Any] | None = None  # metric, method, lower_is_better (+ tolerance, inferred)
     method_value: float | None = None
     method_std: float | None = None
     best_baseline: str | None = None
     best_baseline_value: float | None = None
-    relative_gain: float | None = None      # > 0: the method is better than its best baseline
+    relative_gain: float | None = None  # > 0: the method is better than its best baseline
     claims_held: int | None = None
     claims_declared: int | None = None
     claims: list[dict[str, Any]] = field(default_factory=list)
-    verdicts: dict[str, int] = field(default_factory=dict)   # holds / fails / inconclusive / untested
+    verdicts: dict[str, int] = field(default_factory=dict)  # holds / fails / inconclusive / untested
     gates_failed: list[str] = field(default_factory=list)
     wall_seconds: float | None = None
     env: str | None = None
@@ -159,35 +166,57 @@ class Row:
     source: str | None = None
 
 
-
-
 def row_from_report(report: Mapping[str, Any], project: Path | None = None) -> Row:
     m = report["pipeline"]
     head, paper = headline_of(report, project)
-    claims = [{k: c.get(k) for k in ("id", "metric", "op", "threshold", "value", "holds", "tolerance", "verdict",
-                                     "ci", "untested_by") if k in c} for c in report.get("claims") or []]
+    claims = [
+        {
+            k: c.get(k)
+            for k in ("id", "metric", "op", "threshold", "value", "holds", "tolerance", "verdict", "ci", "untested_by")
+            if k in c
+        }
+        for c in report.get("claims") or []
+    ]
     from pipelines.core.claims import verdict_counts
 
-    row = Row(pipeline=m, status="ok", paper=paper, headline=head, claims=claims, verdicts=verdict_counts(claims),
-              gates_failed=[g["id"] for g in report.get("gates") or [] if not g.get("passed")],
-              claims_held=sum(bool(c.get("holds")) for c in claims), claims_declared=len(claims),
-              wall_seconds=None if report.get("partial_run") else _num(report.get("wall_seconds")),
-              env=report.get("env"),
-              run_id=report.get("run_id"), save_version=report.get("save_version"),
-              git_commit=report.get("git_commit"), source=report.get("_source"))
+    row = Row(
+        pipeline=m,
+        status="ok",
+        paper=paper,
+        headline=head,
+        claims=claims,
+        verdicts=verdict_counts(claims),
+        gates_failed=[g["id"] for g in report.get("gates") or [] if not g.get("passed")],
+        claims_held=sum(bool(c.get("holds")) for c in claims),
+        claims_declared=len(claims),
+        wall_seconds=None if report.get("partial_run") else _num(report.get("wall_seconds")),
+        env=report.get("env"),
+        run_id=report.get("run_id"),
+        save_version=report.get("save_version"),
+        git_commit=report.get("git_commit"),
+        source=report.get("_source"),
+    )
     for k, v in headline_values(report, head).items():
         setattr(row, k, v)
     return row
 
 
-def build_scoreboard(reports: Mapping[str, Mapping[str, Any]], pipelines: Sequence[str] | None = None,
-                     project: Path | None = None, source: str = "") -> dict[str, Any]:
+def build_scoreboard(
+    reports: Mapping[str, Mapping[str, Any]],
+    pipelines: Sequence[str] | None = None,
+    project: Path | None = None,
+    source: str = "",
+) -> dict[str, Any]:
     """Rows for ``pipelines`` (default: those with a report); the ones without a report say "not run"."""
     names = list(pipelines) if pipelines is not None else sorted(reports)
     names += sorted(set(reports) - set(names))  # a report of an unregistered pipeline is still shown
     rows = [row_from_report(reports[m], project) if m in reports else Row(pipeline=m) for m in names]
-    return {"schema": SCHEMA_VERSION, "generated_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "source": source, "rows": [asdict(r) for r in rows]}
+    return {
+        "schema": SCHEMA_VERSION,
+        "generated_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "source": source,
+        "rows": [asdict(r) for r in rows],
+    }
 
 
 # ----------------------------------------------------------------------------------------- regressions
@@ -196,9 +225,12 @@ def _worse_by(op: str, old: float, new: float) -> float:
     return old - new if op in (">=", ">") else new - old
 
 
-def compare(current: Mapping[str, Any], reference: Mapping[str, Any],
-            headline_tolerance: float = DEFAULT_HEADLINE_TOLERANCE,
-            allow_missing: bool = False) -> tuple[list[str], list[str]]:
+def compare(
+    current: Mapping[str, Any],
+    reference: Mapping[str, Any],
+    headline_tolerance: float = DEFAULT_HEADLINE_TOLERANCE,
+    allow_missing: bool = False,
+) -> tuple[list[str], list[str]]:
     """(regressions, notes) of ``current`` against ``reference`` (both scoreboards)."""
     regressions: list[str] = []
     notes: list[str] = []
@@ -220,14 +252,18 @@ def compare(current: Mapping[str, Any], reference: Mapping[str, Any],
                 notes.append(f"{m}: claim {cid} is no longer declared")
                 continue
             if c.get("holds") and not now.get("holds"):
-                regressions.append(f"{m}: claim {cid} held ({_fmt(c.get('value'))} {c.get('op')} "
-                                   f"{_fmt(c.get('threshold'))}) and no longer holds ({_fmt(now.get('value'))})")
+                regressions.append(
+                    f"{m}: claim {cid} held ({_fmt(c.get('value'))} {c.get('op')} "
+                    f"{_fmt(c.get('threshold'))}) and no longer holds ({_fmt(now.get('value'))})"
+                )
                 continue
             tol = _num(now.get("tolerance", c.get("tolerance")))
             ov, nv = _num(c.get("value")), _num(now.get("value"))
             if tol is not None and ov is not None and nv is not None and _worse_by(c["op"], ov, nv) > tol:
-                regressions.append(f"{m}: claim {cid} value {_fmt(nv)} is worse than the reference "
-                                   f"{_fmt(ov)} by more than its tolerance {tol:g}")
+                regressions.append(
+                    f"{m}: claim {cid} value {_fmt(nv)} is worse than the reference "
+                    f"{_fmt(ov)} by more than its tolerance {tol:g}"
+                )
         for cid in sorted(set(new_claims) - {c["id"] for c in old.get("claims", [])}):
             notes.append(f"{m}: claim {cid} is new")
         head, old_head = row.get("headline") or {}, old.get("headline") or {}
@@ -239,8 +275,10 @@ def compare(current: Mapping[str, Any], reference: Mapping[str, Any],
             lower = bool(head.get("lower_is_better", True))
             worse = (nv - ov) if lower else (ov - nv)
             if worse > tol * max(abs(ov), 1e-12):
-                regressions.append(f"{m}: headline {head['method']} {head['metric']} {_fmt(nv)} is worse than "
-                                   f"the reference {_fmt(ov)} by more than {tol:.0%}")
+                regressions.append(
+                    f"{m}: headline {head['method']} {head['metric']} {_fmt(nv)} is worse than "
+                    f"the reference {_fmt(ov)} by more than {tol:.0%}"
+                )
         elif head and old_head and not same:
             notes.append(f"{m}: headline changed from {old_head.get('metric')} to {head.get('metric')} (not compared)")
     for m in sorted(set(ref) - set(cur)):
@@ -254,8 +292,20 @@ def _fmt(x: Any, digits: int = 4) -> str:
     return "n/a" if v is None else f"{v:.{digits}g}"
 
 
-COLUMNS = ("pipeline", "paper", "headline metric", "method", "best baseline", "relative gain", "claims held",
-           "holds / fails / inconclusive / untested", "gates", "wall time", "run", "commit")
+COLUMNS = (
+    "pipeline",
+    "paper",
+    "headline metric",
+    "method",
+    "best baseline",
+    "relative gain",
+    "claims held",
+    "holds / fails / inconclusive / untested",
+    "gates",
+    "wall time",
+    "run",
+    "commit",
+)
 
 
 def _cells(r: Mapping[str, Any]) -> list[str]:
@@ -264,8 +314,9 @@ def _cells(r: Mapping[str, Any]) -> list[str]:
     head = r.get("headline") or {}
     metric = head.get("metric")
     if metric:
-        metric = f"{metric} ({'↓' if head.get('lower_is_better', True) else '↑'})" + \
-                 (" *" if head.get("inferred") else "")
+        metric = f"{metric} ({'↓' if head.get('lower_is_better', True) else '↑'})" + (
+            " *" if head.get("inferred") else ""
+        )
     method = ""
     if r.get("method_value") is not None:
         std = r.get("method_std")
@@ -279,30 +330,62 @@ def _cells(r: Mapping[str, Any]) -> list[str]:
     wall = "" if r.get("wall_seconds") is None else f"{r['wall_seconds']:.1f} s"
     run = r.get("run_id") or r.get("save_version") or ""
     commit = (r.get("git_commit") or "")[:12] + ("-dirty" if str(r.get("git_commit", "")).endswith("-dirty") else "")
-    return [r["pipeline"], r.get("paper") or "", metric or "n/a", method, base,
-            "" if rg is None else f"{rg:+.1%}", held, verdicts, gates, wall, run, commit]
+    return [
+        r["pipeline"],
+        r.get("paper") or "",
+        metric or "n/a",
+        method,
+        base,
+        "" if rg is None else f"{rg:+.1%}",
+        held,
+        verdicts,
+        gates,
+        wall,
+        run,
+        commit,
+    ]
 
 
-def to_markdown(board: Mapping[str, Any], regressions: Sequence[str] = (), notes: Sequence[str] = (),
-                reference: str | None = None) -> str:
-    lines = ["# Scoreboard", "",
-             f"Generated {board.get('generated_at', '')} from `{board.get('source', '')}`. "
-             "Relative gain > 0: the method beats its best baseline on the headline metric "
-             "(↓ lower is better, ↑ higher; * inferred from the claims).", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def to_markdown(
+    board: Mapping[str, Any], regressions: Sequence[str] = (), notes: Sequence[str] = (), reference: str | None = None
+) -> str:
+    lines = [
+        "# Scoreboard",
+        "",
+        f"Generated {board.get('generated_at', '')} from `{board.get('source', '')}`. "
+        "Relative gain > 0: the method beats its best baseline on the headline metric "
+        "(↓ lower is better, ↑ higher; * inferred from the claims).",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     for r in board.get("rows", []):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |")
     rows = board.get("rows", [])
     ungated = [(r["pipeline"], r["gates_failed"]) for r in rows if r.get("gates_failed")]
     if ungated:
-        lines += ["", "**Experiments that test nothing yet** (a gate failed, so their claims are untested): "
-                  + "; ".join(f"{m} ({', '.join(g)})" for m, g in ungated) + "."]
-    failing = [(r["pipeline"], c) for r in rows for c in r.get("claims", [])
-               if not c.get("holds") and c.get("verdict") != "untested"]
+        lines += [
+            "",
+            "**Experiments that test nothing yet** (a gate failed, so their claims are untested): "
+            + "; ".join(f"{m} ({', '.join(g)})" for m, g in ungated)
+            + ".",
+        ]
+    failing = [
+        (r["pipeline"], c)
+        for r in rows
+        for c in r.get("claims", [])
+        if not c.get("holds") and c.get("verdict") != "untested"
+    ]
     if failing:
-        lines += ["", "Claims that do not hold: " + ", ".join(
-            f"{m}.{c['id']}" + (f" ({c['verdict']})" if c.get("verdict") not in (None, "fails") else "")
-            for m, c in failing) + "."]
+        lines += [
+            "",
+            "Claims that do not hold: "
+            + ", ".join(
+                f"{m}.{c['id']}" + (f" ({c['verdict']})" if c.get("verdict") not in (None, "fails") else "")
+                for m, c in failing
+            )
+            + ".",
+        ]
     if reference is not None:
         lines += ["", f"## Compared with `{reference}`", ""]
         lines += [f"- **regression**: {x}" for x in regressions] or ["- no regression"]
@@ -310,14 +393,18 @@ def to_markdown(board: Mapping[str, Any], regressions: Sequence[str] = (), notes
     return "\n".join(lines) + "\n"
 
 
-def to_html(board: Mapping[str, Any], regressions: Sequence[str] = (), notes: Sequence[str] = (),
-            reference: str | None = None) -> str:
+def to_html(
+    board: Mapping[str, Any], regressions: Sequence[str] = (), notes: Sequence[str] = (), reference: str | None = None
+) -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
     body = []
     for r in board.get("rows", []):
-        cls = "notrun" if r.get("status") != "ok" else (
-            "fail" if (r.get("claims_held") or 0) < (r.get("claims_declared") or 0) else "ok")
+        cls = (
+            "notrun"
+            if r.get("status") != "ok"
+            else ("fail" if (r.get("claims_held") or 0) < (r.get("claims_declared") or 0) else "ok")
+        )
         body.append(f'<tr class="{cls}">' + "".join(f"<td>{esc(c)}</td>" for c in _cells(r)) + "</tr>")
     cmp = ""
     if reference is not None:
@@ -333,7 +420,7 @@ th {{ background: #f3f3f3; }} tr.notrun td {{ color: #888; }} tr.fail td:nth-chi
 li.regression {{ color: #b00; font-weight: bold; }}
 </style></head><body>
 <h1>Scoreboard</h1>
-<p>Generated {esc(board.get('generated_at', ''))} from <code>{esc(str(board.get('source', '')))}</code>.
+<p>Generated {esc(board.get("generated_at", ""))} from <code>{esc(str(board.get("source", "")))}</code>.
 Relative gain &gt; 0: the method beats its best baseline on the headline metric (↓ lower is better, ↑ higher;
 * inferred from the claims).</p>
 <table><thead><tr>{head}</tr></thead><tbody>
@@ -345,15 +432,17 @@ Relative gain &gt; 0: the method beats its best baseline on the headline metric 
 
 
 # ----------------------------------------------------------------------------------------- CLI
-def load_reference(ref: str, tracking_uri: str | None, pipelines: Sequence[str] | None,
-                   project: Path | None) -> dict[str, Any]:
+def load_reference(
+    ref: str, tracking_uri: str | None, pipelines: Sequence[str] | None, project: Path | None
+) -> dict[str, Any]:
     """``--compare-to``: a scoreboard JSON, a folder of reports, or ``mlflow:<filter>`` on the store."""
     if ref.startswith("mlflow:"):
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
             raise SystemExit("scoreboard: --compare-to mlflow:<filter> needs --tracking-uri or MLFLOW_TRACKING_URI")
-        return build_scoreboard(latest_reports_from_mlflow(uri, ref[len("mlflow:"):], pipelines), pipelines,
-                                project, source=ref)
+        return build_scoreboard(
+            latest_reports_from_mlflow(uri, ref[len("mlflow:") :], pipelines), pipelines, project, source=ref
+        )
     path = Path(ref)
     if path.is_dir():
         return build_scoreboard(latest_reports_from_dir(path), pipelines, project, source=str(path))
@@ -372,27 +461,45 @@ def registered_pipelines() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.core.scoreboard", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipelines.core.scoreboard",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--reports", type=Path, default=None,
-                     help="folder searched for report.json files (default: data/08_reporting)")
+    src.add_argument(
+        "--reports", type=Path, default=None, help="folder searched for report.json files (default: data/08_reporting)"
+    )
     src.add_argument("--tracking-uri", default=None, help="read the reports from this MLflow store instead")
     ap.add_argument("--run-filter", default="", help="MLflow filter on parent runs, e.g. \"tags.env = 'base'\"")
-    ap.add_argument("--pipelines", default=None,
-                    help="comma-separated pipelines to show (default: the registered ones)")
+    ap.add_argument(
+        "--pipelines", default=None, help="comma-separated pipelines to show (default: the registered ones)"
+    )
     ap.add_argument("--project", type=Path, default=Path.cwd(), help="project root (for conf/base declarations)")
     ap.add_argument("--out", type=Path, default=None, help="write scoreboard.{md,html,json} into this folder")
-    ap.add_argument("--compare-to", default=None,
-                    help="reference: a scoreboard JSON, a folder of reports, or mlflow:<run filter>")
-    ap.add_argument("--headline-tolerance", type=float, default=DEFAULT_HEADLINE_TOLERANCE,
-                    help="relative worsening of the headline metric flagged as a regression (default 0.05)")
-    ap.add_argument("--env", default="base",
-                    help="only reports of this Kedro env (default base: the default-scale runs); 'any' for all")
-    ap.add_argument("--allow-missing", action="store_true",
-                    help="a pipeline without a report now is a note, not a regression")
-    ap.add_argument("--sweep", default=None, metavar="SWEEP_ID",
-                    help="print each claim's hold rate over a `kedro sweep` (its sweep.json) and exit")
+    ap.add_argument(
+        "--compare-to", default=None, help="reference: a scoreboard JSON, a folder of reports, or mlflow:<run filter>"
+    )
+    ap.add_argument(
+        "--headline-tolerance",
+        type=float,
+        default=DEFAULT_HEADLINE_TOLERANCE,
+        help="relative worsening of the headline metric flagged as a regression (default 0.05)",
+    )
+    ap.add_argument(
+        "--env",
+        default="base",
+        help="only reports of this Kedro env (default base: the default-scale runs); 'any' for all",
+    )
+    ap.add_argument(
+        "--allow-missing", action="store_true", help="a pipeline without a report now is a note, not a regression"
+    )
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        metavar="SWEEP_ID",
+        help="print each claim's hold rate over a `kedro sweep` (its sweep.json) and exit",
+    )
     args = ap.parse_args(argv)
     if args.sweep:
         from pipelines.core.sweep import sweep_hold_rate_markdown
@@ -400,8 +507,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(sweep_hold_rate_markdown(args.sweep, args.project))
         return 0
 
-    pipelines = ([p.strip() for p in args.pipelines.split(",") if p.strip()] if args.pipelines
-                 else registered_pipelines())
+    pipelines = (
+        [p.strip() for p in args.pipelines.split(",") if p.strip()] if args.pipelines else registered_pipelines()
+    )
     project = args.project if (args.project / "conf").is_dir() else None
     env = None if args.env == "any" else args.env
     if args.tracking_uri:

@@ -5,6 +5,7 @@ selective state-space (Mamba2-style) language model, and sampling / sequence log
 Small on purpose (a few hundred thousand parameters train in seconds on a CPU), exact on purpose: the
 cached decode equals the full forward, the recurrent SSM step equals its scan. Methods subclass or wrap
 these, never copy them."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Tokenizer", "TinyConfig", "TinyTransformer", "KVCache", "SSMConfig", "SelectiveSSM", "SelectiveSSMLM",
-           "ssd_chunked", "segsum", "Block", "rope", "generate", "sequence_logprobs"]
+__all__ = [
+    "Tokenizer",
+    "TinyConfig",
+    "TinyTransformer",
+    "KVCache",
+    "SSMConfig",
+    "SelectiveSSM",
+    "SelectiveSSMLM",
+    "ssd_chunked",
+    "segsum",
+    "Block",
+    "rope",
+    "generate",
+    "sequence_logprobs",
+]
 
 
 # ------------------------------------------------------------------------------------------ tokenizer
@@ -41,10 +55,10 @@ class Tokenizer:
         self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
 
     @classmethod
-    def from_texts(cls, texts: Iterable[str], level: str = "char", **kw) -> "Tokenizer":
+    def from_texts(cls, texts: Iterable[str], level: str = "char", **kw) -> Tokenizer:
         seen: dict[str, None] = {}
         for t in texts:
-            for s in (t if level == "char" else t.split()):
+            for s in t if level == "char" else t.split():
                 seen.setdefault(s)
         return cls(sorted(seen), level, **kw)
 
@@ -70,7 +84,7 @@ class Tokenizer:
         n = max(map(len, seqs))
         ids = torch.full((len(seqs), n), self.pad_id, dtype=torch.long)
         for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(s)
+            ids[i, : len(s)] = torch.tensor(s)
         return ids, ids != self.pad_id
 
 
@@ -81,13 +95,13 @@ class TinyConfig:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    d_ff: int = 0                 # 0 → 4 · d_model
+    d_ff: int = 0  # 0 → 4 · d_model
     max_len: int = 256
-    causal: bool = True           # False: bidirectional (e.g. a diffusion LM's denoiser)
+    causal: bool = True  # False: bidirectional (e.g. a diffusion LM's denoiser)
     rope_base: float = 10000.0
     dropout: float = 0.0
     tie_embeddings: bool = True
-    init_std: float = 0.02        # N(0, init_std²) for every linear and embedding weight (GPT-2's 0.02)
+    init_std: float = 0.02  # N(0, init_std²) for every linear and embedding weight (GPT-2's 0.02)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -96,7 +110,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
     difference."""
     d = x.shape[-1]
     inv = base ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
-    ang = positions.to(torch.float32)[:, None] * inv[None, :]            # [T, d/2]
+    ang = positions.to(torch.float32)[:, None] * inv[None, :]  # [T, d/2]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -109,10 +123,11 @@ class KVCache:
 
     Eviction policies keep a subset with :meth:`keep`; ``positions`` keep the original indices, so RoPE
     stays right after eviction."""
+
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
-    positions: torch.Tensor | None = None          # [T] absolute positions of the cached entries
-    next_position: int = 0                         # where the next token goes
+    positions: torch.Tensor | None = None  # [T] absolute positions of the cached entries
+    next_position: int = 0  # where the next token goes
 
     def layer(self, i: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         while len(self.keys) <= i:
@@ -123,7 +138,7 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.positions is None else int(self.positions.numel())
 
-    def fork(self) -> "KVCache":
+    def fork(self) -> KVCache:
         """An independent copy to decode from (e.g. denoise a block several times over a frozen prefix):
         appending to the fork leaves this cache as it is. Tensors are shared, never written in place."""
         return KVCache(list(self.keys), list(self.values), self.positions, self.next_position)
@@ -200,10 +215,15 @@ class TinyTransformer(nn.Module):
     def default_mask(self, t_q: int, positions_q: torch.Tensor, positions_k: torch.Tensor) -> torch.Tensor | None:
         if not self.config.causal:
             return None
-        return positions_k[None, :] <= positions_q[:, None]                  # [T_q, T_k]
+        return positions_k[None, :] <= positions_q[:, None]  # [T_q, T_k]
 
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,
-                return_hidden: bool = False):
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+        return_hidden: bool = False,
+    ):
         B, T = ids.shape
         start = cache.next_position if cache is not None else 0
         if start + T > self.config.max_len:
@@ -224,22 +244,20 @@ class TinyTransformer(nn.Module):
         return (logits, h) if return_hidden else logits
 
 
-
-
 # ------------------------------------------------------------------------------------------ selective SSM
 @dataclass
 class SSMConfig:
     vocab_size: int
     d_model: int = 64
     n_layers: int = 2
-    d_state: int = 16            # N: the state size per head (what structured state pruning removes)
-    n_heads: int = 4             # each head has its own scalar decay A
-    expand: int = 2              # inner width = expand · d_model
+    d_state: int = 16  # N: the state size per head (what structured state pruning removes)
+    n_heads: int = 4  # each head has its own scalar decay A
+    expand: int = 2  # inner width = expand · d_model
     max_len: int = 1024
-    n_groups: int = 0            # heads share B, C within a group (Mamba2); 0 → one group per head
-    d_conv: int = 0              # > 0: causal depthwise conv1d + SiLU over x, B, C (Mamba2); 0 → none
-    scan: str = "sequential"     # default forward: "sequential" (the reference scan) or "chunked" (SSD)
-    chunk_size: int = 64         # chunk length of the chunked (SSD) forward
+    n_groups: int = 0  # heads share B, C within a group (Mamba2); 0 → one group per head
+    d_conv: int = 0  # > 0: causal depthwise conv1d + SiLU over x, B, C (Mamba2); 0 → none
+    scan: str = "sequential"  # default forward: "sequential" (the reference scan) or "chunked" (SSD)
+    chunk_size: int = 64  # chunk length of the chunked (SSD) forward
 
 
 def segsum(a: torch.Tensor) -> torch.Tensor:
@@ -248,14 +266,20 @@ def segsum(a: torch.Tensor) -> torch.Tensor:
     Sums are taken over a masked copy (not as differences of one long cumsum), so exp(out) is the exact
     product of decays between positions j and i without cancellation."""
     L = a.shape[-1]
-    x = a[..., None].expand(*a.shape, L)                                       # x[..., i, j] = a_i
-    strict = torch.ones(L, L, dtype=torch.bool, device=a.device).tril(-1)       # i > j
-    x = x.masked_fill(~strict, 0.0).cumsum(-2)                                  # Σ_{j<k≤i} a_k
+    x = a[..., None].expand(*a.shape, L)  # x[..., i, j] = a_i
+    strict = torch.ones(L, L, dtype=torch.bool, device=a.device).tril(-1)  # i > j
+    x = x.masked_fill(~strict, 0.0).cumsum(-2)  # Σ_{j<k≤i} a_k
     return x.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=a.device).tril(), -math.inf)
 
 
-def ssd_chunked(x: torch.Tensor, log_decay: torch.Tensor, b: torch.Tensor, c: torch.Tensor, chunk: int,
-                state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_chunked(
+    x: torch.Tensor,
+    log_decay: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    chunk: int,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The SSD (state-space dual) form of h_t = exp(l_t) h_{t−1} + x_t ⊗ B_t, y_t = h_t C_t: quadratic
     (masked attention-like) inside chunks of ``chunk`` steps, the recurrence only across chunk boundaries.
 
@@ -264,26 +288,26 @@ def ssd_chunked(x: torch.Tensor, log_decay: torch.Tensor, b: torch.Tensor, c: to
     Bsz, T, H, P = x.shape
     N = b.shape[-1]
     pad = (-T) % chunk
-    if pad:   # zero input and zero log-decay (decay 1): padded steps change neither y nor the state
+    if pad:  # zero input and zero log-decay (decay 1): padded steps change neither y nor the state
         x, b, c = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, b, c))
         log_decay = F.pad(log_decay, (0, 0, 0, pad))
     nc = (T + pad) // chunk
     X = x.reshape(Bsz, nc, chunk, H, P)
     Bc = b.reshape(Bsz, nc, chunk, H, N)
     Cc = c.reshape(Bsz, nc, chunk, H, N)
-    A = log_decay.reshape(Bsz, nc, chunk, H).permute(0, 3, 1, 2)                 # [B, H, c, L]
+    A = log_decay.reshape(Bsz, nc, chunk, H).permute(0, 3, 1, 2)  # [B, H, c, L]
     A_cum = A.cumsum(-1)
     # 1. within chunks: y_t = Σ_{s≤t in chunk} exp(Σ_{s<k≤t} l_k) (C_t·B_s) x_s
-    Lmat = torch.exp(segsum(A))                                                  # [B, H, c, L, L]
+    Lmat = torch.exp(segsum(A))  # [B, H, c, L, L]
     scores = torch.einsum("bclhn,bcshn->bhcls", Cc, Bc) * Lmat
     y = torch.einsum("bhcls,bcshp->bclhp", scores, X)
     # 2. the state each chunk leaves behind (from its own inputs)
-    decay_to_end = torch.exp(A_cum[..., -1:] - A_cum)                           # [B, H, c, L]
+    decay_to_end = torch.exp(A_cum[..., -1:] - A_cum)  # [B, H, c, L]
     states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_to_end, X)
     # 3. pass states across chunk boundaries
     init = state[:, None] if state is not None else torch.zeros_like(states[:, :1])
-    states = torch.cat([init, states], 1)                                        # [B, c+1, H, P, N]
-    chunk_decay = torch.exp(segsum(F.pad(A_cum[..., -1], (1, 0))))               # [B, H, c+1, c+1]
+    states = torch.cat([init, states], 1)  # [B, c+1, H, P, N]
+    chunk_decay = torch.exp(segsum(F.pad(A_cum[..., -1], (1, 0))))  # [B, H, c+1, c+1]
     states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
     prev, final = states[:, :-1], states[:, -1]
     # 4. the incoming state's contribution inside each chunk
@@ -319,9 +343,12 @@ class SelectiveSSM(nn.Module):
         self.c, self.d_in, self.h, self.dh, self.n = c, d_in, c.n_heads, d_in // c.n_heads, c.d_state
         self.in_proj = nn.Linear(c.d_model, 2 * d_in + 2 * self.g * c.d_state + c.n_heads)
         self.conv_dim = d_in + 2 * self.g * c.d_state
-        self.conv1d = (nn.Conv1d(self.conv_dim, self.conv_dim, c.d_conv, groups=self.conv_dim, padding=c.d_conv - 1)
-                       if c.d_conv > 0 else None)
-        self.log_neg_a = nn.Parameter(torch.log(torch.linspace(1.0, 16.0, c.n_heads)))   # A = −exp(·) < 0
+        self.conv1d = (
+            nn.Conv1d(self.conv_dim, self.conv_dim, c.d_conv, groups=self.conv_dim, padding=c.d_conv - 1)
+            if c.d_conv > 0
+            else None
+        )
+        self.log_neg_a = nn.Parameter(torch.log(torch.linspace(1.0, 16.0, c.n_heads)))  # A = −exp(·) < 0
         self.dt_bias = nn.Parameter(torch.full((c.n_heads,), math.log(math.expm1(0.05))))
         self.d_skip = nn.Parameter(torch.ones(c.n_heads))
         self.out_proj = nn.Linear(d_in, c.d_model)
@@ -330,23 +357,27 @@ class SelectiveSSM(nn.Module):
     def _split(self, u, conv_state=None):
         Bsz, T, _ = u.shape
         x, z, b, cc, dt = self.in_proj(u).split(
-            [self.d_in, self.d_in, self.g * self.n, self.g * self.n, self.h], dim=-1)
+            [self.d_in, self.d_in, self.g * self.n, self.g * self.n, self.h], dim=-1
+        )
         new_conv = None
         if self.conv1d is not None:
-            xbc = torch.cat([x, b, cc], -1)                                      # [B, T, conv_dim]
+            xbc = torch.cat([x, b, cc], -1)  # [B, T, conv_dim]
             k = self.c.d_conv
             prev = conv_state if conv_state is not None else xbc.new_zeros(Bsz, k - 1, self.conv_dim)
-            full = torch.cat([prev, xbc], 1)                                     # [B, k−1+T, conv_dim]
-            new_conv = full[:, -(k - 1):] if k > 1 else full[:, :0]
-            xbc = F.silu(F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
-                                  groups=self.conv_dim).transpose(1, 2))          # causal: T outputs
+            full = torch.cat([prev, xbc], 1)  # [B, k−1+T, conv_dim]
+            new_conv = full[:, -(k - 1) :] if k > 1 else full[:, :0]
+            xbc = F.silu(
+                F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim).transpose(
+                    1, 2
+                )
+            )  # causal: T outputs
             x, b, cc = xbc.split([self.d_in, self.g * self.n, self.g * self.n], dim=-1)
         x = x.reshape(Bsz, T, self.h, self.dh)
         rep = self.h // self.g
         b = b.reshape(Bsz, T, self.g, self.n).repeat_interleave(rep, 2) * self.state_mask
         cc = cc.reshape(Bsz, T, self.g, self.n).repeat_interleave(rep, 2) * self.state_mask
-        dt = F.softplus(dt + self.dt_bias)                                    # [B, T, H] > 0
-        decay = torch.exp(dt * -torch.exp(self.log_neg_a))                    # in (0, 1)
+        dt = F.softplus(dt + self.dt_bias)  # [B, T, H] > 0
+        decay = torch.exp(dt * -torch.exp(self.log_neg_a))  # in (0, 1)
         self._conv_out = new_conv
         return x, z, b, cc, dt, decay
 
@@ -355,7 +386,7 @@ class SelectiveSSM(nn.Module):
         return self.out_proj(y.flatten(-2) * F.silu(z))
 
     def forward(self, u: torch.Tensor, state=None, return_state: bool = False, scan: str | None = None):
-        ssm_state, conv_state = (state if isinstance(state, tuple) else (state, None))
+        ssm_state, conv_state = state if isinstance(state, tuple) else (state, None)
         x, z, b, cc, dt, decay = self._split(u, conv_state)
         Bsz, T = u.shape[:2]
         scan = scan or self.c.scan
@@ -417,9 +448,15 @@ class SelectiveSSMLM(nn.Module):
 
 # ------------------------------------------------------------------------------------------ sampling
 @torch.no_grad()
-def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+def generate(
+    model: nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Sample continuations of ``prompt`` [B, T0] → [B, T0 + n] (n ≤ max_new_tokens; stops early when every
     row has emitted ``eos_id``; rows that finished are padded with ``eos_id``). ``temperature == 0`` is
     greedy. A TinyTransformer decodes with its KV cache, a SelectiveSSMLM with its recurrent state,

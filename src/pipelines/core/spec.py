@@ -21,6 +21,7 @@ namespace ``m``, datasets ``m.results_<variant>`` (parquet) and ``m.<variant>_ar
 node gathers the tables, aggregates seeds with intervals, evaluates gates and claims, and MLflow logging
 follows from the report (core.hooks).
 """
+
 from __future__ import annotations
 
 import functools
@@ -63,8 +64,7 @@ class Results:
             self.add(int(r["seed"]), **{k: v for k, v in r.items() if k not in ("variant", "seed")})
         return self
 
-    def history(self, seed: int, metric: str, values: Iterable[float],
-                steps: Iterable[int] | None = None) -> Results:
+    def history(self, seed: int, metric: str, values: Iterable[float], steps: Iterable[int] | None = None) -> Results:
         values = list(values.tolist() if hasattr(values, "tolist") else values)
         steps = list(range(len(values))) if steps is None else [int(s) for s in steps]
         if len(steps) != len(values):
@@ -90,12 +90,14 @@ class SeedValues:
         import pandas as pd
 
         frames = [t for t in tables.values() if t is not None and len(t)]
-        self.table = (pd.concat(frames, ignore_index=True) if frames
-                      else pd.DataFrame(columns=list(RESULT_COLUMNS)))
+        self.table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(RESULT_COLUMNS))
         # a table may hold rows of more variants than its key (one node timing several side by side, or
         # a second condition of one fit): they follow the key, in the order they appear
-        self.variants = list(dict.fromkeys(x for k, t in tables.items()
-                                           for x in [k, *([] if t is None else dict.fromkeys(t["variant"]))]))
+        self.variants = list(
+            dict.fromkeys(
+                x for k, t in tables.items() for x in [k, *([] if t is None else dict.fromkeys(t["variant"]))]
+            )
+        )
         final = self.table[self.table["step"].isna()]
         self._final: dict[str, dict[str, dict[int, float]]] = {}
         for v, s, k, x in zip(final["variant"], final["seed"], final["metric"], final["value"]):
@@ -121,7 +123,7 @@ class SeedValues:
     def rows(self) -> list[dict[str, Any]]:
         """Wide rows ``{"variant", "seed", <metric>: value}`` (the report's per-seed table)."""
         out = []
-        for v in dict.fromkeys([*self.variants, *self._final]):   # also rows a node made for other variants
+        for v in dict.fromkeys([*self.variants, *self._final]):  # also rows a node made for other variants
             seeds = sorted({s for d in self._final.get(v, {}).values() for s in d})
             for s in seeds:
                 row = {"variant": v, "seed": s}
@@ -180,13 +182,11 @@ class Derived:
     def active(self, planned: Sequence[str]) -> bool:
         return all(v in planned for v in self.needs())
 
-    def compute(self, values: SeedValues, p: Any, planned: Sequence[str],
-                inputs: Mapping[str, Any]) -> dict[str, Any]:
+    def compute(self, values: SeedValues, p: Any, planned: Sequence[str], inputs: Mapping[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
 
-def _pairwise(values: SeedValues, metric: str, a: str, b: str,
-              f: Callable[[float, float], float]) -> dict[int, float]:
+def _pairwise(values: SeedValues, metric: str, a: str, b: str, f: Callable[[float, float], float]) -> dict[int, float]:
     xa, xb = values.per_seed(a, metric), values.per_seed(b, metric)
     return {s: f(xa[s], xb[s]) for s in paired(xa, xb)}
 
@@ -247,11 +247,14 @@ class Gain(Derived):
         from pipelines.core.metrics import relative_gain
 
         if self.relative:
+
             def f(m, b):
                 return relative_gain(method=m, baseline=b, lower_is_better=self.lower_is_better)
         else:
+
             def f(m, b):
                 return (b - m) if self.lower_is_better else (m - b)
+
         return {self._name(): _pairwise(values, self.metric, self.method, baseline, f)}
 
 
@@ -371,13 +374,13 @@ class Method:
     train: Train
     data: Sequence[Data] = ()
     variants: Callable[[Any], list[str]] = _default_variants
-    derived: Sequence[Derived] | Callable[[Any], Sequence[Derived]] = ()   # or derived(p)
+    derived: Sequence[Derived] | Callable[[Any], Sequence[Derived]] = ()  # or derived(p)
     plots: Callable[..., Mapping[str, Any]] | None = None
     extra: Callable[..., Mapping[str, Any]] | None = None
-    report_inputs: Sequence[str] | Mapping[str, str] = ()   # datasets (or {kwarg: dataset}) evaluate reads
-    produces: Callable[[Any, str], Iterable[str]] | None = None   # metric names variant v's table has
-    results_from: Mapping[str, str] = field(default_factory=dict)   # {variant: long table} not from train_variant
-    reports: Callable[[Any], Iterable[str]] | None = None   # row variants of nodes that report others than their own
+    report_inputs: Sequence[str] | Mapping[str, str] = ()  # datasets (or {kwarg: dataset}) evaluate reads
+    produces: Callable[[Any, str], Iterable[str]] | None = None  # metric names variant v's table has
+    results_from: Mapping[str, str] = field(default_factory=dict)  # {variant: long table} not from train_variant
+    reports: Callable[[Any], Iterable[str]] | None = None  # row variants of nodes that report others than their own
     description: str = ""
     extensions: Mapping[str, Any] = field(default_factory=dict)
 
@@ -412,15 +415,21 @@ class Method:
                     if v not in reported:
                         raise ParameterError(
                             f"{kind} '{c.id}': metric '{c.metric}' names variant '{v}', which this run does not "
-                            f"plan (variants: {planned}); a run without it declares its own {kind}s in an env")
+                            f"plan (variants: {planned}); a run without it declares its own {kind}s in an env"
+                        )
                     if self.produces is not None and metric not in set(self.produces(p, v)):
                         raise ParameterError(f"{kind} '{c.id}': variant '{v}' produces no metric '{metric}'")
                 elif c.metric not in derived and not c.metric.endswith((".ci_low", ".ci_high")):
-                    near = sorted(n for n in derived if n.split(".")[-1] == c.metric.split(".")[-1]
-                                  or n.split(".")[:2] == parts[:2])[:4]
+                    near = sorted(
+                        n
+                        for n in derived
+                        if n.split(".")[-1] == c.metric.split(".")[-1] or n.split(".")[:2] == parts[:2]
+                    )[:4]
                     hint = f"; declared: {near}" if near else ""
-                    raise ParameterError(f"{kind} '{c.id}': metric '{c.metric}' is produced by no variant or "
-                                         f"derived-metric declaration in this run{hint}")
+                    raise ParameterError(
+                        f"{kind} '{c.id}': metric '{c.metric}' is produced by no variant or "
+                        f"derived-metric declaration in this run{hint}"
+                    )
         return planned
 
     def inputs_map(self) -> dict[str, str]:
@@ -445,8 +454,16 @@ class Method:
             return [names(v) for v in x]
 
         tags = ["train", "gpu"] if self.train.gpu else ["train"]
-        nodes = [node(d.func, names(d.inputs), d.outputs, name=f"{d.stage}.{d.name}",
-                      tags=[*(tags if d.stage == "train" else ["data"]), *d.tags]) for d in self.data]
+        nodes = [
+            node(
+                d.func,
+                names(d.inputs),
+                d.outputs,
+                name=f"{d.stage}.{d.name}",
+                tags=[*(tags if d.stage == "train" else ["data"]), *d.tags],
+            )
+            for d in self.data
+        ]
         trained = [v for v in planned if v not in self.results_from]
         results = {v: self.results_from.get(v, f"results_{v}") for v in planned}
         arts = {v: f"{v}_artifacts_{self.train.artifacts}" for v in trained} if self.train.artifacts else {}
@@ -455,13 +472,22 @@ class Method:
             ins = self.train.inputs(p, v) if callable(self.train.inputs) else self.train.inputs
             ins = {**names(ins), "p": P} if isinstance(ins, Mapping) else [*names(list(ins)), P]
             nodes.append(node(bind_variant(self.train.func, v), ins, outs, name=f"train.{v}", tags=tags))
-        gathered = {"p": P, **{f"r__{v}": results[v] for v in planned},
-                    **{f"a__{v}": a for v, a in arts.items()},
-                    **{f"i__{k}": ds for k, ds in self.inputs_map().items()}}
-        nodes.append(node(_bound(make_plots, self.name), gathered, "plots", name="evaluate.plots",
-                          tags=["evaluate"]))
-        nodes.append(node(_bound(make_report, self.name), {**gathered, "plots": "plots"}, "report",
-                          name="evaluate.report", tags=["evaluate"]))
+        gathered = {
+            "p": P,
+            **{f"r__{v}": results[v] for v in planned},
+            **{f"a__{v}": a for v, a in arts.items()},
+            **{f"i__{k}": ds for k, ds in self.inputs_map().items()},
+        }
+        nodes.append(node(_bound(make_plots, self.name), gathered, "plots", name="evaluate.plots", tags=["evaluate"]))
+        nodes.append(
+            node(
+                _bound(make_report, self.name),
+                {**gathered, "plots": "plots"},
+                "report",
+                name="evaluate.report",
+                tags=["evaluate"],
+            )
+        )
         return pipeline(Pipeline(nodes), namespace=self.name, parameters={P: P})
 
 
@@ -524,8 +550,9 @@ def default_plots(values: SeedValues) -> dict[str, Any]:
     return figs
 
 
-def compute_derived(spec: Method, p: Any, values: SeedValues, planned: Sequence[str],
-                    inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[int, float]]]:
+def compute_derived(
+    spec: Method, p: Any, values: SeedValues, planned: Sequence[str], inputs: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, dict[int, float]]]:
     """(point metrics incl. Estimates, per-seed metrics) of every active declaration."""
     point: dict[str, Any] = {}
     per_seed: dict[str, dict[int, float]] = {}
@@ -547,16 +574,26 @@ def make_report(method: str, plots: Any = (), **kw: Any) -> dict[str, Any]:
     point, per_seed = compute_derived(spec, p, values, planned, {**inputs, "artifacts": arts})
     extra = dict(spec.extra(p, values, arts, **_accepted(spec.extra, inputs))) if spec.extra else {}
     hist = values.histories()
-    return build_report(method, p, variant_rows(values.rows(), per_seed, planned), point, artifacts=plots,
-                        extra=extra, histories=hist or None, derived_per_seed=per_seed)
+    return build_report(
+        method,
+        p,
+        variant_rows(values.rows(), per_seed, planned),
+        point,
+        artifacts=plots,
+        extra=extra,
+        histories=hist or None,
+        derived_per_seed=per_seed,
+    )
 
 
-def variant_rows(rows: list[dict[str, Any]], per_seed: dict[str, dict[int, float]],
-                 planned: Sequence[str]) -> list[dict[str, Any]]:
+def variant_rows(
+    rows: list[dict[str, Any]], per_seed: dict[str, dict[int, float]], planned: Sequence[str]
+) -> list[dict[str, Any]]:
     """A per-seed declaration named ``variants.<v>.<metric>`` (a comparison that belongs to variant v, e.g.
     its error against another variant) joins v's rows, as if v had produced it; ``per_seed`` loses it."""
-    for name in [n for n in per_seed if n.count(".") >= 2 and n.split(".")[0] == "variants"
-                 and n.split(".")[1] in planned]:
+    for name in [
+        n for n in per_seed if n.count(".") >= 2 and n.split(".")[0] == "variants" and n.split(".")[1] in planned
+    ]:
         _, v, metric = name.split(".", 2)
         left = dict(per_seed.pop(name))
         for r in rows:
@@ -566,5 +603,19 @@ def variant_rows(rows: list[dict[str, Any]], per_seed: dict[str, dict[int, float
     return rows
 
 
-__all__ = ["Data", "Derived", "Diff", "Fn", "Gain", "Method", "json_records", "Ratio", "Results", "SeedValues", "Train",
-           "default_plots", "load_spec", "paired"]
+__all__ = [
+    "Data",
+    "Derived",
+    "Diff",
+    "Fn",
+    "Gain",
+    "Method",
+    "json_records",
+    "Ratio",
+    "Results",
+    "SeedValues",
+    "Train",
+    "default_plots",
+    "load_spec",
+    "paired",
+]

@@ -4,6 +4,7 @@ The estimator is Student's t over the per-seed values (for a derived metric, ove
 values, e.g. the differences method − baseline on the same seed): ``mean ± t_{0.975, n−1} · s/√n`` with
 ``s`` the sample standard deviation (ddof = 1). With one seed there is no interval (a point verdict).
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@
     g = rng(seed, "init")          # torch.Generator
     r = np_rng(seed, "noise")      # numpy.random.Generator
 """
+
 from __future__ import annotations
 
 import hashlib

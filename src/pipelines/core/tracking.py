@@ -17,6 +17,7 @@ time differs).
 
 Imports nothing heavy at module level (``settings`` imports this for every ``kedro`` command).
 """
+
 from __future__ import annotations
 
 import logging
@@ -125,8 +126,12 @@ def guarded(what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
                 _state["lost"] = f"{_uri()}: {_cause(exc)}"
             _note(what)
         if first:
-            log.warning("MLflow tracking failed while logging %s (%s); the run goes on without MLflow and "
-                        "saves its report locally", what, _state["lost"])
+            log.warning(
+                "MLflow tracking failed while logging %s (%s); the run goes on without MLflow and "
+                "saves its report locally",
+                what,
+                _state["lost"],
+            )
         return None
 
 
@@ -146,10 +151,12 @@ def summary_line() -> str | None:
     if _state["lost"] is None:
         return None
     reports = saved_reports()
-    where = (f"the report is saved at {', '.join(reports)}; log it later with "
-             f"`{RELOG_HINT} {' '.join(reports)}`" if reports else "no report was saved")
-    return (f"MLflow tracking lost ({_state['lost']}): not logged: {', '.join(unlogged()) or 'nothing'}; "
-            f"{where}")
+    where = (
+        f"the report is saved at {', '.join(reports)}; log it later with `{RELOG_HINT} {' '.join(reports)}`"
+        if reports
+        else "no report was saved"
+    )
+    return f"MLflow tracking lost ({_state['lost']}): not logged: {', '.join(unlogged()) or 'nothing'}; {where}"
 
 
 class GuardedMlflowHook:
@@ -171,10 +178,17 @@ class GuardedMlflowHook:
         guarded("the experiment", self._hook().after_context_created, context)
 
     @hook_impl
-    def after_catalog_created(self, catalog, conf_catalog, conf_creds, parameters, save_version,
-                              load_versions) -> None:
-        guarded("metric datasets", self._hook().after_catalog_created, catalog, conf_catalog, conf_creds,
-                parameters, save_version, load_versions)
+    def after_catalog_created(self, catalog, conf_catalog, conf_creds, parameters, save_version, load_versions) -> None:
+        guarded(
+            "metric datasets",
+            self._hook().after_catalog_created,
+            catalog,
+            conf_catalog,
+            conf_creds,
+            parameters,
+            save_version,
+            load_versions,
+        )
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
@@ -199,7 +213,7 @@ def process_started(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        ticks = int(fields[19])          # field 22 (starttime), counted after the ")" of the name
+        ticks = int(fields[19])  # field 22 (starttime), counted after the ")" of the name
         with open("/proc/stat") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
         return round(btime + ticks / os.sysconf("SC_CLK_TCK"), 2)
@@ -219,8 +233,11 @@ def process_tags() -> dict[str, str]:
     """This process as run tags: host, pid, start time."""
     pid = os.getpid()
     started = process_started(pid)
-    return {"process.host": socket.gethostname(), "process.pid": str(pid),
-            "process.started": "" if started is None else f"{started:.2f}"}
+    return {
+        "process.host": socket.gethostname(),
+        "process.pid": str(pid),
+        "process.started": "" if started is None else f"{started:.2f}",
+    }
 
 
 def process_gone(tags: Mapping[str, str], host: str | None = None) -> bool:
@@ -237,7 +254,7 @@ def process_gone(tags: Mapping[str, str], host: str | None = None) -> bool:
     except ProcessLookupError:
         return True
     except PermissionError:
-        pass                             # exists, owned by someone else
+        pass  # exists, owned by someone else
     if _zombie(pid):
         return True
     recorded, now = tags.get("process.started"), process_started(pid)
@@ -264,7 +281,7 @@ def _experiment_ids(client) -> list[str]:
 def reap_dead_runs(tracking_uri: str) -> list[str]:
     """End KILLED every RUNNING run of this host whose owning process is gone (and its RUNNING child
     runs); returns their ids. A sqlite store that does not exist yet has no runs (nothing is created)."""
-    if tracking_uri.startswith("sqlite:///") and not os.path.exists(tracking_uri[len("sqlite:///"):]):
+    if tracking_uri.startswith("sqlite:///") and not os.path.exists(tracking_uri[len("sqlite:///") :]):
         return []
     from mlflow.tracking import MlflowClient
 
@@ -273,9 +290,10 @@ def reap_dead_runs(tracking_uri: str) -> list[str]:
     ids = _experiment_ids(client)
     killed: list[str] = []
     for i in range(0, len(ids), 100):
-        chunk = ids[i:i + 100]
-        runs = client.search_runs(chunk, filter_string=f"attributes.status = 'RUNNING' and "
-                                                       f"tags.`process.host` = '{host}'", max_results=1000)
+        chunk = ids[i : i + 100]
+        runs = client.search_runs(
+            chunk, filter_string=f"attributes.status = 'RUNNING' and tags.`process.host` = '{host}'", max_results=1000
+        )
         for run in runs:
             tags = run.data.tags
             if not process_gone(tags, host):
@@ -283,15 +301,20 @@ def reap_dead_runs(tracking_uri: str) -> list[str]:
             run_id = run.info.run_id
             children = client.search_runs(
                 [run.info.experiment_id],
-                filter_string=f"attributes.status = 'RUNNING' and tags.`mlflow.parentRunId` = '{run_id}'")
+                filter_string=f"attributes.status = 'RUNNING' and tags.`mlflow.parentRunId` = '{run_id}'",
+            )
             for child in children:
                 client.set_terminated(child.info.run_id, "KILLED")
-            client.set_tag(run_id, "ended_by", f"a later kedro run: process {tags['process.pid']} on {host} "
-                                               f"was gone")
+            client.set_tag(run_id, "ended_by", f"a later kedro run: process {tags['process.pid']} on {host} was gone")
             client.set_terminated(run_id, "KILLED")
             killed.append(run_id)
-            log.info("MLflow run %s (%s) marked KILLED: its process %s on %s is gone", run_id,
-                     run.info.run_name, tags["process.pid"], host)
+            log.info(
+                "MLflow run %s (%s) marked KILLED: its process %s on %s is gone",
+                run_id,
+                run.info.run_name,
+                tags["process.pid"],
+                host,
+            )
     return killed
 
 
@@ -303,7 +326,11 @@ def find_parent_run(tracking_uri: str, experiment: str, save_version: str) -> st
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.save_version = '{save_version}'",
-                              order_by=["attributes.start_time DESC"], max_results=50)
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.save_version = '{save_version}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=50,
+    )
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     return parents[0].info.run_id if parents else None

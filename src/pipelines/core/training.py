@@ -2,6 +2,7 @@
 fixed number of steps over batches a method samples itself; AdamW/Adam/SGD/L-BFGS; an optional
 learning-rate schedule; gradient clipping; a per-step callback (metric histories, step timings);
 validation with early stopping and best-state restore; a progress bar; a NaN/inf guard naming the node."""
+
 from __future__ import annotations
 
 import copy
@@ -22,26 +23,27 @@ __all__ = ["FitResult", "NonFiniteLossError", "StepInfo", "check_finite", "fit"]
 @dataclass
 class FitResult:
     best_val: float
-    best_epoch: int            # the epoch (epochs mode) or step (steps mode) of the best validation score
+    best_epoch: int  # the epoch (epochs mode) or step (steps mode) of the best validation score
     epochs_run: int
     steps_run: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)    # one row per epoch / validation
-    step_seconds: list[float] = field(default_factory=list)           # wall time of each full step
+    history: list[dict[str, float]] = field(default_factory=list)  # one row per epoch / validation
+    step_seconds: list[float] = field(default_factory=list)  # wall time of each full step
 
 
 @dataclass
 class StepInfo:
     """What the per-step callback sees."""
-    step: int                  # global step, from 0
+
+    step: int  # global step, from 0
     epoch: int
     loss: float
     batch_size: int
-    seconds: float             # wall time of this step (synchronised on CUDA)
-    cpu_seconds: float         # this process's CPU time for the step
+    seconds: float  # wall time of this step (synchronised on CUDA)
+    cpu_seconds: float  # this process's CPU time for the step
     model: torch.nn.Module
-    extras: dict[str, float]   # whatever loss_fn returned besides the loss
-    optimizer: torch.optim.Optimizer | None = None   # its ``state`` holds e.g. Adam's moments
-    grad_norm: float | None = None   # global gradient norm before clipping (None when grad_clip is off)
+    extras: dict[str, float]  # whatever loss_fn returned besides the loss
+    optimizer: torch.optim.Optimizer | None = None  # its ``state`` holds e.g. Adam's moments
+    grad_norm: float | None = None  # global gradient norm before clipping (None when grad_clip is off)
 
 
 def check_finite(loss: torch.Tensor, what: str, epoch: int, step: int) -> None:
@@ -71,14 +73,29 @@ def _split_loss(out) -> tuple[torch.Tensor, dict[str, float]]:
     return out, {}
 
 
-def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: Callable[..., Any], *,
-        val_score: Callable[[torch.nn.Module], float] | None = None, epochs: int | None = 10,
-        steps: int | None = None, sample_batch: Callable[[int, torch.Generator], Sequence[torch.Tensor]] | None = None,
-        lr: float = 1e-3, weight_decay: float = 1e-4, batch_size: int | None = 128, optimizer: str | Callable = "adamw",
-        scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = None, patience: int | None = None,
-        val_every: int | None = None, seed: int = 0, desc: str = "model", progress: bool | None = None,
-        grad_clip: float | None = None, callback: Callable[[StepInfo], None] | None = None,
-        params: Sequence[torch.Tensor] | None = None) -> FitResult:
+def fit(
+    model: torch.nn.Module,
+    train: Sequence[torch.Tensor] | None,
+    loss_fn: Callable[..., Any],
+    *,
+    val_score: Callable[[torch.nn.Module], float] | None = None,
+    epochs: int | None = 10,
+    steps: int | None = None,
+    sample_batch: Callable[[int, torch.Generator], Sequence[torch.Tensor]] | None = None,
+    lr: float = 1e-3,
+    weight_decay: float = 1e-4,
+    batch_size: int | None = 128,
+    optimizer: str | Callable = "adamw",
+    scheduler: str | Callable[[torch.optim.Optimizer, int], Any] | None = None,
+    patience: int | None = None,
+    val_every: int | None = None,
+    seed: int = 0,
+    desc: str = "model",
+    progress: bool | None = None,
+    grad_clip: float | None = None,
+    callback: Callable[[StepInfo], None] | None = None,
+    params: Sequence[torch.Tensor] | None = None,
+) -> FitResult:
     """Train ``model`` in place.
 
     Data, one of:
@@ -148,7 +165,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
     for epoch in range(n_epochs):
         if sample_batch is None:
             perm = torch.randperm(n, generator=gen)
-            batches = ((t[perm[s:s + bs]] for t in train) for s in range(0, n, bs))
+            batches = ((t[perm[s : s + bs]] for t in train) for s in range(0, n, bs))
         else:
             batches = (sample_batch(i, gen) for i in range(total))
         ep_loss, ep_count, extras = 0.0, 0, {}
@@ -160,12 +177,14 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             t0, c0 = time.perf_counter(), time.process_time()
             gnorm = None
             if is_lbfgs:
+
                 def closure():
                     opt.zero_grad(set_to_none=True)
                     lo, _ = _split_loss(loss_fn(model, *batch))
                     check_finite(lo, desc, epoch, step)
                     lo.backward()
                     return lo
+
                 loss = opt.step(closure)
                 loss, extras = _split_loss(loss_fn(model, *batch)) if loss is None else (loss, {})
             else:
@@ -181,7 +200,7 @@ def fit(model: torch.nn.Module, train: Sequence[torch.Tensor] | None, loss_fn: C
             sync()
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             size = len(batch[0]) if batch and hasattr(batch[0], "__len__") else bs
-            if size == bs or sample_batch is not None:   # a short last batch is not a step time
+            if size == bs or sample_batch is not None:  # a short last batch is not a step time
                 result.step_seconds.append(dt)
             lv = float(loss.detach())
             ep_loss += lv * size

@@ -8,6 +8,7 @@ killed run from the variants that finished.
 signature and type hints (without ``variant``), so Kedro's parameter validation still turns
 ``params:m`` into the method's ``Params``; it is a picklable object (no closure), so worker processes and Ray can ship it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,9 +54,15 @@ def bind_variant(func: Callable[..., Any], variant: str, arg: str = "variant") -
     return VariantFunction(func, variant, arg)
 
 
-def variant_node(func: Callable[..., Any], variant: str, inputs: str | Sequence[str] | dict[str, str],
-                 outputs: str | Sequence[str] | dict[str, str] | None, *, stage: str = "train",
-                 tags: Iterable[str] = TRAIN_TAGS) -> Node:
+def variant_node(
+    func: Callable[..., Any],
+    variant: str,
+    inputs: str | Sequence[str] | dict[str, str],
+    outputs: str | Sequence[str] | dict[str, str] | None,
+    *,
+    stage: str = "train",
+    tags: Iterable[str] = TRAIN_TAGS,
+) -> Node:
     """The node ``<stage>.<variant>`` running ``func(..., variant=<variant>)``."""
     return node(bind_variant(func, variant), inputs, outputs, name=f"{stage}.{variant}", tags=list(tags))
 

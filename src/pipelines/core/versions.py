@@ -7,6 +7,7 @@
 
 Both are on for every `kedro run` (core.hooks, settings.SESSION_CLASS); `kedro sweep` relies on them.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,7 +51,7 @@ def unique_session_class(base: type) -> type:
     """``base`` (a KedroSession class) whose ``create`` runs under a per-project file lock held for more
     than a millisecond, so no two processes of the project get the same session id / save version."""
     if getattr(base, "one_session_per_millisecond", False):
-        return base   # already guarded: a second lock on the same file in one process would deadlock
+        return base  # already guarded: a second lock on the same file in one process would deadlock
 
     class OneSessionPerMillisecond(base):  # type: ignore[misc, valid-type]
         """KedroSession whose id (the save version) no other process of this project shares (guard 2)."""
@@ -70,7 +71,7 @@ def unique_session_class(base: type) -> type:
                 fcntl.flock(fh, fcntl.LOCK_EX)
                 try:
                     session = super().create(*args, **kwargs)
-                    time.sleep(0.003)   # the next process to take the lock sees a later millisecond
+                    time.sleep(0.003)  # the next process to take the lock sees a later millisecond
                 finally:
                     fcntl.flock(fh, fcntl.LOCK_UN)
             return session

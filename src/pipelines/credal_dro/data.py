@@ -8,6 +8,7 @@
 
 Features and targets are standardised with the fit split's statistics only (no test leakage).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.credal_dro.params import Newsvendor, Params
 
 
@@ -40,13 +41,25 @@ def draw_demand(nv: Newsvendor, n: int, rng: np.random.Generator) -> np.ndarray:
     return nv.pareto_scale * (1.0 + rng.pareto(nv.pareto_index, n))
 
 
-DEMAND = TableSchema("credal_dro.newsvendor.user_path", {"demand": "number"}, min_rows=30, no_missing=("demand",),
-                     finite=("demand",), ranges={"demand": (0, None)})
-REGRESSION = TableSchema("credal_dro.regression.user_path", patterns={".*": "number"}, min_rows=40,
-                         no_missing=(".*",))           # every column numeric; the target and shift feature named
-CLASSIFICATION = TableSchema("credal_dro.classification.user_path", {"y": "int", "group": "int", "split": "str"},
-                             patterns={"x_.*": "number"}, min_rows=40, no_missing=("y", "group", "split", "x_.*"),
-                             allowed={"y": (0, 1, -1), "group": (0, 1), "split": ("train", "test")})
+DEMAND = TableSchema(
+    "credal_dro.newsvendor.user_path",
+    {"demand": "number"},
+    min_rows=30,
+    no_missing=("demand",),
+    finite=("demand",),
+    ranges={"demand": (0, None)},
+)
+REGRESSION = TableSchema(
+    "credal_dro.regression.user_path", patterns={".*": "number"}, min_rows=40, no_missing=(".*",)
+)  # every column numeric; the target and shift feature named
+CLASSIFICATION = TableSchema(
+    "credal_dro.classification.user_path",
+    {"y": "int", "group": "int", "split": "str"},
+    patterns={"x_.*": "number"},
+    min_rows=40,
+    no_missing=("y", "group", "split", "x_.*"),
+    allowed={"y": (0, 1, -1), "group": (0, 1), "split": ("train", "test")},
+)
 
 
 def read_demand(path: Path) -> np.ndarray:
@@ -73,21 +86,40 @@ def make_newsvendor(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
             perm = user[rng.permutation(len(user))]
             a, b = nv.n_train, nv.n_train + nv.n_calib
             if b >= len(perm):
-                raise InputDataError(f"dataset 'credal_dro.newsvendor.user_path': {len(perm)} rows, more than "
-                                     f"n_train + n_calib = {b} needed")
+                raise InputDataError(
+                    f"dataset 'credal_dro.newsvendor.user_path': {len(perm)} rows, more than "
+                    f"n_train + n_calib = {b} needed"
+                )
             parts = {"train": perm[:a], "calib": perm[a:b], "test": perm[b:]}
             q = {k: float(np.quantile(user, k)) for k in (0.80, 0.95, 0.999)}
         for split, d in parts.items():
-            frames.append(pd.DataFrame({"seed": seed, "split": split, "demand": d,
-                                        "u": rng.random(len(d)), "v": rng.random(len(d))}))
+            frames.append(
+                pd.DataFrame(
+                    {"seed": seed, "split": split, "demand": d, "u": rng.random(len(d)), "v": rng.random(len(d))}
+                )
+            )
         envs.append({"seed": seed, "env": "clean", "eps_t": 0.0, "kind": "clean", "lo": 0.0, "hi": 0.0})
         for e in nv.eps_t:
             tag = f"{round(100 * e):02d}"
-            envs += [{"seed": seed, "env": f"bulk_edge_{tag}", "eps_t": e, "kind": "bulk_edge",
-                      "lo": q[0.80], "hi": q[0.95]},
-                     {"seed": seed, "env": f"tail_{tag}", "eps_t": e, "kind": "tail", "lo": q[0.95], "hi": q[0.999]},
-                     {"seed": seed, "env": f"spike_{tag}", "eps_t": e, "kind": "spike",
-                      "lo": 3 * q[0.999], "hi": 3 * q[0.999]}]
+            envs += [
+                {
+                    "seed": seed,
+                    "env": f"bulk_edge_{tag}",
+                    "eps_t": e,
+                    "kind": "bulk_edge",
+                    "lo": q[0.80],
+                    "hi": q[0.95],
+                },
+                {"seed": seed, "env": f"tail_{tag}", "eps_t": e, "kind": "tail", "lo": q[0.95], "hi": q[0.999]},
+                {
+                    "seed": seed,
+                    "env": f"spike_{tag}",
+                    "eps_t": e,
+                    "kind": "spike",
+                    "lo": 3 * q[0.999],
+                    "hi": 3 * q[0.999],
+                },
+            ]
     return pd.concat(frames, ignore_index=True), pd.DataFrame(envs)
 
 
@@ -114,9 +146,12 @@ def read_regression(p: Params) -> pd.DataFrame:
     ds = "credal_dro.regression.user_path"
     path = Path(r.user_path)
     if not path.is_file():
-        raise InputDataError(f"dataset '{ds}': {path} not found (a CSV of numeric columns with '{r.target}' "
-                             f"and '{r.shift_feature}')")
-    return REGRESSION.refine(columns={r.target: "number", r.shift_feature: "number"}).check(read_user_file(path, key=ds, kind="csv"))
+        raise InputDataError(
+            f"dataset '{ds}': {path} not found (a CSV of numeric columns with '{r.target}' and '{r.shift_feature}')"
+        )
+    return REGRESSION.refine(columns={r.target: "number", r.shift_feature: "number"}).check(
+        read_user_file(path, key=ds, kind="csv")
+    )
 
 
 def make_regression(p: Params) -> pd.DataFrame:
@@ -166,7 +201,7 @@ def draw_groups(p: Params, n: int, minority: float, rng: np.random.Generator) ->
     y = rng.choice([-1, 1], size=n)
     g = (rng.random(n) < minority).astype(int)
     x = rng.normal(size=(n, d)) @ A.T
-    x[:, :c.n_signal] += c.class_mean * y[:, None]
+    x[:, : c.n_signal] += c.class_mean * y[:, None]
     nuis = slice(c.n_signal, c.n_signal + c.n_nuisance)
     x[g == 1] += c.extra_noise * rng.normal(size=(int(g.sum()), d))
     x[g == 1, nuis] += c.nuisance_shift
@@ -197,15 +232,20 @@ def make_classification(p: Params) -> pd.DataFrame:
     for seed in p.seeds:
         rng = _rng(seed, "classification")
         if user is None:
-            parts = {"fit": draw_groups(p, c.n_train, c.minority_train, rng),
-                     "calib": draw_groups(p, c.n_calib, c.minority_train, rng),
-                     "test": draw_groups(p, c.n_test, c.minority_test, rng)}
+            parts = {
+                "fit": draw_groups(p, c.n_train, c.minority_train, rng),
+                "calib": draw_groups(p, c.n_calib, c.minority_train, rng),
+                "test": draw_groups(p, c.n_test, c.minority_test, rng),
+            }
         else:
             tr = user[user.split == "train"].drop(columns="split")
             tr = tr.iloc[rng.permutation(len(tr))]
             n_cal = int(round(len(tr) * c.n_calib / (c.n_train + c.n_calib)))
-            parts = {"fit": tr.iloc[n_cal:], "calib": tr.iloc[:n_cal],
-                     "test": user[user.split == "test"].drop(columns="split")}
+            parts = {
+                "fit": tr.iloc[n_cal:],
+                "calib": tr.iloc[:n_cal],
+                "test": user[user.split == "test"].drop(columns="split"),
+            }
         f = pd.concat([d.assign(split=s) for s, d in parts.items()], ignore_index=True)
         feats = [col for col in f.columns if col.startswith("x_")]
         fit = f.split == "fit"

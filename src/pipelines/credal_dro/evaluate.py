@@ -3,6 +3,7 @@ blow-up, orders against their cap; solve-time summaries) and the figures: newsve
 contamination, robustness–accuracy frontiers over each variant's hyper-parameter grid, the Huber blow-up
 against the finite credal objective, and solve times. The per-seed gains and ratios against ERM are
 declarations in spec.py."""
+
 from __future__ import annotations
 
 import math
@@ -63,15 +64,18 @@ def grid_metrics(values, p: Params, artifacts: dict) -> dict:
             if v == method:
                 g = g[np.isclose(g.alpha, nv.alpha)]
             at[v] = g
-            if len(g):   # order / (b/(h + b) · sup of the support): 1 when the cap x_c binds
+            if len(g):  # order / (b/(h + b) · sup of the support): 1 when the cap x_c binds
                 cap = nv.b / (nv.h + nv.b) * g.support_hi
                 m[f"nv_order_over_cap_{tag}.{v}"] = dict(zip(g.seed.astype(int), g.order_qty / cap, strict=True))
                 m[f"nv_order_qty_{tag}.{v}"] = dict(zip(g.seed.astype(int), g.order_qty, strict=True))
         c = at[method].groupby("seed").cost_clean.mean()
         for v in hub:
             h_ = at[v].groupby("seed").cost_clean.mean()
-            ratio = {int(s): float(h_[s] / c[s]) for s in sorted(set(c.index) & set(h_.index))
-                     if _finite(c[s]) and _finite(h_[s])}
+            ratio = {
+                int(s): float(h_[s] / c[s])
+                for s in sorted(set(c.index) & set(h_.index))
+                if _finite(c[s]) and _finite(h_[s])
+            }
             if ratio:
                 m[f"ratio.nv_cost_clean_{tag}.{v}_vs_{method}"] = ratio
     return m
@@ -80,10 +84,21 @@ def grid_metrics(values, p: Params, artifacts: dict) -> dict:
 def solve_names(p: Params, planned) -> list[str]:
     out = ["n_solves", "n_inaccurate_solves"]
     if any(p.variants[v].kind == "credal" for v in planned):
-        out += [f"credal.{k}" for k in ("max_wall_s", "median_wall_s", "max_solver_s", "max_cpu_s", "all_finite",
-                                        "n_solves", "n_inaccurate")]
-    out += [f"{pre}.mean_wall_s.{v}" for task, pre in PREFIX.items() for v in planned
-            if task in tasks_of(p.variants[v])]
+        out += [
+            f"credal.{k}"
+            for k in (
+                "max_wall_s",
+                "median_wall_s",
+                "max_solver_s",
+                "max_cpu_s",
+                "all_finite",
+                "n_solves",
+                "n_inaccurate",
+            )
+        ]
+    out += [
+        f"{pre}.mean_wall_s.{v}" for task, pre in PREFIX.items() for v in planned if task in tasks_of(p.variants[v])
+    ]
     return out
 
 
@@ -136,8 +151,11 @@ def cost_vs_eps_t(allr: pd.DataFrame, p: Params):
         for v, d in main.groupby("variant", sort=False):
             ys = [d["cost_clean"].mean()] + [d[f"cost_{kind}_{round(100 * e):02d}"].mean() for e in p.newsvendor.eps_t]
             ax.plot(xs, ys, "o-", color=col[v], label=v, lw=2 if v == list(p.variants)[0] else 1)
-        ax.set(xlabel="test contamination share ε_t", ylabel="expected cost (seed mean)",
-               title=f"newsvendor: {kind.replace('_', '-')} contamination")
+        ax.set(
+            xlabel="test contamination share ε_t",
+            ylabel="expected cost (seed mean)",
+            title=f"newsvendor: {kind.replace('_', '-')} contamination",
+        )
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7)
@@ -156,16 +174,28 @@ def frontier(allr: pd.DataFrame, p: Params, task: str):
     ys = [WORST[task]]
     if task == "newsvendor":
         ys.append(f"cost_bulk_edge_{round(100 * max(p.newsvendor.eps_t)):02d}")
-    labels = {"newsvendor": ("clean expected cost", "worst-environment expected cost"),
-              "regression": ("shifted-test MAE (clean targets)", "shifted-test MAE (10% contaminated)"),
-              "classification": ("average test accuracy", "worst group×class accuracy")}[task]
+    labels = {
+        "newsvendor": ("clean expected cost", "worst-environment expected cost"),
+        "regression": ("shifted-test MAE (clean targets)", "shifted-test MAE (10% contaminated)"),
+        "classification": ("average test accuracy", "worst group×class accuracy"),
+    }[task]
     fig, axes = plt.subplots(1, len(ys), figsize=(6.5 * len(ys), 5), squeeze=False)
     for ax, ycol in zip(axes[0], ys, strict=True):
-        agg = d.groupby(["variant", "config"], sort=False).agg(x=(CLEAN[task], "mean"), y=(ycol, "mean"),
-                                                               main=("main", "max")).reset_index()
+        agg = (
+            d.groupby(["variant", "config"], sort=False)
+            .agg(x=(CLEAN[task], "mean"), y=(ycol, "mean"), main=("main", "max"))
+            .reset_index()
+        )
         for v, g in agg.groupby("variant", sort=False):
-            ax.scatter(g.x, g.y, s=np.where(g.main, 80, 20), color=col[v], label=v, alpha=0.85,
-                       edgecolor=np.where(g.main, "k", "none"))
+            ax.scatter(
+                g.x,
+                g.y,
+                s=np.where(g.main, 80, 20),
+                color=col[v],
+                label=v,
+                alpha=0.85,
+                edgecolor=np.where(g.main, "k", "none"),
+            )
         ylabel = labels[1] if ycol == WORST[task] else f"expected cost, {ycol[5:].replace('_', ' ')}%"
         ax.set(xlabel=labels[0], ylabel=ylabel)
         if task == "newsvendor":
@@ -173,8 +203,9 @@ def frontier(allr: pd.DataFrame, p: Params, task: str):
             ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{task}: robustness–accuracy frontier (every solved setting, seed means; large = headline)",
-                 fontsize=10)
+    fig.suptitle(
+        f"{task}: robustness–accuracy frontier (every solved setting, seed means; large = headline)", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
@@ -189,8 +220,9 @@ def huber_vacuity(allr: pd.DataFrame, p: Params):
     col = _colors(list(p.variants))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     series = [(v, d[d.variant == v]) for v, s in p.variants.items() if s.kind == "huber"]
-    series.append((f"{method} (α={p.newsvendor.alpha:g})",
-                   d[(d.variant == method) & np.isclose(d.alpha, p.newsvendor.alpha)]))
+    series.append(
+        (f"{method} (α={p.newsvendor.alpha:g})", d[(d.variant == method) & np.isclose(d.alpha, p.newsvendor.alpha)])
+    )
     for name, g in series:
         a = g.groupby("eps")[["objective", "order_qty"]].mean()
         c = col.get(name, col[method])
@@ -203,8 +235,11 @@ def huber_vacuity(allr: pd.DataFrame, p: Params):
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.suptitle("Huber contamination needs a support bound κ·max(train) and grows with it; the bulk-credal "
-                 "objective is finite without one", fontsize=9)
+    fig.suptitle(
+        "Huber contamination needs a support bound κ·max(train) and grows with it; the bulk-credal "
+        "objective is finite without one",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
@@ -228,8 +263,11 @@ def solve_times(allr: pd.DataFrame, p: Params):
 
 def make_plots(p: Params, values, artifacts: dict[str, list[dict]]) -> dict:
     allr = gather(artifacts)
-    figs = {"nv_cost_vs_eps_t": cost_vs_eps_t(allr, p), "huber_vacuity": huber_vacuity(allr, p),
-            "solve_times": solve_times(allr, p)}
+    figs = {
+        "nv_cost_vs_eps_t": cost_vs_eps_t(allr, p),
+        "huber_vacuity": huber_vacuity(allr, p),
+        "solve_times": solve_times(allr, p),
+    }
     for task in PREFIX:
         figs[f"frontier_{task}"] = frontier(allr, p, task)
     return figs

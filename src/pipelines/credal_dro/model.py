@@ -15,6 +15,7 @@ Every solve goes through :func:`solve`: a solver that does not return ``optimal`
 inaccurate, error) hands over to the next one in ``solver.order``; if none succeeds, :class:`SolverError`
 names the instance (task, variant, seed, hyper-parameters) and what each solver said — never a NaN.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,12 @@ class SolverError(RuntimeError):
 class Solved:
     value: float
     solver: str
-    wall_s: float           # cvxpy compile + solve, all solvers tried until this one (what a user waits)
-    solve_s: float          # the solver's own time
-    cpu_s: float            # process CPU time of wall_s (insensitive to other jobs on a shared machine)
+    wall_s: float  # cvxpy compile + solve, all solvers tried until this one (what a user waits)
+    solve_s: float  # the solver's own time
+    cpu_s: float  # process CPU time of wall_s (insensitive to other jobs on a shared machine)
     values: dict[str, np.ndarray] = field(default_factory=dict)
     inaccurate: bool = False  # accepted at the solver's reduced tolerances (``optimal_inaccurate``)
-    tries: str = ""           # what the solvers tried before said
+    tries: str = ""  # what the solvers tried before said
 
 
 _WARM: set[str] = set()
@@ -62,8 +62,9 @@ def warm_up(order) -> None:
             _WARM.add(name)
 
 
-def solve(prob, instance: str, order: tuple[str, ...] | list[str] = ("CLARABEL", "SCS"),
-          accept_inaccurate: bool = True) -> Solved:
+def solve(
+    prob, instance: str, order: tuple[str, ...] | list[str] = ("CLARABEL", "SCS"), accept_inaccurate: bool = True
+) -> Solved:
     """Solve ``prob`` with the solvers in ``order``: the first that reports ``optimal`` — or, when
     ``accept_inaccurate``, ``optimal_inaccurate`` (it stopped at its reduced tolerances, typically on a
     degenerate optimum such as w = 0; flagged in the result) — with a finite value and finite variables
@@ -78,22 +79,32 @@ def solve(prob, instance: str, order: tuple[str, ...] | list[str] = ("CLARABEL",
     for name in order:
         try:
             prob.solve(solver=name)
-        except cp.error.SolverError as exc:          # a numerical breakdown inside the solver
+        except cp.error.SolverError as exc:  # a numerical breakdown inside the solver
             tried.append(f"{name}: solver error ({str(exc).splitlines()[0][:80]})")
             continue
-        except cp.error.DCPError as exc:             # a modelling bug, not a numerical one: stop here
+        except cp.error.DCPError as exc:  # a modelling bug, not a numerical one: stop here
             raise SolverError(f"{instance}: the problem is not DCP ({exc})") from None
         status = prob.status
         vals = {v.name(): v.value for v in prob.variables()}
-        finite = (prob.value is not None and math.isfinite(prob.value)
-                  and all(v is not None and np.all(np.isfinite(v)) for v in vals.values()))
+        finite = (
+            prob.value is not None
+            and math.isfinite(prob.value)
+            and all(v is not None and np.all(np.isfinite(v)) for v in vals.values())
+        )
         if finite and status in good:
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             if status != cp.OPTIMAL:
                 log.warning("%s: %s returned %s (accepted, flagged)", instance, name, status)
-            return Solved(float(prob.value), name, wall, float(prob.solver_stats.solve_time or wall), cpu,
-                          {k: np.asarray(v, float) for k, v in vals.items()}, status != cp.OPTIMAL,
-                          "; ".join(tried))
+            return Solved(
+                float(prob.value),
+                name,
+                wall,
+                float(prob.solver_stats.solve_time or wall),
+                cpu,
+                {k: np.asarray(v, float) for k, v in vals.items()},
+                status != cp.OPTIMAL,
+                "; ".join(tried),
+            )
         tried.append(f"{name}: {status}" + ("" if finite or status not in good else " with non-finite values"))
     raise SolverError(f"{instance}: no solver returned an optimal solution ({'; '.join(tried)})")
 
@@ -103,8 +114,10 @@ def conformal_index(n_cal: int, alpha: float, instance: str = "bulk") -> int:
     """The 1-based rank ⌈(n_cal + 1)(1 − α)⌉ of the calibration score that is the bulk radius."""
     k = math.ceil((n_cal + 1) * (1 - alpha) - 1e-12)
     if k > n_cal:
-        raise ValueError(f"{instance}: {n_cal} calibration points cannot give coverage 1 − α = {1 - alpha:g} "
-                         f"(need n_cal >= {math.ceil(1 / alpha - 1)})")
+        raise ValueError(
+            f"{instance}: {n_cal} calibration points cannot give coverage 1 − α = {1 - alpha:g} "
+            f"(need n_cal >= {math.ceil(1 / alpha - 1)})"
+        )
     return k
 
 
@@ -116,6 +129,7 @@ def conformal_radius(scores: np.ndarray, alpha: float, instance: str = "bulk") -
 @dataclass
 class Ellipsoid:
     """{μ + L u : ‖u‖₂ ≤ r}, i.e. (ξ − μ)ᵀΣ⁻¹(ξ − μ) ≤ r² with Σ = LLᵀ."""
+
     mu: np.ndarray
     L: np.ndarray
     r: float
@@ -142,8 +156,9 @@ def scatter(fit: np.ndarray, covariance: str, seed: int) -> tuple[np.ndarray, np
     return mu, np.linalg.cholesky(cov)
 
 
-def ellipsoid_bulk(fit: np.ndarray, calib: np.ndarray, alpha: float, covariance: str = "sample",
-                   seed: int = 0, instance: str = "bulk") -> Ellipsoid:
+def ellipsoid_bulk(
+    fit: np.ndarray, calib: np.ndarray, alpha: float, covariance: str = "sample", seed: int = 0, instance: str = "bulk"
+) -> Ellipsoid:
     """Shape from the fit split, radius calibrated on the held-out calibration split."""
     mu, L = scatter(fit, covariance, seed)
     e = Ellipsoid(mu, L, 0.0)
@@ -155,18 +170,19 @@ def ellipsoid_bulk(fit: np.ndarray, calib: np.ndarray, alpha: float, covariance:
 class Task:
     """A loss ℓ(θ, ξ) on a sample, its sup over a bulk (box or ellipsoids) and its Lipschitz constant."""
 
-    loss_scale: float = 1.0                 # typical loss size (KL's exponential cones work on ℓ / scale)
+    loss_scale: float = 1.0  # typical loss size (KL's exponential cones work on ℓ / scale)
 
     def variables(self) -> dict: ...
-    def penalty(self, v: dict):             # a regulariser shared by every formulation (0: none)
+    def penalty(self, v: dict):  # a regulariser shared by every formulation (0: none)
         return 0.0
-    def losses(self, v: dict): ...          # cvxpy expression (n,) of per-sample losses on the reference
-    def lipschitz(self, v: dict): ...       # Lip of ℓ in ξ (Wasserstein-1 dual)
+
+    def losses(self, v: dict): ...  # cvxpy expression (n,) of per-sample losses on the reference
+    def lipschitz(self, v: dict): ...  # Lip of ℓ in ξ (Wasserstein-1 dual)
 
 
 @dataclass
 class NewsvendorTask(Task):
-    xi: np.ndarray          # reference demand sample
+    xi: np.ndarray  # reference demand sample
     h: float
     b: float
 
@@ -193,7 +209,7 @@ class NewsvendorTask(Task):
         return cp.maximum(self.h * (x - lo), self.b * (hi - x))
 
     def lipschitz(self, v):
-        return max(self.h, self.b)   # does not depend on x: Wasserstein DRO orders what SAA orders
+        return max(self.h, self.b)  # does not depend on x: Wasserstein DRO orders what SAA orders
 
 
 @dataclass
@@ -214,7 +230,7 @@ class RegressionTask(Task):
     def _a(self, v):
         import cvxpy as cp
 
-        return cp.hstack([-v["w"], np.ones(1)])   # residual = aᵀξ − b0 with ξ = (x, y)
+        return cp.hstack([-v["w"], np.ones(1)])  # residual = aᵀξ − b0 with ξ = (x, y)
 
     def sup_ellipsoid(self, v, e: Ellipsoid):
         import cvxpy as cp
@@ -231,14 +247,14 @@ class RegressionTask(Task):
     def lipschitz(self, v):
         import cvxpy as cp
 
-        return cp.norm(self._a(v), 2)   # ℓ2 transport cost on (x, y)
+        return cp.norm(self._a(v), 2)  # ℓ2 transport cost on (x, y)
 
 
 @dataclass
 class ClassificationTask(Task):
     X: np.ndarray
-    y: np.ndarray       # ±1
-    l2: float = 0.0     # λ‖w‖², the same for every variant (a separable sample has no logistic minimiser)
+    y: np.ndarray  # ±1
+    l2: float = 0.0  # λ‖w‖², the same for every variant (a separable sample has no logistic minimiser)
 
     def penalty(self, v):
         import cvxpy as cp
@@ -259,8 +275,9 @@ class ClassificationTask(Task):
         """The bulk is the union of per-class ellipsoids × {class}: the max of the per-class sups."""
         import cvxpy as cp
 
-        terms = [cp.logistic(-yk * (e.mu @ v["w"] + v["b0"]) + e.r * cp.norm(e.L.T @ v["w"], 2))
-                 for yk, e in ells.items()]
+        terms = [
+            cp.logistic(-yk * (e.mu @ v["w"] + v["b0"]) + e.r * cp.norm(e.L.T @ v["w"], 2)) for yk, e in ells.items()
+        ]
         return cp.maximum(*terms) if len(terms) > 1 else terms[0]
 
     def sup_box(self, v, centre: np.ndarray, half: np.ndarray):
@@ -272,12 +289,21 @@ class ClassificationTask(Task):
     def lipschitz(self, v):
         import cvxpy as cp
 
-        return cp.norm(v["w"], 2)       # transport on x only (labels fixed)
+        return cp.norm(v["w"], 2)  # transport on x only (labels fixed)
 
 
 # ------------------------------------------------------------------------------------------ objectives
-def objective(task: Task, kind: str, v: dict, *, eps: float = 0.0, sup=None, weights: np.ndarray | None = None,
-              rho: float = 0.0, beta: float = 1.0):
+def objective(
+    task: Task,
+    kind: str,
+    v: dict,
+    *,
+    eps: float = 0.0,
+    sup=None,
+    weights: np.ndarray | None = None,
+    rho: float = 0.0,
+    beta: float = 1.0,
+):
     """(objective expression, extra constraints) of one DRO formulation on ``task``'s reference sample."""
     import cvxpy as cp
 
@@ -285,15 +311,15 @@ def objective(task: Task, kind: str, v: dict, *, eps: float = 0.0, sup=None, wei
     n = loss.shape[0]
     if kind == "erm" or (kind in ("wasserstein", "kl") and rho == 0):
         return cp.sum(loss) / n, []
-    if kind in ("credal", "huber"):   # mean + sup (the sup over the bulk or the κ-box)
+    if kind in ("credal", "huber"):  # mean + sup (the sup over the bulk or the κ-box)
         w = np.full(n, (1 - eps) / n) if weights is None else weights
         return w @ loss + eps * sup, []
     if kind == "wasserstein":
         return cp.sum(loss) / n + rho * task.lipschitz(v), []
-    if kind == "cvar":                # CVaR_β = min_η η + E[(ℓ − η)+]/β (Rockafellar–Uryasev)
+    if kind == "cvar":  # CVaR_β = min_η η + E[(ℓ − η)+]/β (Rockafellar–Uryasev)
         eta = cp.Variable(name="eta")
         return eta + cp.sum(cp.pos(loss - eta)) / (beta * n), []
-    if kind == "kl":                  # sup_{KL(Q‖P)≤ρ} E_Q ℓ = inf_{λ>0,η} λρ + η + λ E[exp((ℓ − η)/λ) − 1]
+    if kind == "kl":  # sup_{KL(Q‖P)≤ρ} E_Q ℓ = inf_{λ>0,η} λρ + η + λ E[exp((ℓ − η)/λ) − 1]
         # on ℓ / scale (the value is positively homogeneous in ℓ): exponential cones need O(1) arguments
         c = task.loss_scale
         lam, eta = cp.Variable(nonneg=True, name="lam"), cp.Variable(name="eta")

@@ -1,10 +1,18 @@
 """`credal_dro`: data (newsvendor draws + test environments, shifted diabetes regression, group-shift
 classification) → ``train.<variant>`` (each solves all three experiments for its variant, grids included)
 → evaluate; the method's contract, built by core."""
-from pipelines.core.spec import Data, Diff, Fn, Gain, Method, Ratio, Train
+
+from pipelines.core.api import Data, Diff, Fn, Gain, Method, Ratio, Train
 from pipelines.credal_dro.data import make_classification, make_newsvendor, make_regression
-from pipelines.credal_dro.evaluate import (grid_metrics, grid_names, huber_variants, make_plots, report_extra,
-                                           solve_names, solve_summary)
+from pipelines.credal_dro.evaluate import (
+    grid_metrics,
+    grid_names,
+    huber_variants,
+    make_plots,
+    report_extra,
+    solve_names,
+    solve_summary,
+)
 from pipelines.credal_dro.params import Params, tasks_of
 from pipelines.credal_dro.train import train_variant
 
@@ -28,22 +36,36 @@ def derived(p: Params) -> list:
             continue
         if "newsvendor" in has[v]:
             envs = nv_envs(p) if v == method else ["clean"]
-            out += [Gain(f"nv_{c}", v, "erm", lower_is_better=True, relative=True)
-                    for c in [*(f"cost_{e}" for e in envs), "worst_env_cost"]]
+            out += [
+                Gain(f"nv_{c}", v, "erm", lower_is_better=True, relative=True)
+                for c in [*(f"cost_{e}" for e in envs), "worst_env_cost"]
+            ]
             # (cost − ERM's) / ERM's: the relative gain of a higher-is-better reading, i.e. the clean-cost gap
-            out.append(Gain("nv_cost_clean", v, "erm", relative=True, lower_is_better=False,
-                            name=f"clean_gap.nv_cost_clean.{v}_vs_erm"))
+            out.append(
+                Gain(
+                    "nv_cost_clean",
+                    v,
+                    "erm",
+                    relative=True,
+                    lower_is_better=False,
+                    name=f"clean_gap.nv_cost_clean.{v}_vs_erm",
+                )
+            )
     hub = huber_variants(p)
-    out += [Ratio("nv_objective", v1, v0, name=f"ratio.nv_objective.{v1}_vs_{v0}")
-            for v0, v1 in zip(hub, hub[1:], strict=False)]
+    out += [
+        Ratio("nv_objective", v1, v0, name=f"ratio.nv_objective.{v1}_vs_{v0}")
+        for v0, v1 in zip(hub, hub[1:], strict=False)
+    ]
     out.append(Fn(grid_metrics, grid_names, inputs=["artifacts"]))
     out.append(Fn(solve_summary, solve_names, inputs=["artifacts"]))
     for v in p.variants:
         if v == "erm":
             continue
         if "regression" in has[v]:
-            out += [Ratio(f"reg_{c}", v, "erm", name=f"ratio.reg_{c}.{v}_vs_erm")
-                    for c in ("mae_shifted_contam", "mae_shifted_clean")]
+            out += [
+                Ratio(f"reg_{c}", v, "erm", name=f"ratio.reg_{c}.{v}_vs_erm")
+                for c in ("mae_shifted_contam", "mae_shifted_clean")
+            ]
         if "classification" in has[v]:
             out += [Diff(f"cls_{c}", v, "erm") for c in ("worst_group_acc", "acc")]
     return out
@@ -52,11 +74,16 @@ def derived(p: Params) -> list:
 SPEC = Method(
     name="credal_dro",
     params=Params,
-    data=[Data(make_newsvendor, "params", ["newsvendor_samples", "newsvendor_envs"], name="newsvendor"),
-          Data(make_regression, "params", "regression_data", name="regression"),
-          Data(make_classification, "params", "classification_data", name="classification")],
-    train=Train(train_variant, ["newsvendor_samples", "newsvendor_envs", "regression_data", "classification_data"],
-                artifacts="json"),
+    data=[
+        Data(make_newsvendor, "params", ["newsvendor_samples", "newsvendor_envs"], name="newsvendor"),
+        Data(make_regression, "params", "regression_data", name="regression"),
+        Data(make_classification, "params", "classification_data", name="classification"),
+    ],
+    train=Train(
+        train_variant,
+        ["newsvendor_samples", "newsvendor_envs", "regression_data", "classification_data"],
+        artifacts="json",
+    ),
     derived=derived,
     plots=make_plots,
     extra=report_extra,

@@ -8,6 +8,7 @@ without a support bound — 0 for Huber, whose value grows without bound in κ).
 Hyper-parameters that baselines choose (Wasserstein / KL radius ρ) are picked on the clean calibration
 split, never on test data; the credal (ε, α) and Huber (ε, κ) headline settings are fixed in the
 parameters before any run."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.spec import Results, json_records
+from pipelines.core.api import Results, json_records, node_setup
 from pipelines.credal_dro import model as M
 from pipelines.credal_dro.data import env_demand
 from pipelines.credal_dro.params import Params, Variant, tasks_of
@@ -33,7 +33,9 @@ def settings(spec: Variant, task_p, main: dict) -> list[dict]:
         grid = [{"eps": e, "kappa": spec.kappa} for e in g.eps] if spec.grid else []
         main = {"eps": main["eps"], "kappa": spec.kappa}
     elif spec.kind in ("wasserstein", "kl"):
-        return [{"rho": r} for r in (g.rho_wasserstein if spec.kind == "wasserstein" else g.rho_kl)]          # all solved; the calibration split picks the main one
+        return [
+            {"rho": r} for r in (g.rho_wasserstein if spec.kind == "wasserstein" else g.rho_kl)
+        ]  # all solved; the calibration split picks the main one
     elif spec.kind == "cvar":
         return [{"beta": spec.beta, "main": True}]
     else:
@@ -49,12 +51,28 @@ def _label(s: dict) -> str:
 
 
 def _row(task: str, seed: int, variant: str, spec: Variant, s: dict, sol: M.Solved) -> dict:
-    return {"task": task, "seed": int(seed), "variant": variant, "kind": spec.kind, "config": _label(s),
-            "main": bool(s.get("main", False)), "eps": s.get("eps", NAN), "alpha": s.get("alpha", NAN),
-            "kappa": s.get("kappa", NAN), "rho": s.get("rho", NAN), "beta": s.get("beta", NAN),
-            "objective": sol.value, "wall_s": sol.wall_s, "solve_s": sol.solve_s, "cpu_s": sol.cpu_s, "solver": sol.solver,
-            "finite_flag": float(np.isfinite(sol.value)), "finite_full_support": float(spec.kind != "huber"),
-            "inaccurate": float(sol.inaccurate), "solver_tries": sol.tries}
+    return {
+        "task": task,
+        "seed": int(seed),
+        "variant": variant,
+        "kind": spec.kind,
+        "config": _label(s),
+        "main": bool(s.get("main", False)),
+        "eps": s.get("eps", NAN),
+        "alpha": s.get("alpha", NAN),
+        "kappa": s.get("kappa", NAN),
+        "rho": s.get("rho", NAN),
+        "beta": s.get("beta", NAN),
+        "objective": sol.value,
+        "wall_s": sol.wall_s,
+        "solve_s": sol.solve_s,
+        "cpu_s": sol.cpu_s,
+        "solver": sol.solver,
+        "finite_flag": float(np.isfinite(sol.value)),
+        "finite_full_support": float(spec.kind != "huber"),
+        "inaccurate": float(sol.inaccurate),
+        "solver_tries": sol.tries,
+    }
 
 
 def _radius_kw(spec: Variant, s: dict) -> dict:
@@ -89,7 +107,7 @@ def reference_sample(train: np.ndarray, spec: Variant, p: Params, seed: int) -> 
     n, zbar = len(z), float(z.mean())
     if spec.reference == "lognormal":
         return np.exp(rng.normal(zbar, z.std(), nv.n_ref_draws))
-    k0, a0, b0 = nv.prior_kappa0, nv.prior_a0, nv.prior_b0   # prior mean 0
+    k0, a0, b0 = nv.prior_kappa0, nv.prior_a0, nv.prior_b0  # prior mean 0
     kn, an = k0 + n, a0 + n / 2
     mn = n * zbar / kn
     bn = b0 + 0.5 * ((z - zbar) ** 2).sum() + k0 * n * zbar**2 / (2 * kn)
@@ -112,7 +130,7 @@ def run_newsvendor(samples: pd.DataFrame, envs: pd.DataFrame, p: Params, variant
         inst = f"credal_dro.train.{variant} task=newsvendor seed={seed} {_label(s)}"
         u = hi = NAN
         if spec.kind == "credal":
-            u = hi = M.conformal_radius(calib, s["alpha"], inst)   # bulk [0, u], P0(B) >= 1 − α
+            u = hi = M.conformal_radius(calib, s["alpha"], inst)  # bulk [0, u], P0(B) >= 1 − α
             w = np.full(len(ref), (1 - s["eps"]) / len(ref)) + spec.tail_weight * (ref > u) / len(ref)
             kw = {"eps": s["eps"], "weights": w, "sup_fn": lambda v, u=u: task.sup_box(v, 0.0, u)}
         elif spec.kind == "huber":
@@ -124,9 +142,14 @@ def run_newsvendor(samples: pd.DataFrame, envs: pd.DataFrame, p: Params, variant
         x = float(sol.values["x"])
         r = _row("newsvendor", seed, variant, spec, s, sol)
         costs = {f"cost_{e}": nv_cost(x, dd, nv.h, nv.b) for e, dd in env_d.items()}
-        r.update(order_qty=x, support_hi=hi, cost_calib=nv_cost(x, calib, nv.h, nv.b), **costs,
-                 worst_env_cost=max(costs.values()),
-                 bulk_coverage_test=float(np.mean(env_d["clean"] <= u)) if np.isfinite(u) else NAN)
+        r.update(
+            order_qty=x,
+            support_hi=hi,
+            cost_calib=nv_cost(x, calib, nv.h, nv.b),
+            **costs,
+            worst_env_cost=max(costs.values()),
+            bulk_coverage_test=float(np.mean(env_d["clean"] <= u)) if np.isfinite(u) else NAN,
+        )
         rows.append(r)
     if spec.kind in ("wasserstein", "kl"):
         pick_main(rows, "cost_calib")
@@ -185,9 +208,14 @@ def run_regression(df: pd.DataFrame, p: Params, variant: str, seed: int) -> list
         r = _row("regression", seed, variant, spec, s, sol)
         clean = float(np.mean(np.abs(y["test"] - pred["test"])))
         contam = float(np.mean(np.abs(part["test"]["y_contam"].to_numpy(float) - pred["test"])))
-        r.update(mae_calib=float(np.mean(np.abs(y["calib"] - pred["calib"]))), mae_shifted_clean=clean,
-                 mae_shifted_contam=contam, worst_env_mae=max(clean, contam), w_norm=float(np.linalg.norm(w_)),
-                 bulk_coverage_test=float(e.contains(xi["test"]).mean()) if e is not None else NAN)
+        r.update(
+            mae_calib=float(np.mean(np.abs(y["calib"] - pred["calib"]))),
+            mae_shifted_clean=clean,
+            mae_shifted_contam=contam,
+            worst_env_mae=max(clean, contam),
+            w_norm=float(np.linalg.norm(w_)),
+            bulk_coverage_test=float(e.contains(xi["test"]).mean()) if e is not None else NAN,
+        )
         rows.append(r)
     if spec.kind in ("wasserstein", "kl"):
         pick_main(rows, "mae_calib")
@@ -199,9 +227,12 @@ def group_accuracies(pred: np.ndarray, y: np.ndarray, g: np.ndarray) -> dict[str
     """Accuracy overall, per group and the worst over group × class cells."""
     ok = pred == y
     cells = [ok[(g == gg) & (y == yy)].mean() for gg in (0, 1) for yy in (-1, 1) if ((g == gg) & (y == yy)).any()]
-    return {"acc": float(ok.mean()), "acc_majority": float(ok[g == 0].mean()) if (g == 0).any() else NAN,
-            "acc_minority": float(ok[g == 1].mean()) if (g == 1).any() else NAN,
-            "worst_group_acc": float(min(cells))}
+    return {
+        "acc": float(ok.mean()),
+        "acc_majority": float(ok[g == 0].mean()) if (g == 0).any() else NAN,
+        "acc_minority": float(ok[g == 1].mean()) if (g == 1).any() else NAN,
+        "worst_group_acc": float(min(cells)),
+    }
 
 
 def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> list[dict]:
@@ -216,10 +247,18 @@ def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> 
         inst = f"credal_dro.train.{variant} task=classification seed={seed} {_label(s)}"
         ells = None
         if spec.kind == "credal":
-            if s["alpha"] not in cache:   # one ellipsoid per class, each calibrated on its class
-                cache[s["alpha"]] = {k: M.ellipsoid_bulk(X["fit"][y["fit"] == k], X["calib"][y["calib"] == k],
-                                                         s["alpha"], spec.covariance, seed, f"{inst} class={k}")
-                                     for k in (-1, 1)}
+            if s["alpha"] not in cache:  # one ellipsoid per class, each calibrated on its class
+                cache[s["alpha"]] = {
+                    k: M.ellipsoid_bulk(
+                        X["fit"][y["fit"] == k],
+                        X["calib"][y["calib"] == k],
+                        s["alpha"],
+                        spec.covariance,
+                        seed,
+                        f"{inst} class={k}",
+                    )
+                    for k in (-1, 1)
+                }
             ells = cache[s["alpha"]]
             inside = np.zeros(len(y["fit"]), bool)
             for k, e in ells.items():
@@ -231,15 +270,20 @@ def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> 
             kw = _linear_kw(task, spec, s, lo, hi)
         sol, w_, score = _fit_linear(task, spec, inst, p, X, kw)
         r = _row("classification", seed, variant, spec, s, sol)
-        r.update(group_accuracies(np.where(score["test"] >= 0, 1, -1), y["test"], g_test),
-                 logloss_calib=float(np.mean(np.logaddexp(0, -y["calib"] * score["calib"]))),
-                 w_norm=float(np.linalg.norm(w_)))
+        r.update(
+            group_accuracies(np.where(score["test"] >= 0, 1, -1), y["test"], g_test),
+            logloss_calib=float(np.mean(np.logaddexp(0, -y["calib"] * score["calib"]))),
+            w_norm=float(np.linalg.norm(w_)),
+        )
         if ells is not None:
             cov = np.zeros(len(y["test"]), bool)
             for k, e in ells.items():
                 cov[y["test"] == k] = e.contains(X["test"][y["test"] == k])
-            r.update(bulk_coverage_test=float(cov.mean()), bulk_coverage_majority=float(cov[g_test == 0].mean()),
-                     bulk_coverage_minority=float(cov[g_test == 1].mean()))
+            r.update(
+                bulk_coverage_test=float(cov.mean()),
+                bulk_coverage_majority=float(cov[g_test == 0].mean()),
+                bulk_coverage_minority=float(cov[g_test == 1].mean()),
+            )
         rows.append(r)
     if spec.kind in ("wasserstein", "kl"):
         pick_main(rows, "logloss_calib")
@@ -247,12 +291,28 @@ def run_classification(df: pd.DataFrame, p: Params, variant: str, seed: int) -> 
 
 
 PREFIX = {"newsvendor": "nv", "regression": "reg", "classification": "cls"}
-COMMON = ("objective", "wall_s", "solve_s", "cpu_s", "finite_flag", "finite_full_support", "inaccurate", "bulk_coverage_test")
+COMMON = (
+    "objective",
+    "wall_s",
+    "solve_s",
+    "cpu_s",
+    "finite_flag",
+    "finite_full_support",
+    "inaccurate",
+    "bulk_coverage_test",
+)
 TASK_METRICS = {
-    "newsvendor": ("order_qty", "worst_env_cost"),   # + every cost_<env>
+    "newsvendor": ("order_qty", "worst_env_cost"),  # + every cost_<env>
     "regression": ("mae_shifted_clean", "mae_shifted_contam", "worst_env_mae", "w_norm"),
-    "classification": ("acc", "worst_group_acc", "acc_majority", "acc_minority", "w_norm",
-                       "bulk_coverage_majority", "bulk_coverage_minority"),
+    "classification": (
+        "acc",
+        "worst_group_acc",
+        "acc_majority",
+        "acc_minority",
+        "w_norm",
+        "bulk_coverage_majority",
+        "bulk_coverage_minority",
+    ),
 }
 
 
@@ -275,8 +335,14 @@ def results_table(variant: str, rows: list[dict]):
     return res.table()
 
 
-def train_variant(nv_samples: pd.DataFrame, nv_envs: pd.DataFrame, regression: pd.DataFrame,
-                  classification: pd.DataFrame, p: Params, variant: str):
+def train_variant(
+    nv_samples: pd.DataFrame,
+    nv_envs: pd.DataFrame,
+    regression: pd.DataFrame,
+    classification: pd.DataFrame,
+    p: Params,
+    variant: str,
+):
     """The node ``train.<variant>``: every seed × every experiment the variant applies to. Returns the long
     results table (headline settings) and the raw rows, one per (task, seed, setting), grids included
     (the grid metrics, solve-time summaries and plots read them)."""

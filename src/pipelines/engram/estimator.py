@@ -13,6 +13,7 @@ For a partition of R the engrams add up to W Σ_R Σ_R⁺ (W on the span of the 
 Every function computes in float64 and returns float64 tensors, whatever float dtype it is given (the
 trained weights are float32; a float32 pinv or a mixed-dtype matmul would lose the 1e-12 identities).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -26,8 +27,9 @@ def _f64(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [t.double() for t in tensors]
 
 
-def class_covariances(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                      n_classes: int) -> list[torch.Tensor]:
+def class_covariances(
+    weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, n_classes: int
+) -> list[torch.Tensor]:
     """Per layer, the stacked summed second moments Σ_{c,ℓ} (C, d_ℓ, d_ℓ) of the model ``weights``'
     layer inputs (float64; computed once, from the unedited model)."""
     inputs, _ = layer_inputs([w.double() for w in weights], x.double())
@@ -62,29 +64,35 @@ def subset_cov(cov: torch.Tensor, subset: Iterable[int]) -> torch.Tensor:
     return cov[idx].sum(0)
 
 
-def engram(weights: list[torch.Tensor], covs: list[torch.Tensor], subset: Iterable[int],
-           pinvs: list[torch.Tensor]) -> list[torch.Tensor]:
+def engram(
+    weights: list[torch.Tensor], covs: list[torch.Tensor], subset: Iterable[int], pinvs: list[torch.Tensor]
+) -> list[torch.Tensor]:
     """E_{S,ℓ} = W_ℓ Σ_{S,ℓ} Σ_{R,ℓ}⁺ for every layer."""
     subset = list(subset)
     return [w @ subset_cov(c, subset) @ pr for w, c, pr in zip(_f64(weights), _f64(covs), _f64(pinvs), strict=True)]
 
 
-def class_engrams(weights: list[torch.Tensor], covs: list[torch.Tensor],
-                  pinvs: list[torch.Tensor]) -> list[torch.Tensor]:
+def class_engrams(
+    weights: list[torch.Tensor], covs: list[torch.Tensor], pinvs: list[torch.Tensor]
+) -> list[torch.Tensor]:
     """Every single-class engram at once: per layer (C, out, in)."""
-    return [torch.einsum("oi,cij,jk->cok", w, c, pr)
-            for w, c, pr in zip(_f64(weights), _f64(covs), _f64(pinvs), strict=True)]
+    return [
+        torch.einsum("oi,cij,jk->cok", w, c, pr)
+        for w, c, pr in zip(_f64(weights), _f64(covs), _f64(pinvs), strict=True)
+    ]
 
 
-def add(weights: list[torch.Tensor], delta: list[torch.Tensor], alpha: float = 1.0,
-        layers: Iterable[int] | None = None) -> list[torch.Tensor]:
+def add(
+    weights: list[torch.Tensor], delta: list[torch.Tensor], alpha: float = 1.0, layers: Iterable[int] | None = None
+) -> list[torch.Tensor]:
     """W_ℓ + α Δ_ℓ on the chosen layers (all by default); the others unchanged."""
     layers = set(range(len(weights))) if layers is None else set(layers)
     return [w + alpha * d if i in layers else w.clone() for i, (w, d) in enumerate(zip(weights, delta, strict=True))]
 
 
-def erase(weights: list[torch.Tensor], eng: list[torch.Tensor], alpha: float = 1.0,
-          layers: Iterable[int] | None = None) -> list[torch.Tensor]:
+def erase(
+    weights: list[torch.Tensor], eng: list[torch.Tensor], alpha: float = 1.0, layers: Iterable[int] | None = None
+) -> list[torch.Tensor]:
     """Necessity: W − α E_S (all layers at once, every engram from the unedited model)."""
     return add(weights, eng, -alpha, layers)
 
@@ -106,19 +114,22 @@ def class_pc_projector(cov_c: torch.Tensor, k: int) -> torch.Tensor:
     """The no-pinv ablation's P: the projector onto the top-k eigenvectors of class c's (uncentered)
     second moment; erasing is then W − W P (class directions removed whatever other classes share)."""
     _, evecs = torch.linalg.eigh(cov_c.double())
-    v = evecs[:, -min(k, cov_c.shape[0]):]
+    v = evecs[:, -min(k, cov_c.shape[0]) :]
     return v @ v.T
 
 
 def data_energy(weights: list[torch.Tensor], covs: list[torch.Tensor]) -> float:
     """√(Σ_ℓ tr(W_ℓ Σ_R,ℓ W_ℓᵀ)) = √(Σ_ℓ Σ_{x∈R} ‖W_ℓ x_ℓ‖²): a weight change's size as seen by the
     data."""
-    return sum(float(torch.einsum("oi,ij,oj->", w, c.sum(0), w))
-               for w, c in zip(_f64(weights), _f64(covs), strict=True)) ** 0.5
+    return (
+        sum(float(torch.einsum("oi,ij,oj->", w, c.sum(0), w)) for w, c in zip(_f64(weights), _f64(covs), strict=True))
+        ** 0.5
+    )
 
 
-def random_like(eng: list[torch.Tensor], gen: torch.Generator,
-                sigmas: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def random_like(
+    eng: list[torch.Tensor], gen: torch.Generator, sigmas: list[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
     """Random Gaussian directions with each layer's Frobenius norm equal to the engram's; with ``sigmas``
     (Σ_R per layer) the data energy ‖R Σ^½‖_F equals the engram's instead."""
     out = []

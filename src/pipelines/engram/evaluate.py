@@ -2,6 +2,7 @@
 the classes every variant forgot (per seed, paired: spec.py declares them), and the figures from every
 variant's detail table (train.py): class × edit accuracy heatmaps, forgetting vs retention, the engram
 cosine matrices, the α and rcond sweeps, composition, arithmetic, edit times and training curves."""
+
 from __future__ import annotations
 
 import math
@@ -16,10 +17,18 @@ import pandas as pd  # noqa: E402
 from pipelines.engram.params import Params  # noqa: E402
 
 ITERATIVE = ("retrain", "grad_ascent", "neggrad_plus", "finetune_retain")
-LABELS = {"original": "original", "engram": "engram (W−E_c)", "engram_last_layer": "engram, last layer only",
-          "no_pinv": "no pinv (class PCs)", "random_edit": "random, ‖E_c‖_F per layer",
-          "random_edit_data_norm": "random, E_c's data energy", "retrain": "retrain w/o class",
-          "grad_ascent": "gradient ascent", "neggrad_plus": "NegGrad+", "finetune_retain": "fine-tune on retain"}
+LABELS = {
+    "original": "original",
+    "engram": "engram (W−E_c)",
+    "engram_last_layer": "engram, last layer only",
+    "no_pinv": "no pinv (class PCs)",
+    "random_edit": "random, ‖E_c‖_F per layer",
+    "random_edit_data_norm": "random, E_c's data energy",
+    "retrain": "retrain w/o class",
+    "grad_ascent": "gradient ascent",
+    "neggrad_plus": "NegGrad+",
+    "finetune_retain": "fine-tune on retain",
+}
 
 
 def _plot_seed(p: Params) -> int:
@@ -38,7 +47,7 @@ def detail_frames(artifacts: dict) -> dict[str, pd.DataFrame]:
 
 def _classes(values, v: str, metric: str = "forget_acc") -> set[int]:
     pre = f"{metric}_class"
-    return {int(k[len(pre):]) for k in values.metrics(v) if k.startswith(pre)}
+    return {int(k[len(pre) :]) for k in values.metrics(v) if k.startswith(pre)}
 
 
 def common_classes(values) -> list[int]:
@@ -66,7 +75,7 @@ def common_metrics(values, p: Params) -> dict:
         for k in ("forget_acc", "retain_acc"):
             out[f"common.{v}.{k}"] = _common(values, v, k, classes)
     if "retrain" in edits:
-        from pipelines.core.spec import paired
+        from pipelines.core.api import paired
 
         for v in edits:
             if v == "retrain":
@@ -93,10 +102,13 @@ def fastest_iterative_speedup(values, p: Params) -> dict:
         return {}
     fastest = min(its, key=lambda v: values.mean(v, "edit_time_s"))
     t_eng, t_it = values.per_seed("engram", "edit_time_s"), values.per_seed(fastest, "edit_time_s")
-    from pipelines.core.spec import paired
+    from pipelines.core.api import paired
 
-    return {"speedup.edit_time.engram_vs_fastest_iterative":
-            {s: t_it[s] / t_eng[s] if t_eng[s] > 0 else math.nan for s in paired(t_eng, t_it)}}
+    return {
+        "speedup.edit_time.engram_vs_fastest_iterative": {
+            s: t_it[s] / t_eng[s] if t_eng[s] > 0 else math.nan for s in paired(t_eng, t_it)
+        }
+    }
 
 
 def fastest_names(p: Params, planned) -> list[str]:
@@ -131,8 +143,15 @@ def _heatmaps(results: dict[str, pd.DataFrame], seed: int, C: int):
         ax.set_yticks(range(len(mat)), ["none", *[e.split("_")[1] for e in edits]], fontsize=7)
         for i in range(mat.shape[0]):
             for j in range(mat.shape[1]):
-                ax.text(j, i, f"{100 * mat[i, j]:.0f}", ha="center", va="center", fontsize=5.5,
-                        color="w" if mat[i, j] < 0.6 else "k")
+                ax.text(
+                    j,
+                    i,
+                    f"{100 * mat[i, j]:.0f}",
+                    ha="center",
+                    va="center",
+                    fontsize=5.5,
+                    color="w" if mat[i, j] < 0.6 else "k",
+                )
         ax.set(title=LABELS.get(v, v), xlabel="test class", ylabel="erased class")
     fig.suptitle(f"Test accuracy (%) per class after erasing one class (seed {seed})")
     fig.tight_layout()
@@ -149,11 +168,22 @@ def _forget_vs_retain(results: dict[str, pd.DataFrame], classes: list[int], rows
         if pc.empty:
             continue
         fx, ry = pc["forget_acc"], pc["retain_acc"]
-        ax.errorbar(fx.mean(), ry.mean(), xerr=fx.std(ddof=0), yerr=ry.std(ddof=0), marker="o", ms=7, capsize=3,
-                    color=f"C{i % 10}", label=f"{LABELS.get(v, v)} ({times.get(v, math.nan):.2g} s)")
-    ax.set(xlabel="forget accuracy (erased class, test) →  lower is better",
-           ylabel="retain accuracy (other classes, test)",
-           title=f"Forgetting vs retention on classes {classes} (mean ± std over seeds)")
+        ax.errorbar(
+            fx.mean(),
+            ry.mean(),
+            xerr=fx.std(ddof=0),
+            yerr=ry.std(ddof=0),
+            marker="o",
+            ms=7,
+            capsize=3,
+            color=f"C{i % 10}",
+            label=f"{LABELS.get(v, v)} ({times.get(v, math.nan):.2g} s)",
+        )
+    ax.set(
+        xlabel="forget accuracy (erased class, test) →  lower is better",
+        ylabel="retain accuracy (other classes, test)",
+        title=f"Forgetting vs retention on classes {classes} (mean ± std over seeds)",
+    )
     ax.axvline(0.1, color="grey", ls=":", lw=1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
@@ -190,8 +220,12 @@ def _alpha(df: pd.DataFrame):
         ax.plot(mu.index, mu.values, marker="o", color=f"C{k}", label=metric.replace("_", " "))
         ax.fill_between(mu.index, mu - sd, mu + sd, color=f"C{k}", alpha=0.2)
     ax.axvline(1.0, color="grey", ls=":", lw=1)
-    ax.set(xlabel="α in W − α·E_c", ylabel="test accuracy (mean over erased classes)",
-           title="Erasure strength: forgetting vs retention (± std over seeds)", ylim=(-0.02, 1.02))
+    ax.set(
+        xlabel="α in W − α·E_c",
+        ylabel="test accuracy (mean over erased classes)",
+        title="Erasure strength: forgetting vs retention (± std over seeds)",
+        ylim=(-0.02, 1.02),
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -205,8 +239,13 @@ def _rcond(df: pd.DataFrame, L: int):
     for k, metric in enumerate(("forget_acc", "retain_acc")):
         s = r[r.metric == metric].groupby("rcond").value.mean()
         a1.plot(s.index, s.values, marker="o", color=f"C{k}", label=metric.replace("_", " "))
-    a1.set(xscale="log", xlabel="pinv cutoff rcond (relative to λ_max)", ylabel="test accuracy", ylim=(-0.02, 1.02),
-           title="Erasure vs pinv cutoff")
+    a1.set(
+        xscale="log",
+        xlabel="pinv cutoff rcond (relative to λ_max)",
+        ylabel="test accuracy",
+        ylim=(-0.02, 1.02),
+        title="Erasure vs pinv cutoff",
+    )
     a1.legend()
     a1.grid(alpha=0.3)
     for ell in range(1, L + 1):
@@ -217,8 +256,13 @@ def _rcond(df: pd.DataFrame, L: int):
     a2.grid(alpha=0.3)
     s = r[r.metric == "engram_rel_norm"].groupby("rcond").value.mean()
     a3.plot(s.index, s.values, marker="o", color="C4")
-    a3.set(xscale="log", yscale="log", xlabel="rcond", ylabel="‖E_c‖_F / ‖W‖_F (all layers)",
-           title="Engram norm: near-null directions of Σ_R")
+    a3.set(
+        xscale="log",
+        yscale="log",
+        xlabel="rcond",
+        ylabel="‖E_c‖_F / ‖W‖_F (all layers)",
+        title="Engram norm: near-null directions of Σ_R",
+    )
     a3.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -237,8 +281,9 @@ def _compose(df: pd.DataFrame, seed: int, summary: dict):
     ax.bar(x - 0.2, ins, 0.4, label="accuracy on S (sufficiency)", color="C2", edgecolor="k")
     ax.bar(x + 0.2, outs, 0.4, label="accuracy outside S", color="C3", edgecolor="k")
     ax.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
-    ax.set(ylabel="test accuracy", ylim=(0, 1.22),
-           title=f"Composing Σ_{{c∈S}} E_c from the all-zero network (seed {seed})")
+    ax.set(
+        ylabel="test accuracy", ylim=(0, 1.22), title=f"Composing Σ_{{c∈S}} E_c from the all-zero network (seed {seed})"
+    )
     ax.legend(fontsize=8, ncol=2, loc="upper center")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -250,18 +295,24 @@ def _arithmetic(results: dict[str, pd.DataFrame], seed: int, pair: list[int], C:
     base = results["original"]
     eng = results["engram"]
     acc = eng[(eng.kind == "class_acc") & (eng.seed == seed)]
-    bars = {"original": base[(base.kind == "class_acc") & (base.seed == seed)],
-            f"erase {{{a},{b}}}": acc[acc.edit == f"erase_{a}_{b}"],
-            f"… + E_{b} (add back)": acc[acc.edit == f"erase_{a}_{b}+E{b}"],
-            f"erase {{{a}}}": acc[acc.edit == f"erase_{a}"]}
+    bars = {
+        "original": base[(base.kind == "class_acc") & (base.seed == seed)],
+        f"erase {{{a},{b}}}": acc[acc.edit == f"erase_{a}_{b}"],
+        f"… + E_{b} (add back)": acc[acc.edit == f"erase_{a}_{b}+E{b}"],
+        f"erase {{{a}}}": acc[acc.edit == f"erase_{a}"],
+    }
     fig, ax = plt.subplots(figsize=(8, 3.8))
     w = 0.8 / len(bars)
     for k, (name, d) in enumerate(bars.items()):
         vals = d.sort_values("cls").value.to_numpy()
         ax.bar(np.arange(C) + (k - (len(bars) - 1) / 2) * w, vals, w, label=name, color=f"C{k}", edgecolor="k", lw=0.3)
     ax.set_xticks(range(C), [str(c) for c in range(C)])
-    ax.set(xlabel="test class", ylabel="accuracy", ylim=(0, 1.22),
-           title=f"Linear arithmetic: W − E_{a} − E_{b}, then + E_{b} restores class {b} (seed {seed})")
+    ax.set(
+        xlabel="test class",
+        ylabel="accuracy",
+        ylim=(0, 1.22),
+        title=f"Linear arithmetic: W − E_{a} − E_{b}, then + E_{b} restores class {b} (seed {seed})",
+    )
     ax.legend(fontsize=7, ncol=4, loc="upper center")
     fig.tight_layout()
     return fig
@@ -273,8 +324,11 @@ def _times(rows: list[dict]):
     fig, ax = plt.subplots(figsize=(7, 3.8))
     ax.bar(range(len(t)), t["mean"], yerr=t["std"].fillna(0), capsize=3, color="C0", edgecolor="k")
     ax.set_xticks(range(len(t)), [LABELS.get(v, v) for v in t.index], rotation=30, ha="right", fontsize=8)
-    ax.set(yscale="log", ylabel="seconds per class erased (median over classes)",
-           title="Edit time: closed form vs iterative unlearning")
+    ax.set(
+        yscale="log",
+        ylabel="seconds per class erased (median over classes)",
+        title="Edit time: closed form vs iterative unlearning",
+    )
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -296,10 +350,18 @@ def _curves(results: dict[str, pd.DataFrame], p: Params, eng_summary: dict, base
             if len(g):
                 axes[1].plot(g.cls, g.value, ls, color=f"C{k}", label=f"{LABELS[v]}: {metric}")
     if eng_summary:
-        axes[1].axhline(eng_summary.get("forget_acc", math.nan), color="C3", lw=2, alpha=0.6,
-                        label="engram, one shot: forget (test)")
-    axes[1].set(xlabel="unlearning step", ylabel="train accuracy",
-                title=f"Iterative unlearning of class {p.unlearn.classes[0]} (seed {p.seeds[0]}, chosen lr)")
+        axes[1].axhline(
+            eng_summary.get("forget_acc", math.nan),
+            color="C3",
+            lw=2,
+            alpha=0.6,
+            label="engram, one shot: forget (test)",
+        )
+    axes[1].set(
+        xlabel="unlearning step",
+        ylabel="train accuracy",
+        title=f"Iterative unlearning of class {p.unlearn.classes[0]} (seed {p.seeds[0]}, chosen lr)",
+    )
     axes[1].grid(alpha=0.3)
     axes[1].legend(fontsize=6)
     fig.tight_layout()
@@ -311,18 +373,29 @@ def make_plots(p: Params, values, artifacts: dict) -> dict:
     seed = _plot_seed(p)
     C = int(results["original"][results["original"].kind == "class_acc"].cls.max()) + 1
     rows = summary_rows(values)
-    figs = {"class_edit_accuracy": _heatmaps(results, seed, C),
-            "forget_vs_retain": _forget_vs_retain(results, common_classes(values), rows),
-            "edit_time": _times(rows)}
+    figs = {
+        "class_edit_accuracy": _heatmaps(results, seed, C),
+        "forget_vs_retain": _forget_vs_retain(results, common_classes(values), rows),
+        "edit_time": _times(rows),
+    }
     if "engram" in results:
         eng = results["engram"]
         summ = {r["seed"]: r for r in rows if r["variant"] == "engram"}
         L = int(max(int(e[1:]) for e in eng[eng.kind == "cos"].edit.unique()))
-        figs.update({"engram_cosine": _cosines(eng, seed, C), "alpha_sweep": _alpha(eng), "rcond_sweep": _rcond(eng, L),
-                     "compose": _compose(eng, seed, summ.get(seed, {})),
-                     "arithmetic": _arithmetic(results, seed, p.engram.arithmetic_pair, C)})
-    eng_mean = pd.DataFrame([r for r in rows if r["variant"] == "engram"]).mean(numeric_only=True).to_dict() \
-        if "engram" in results else {}
+        figs.update(
+            {
+                "engram_cosine": _cosines(eng, seed, C),
+                "alpha_sweep": _alpha(eng),
+                "rcond_sweep": _rcond(eng, L),
+                "compose": _compose(eng, seed, summ.get(seed, {})),
+                "arithmetic": _arithmetic(results, seed, p.engram.arithmetic_pair, C),
+            }
+        )
+    eng_mean = (
+        pd.DataFrame([r for r in rows if r["variant"] == "engram"]).mean(numeric_only=True).to_dict()
+        if "engram" in results
+        else {}
+    )
     base = results["original"]
     h = base[(base.kind == "history") & (base.metric == "test_acc")]
     base_hist = [(int(k), float(x)) for k, x in h.groupby("cls").value.mean().sort_index().items()]

@@ -1,5 +1,6 @@
 """The card's bias-free ReLU MLP (input with an appended 1 → hidden… → classes), and a functional forward
 pass over a list of weight matrices, so an edited network is just an edited list (float64 for edits)."""
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,9 @@ def per_class_accuracy(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Te
     return torch.where(counts > 0, correct / counts.clamp_min(1), torch.full_like(counts, float("nan")))
 
 
-def split_accuracy(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                   inside: list[int] | set[int]) -> tuple[float, float]:
+def split_accuracy(
+    weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, inside: list[int] | set[int]
+) -> tuple[float, float]:
     """Accuracy on the samples whose class is in ``inside``, and on all the others (sample-weighted)."""
     pred = logits(weights, x).argmax(1)
     mask = torch.zeros_like(y, dtype=torch.bool)

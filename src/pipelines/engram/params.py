@@ -1,20 +1,46 @@
 """Typed parameters of `engram` (Kedro validates ``params:engram`` into :class:`Params` before any node
 runs; a bad value stops the command with one line naming its key)."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
-from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from pipelines.core.params import Fraction, MethodParams, Probability, Strict
+from pipelines.core.api import Fraction, MethodParams, Probability, Strict
 
 # every edit variant (one train.<variant> node each); train.original (the metrics of the model all edits
 # start from) is always built
-VARIANTS = ("engram", "engram_last_layer", "no_pinv", "random_edit", "random_edit_data_norm", "retrain",
-            "grad_ascent", "neggrad_plus", "finetune_retain")
-Variant = Literal["engram", "engram_last_layer", "no_pinv", "random_edit", "random_edit_data_norm", "retrain",
-                  "grad_ascent", "neggrad_plus", "finetune_retain"]
+VARIANTS = (
+    "engram",
+    "engram_last_layer",
+    "no_pinv",
+    "random_edit",
+    "random_edit_data_norm",
+    "retrain",
+    "grad_ascent",
+    "neggrad_plus",
+    "finetune_retain",
+)
+Variant = Literal[
+    "engram",
+    "engram_last_layer",
+    "no_pinv",
+    "random_edit",
+    "random_edit_data_norm",
+    "retrain",
+    "grad_ascent",
+    "neggrad_plus",
+    "finetune_retain",
+]
 Rcond = Annotated[float, Field(gt=0, lt=1)]
 Lr = Annotated[float, Field(gt=0, le=10)]
 
@@ -25,8 +51,8 @@ class Data(Strict):
 
     source: Literal["digits", "file"] = "digits"
     path: str | None = None
-    test_fraction: Fraction = 0.3   # stratified split, one per seed
-    limit: int | None = Field(default=None, ge=20)          # keep this many rows (stratified), tests only
+    test_fraction: Fraction = 0.3  # stratified split, one per seed
+    limit: int | None = Field(default=None, ge=20)  # keep this many rows (stratified), tests only
 
     @model_validator(mode="after")
     def _path_for_file(self) -> Data:
@@ -49,16 +75,17 @@ class Model(Strict):
 class Engram(Strict):
     """The closed-form estimator E_S = W Σ_S Σ_R⁺ and its experiments (E1–E5 of the README)."""
 
-    rcond: Rcond = 1.0e-6                                    # pinv cutoff relative to the largest eigenvalue
+    rcond: Rcond = 1.0e-6  # pinv cutoff relative to the largest eigenvalue
     rcond_sweep: list[Rcond] = Field(default_factory=lambda: [1.0e-8, 1.0e-6, 1.0e-4])
     alpha_max: float = Field(default=1.5, gt=0, le=10)
     alpha_points: int = Field(default=16, ge=2, le=200)
-    n_compose: PositiveInt = 10                 # random subsets S composed from zero
+    n_compose: PositiveInt = 10  # random subsets S composed from zero
     compose_max_size: PositiveInt = 5
-    arithmetic_pair: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)] = \
-        Field(default_factory=lambda: [3, 7])
-    no_pinv_k: PositiveInt = 8                  # top-k class PCs the no-pinv ablation removes
-    timing_repeats: PositiveInt = 5             # an edit is timed as the median of repeats
+    arithmetic_pair: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: [3, 7]
+    )
+    no_pinv_k: PositiveInt = 8  # top-k class PCs the no-pinv ablation removes
+    timing_repeats: PositiveInt = 5  # an edit is timed as the median of repeats
 
     @field_validator("arithmetic_pair")
     @classmethod
@@ -74,15 +101,15 @@ class Unlearn(Strict):
     lrs whose train-forget accuracy ends ≤ ``forget_target``, the best train-retain accuracy (none: the
     lowest train-forget accuracy)."""
 
-    classes: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)   # classes the baselines forget
+    classes: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)  # classes the baselines forget
     steps: PositiveInt
     batch_size: PositiveInt
     lrs: list[Lr] = Field(min_length=1)
     forget_target: Probability = 0.10
-    retain_weight: Fraction = 0.5   # NegGrad+: β·CE(retain) − (1−β)·CE(forget)
-    ce_cap: PositiveFloat = 20.0               # ascent stops pushing a sample past this CE
+    retain_weight: Fraction = 0.5  # NegGrad+: β·CE(retain) − (1−β)·CE(forget)
+    ce_cap: PositiveFloat = 20.0  # ascent stops pushing a sample past this CE
     grad_clip: PositiveFloat | None = 1.0
-    log_every: PositiveInt = 5                  # train-forget/retain accuracy curve (seed 0)
+    log_every: PositiveInt = 5  # train-forget/retain accuracy curve (seed 0)
 
     @field_validator("classes")
     @classmethod
@@ -95,13 +122,13 @@ class Unlearn(Strict):
 class Params(MethodParams):
     USER_FILES: ClassVar[dict[str, str]] = {"data.path": "csv"}
     USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
-    device: Literal["cpu"] = "cpu"   # tiny MLPs and float64 edits: everything runs on the CPU
+    device: Literal["cpu"] = "cpu"  # tiny MLPs and float64 edits: everything runs on the CPU
     data: Data = Field(default_factory=Data)
     model: Model
     engram: Engram = Field(default_factory=Engram)
     unlearn: Unlearn
     variants: list[Variant] = Field(min_length=1)
-    plot_seed: int | None = None                      # the seed whose heatmaps are drawn (None: the first)
+    plot_seed: int | None = None  # the seed whose heatmaps are drawn (None: the first)
 
     def planned_variants(self) -> list[str]:
         """``original`` (train.original, the model every edit starts from) and the edit variants."""

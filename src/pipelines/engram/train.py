@@ -12,6 +12,7 @@ Every variant collects a detail table ``(seed, kind, edit, cls, metric, value)``
 plots).
 Gradient training (the original model, retraining and the three iterative unlearning baselines) goes
 through ``core.training.fit``; the engram edits are closed-form (no optimiser)."""
+
 from __future__ import annotations
 
 import logging
@@ -23,9 +24,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.runtime import node_setup, seed_everything
-from pipelines.core.streams import stream_seed
-from pipelines.core.training import StepInfo, fit
+from pipelines.core.api import StepInfo, fit, node_setup, seed_everything, stream_seed
 from pipelines.engram import estimator as est
 from pipelines.engram.model import build_mlp, layer_inputs, load_weights, logits, per_class_accuracy, weights_of
 from pipelines.engram.params import Params
@@ -60,8 +59,15 @@ def forget_retain(acc: torch.Tensor, counts: torch.Tensor, c: int) -> tuple[floa
     return float(acc[c]), retain
 
 
-def train_mlp(x: torch.Tensor, y: torch.Tensor, n_classes: int, p: Params, seed: int, desc: str,
-              monitor: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.nn.Module, list[float], list[float]]:
+def train_mlp(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    p: Params,
+    seed: int,
+    desc: str,
+    monitor: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.nn.Module, list[float], list[float]]:
     """The card's recipe (SGD, momentum 0.9, no clipping) from a seeded init; the training loss per epoch
     and, with ``monitor``, the test accuracy after every epoch (curves only: nothing is selected on them)."""
     m = p.model
@@ -75,9 +81,21 @@ def train_mlp(x: torch.Tensor, y: torch.Tensor, n_classes: int, p: Params, seed:
             with torch.no_grad():
                 curve.append(float((info.model(monitor[0]).argmax(1) == monitor[1]).double().mean()))
 
-    res = fit(net, [x, y], lambda mod, a, b: F.cross_entropy(mod(a), b), epochs=m.epochs,
-              batch_size=m.batch_size, lr=m.lr, optimizer="sgd", weight_decay=m.weight_decay, grad_clip=None,
-              seed=seed, desc=desc, callback=on_step, progress=False)
+    res = fit(
+        net,
+        [x, y],
+        lambda mod, a, b: F.cross_entropy(mod(a), b),
+        epochs=m.epochs,
+        batch_size=m.batch_size,
+        lr=m.lr,
+        optimizer="sgd",
+        weight_decay=m.weight_decay,
+        grad_clip=None,
+        seed=seed,
+        desc=desc,
+        callback=on_step,
+        progress=False,
+    )
     return net, curve, [row["train_loss"] for row in res.history]
 
 
@@ -94,8 +112,11 @@ def train_original(dataset: dict, p: Params) -> dict:
         net, curve, losses = train_mlp(xtr, ytr, C, p, seed, "engram.original", monitor=(xte, yte))
         secs = time.perf_counter() - t0
         states[str(seed)] = net.state_dict()
-        records[str(seed)] = {"train_time_s": float(secs), "test_acc": [float(v) for v in curve],
-                              "train_loss": [float(v) for v in losses]}
+        records[str(seed)] = {
+            "train_time_s": float(secs),
+            "test_acc": [float(v) for v in curve],
+            "train_loss": [float(v) for v in losses],
+        }
     return {"states": states, "training": records}
 
 
@@ -110,10 +131,15 @@ def evaluate_original(rows: Rows, seed: int, original_model: dict, dataset: dict
     test_acc = float((acc * counts).sum() / counts.sum())
     train_acc = float((logits(W, xtr).argmax(1) == ytr).double().mean())
     fr = [forget_retain(acc, counts, c) for c in range(C)]
-    for k, v in {"test_acc": test_acc, "train_acc": train_acc, "train_time_s": rec["train_time_s"],
-                 "forget_acc": float(np.mean([f for f, _ in fr])), "retain_acc": float(np.mean([r for _, r in fr])),
-                 "n_train_class_min": float(torch.bincount(ytr).min()),
-                 "n_train_class_max": float(torch.bincount(ytr).max())}.items():
+    for k, v in {
+        "test_acc": test_acc,
+        "train_acc": train_acc,
+        "train_time_s": rec["train_time_s"],
+        "forget_acc": float(np.mean([f for f, _ in fr])),
+        "retain_acc": float(np.mean([r for _, r in fr])),
+        "n_train_class_min": float(torch.bincount(ytr).min()),
+        "n_train_class_max": float(torch.bincount(ytr).max()),
+    }.items():
         rows.add(seed, "summary", k, v)
     for c in range(C):
         rows.add(seed, "class_acc", "acc", float(acc[c]), edit="original", cls=c)
@@ -152,8 +178,16 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def _erase_table(rows: Rows, seed: int, W: list[torch.Tensor], deltas: dict[int, list[torch.Tensor]],
-                 xte: torch.Tensor, yte: torch.Tensor, C: int, layers: list[int] | None = None) -> dict:
+def _erase_table(
+    rows: Rows,
+    seed: int,
+    W: list[torch.Tensor],
+    deltas: dict[int, list[torch.Tensor]],
+    xte: torch.Tensor,
+    yte: torch.Tensor,
+    C: int,
+    layers: list[int] | None = None,
+) -> dict:
     """E1 for one family of edits: W − Δ_c for every class c; the class × edit accuracy rows and the
     per-seed forget/retain means."""
     counts = torch.bincount(yte, minlength=C).double()
@@ -166,8 +200,9 @@ def _erase_table(rows: Rows, seed: int, W: list[torch.Tensor], deltas: dict[int,
     return _forget_retain_summary(fs, rs)
 
 
-def _add_erase_rows(rows: Rows, seed: int, acc: torch.Tensor, counts: torch.Tensor, c: int,
-                    C: int) -> tuple[float, float]:
+def _add_erase_rows(
+    rows: Rows, seed: int, acc: torch.Tensor, counts: torch.Tensor, c: int, C: int
+) -> tuple[float, float]:
     """The rows of the edit that erases class c (every class's accuracy, its forget / retain accuracies);
     returns (forget, retain)."""
     for j in range(C):
@@ -180,24 +215,31 @@ def _add_erase_rows(rows: Rows, seed: int, acc: torch.Tensor, counts: torch.Tens
 
 def _forget_retain_summary(fs: list[float], rs: list[float]) -> dict[str, float]:
     """The per-seed means over the erased classes, and the worst forget / retain accuracy."""
-    return {"forget_acc": float(np.mean(fs)), "retain_acc": float(np.mean(rs)), "forget_acc_max": float(np.max(fs)),
-            "retain_acc_min": float(np.min(rs))}
+    return {
+        "forget_acc": float(np.mean(fs)),
+        "retain_acc": float(np.mean(rs)),
+        "forget_acc_max": float(np.max(fs)),
+        "retain_acc_min": float(np.min(rs)),
+    }
 
 
-def run_engram(rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Tensor], data: tuple,
-               C: int, p: Params) -> None:
+def run_engram(
+    rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Tensor], data: tuple, C: int, p: Params
+) -> None:
     """E1–E5 of the card for one seed, and the constraints and identities they rest on."""
     e = p.engram
     xtr, ytr, xte, yte = data
     L = len(W)
     pinvs, ranks = est.total_pinvs(covs, e.rcond)
-    per_class = est.class_engrams(W, covs, pinvs)                  # per layer (C, out, in)
+    per_class = est.class_engrams(W, covs, pinvs)  # per layer (C, out, in)
     E = {c: [pc[c] for pc in per_class] for c in range(C)}
 
     # E1: erase each class; the edit time covers Σ_R⁺, E_c and W − E_c from the stored covariances
     summ = _erase_table(rows, seed, W, E, xte, yte, C)
-    times = [_timed(lambda c=c: est.erase(W, est.engram(W, covs, [c], est.total_pinvs(covs, e.rcond)[0])),
-                    e.timing_repeats) for c in range(C)]
+    times = [
+        _timed(lambda c=c: est.erase(W, est.engram(W, covs, [c], est.total_pinvs(covs, e.rcond)[0])), e.timing_repeats)
+        for c in range(C)
+    ]
     summ["edit_time_s"] = float(np.median(times))
 
     # E2: arithmetic. erase{a, b} from Σ_a + Σ_b vs W − E_a − E_b; then + E_b vs erase{a}
@@ -217,8 +259,9 @@ def run_engram(rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Te
         rows.add(seed, "class_acc", "acc", float(acc_ab[j]), edit=f"erase_{a}_{b}", cls=j)
         rows.add(seed, "class_acc", "acc", float(acc_back[j]), edit=f"erase_{a}_{b}+E{b}", cls=j)
     # compose then erase the same engram returns the original weights (W + E_S − E_S)
-    summ["roundtrip_max_abs_weight_diff"] = max(float((x - w).abs().max()) for x, w in
-                                                zip(est.erase(est.add(W, E[a]), E[a]), W, strict=True))
+    summ["roundtrip_max_abs_weight_diff"] = max(
+        float((x - w).abs().max()) for x, w in zip(est.erase(est.add(W, E[a]), E[a]), W, strict=True)
+    )
 
     # E3: compose random subsets S from the zero network; all classes ⇒ W Σ_R Σ_R⁺
     rng = np.random.default_rng([seed, 3])
@@ -258,7 +301,9 @@ def run_engram(rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Te
         off = cos[~torch.eye(C, dtype=torch.bool)]
         summ[f"cos_offdiag_mean_l{ell + 1}"] = float(off.mean())
         summ[f"cos_offdiag_max_l{ell + 1}"] = float(off.max())
-        summ[f"engram_rel_norm_l{ell + 1}"] = float(np.mean([float(E[c][ell].norm() / W[ell].norm()) for c in range(C)]))
+        summ[f"engram_rel_norm_l{ell + 1}"] = float(
+            np.mean([float(E[c][ell].norm() / W[ell].norm()) for c in range(C)])
+        )
         summ[f"eff_rank_l{ell + 1}"] = float(ranks[ell])
         summ[f"dim_l{ell + 1}"] = float(W[ell].shape[1])
         for i in range(C):
@@ -267,14 +312,17 @@ def run_engram(rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Te
 
     wn = sum(float(w.norm() ** 2) for w in W) ** 0.5
     summ["edit_rel_norm"] = float(np.mean([sum(float(x.norm() ** 2) for x in E[c]) ** 0.5 / wn for c in range(C)]))
-    summ["edit_rel_data_energy"] = float(np.mean([est.data_energy(E[c], covs) / est.data_energy(W, covs)
-                                                  for c in range(C)]))
+    summ["edit_rel_data_energy"] = float(
+        np.mean([est.data_energy(E[c], covs) / est.data_energy(W, covs) for c in range(C)])
+    )
 
     # E5: α sweep (forgetting vs retention)
     counts = torch.bincount(yte, minlength=C).double()
     for alpha in np.linspace(0.0, e.alpha_max, e.alpha_points):
-        fr = [forget_retain(per_class_accuracy(est.erase(W, E[c], float(alpha)), xte, yte, C), counts, c)
-              for c in range(C)]
+        fr = [
+            forget_retain(per_class_accuracy(est.erase(W, E[c], float(alpha)), xte, yte, C), counts, c)
+            for c in range(C)
+        ]
         rows.add(seed, "alpha", "forget_acc", float(np.mean([f for f, _ in fr])), edit=f"{alpha:.6g}")
         rows.add(seed, "alpha", "retain_acc", float(np.mean([r for _, r in fr])), edit=f"{alpha:.6g}")
 
@@ -282,21 +330,29 @@ def run_engram(rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Te
     for rc in e.rcond_sweep:
         pv, rk = est.total_pinvs(covs, rc)
         pcs = est.class_engrams(W, covs, pv)
-        fr = [forget_retain(per_class_accuracy(est.erase(W, [pc[c] for pc in pcs]), xte, yte, C), counts, c)
-              for c in range(C)]
+        fr = [
+            forget_retain(per_class_accuracy(est.erase(W, [pc[c] for pc in pcs]), xte, yte, C), counts, c)
+            for c in range(C)
+        ]
         rows.add(seed, "rcond", "forget_acc", float(np.mean([f for f, _ in fr])), edit=f"{rc:g}")
         rows.add(seed, "rcond", "retain_acc", float(np.mean([r for _, r in fr])), edit=f"{rc:g}")
         wn = sum(float(w.norm() ** 2) for w in W) ** 0.5
-        rows.add(seed, "rcond", "engram_rel_norm", float(np.mean([sum(float(pc[c].norm() ** 2) for pc in pcs) ** 0.5 / wn
-                                                                for c in range(C)])), edit=f"{rc:g}")
+        rows.add(
+            seed,
+            "rcond",
+            "engram_rel_norm",
+            float(np.mean([sum(float(pc[c].norm() ** 2) for pc in pcs) ** 0.5 / wn for c in range(C)])),
+            edit=f"{rc:g}",
+        )
         for ell, r in enumerate(rk):
             rows.add(seed, "rcond", f"eff_rank_l{ell + 1}", float(r), edit=f"{rc:g}")
     for k, v in summ.items():
         rows.add(seed, "summary", k, v)
 
 
-def run_closed_form_control(variant: str, rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Tensor],
-                            data: tuple, C: int, p: Params) -> None:
+def run_closed_form_control(
+    variant: str, rows: Rows, seed: int, W: list[torch.Tensor], covs: list[torch.Tensor], data: tuple, C: int, p: Params
+) -> None:
     """The controls and ablations of E1: the last-layer-only engram, no pinv (remove class c's top-k
     principal directions), a random edit with the engram's Frobenius norm per layer, and one with the
     engram's energy on the data per layer."""
@@ -314,8 +370,10 @@ def run_closed_form_control(variant: str, rows: Rows, seed: int, W: list[torch.T
         def edit(c: int):
             return est.erase(W, est.engram(W, covs, [c], est.total_pinvs(covs, e.rcond)[0]), 1.0, layers)
     elif variant == "no_pinv":
+
         def make(c: int) -> list[torch.Tensor]:
             return [w @ est.class_pc_projector(cov[c], e.no_pinv_k) for w, cov in zip(W, covs, strict=True)]
+
         deltas = {c: make(c) for c in range(C)}
 
         def edit(c: int):
@@ -335,12 +393,21 @@ def run_closed_form_control(variant: str, rows: Rows, seed: int, W: list[torch.T
     summ = _erase_table(rows, seed, W, deltas, xte, yte, C, layers)
     summ["edit_time_s"] = float(np.median([_timed(lambda c=c: edit(c), e.timing_repeats) for c in range(C)]))
     # sizes of the edit actually applied (the last-layer ablation changes one layer only)
-    applied = {c: [d if layers is None or i in layers else torch.zeros_like(d) for i, d in enumerate(deltas[c])]
-               for c in range(C)}
-    summ["edit_rel_norm"] = float(np.mean([sum(float(d.norm() ** 2) for d in applied[c]) ** 0.5 /
-                                           sum(float(w.norm() ** 2) for w in W) ** 0.5 for c in range(C)]))
-    summ["edit_rel_data_energy"] = float(np.mean([est.data_energy(applied[c], covs) / est.data_energy(W, covs)
-                                                  for c in range(C)]))
+    applied = {
+        c: [d if layers is None or i in layers else torch.zeros_like(d) for i, d in enumerate(deltas[c])]
+        for c in range(C)
+    }
+    summ["edit_rel_norm"] = float(
+        np.mean(
+            [
+                sum(float(d.norm() ** 2) for d in applied[c]) ** 0.5 / sum(float(w.norm() ** 2) for w in W) ** 0.5
+                for c in range(C)
+            ]
+        )
+    )
+    summ["edit_rel_data_energy"] = float(
+        np.mean([est.data_energy(applied[c], covs) / est.data_energy(W, covs) for c in range(C)])
+    )
     for k, v in summ.items():
         rows.add(seed, "summary", k, v)
 
@@ -351,8 +418,9 @@ def _acc(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((net(x).argmax(1) == y).double().mean())
 
 
-def unlearn_one(variant: str, W0: list[torch.Tensor], dataset: dict, data: tuple, c: int, p: Params, seed: int,
-                curves: bool) -> dict:
+def unlearn_one(
+    variant: str, W0: list[torch.Tensor], dataset: dict, data: tuple, c: int, p: Params, seed: int, curves: bool
+) -> dict:
     """One iterative baseline forgetting class c: the same step budget and lr grid for every baseline,
     the lr chosen on training data only (Unlearn's docstring). Returns the chosen net, its lr, times and
     (optionally) its train-forget/retain accuracy curve."""
@@ -383,7 +451,7 @@ def unlearn_one(variant: str, W0: list[torch.Tensor], dataset: dict, data: tuple
     for lr in u.lrs:
         net = load_weights(build_mlp(dataset["n_features"], p.model.hidden, dataset["n_classes"]), W0)
         curve: list[tuple[int, float, float]] = []
-        spent = [0.0]   # the curve's evaluations are not part of the unlearning time
+        spent = [0.0]  # the curve's evaluations are not part of the unlearning time
 
         def on_step(info: StepInfo, curve=curve, spent=spent) -> None:
             if curves and (info.step + 1) % u.log_every == 0:
@@ -394,19 +462,42 @@ def unlearn_one(variant: str, W0: list[torch.Tensor], dataset: dict, data: tuple
         if curves:
             curve.append((0, _acc(net, xf, yf), _acc(net, xr, yr)))
         t0 = time.perf_counter()
-        fit(net, None, loss, steps=u.steps, sample_batch=sample, lr=lr, optimizer="sgd", weight_decay=0.0,
-            grad_clip=u.grad_clip, seed=stream_seed(seed, f"unlearn/{c}"), desc=f"engram.{variant}", callback=on_step,
-            progress=False)
+        fit(
+            net,
+            None,
+            loss,
+            steps=u.steps,
+            sample_batch=sample,
+            lr=lr,
+            optimizer="sgd",
+            weight_decay=0.0,
+            grad_clip=u.grad_clip,
+            seed=stream_seed(seed, f"unlearn/{c}"),
+            desc=f"engram.{variant}",
+            callback=on_step,
+            progress=False,
+        )
         secs = time.perf_counter() - t0 - spent[0]
-        trials.append({"lr": lr, "net": net, "secs": secs, "forget": _acc(net, xf, yf), "retain": _acc(net, xr, yr),
-                       "curve": curve})
+        trials.append(
+            {
+                "lr": lr,
+                "net": net,
+                "secs": secs,
+                "forget": _acc(net, xf, yf),
+                "retain": _acc(net, xr, yr),
+                "curve": curve,
+            }
+        )
     ok = [t for t in trials if t["forget"] <= u.forget_target]
-    best = max(ok, key=lambda t: (t["retain"], -t["lr"])) if ok else min(trials, key=lambda t: (t["forget"], -t["retain"]))
+    best = (
+        max(ok, key=lambda t: (t["retain"], -t["lr"])) if ok else min(trials, key=lambda t: (t["forget"], -t["retain"]))
+    )
     return {**best, "tuning_time_s": time.perf_counter() - t_all, "reached_target": bool(ok)}
 
 
-def run_iterative(variant: str, rows: Rows, seed: int, W: list[torch.Tensor], dataset: dict, data: tuple,
-                  C: int, p: Params) -> None:
+def run_iterative(
+    variant: str, rows: Rows, seed: int, W: list[torch.Tensor], dataset: dict, data: tuple, C: int, p: Params
+) -> None:
     """Retraining from scratch without the class (gold standard) or an iterative unlearning baseline, on
     every class of ``unlearn.classes``."""
     xtr, ytr, xte, yte = data
@@ -434,8 +525,11 @@ def run_iterative(variant: str, rows: Rows, seed: int, W: list[torch.Tensor], da
         fs.append(f)
         rs.append(r)
         ts.append(secs)
-    summ = {**_forget_retain_summary(fs, rs), "edit_time_s": float(np.median(ts)),
-            "tuning_time_s": float(np.median(tune))}
+    summ = {
+        **_forget_retain_summary(fs, rs),
+        "edit_time_s": float(np.median(ts)),
+        "tuning_time_s": float(np.median(tune)),
+    }
     if reached:
         summ["lr_reached_target_frac"] = float(np.mean(reached))
         summ["lr_chosen_median"] = float(np.median(lrs))
@@ -473,7 +567,7 @@ def results_table(variant: str, detail: pd.DataFrame):
     compares variants on the classes all of them forgot), and the curves: the original model's per-epoch
     test accuracy and loss, the iterative baselines' train-forget / retain accuracy per step, the engram's
     α sweep (``alpha_forget_acc`` / ``alpha_retain_acc``, step = round(100 α))."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     res = Results(variant)
     for seed, g in detail.groupby("seed", sort=True):

@@ -1,12 +1,13 @@
 """Inputs of `featjnd`: the `digits_canvas` image set (the card's small-scale stand-in for ImageNet/COCO:
 sklearn's bundled 8×8 digits pasted on a cluttered canvas, with the digit mask kept for the attribution
 test E2), or a user's tensor file (full scale; format in the README)."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.featjnd.params import Params
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -23,8 +24,9 @@ def _stroke(canvas: np.ndarray, rng: np.random.Generator) -> None:
     canvas[rr, cc] = np.maximum(canvas[rr, cc], rng.uniform(0.5, 1.0))
 
 
-def render(digit: np.ndarray, rng: np.random.Generator, canvas: int, upsample: int, clutter: float,
-           n_strokes: int) -> tuple[np.ndarray, np.ndarray]:
+def render(
+    digit: np.ndarray, rng: np.random.Generator, canvas: int, upsample: int, clutter: float, n_strokes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """One canvas: uniform clutter, distractor strokes, then the upsampled digit at a random position.
 
     Returns (image, digit-ink mask), both ``canvas × canvas``."""
@@ -34,14 +36,23 @@ def render(digit: np.ndarray, rng: np.random.Generator, canvas: int, upsample: i
     d = np.kron(digit, np.ones((upsample, upsample)))
     s = d.shape[0]
     r, c = rng.integers(0, canvas - s + 1, 2)
-    img[r:r + s, c:c + s] = np.maximum(img[r:r + s, c:c + s], d)
+    img[r : r + s, c : c + s] = np.maximum(img[r : r + s, c : c + s], d)
     mask = np.zeros((canvas, canvas), dtype=bool)
-    mask[r:r + s, c:c + s] = d > 0
+    mask[r : r + s, c : c + s] = d > 0
     return img, mask
 
 
-def digits_canvas(seed: int, n_train: int, n_val: int, n_test: int, test_renders: int = 2, canvas: int = 32,
-                  upsample: int = 2, clutter: float = 0.1, n_strokes: int = 2) -> dict[str, torch.Tensor]:
+def digits_canvas(
+    seed: int,
+    n_train: int,
+    n_val: int,
+    n_test: int,
+    test_renders: int = 2,
+    canvas: int = 32,
+    upsample: int = 2,
+    clutter: float = 0.1,
+    n_strokes: int = 2,
+) -> dict[str, torch.Tensor]:
     """Seeded split of the bundled digits; every test digit is rendered ``test_renders`` times (different
     placement and clutter) to shrink the accuracy SE of the small test set."""
     from sklearn.datasets import load_digits
@@ -50,8 +61,11 @@ def digits_canvas(seed: int, n_train: int, n_val: int, n_test: int, test_renders
     images, labels = digits.images / 16.0, digits.target
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(labels))
-    parts = {"train": order[:n_train], "val": order[n_train:n_train + n_val],
-             "test": np.repeat(order[n_train + n_val:n_train + n_val + n_test], test_renders)}
+    parts = {
+        "train": order[:n_train],
+        "val": order[n_train : n_train + n_val],
+        "test": np.repeat(order[n_train + n_val : n_train + n_val + n_test], test_renders),
+    }
     out: dict[str, torch.Tensor] = {}
     for split, idx in parts.items():
         rendered = [render(images[i], rng, canvas, upsample, clutter, n_strokes) for i in idx]
@@ -62,9 +76,17 @@ def digits_canvas(seed: int, n_train: int, n_val: int, n_test: int, test_renders
 
 
 FORMAT = "input format: src/pipelines/featjnd/README.md"
-SPLIT_SCHEMAS = {s: TableSchema("featjnd.data.path", {f"x_{s}": "array[float]", f"y_{s}": "int"},
-                                finite=(f"x_{s}",), ranges={f"y_{s}": (0, None)}, item="key", hint=FORMAT)
-                 for s in SPLIT_NAMES}      # one image per row, its class id >= 0
+SPLIT_SCHEMAS = {
+    s: TableSchema(
+        "featjnd.data.path",
+        {f"x_{s}": "array[float]", f"y_{s}": "int"},
+        finite=(f"x_{s}",),
+        ranges={f"y_{s}": (0, None)},
+        item="key",
+        hint=FORMAT,
+    )
+    for s in SPLIT_NAMES
+}  # one image per row, its class id >= 0
 
 
 def check_tensor_file(data: object, where: str) -> dict[str, torch.Tensor]:
@@ -72,6 +94,7 @@ def check_tensor_file(data: object, where: str) -> dict[str, torch.Tensor]:
     (N×C×H×W float, finite, the same C×H×W in every split), y_* (N integer class ids ≥ 0, as many as the
     images; per split :data:`SPLIT_SCHEMAS`) and optionally mask_test (N_test×H×W bool). A bad key raises
     InputDataError (one line in the CLI) naming the dataset and the key; extra keys are ignored."""
+
     def fail(msg: str) -> None:
         raise InputDataError(f"dataset '{where}': {msg} ({FORMAT})")
 
@@ -120,5 +143,9 @@ def make_images(p: Params) -> dict[str, dict[str, torch.Tensor]]:
     if d.source == "tensor_file":
         data = load_tensor_file(d.path)
         return {f"seed{seed}": data for seed in p.seeds}
-    return {f"seed{seed}": digits_canvas(seed, d.n_train, d.n_val, d.n_test, d.test_renders, d.canvas,
-                                         d.upsample, d.clutter, d.n_strokes) for seed in p.seeds}
+    return {
+        f"seed{seed}": digits_canvas(
+            seed, d.n_train, d.n_val, d.n_test, d.test_renders, d.canvas, d.upsample, d.clutter, d.n_strokes
+        )
+        for seed in p.seeds
+    }

@@ -8,6 +8,7 @@ saliency-inverse step allocations at the same noise budget, measured in the esti
 The E1/E3 controls (gauss, shuffled, shuffled_all, inverse, sal_inv, perm_step, uniform_step) have nothing to
 fit: they are built from the variant's J (or the frozen head's gradient) and share its noise draw z and
 dither u (common random numbers), so they are measured in the variant's node: one table row variant per map / allocation."""
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.spec import paired
-from pipelines.core.stats import Estimate, t_interval
-from pipelines.core.runtime import node_setup
+from pipelines.core.api import Estimate, node_setup, paired, t_interval
 from pipelines.featjnd import ops
 from pipelines.featjnd.model import SPLITS, JNDEstimator, flip_rate, sample_noise
 from pipelines.featjnd.params import Params, split_of
@@ -43,7 +42,7 @@ def gradient_x_input(head, fn: torch.Tensor, batch: int = 256) -> torch.Tensor:
     """|∂ logit_ŷ / ∂f ⊙ f| for the *predicted* class ŷ (no labels), in normalised units."""
     out = []
     for i in range(0, fn.shape[0], batch):
-        f = fn[i:i + batch].clone().requires_grad_(True)
+        f = fn[i : i + batch].clone().requires_grad_(True)
         logits = head(f)
         sel = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
         (g,) = torch.autograd.grad(sel, f)
@@ -55,7 +54,7 @@ def gradient_x_input(head, fn: torch.Tensor, batch: int = 256) -> torch.Tensor:
 def accuracy(head, fn: torch.Tensor, y: torch.Tensor, batch: int = 512) -> float:
     correct = 0
     for i in range(0, fn.shape[0], batch):
-        correct += int((head(fn[i:i + batch]).argmax(-1) == y[i:i + batch]).sum())
+        correct += int((head(fn[i : i + batch]).argmax(-1) == y[i : i + batch]).sum())
     return correct / fn.shape[0]
 
 
@@ -71,13 +70,14 @@ def occlusion_drop(head, fn: torch.Tensor, patch: int) -> torch.Tensor:
     for r in range(hp):
         for col in range(wp):
             occ = fn.clone()
-            occ[:, :, r * patch:(r + 1) * patch, col * patch:(col + 1) * patch] = 0.0  # "off" for ReLU features
+            occ[:, :, r * patch : (r + 1) * patch, col * patch : (col + 1) * patch] = 0.0  # "off" for ReLU features
             drops[:, r, col] = (p0 - torch.softmax(head(occ), -1).gather(1, pred).squeeze(1)).cpu()
     return drops
 
 
-def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params, variant: str
-                     ) -> tuple[pd.DataFrame, dict]:
+def evaluate_variant(
+    images: dict, backbones: dict, estimators: dict, p: Params, variant: str
+) -> tuple[pd.DataFrame, dict]:
     """E1–E3 at the variant's split point for every seed (in `train.estimator_<split>`): long table
     (seed, split, variant, metric, value; `variant` there is the map / allocation) and the saved maps."""
     split = split_of(variant)
@@ -99,7 +99,7 @@ def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params,
         est.load_state_dict(st["state"])
         est.eval()
         with torch.no_grad():
-            j = torch.cat([est(fn[i:i + 512]) for i in range(0, len(fn), 512)])
+            j = torch.cat([est(fn[i : i + 512]) for i in range(0, len(fn), 512)])
         gen = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET[split])
 
         def rec(name: str, metric: str, value: float) -> None:
@@ -117,9 +117,14 @@ def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params,
         gxi = gradient_x_input(head, fn)
         sal_inv = 1.0 / (gxi + ev.sal_eps * gxi.mean(dim=(1, 2, 3), keepdim=True))
         shuffled = ops.shuffle_spatial(j.cpu(), gen).to(device)
-        shaped = {"featjnd": j, "gauss": torch.ones_like(j), "shuffled": shuffled,
-                  "shuffled_all": ops.shuffle_all(j.cpu(), gen).to(device), "inverse": 1.0 / j,
-                  "sal_inv": sal_inv}
+        shaped = {
+            "featjnd": j,
+            "gauss": torch.ones_like(j),
+            "shuffled": shuffled,
+            "shuffled_all": ops.shuffle_all(j.cpu(), gen).to(device),
+            "inverse": 1.0 / j,
+            "sal_inv": sal_inv,
+        }
         z = sample_noise(tuple(fn.shape), e.noise_dist, gen).to(device)
         for name, m in shaped.items():
             accs, direction = [], m * z
@@ -133,14 +138,17 @@ def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params,
         # ---- E2: attribution ----
         h, w = fn.shape[2:]
         mask = ops.pooled_mask(data["mask_test"].to(device), (h, w))
-        sens = (-torch.log(j)).mean(1)                   # S = mean_c(−log J): high where little is tolerated
+        sens = (-torch.log(j)).mean(1)  # S = mean_c(−log J): high where little is tolerated
         sal_pos = gxi.mean(1)
         rec("featjnd", "spearman_jnd_saliency", ops.spearman(sens.flatten(1), sal_pos.flatten(1)).mean())
         if ev.occlusion_images > 0:
             n_occ = min(ev.occlusion_images, len(fn))
             drop = occlusion_drop(head, fn[:n_occ], ev.occlusion_patch)
-            sens_p = torch.nn.functional.avg_pool2d(sens[:n_occ].unsqueeze(1), ev.occlusion_patch,
-                                                    ceil_mode=True).squeeze(1).cpu()
+            sens_p = (
+                torch.nn.functional.avg_pool2d(sens[:n_occ].unsqueeze(1), ev.occlusion_patch, ceil_mode=True)
+                .squeeze(1)
+                .cpu()
+            )
             rec("featjnd", "spearman_jnd_occlusion", ops.spearman(sens_p.flatten(1), drop.flatten(1)).mean())
         for name, m in (("featjnd", j), ("shuffled", shuffled), ("sal_inv", sal_inv)):
             ratio = ops.bg_fg_ratio(m.mean(1), mask)
@@ -157,9 +165,12 @@ def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params,
         qacc: dict[tuple[str, bool], list[float]] = {}
         for d0 in ev.steps_for(split):
             steps_jnd = ops.steps_from_weights(w_jnd, d0)
-            allocs = {"featjnd": steps_jnd, "perm_step": ops.permute_steps(steps_jnd.cpu(), gen).to(device),
-                      "uniform_step": torch.full_like(steps_jnd, d0),
-                      "sal_inv": ops.steps_from_weights(w_sal, d0)}
+            allocs = {
+                "featjnd": steps_jnd,
+                "perm_step": ops.permute_steps(steps_jnd.cpu(), gen).to(device),
+                "uniform_step": torch.full_like(steps_jnd, d0),
+                "sal_inv": ops.steps_from_weights(w_sal, d0),
+            }
             for name, steps in allocs.items():
                 for dith in (False, True):
                     fq, sym = ops.quantize(fn, steps, ev.q_clip, u if dith else None)
@@ -173,8 +184,13 @@ def evaluate_variant(images: dict, backbones: dict, estimators: dict, p: Params,
             rec(name, "qacc_mean" + ("_dither" if dith else ""), float(np.mean(accs)))
 
         n = min(ev.maps_saved, len(fn))
-        maps[f"seed{seed}"] = {"J": j[:n].half().cpu(), "x": data["x_test"][:n], "mask": data["mask_test"][:n],
-                               "saliency": sal_pos[:n].cpu(), "y": data["y_test"][:n]}
+        maps[f"seed{seed}"] = {
+            "J": j[:n].half().cpu(),
+            "x": data["x_test"][:n],
+            "mask": data["mask_test"][:n],
+            "saliency": sal_pos[:n].cpu(),
+            "y": data["y_test"][:n],
+        }
     return pd.DataFrame(rows), maps
 
 
@@ -246,25 +262,29 @@ def derived_metrics(values, p: Params) -> dict:
             for other in OTHERS_E1:
                 out[f"gap_pts.{sp}_{t}.featjnd_vs_{other}"] = pts(f"{sp}_{t}", "featjnd", other)
         out[f"max_abs_gap_pts.{sp}_acc_snr.shuffled_all_vs_gauss"] = _extreme(
-            [_abs_estimate(est(pts(f"{sp}_acc_snr{snr_tag(s)}", "shuffled_all", "gauss"))) for s in snrs], max)
+            [_abs_estimate(est(pts(f"{sp}_acc_snr{snr_tag(s)}", "shuffled_all", "gauss"))) for s in snrs], max
+        )
         low = [s for s in snrs if s <= 0]
         if low:
             out[f"min_gap_pts.{sp}_acc_snr_le0.featjnd_vs_shuffled"] = _extreme(
-                [est(pts(f"{sp}_acc_snr{snr_tag(s)}", "featjnd", "shuffled")) for s in low], min)
+                [est(pts(f"{sp}_acc_snr{snr_tag(s)}", "featjnd", "shuffled")) for s in low], min
+            )
         out[f"abs_dev_from_1.{sp}_jnd_bgfg_ratio.shuffled"] = _abs_estimate(
-            est(values.per_seed("shuffled", f"{sp}_jnd_bgfg_ratio")), 1.0)
+            est(values.per_seed("shuffled", f"{sp}_jnd_bgfg_ratio")), 1.0
+        )
         for sfx in ("", "_dither"):
             for other in OTHERS_E3:
-                out[f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{other}"] = pts(f"{sp}_qacc_mean{sfx}", "featjnd",
-                                                                                other)
+                out[f"gain_pts.{sp}_qacc_mean{sfx}.featjnd_vs_{other}"] = pts(f"{sp}_qacc_mean{sfx}", "featjnd", other)
         # headroom gates of the plain-rounding claims: the uniform allocation's accuracy at the worst budget
         # (min over Δ0 of the per-budget seed intervals; in accuracy, not points) and its loss against the
         # clean accuracy, 100·(acc_clean − qacc_mean), per seed
         out[f"min_qacc.{sp}_qacc.uniform_step"] = _extreme(
-            [est(values.per_seed("uniform_step", f"{sp}_qacc_D{step_tag(d)}")) for d in p.evaluation.steps_for(sp)],
-            min)
-        clean, qmean = values.per_seed("uniform_step", f"{sp}_acc_clean"), values.per_seed(
-            "uniform_step", f"{sp}_qacc_mean")
+            [est(values.per_seed("uniform_step", f"{sp}_qacc_D{step_tag(d)}")) for d in p.evaluation.steps_for(sp)], min
+        )
+        clean, qmean = (
+            values.per_seed("uniform_step", f"{sp}_acc_clean"),
+            values.per_seed("uniform_step", f"{sp}_qacc_mean"),
+        )
         out[f"qloss_pts.{sp}_qacc_mean.uniform_step"] = {s: 100.0 * (clean[s] - qmean[s]) for s in paired(clean, qmean)}
     return out
 
@@ -309,8 +329,9 @@ def _quant_plot(results: pd.DataFrame, split: str, steps: list[float]):
     for ax, sfx, title in ((axes[0], "", "plain rounding"), (axes[1], "_dither", "dithered")):
         for v in E3_ALLOCS:
             vals = [d[(d.variant == v) & (d.metric == f"qacc_D{step_tag(s)}{sfx}")]["value"] for s in steps]
-            ax.errorbar(steps, [x.mean() for x in vals], yerr=[x.std(ddof=0) for x in vals], marker="o",
-                        capsize=3, label=v)
+            ax.errorbar(
+                steps, [x.mean() for x in vals], yerr=[x.std(ddof=0) for x in vals], marker="o", capsize=3, label=v
+            )
         ax.set(xlabel="Δ0 (RMS step, channel-std units)", title=f"{split.upper()}: {title}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy")
@@ -341,14 +362,21 @@ def _long(values) -> pd.DataFrame:
     """The gathered tables as (variant, seed, split, metric, value): metric names without their split."""
     t = values.table[values.table["step"].isna()]
     t = t[t["metric"].str.match(r"^s\d_")]
-    return pd.DataFrame({"variant": t["variant"], "seed": t["seed"], "split": t["metric"].str[:2],
-                         "metric": t["metric"].str[3:], "value": t["value"]})
+    return pd.DataFrame(
+        {
+            "variant": t["variant"],
+            "seed": t["seed"],
+            "split": t["metric"].str[:2],
+            "metric": t["metric"].str[3:],
+            "value": t["value"],
+        }
+    )
 
 
 def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
     """Node `evaluate.plots`: per split the J-map grid, accuracy vs SNR and accuracy vs quantization budget;
     the estimators' training curves (the artifacts of `train.estimator_<split>`)."""
-    from pipelines.core.plots import line_plot
+    from pipelines.core.api import line_plot
 
     ev = p.evaluation
     long = _long(values)
@@ -361,8 +389,14 @@ def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
         for v in E1_MAPS:
             vals = [d[(d.variant == v) & (d.metric == f"acc_snr{snr_tag(s)}")]["value"] for s in ev.snr_db]
             series[v], errors[v] = [x.mean() for x in vals], [x.std(ddof=0) for x in vals]
-        figures[f"acc_vs_snr_{sp}"] = line_plot(ev.snr_db, series, "SNR (dB), energy matched per image",
-                                                "test accuracy", f"{sp.upper()}: accuracy vs SNR", errors)
+        figures[f"acc_vs_snr_{sp}"] = line_plot(
+            ev.snr_db,
+            series,
+            "SNR (dB), energy matched per image",
+            "test accuracy",
+            f"{sp.upper()}: accuracy vs SNR",
+            errors,
+        )
         figures[f"qacc_vs_budget_{sp}"] = _quant_plot(d, sp, ev.steps_for(sp))
     figures["estimator_training"] = _training_plot({sp: arts[sp]["estimators"] for sp in sorted(arts)})
     return figures

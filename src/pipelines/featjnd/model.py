@@ -1,6 +1,7 @@
 """Models of `featjnd`: the small CNN cut at two standardised split points (S1, S2), and the FeatJND
 estimator G_θ with its relaxed chance-constrained loss (card, Mechanism: J = softplus(G_θ(f)),
 L = −λ_M·M(J) + μ·E_z[(D_t − τ)_+], dual ascent on μ) and the post-hoc global scale calibrated on val."""
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,13 @@ class SmallCNN(nn.Module):
     def __init__(self, in_ch: int = 1, widths: tuple[int, ...] = (16, 32, 64, 64), n_classes: int = 10):
         super().__init__()
         w0, w1, w2, w3 = widths
-        self.stages = nn.ModuleList([
-            nn.Sequential(_block(in_ch, w0, 1), _block(w0, w1, 2)),  # → S1
-            _block(w1, w2, 2),                                       # → S2
-            _block(w2, w3, 1),
-        ])
+        self.stages = nn.ModuleList(
+            [
+                nn.Sequential(_block(in_ch, w0, 1), _block(w0, w1, 2)),  # → S1
+                _block(w1, w2, 2),  # → S2
+                _block(w2, w3, 1),
+            ]
+        )
         self.fc = nn.Linear(w3, n_classes)
 
     def encode(self, x: torch.Tensor, split: str) -> torch.Tensor:
@@ -38,7 +41,7 @@ class SmallCNN(nn.Module):
 
     def head(self, f: torch.Tensor, split: str) -> torch.Tensor:
         """h(f): the frozen downstream head from the split point to the logits."""
-        for stage in self.stages[SPLITS.index(split) + 1:]:
+        for stage in self.stages[SPLITS.index(split) + 1 :]:
             f = stage(f)
         return self.fc(f.mean(dim=(2, 3)))
 
@@ -61,9 +64,13 @@ class JNDEstimator(nn.Module):
 
     def __init__(self, channels: int, hidden: int = 32, j_max: float = 10.0):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(channels, hidden, 3, padding=1), nn.GELU(),
-                                 nn.Conv2d(hidden, hidden, 3, padding=1), nn.GELU(),
-                                 nn.Conv2d(hidden, channels, 1))
+        self.net = nn.Sequential(
+            nn.Conv2d(channels, hidden, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(hidden, hidden, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(hidden, channels, 1),
+        )
         self.j_max = j_max
         # log J is maximised: the clamp stops J → ∞ on channels the head ignores (dead ReLUs)
         self.register_buffer("scale", torch.ones(()))  # the global scale s calibrated on val
@@ -75,8 +82,9 @@ class JNDEstimator(nn.Module):
         return self.scale * self.raw(fn)
 
 
-def sample_noise(shape: tuple[int, ...], dist: str, gen: torch.Generator | None = None,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+def sample_noise(
+    shape: tuple[int, ...], dist: str, gen: torch.Generator | None = None, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """z with zero mean and unit variance: N(0, I), or U(−√3, √3) when ``dist == 'uniform'``."""
     if dist == "uniform":
         return (torch.rand(shape, generator=gen, device=device) * 2 - 1) * math.sqrt(3.0)
@@ -97,9 +105,20 @@ def magnitude(j: torch.Tensor, metric: str) -> torch.Tensor:
     return torch.log(j + 1e-6).mean()
 
 
-def jnd_loss(j: torch.Tensor, fn: torch.Tensor, std: torch.Tensor, clean_logits: torch.Tensor, head,
-             k: int, tau: float, lambda_m: float, mu: float, noise_dist: str, metric: str,
-             gen: torch.Generator | None = None) -> tuple[torch.Tensor, float]:
+def jnd_loss(
+    j: torch.Tensor,
+    fn: torch.Tensor,
+    std: torch.Tensor,
+    clean_logits: torch.Tensor,
+    head,
+    k: int,
+    tau: float,
+    lambda_m: float,
+    mu: float,
+    noise_dist: str,
+    metric: str,
+    gen: torch.Generator | None = None,
+) -> tuple[torch.Tensor, float]:
     """The relaxed objective on one mini-batch with K noise draws; returns (loss, flip rate).
 
     The chance constraint Pr[drop ≤ ε] ≥ 1 − ρ becomes a hinge on the expected KL above τ, weighted by the
@@ -115,13 +134,14 @@ def jnd_loss(j: torch.Tensor, fn: torch.Tensor, std: torch.Tensor, clean_logits:
 
 
 @torch.no_grad()
-def flip_rate(j: torch.Tensor, fn: torch.Tensor, std: torch.Tensor, head, draws: list[torch.Tensor],
-              batch: int = 512) -> float:
+def flip_rate(
+    j: torch.Tensor, fn: torch.Tensor, std: torch.Tensor, head, draws: list[torch.Tensor], batch: int = 512
+) -> float:
     """Share of predictions that change under f + J⊙z, averaged over the given noise draws."""
     flips, total = 0, 0
     for z in draws:
         for i in range(0, fn.shape[0], batch):
-            f, jj, zz = fn[i:i + batch], j[i:i + batch], z[i:i + batch]
+            f, jj, zz = fn[i : i + batch], j[i : i + batch], z[i : i + batch]
             clean = head(f * std).argmax(-1)
             noisy = head((f + jj * zz) * std).argmax(-1)
             flips += int((clean != noisy).sum())
@@ -129,8 +149,17 @@ def flip_rate(j: torch.Tensor, fn: torch.Tensor, std: torch.Tensor, head, draws:
     return flips / max(total, 1)
 
 
-def calibrate_scale(j: torch.Tensor, fn: torch.Tensor, std: torch.Tensor, head, rho: float, steps: int,
-                    draws: list[torch.Tensor], lo: float = 1e-3, hi: float = 1e2) -> float:
+def calibrate_scale(
+    j: torch.Tensor,
+    fn: torch.Tensor,
+    std: torch.Tensor,
+    head,
+    rho: float,
+    steps: int,
+    draws: list[torch.Tensor],
+    lo: float = 1e-3,
+    hi: float = 1e2,
+) -> float:
     """Global s with flip_rate(s·J) ≈ ρ on val, by bisection in log s (fixed draws keep it monotone).
 
     Needed because the overfit backbone flips ~4× less on train features than on held-out ones."""

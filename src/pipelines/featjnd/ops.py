@@ -1,6 +1,7 @@
 """The measurement mechanics of `featjnd`'s experiments: matched-energy distortions and the control maps
 (E1), rank correlation and bg/fg ratios (E2), token-wise dynamic quantization with budget-matched step
 allocations and its rate proxy (E3). Pure tensor functions, tested against independent references."""
+
 from __future__ import annotations
 
 import torch
@@ -29,18 +30,24 @@ def match_energy(direction: torch.Tensor, f: torch.Tensor, snr_db: float) -> tor
     is all zeros (nothing to rescale), non-finite entries, or a δ the dtype cannot hold to that accuracy
     raise a ValueError naming the first offending sample."""
     if direction.shape != f.shape:
-        raise ValueError(f"match_energy: direction {tuple(direction.shape)} and feature {tuple(f.shape)} differ in shape")
+        raise ValueError(
+            f"match_energy: direction {tuple(direction.shape)} and feature {tuple(f.shape)} differ in shape"
+        )
     d64 = direction.detach().double()
     for name, t in (("direction", d64), ("feature", f)):
         bad = ~torch.isfinite(t.detach().flatten(1)).all(1)
         if bad.any():
-            raise ValueError(f"match_energy: the {name} of sample {_first(bad)} has non-finite entries "
-                             f"({int(bad.sum())} sample(s) affected)")
+            raise ValueError(
+                f"match_energy: the {name} of sample {_first(bad)} has non-finite entries "
+                f"({int(bad.sum())} sample(s) affected)"
+            )
     d_norm, f_norm = norms64(d64), norms64(f)
     zero = d_norm == 0
     if zero.any():
-        raise ValueError(f"match_energy: the direction of sample {_first(zero)} is all zeros, so it cannot be "
-                         f"rescaled to {snr_db:g} dB ({int(zero.sum())} sample(s) affected)")
+        raise ValueError(
+            f"match_energy: the direction of sample {_first(zero)} is all zeros, so it cannot be "
+            f"rescaled to {snr_db:g} dB ({int(zero.sum())} sample(s) affected)"
+        )
     target = f_norm * 10.0 ** (-snr_db / 20.0)
     shape = (-1, *([1] * (direction.dim() - 1)))
     delta = (d64 * (target / d_norm).view(shape)).to(direction.dtype)
@@ -50,8 +57,10 @@ def match_energy(direction: torch.Tensor, f: torch.Tensor, snr_db: float) -> tor
     off = (target > 0) & ~((got - target).abs() <= 1e-6 * target)
     if off.any():
         i = _first(off)
-        raise ValueError(f"match_energy: δ of sample {i} (norm {float(target[i]):.3g}) is not representable in "
-                         f"{direction.dtype} to 1e-6")
+        raise ValueError(
+            f"match_energy: δ of sample {i} (norm {float(target[i]):.3g}) is not representable in "
+            f"{direction.dtype} to 1e-6"
+        )
     return delta
 
 
@@ -129,8 +138,9 @@ def permute_steps(steps: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.gather(steps, -1, idx)
 
 
-def quantize(f: torch.Tensor, steps: torch.Tensor, clip: float, dither: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(
+    f: torch.Tensor, steps: torch.Tensor, clip: float, dither: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-wise quantization of f (B×C×H×W) with per-token steps (B×T): Δ_t·round(f/Δ_t), or the dithered
     Δ_t·(round(f/Δ_t + u) − u) whose error is exactly uniform with variance Δ²/12.
 

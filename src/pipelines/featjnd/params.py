@@ -1,12 +1,12 @@
 """Typed parameters of `featjnd`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
+
 import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
-from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
-from pipelines.core.params import Fraction, MethodParams, Probability, Strict
+from pipelines.core.api import Fraction, MethodParams, Probability, Strict
 
 N_DIGITS = 1797  # sklearn's bundled load_digits
 
@@ -119,8 +119,9 @@ class Params(MethodParams):
         for c in [*(info.data.get("claims") or []), *(info.data.get("gates") or [])]:
             m = re.search(r"(?:^|\.)(s\d)_", c.metric)
             if m and m.group(1) not in have:
-                raise ValueError(f"claim '{c.id}' reads split {m.group(1)}, but estimator_{m.group(1)} "
-                                 f"is not among the variants")
+                raise ValueError(
+                    f"claim '{c.id}' reads split {m.group(1)}, but estimator_{m.group(1)} is not among the variants"
+                )
         return v
 
     def planned_variants(self) -> None:

@@ -2,6 +2,7 @@
 FeatJND estimator per split point, each a variant node `train.estimator_<split>` (card, Mechanism: relaxed
 chance-constrained loss with dual ascent on μ, then the global scale s calibrated on val so that the val
 flip rate is ρ). Both fits run through core's training loop."""
+
 from __future__ import annotations
 
 import math
@@ -10,10 +11,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import StepInfo, fit
-from pipelines.featjnd.model import (JNDEstimator, SmallCNN, calibrate_scale, flip_rate, freeze,
-                                     jnd_loss, sample_noise)
+from pipelines.core.api import StepInfo, fit, node_setup
+from pipelines.featjnd.model import JNDEstimator, SmallCNN, calibrate_scale, flip_rate, freeze, jnd_loss, sample_noise
 from pipelines.featjnd.params import Params, split_of
 
 SPLIT_SEED_OFFSET = {"s1": 1000, "s2": 2000}  # the estimator of each split gets its own stream
@@ -26,12 +25,12 @@ def build_backbone(data: dict[str, torch.Tensor], widths: list[int]) -> SmallCNN
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
-    return torch.cat([model(x[i:i + batch]) for i in range(0, x.shape[0], batch)])
+    return torch.cat([model(x[i : i + batch]) for i in range(0, x.shape[0], batch)])
 
 
 @torch.no_grad()
 def encode(model: SmallCNN, x: torch.Tensor, split: str, batch: int = 512) -> torch.Tensor:
-    return torch.cat([model.encode(x[i:i + batch], split) for i in range(0, x.shape[0], batch)])
+    return torch.cat([model.encode(x[i : i + batch], split) for i in range(0, x.shape[0], batch)])
 
 
 def train_backbone(images: dict, p: Params) -> dict[str, dict[str, torch.Tensor]]:
@@ -44,9 +43,18 @@ def train_backbone(images: dict, p: Params) -> dict[str, dict[str, torch.Tensor]
         model = build_backbone(data, p.backbone.widths).to(device)
         x, y = data["x_train"].to(device), data["y_train"].to(device)
         # weight_decay=0 and no clipping: plain Adam, as the card trains it
-        fit(model, [x, y], lambda m, xb, yb: F.cross_entropy(m(xb), yb), epochs=p.backbone.epochs,
-            lr=p.backbone.lr, weight_decay=0.0, batch_size=p.backbone.batch_size, seed=seed,
-            desc=f"featjnd backbone seed {seed}", grad_clip=None)
+        fit(
+            model,
+            [x, y],
+            lambda m, xb, yb: F.cross_entropy(m(xb), yb),
+            epochs=p.backbone.epochs,
+            lr=p.backbone.lr,
+            weight_decay=0.0,
+            batch_size=p.backbone.batch_size,
+            seed=seed,
+            desc=f"featjnd backbone seed {seed}",
+            grad_clip=None,
+        )
         out[f"seed{seed}"] = {k: v.cpu() for k, v in model.state_dict().items()}
     return out
 
@@ -72,7 +80,7 @@ def train_estimator(images: dict, backbones: dict, p: Params, variant: str) -> d
         # per-channel train std: J is reported in these normalised units, comparable across splits
         std = f_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)[0]
         fn_train = f_train / std
-        clean_train = torch.cat([model.head(f_train[i:i + 512], split) for i in range(0, len(f_train), 512)])
+        clean_train = torch.cat([model.head(f_train[i : i + 512], split) for i in range(0, len(f_train), 512)])
 
         def head(t: torch.Tensor) -> torch.Tensor:
             return model.head(t, split)
@@ -85,8 +93,20 @@ def train_estimator(images: dict, backbones: dict, p: Params, variant: str) -> d
         log: list[tuple[float, float]] = []
 
         def loss_fn(m: JNDEstimator, fn: torch.Tensor, clean: torch.Tensor):
-            loss, flip = jnd_loss(m.raw(fn), fn, std, clean, head, e.k_samples, e.tau, e.lambda_m,
-                                  math.exp(dual["log_mu"]), e.noise_dist, e.magnitude_metric, noise_gen)
+            loss, flip = jnd_loss(
+                m.raw(fn),
+                fn,
+                std,
+                clean,
+                head,
+                e.k_samples,
+                e.tau,
+                e.lambda_m,
+                math.exp(dual["log_mu"]),
+                e.noise_dist,
+                e.magnitude_metric,
+                noise_gen,
+            )
             return loss, {"flip": flip}
 
         def dual_ascent(info: StepInfo) -> None:
@@ -95,14 +115,32 @@ def train_estimator(images: dict, backbones: dict, p: Params, variant: str) -> d
             dual["log_mu"] = min(max(dual["log_mu"] + e.eta * (flip - e.rho) / e.rho, -20.0), 20.0)
             log.append((flip, math.exp(dual["log_mu"])))
 
-        res = fit(est, [fn_train, clean_train], loss_fn, epochs=e.epochs, lr=e.lr, weight_decay=0.0,
-                  batch_size=e.batch_size, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=gen)),
-                  desc=f"featjnd {variant} seed {seed}", callback=dual_ascent, grad_clip=1.0)
+        res = fit(
+            est,
+            [fn_train, clean_train],
+            loss_fn,
+            epochs=e.epochs,
+            lr=e.lr,
+            weight_decay=0.0,
+            batch_size=e.batch_size,
+            seed=int(torch.randint(0, 2**31 - 1, (1,), generator=gen)),
+            desc=f"featjnd {variant} seed {seed}",
+            callback=dual_ascent,
+            grad_clip=1.0,
+        )
         steps = math.ceil(len(fn_train) / e.batch_size)
-        history = torch.tensor([[h["epoch"], h["train_loss"],
-                                 sum(fl for fl, _ in log[i * steps:(i + 1) * steps]) / steps,
-                                 log[min((i + 1) * steps, len(log)) - 1][1]]
-                                for i, h in enumerate(res.history)], dtype=torch.float32)
+        history = torch.tensor(
+            [
+                [
+                    h["epoch"],
+                    h["train_loss"],
+                    sum(fl for fl, _ in log[i * steps : (i + 1) * steps]) / steps,
+                    log[min((i + 1) * steps, len(log)) - 1][1],
+                ]
+                for i, h in enumerate(res.history)
+            ],
+            dtype=torch.float32,
+        )
 
         # calibration on val: one global s so that the val flip rate is ρ (train flips understate it)
         f_val = encode(model, data["x_val"].to(device), split)
@@ -113,9 +151,14 @@ def train_estimator(images: dict, backbones: dict, p: Params, variant: str) -> d
         s = calibrate_scale(j_val, fn_val, std, head, e.rho, e.calib_steps, draws)
         est.scale.fill_(s)
         flip_val = flip_rate(s * j_val, fn_val, std, head, draws)
-        out[f"seed{seed}"] = {"state": {k: v.cpu() for k, v in est.state_dict().items()}, "std": std.cpu(),
-                              "scale": float(s), "flip_rate_val": float(flip_val),
-                              "train_flip_rate_last_epoch": float(history[-1, 2]), "history": history}
+        out[f"seed{seed}"] = {
+            "state": {k: v.cpu() for k, v in est.state_dict().items()},
+            "std": std.cpu(),
+            "scale": float(s),
+            "flip_rate_val": float(flip_val),
+            "train_flip_rate_last_epoch": float(history[-1, 2]),
+            "history": history,
+        }
     return out
 
 
@@ -125,7 +168,7 @@ def train_variant(images: dict, backbones: dict, p: Params, variant: str):
     the long table, one row variant per map / allocation with split-prefixed metrics
     (``featjnd``: ``s1_acc_snr0``, ...), and the artifacts: the estimators (state, scale, training history)
     and the saved maps."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
     from pipelines.featjnd.evaluate import evaluate_variant
 
     estimators = train_estimator(images, backbones, p, variant)
@@ -133,5 +176,4 @@ def train_variant(images: dict, backbones: dict, p: Params, variant: str):
     res = {v: Results(v) for v in dict.fromkeys(long["variant"])}
     for (v, seed), d in long.groupby(["variant", "seed"], sort=False):
         res[v].add(int(seed), **{f"{s}_{m}": x for s, m, x in zip(d["split"], d["metric"], d["value"])})
-    return pd.concat([r.table() for r in res.values()], ignore_index=True), {"estimators": estimators,
-                                                                             "maps": maps}
+    return pd.concat([r.table() for r in res.values()], ignore_index=True), {"estimators": estimators, "maps": maps}

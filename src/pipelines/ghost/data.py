@@ -3,18 +3,25 @@ probability ``topic_prob`` from z's Zipf unigram (over a topic-specific permutat
 otherwise from a shared order-1 Markov table (``n_successors`` successors per token, Dirichlet weights).
 Inferring z needs evidence accumulated over many tokens, which the SSM state holds and a short conv cannot,
 so the state matters. Or a user's token sequences (full env): a parquet table, one row per sequence."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.api import TableSchema, read_user_file
 from pipelines.ghost.params import Params
 
 SPLITS = ("train", "val", "calib", "test")
-USER_CORPUS = TableSchema("ghost.user_corpus", {"split": "str", "tokens": "array[int]"}, min_rows=4,
-                          no_missing=("split", "tokens"), allowed={"split": SPLITS}, covers={"split": SPLITS})
+USER_CORPUS = TableSchema(
+    "ghost.user_corpus",
+    {"split": "str", "tokens": "array[int]"},
+    min_rows=4,
+    no_missing=("split", "tokens"),
+    allowed={"split": SPLITS},
+    covers={"split": SPLITS},
+)
 
 
 def topic_world(p: Params) -> dict[str, np.ndarray]:
@@ -32,8 +39,9 @@ def topic_world(p: Params) -> dict[str, np.ndarray]:
     return {"unigram": unigram, "succ": succ, "weights": weights}
 
 
-def sample_topic_sequences(world: dict[str, np.ndarray], n: int, seq_len: int, topic_prob: float,
-                           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def sample_topic_sequences(
+    world: dict[str, np.ndarray], n: int, seq_len: int, topic_prob: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(tokens [n, seq_len], topics [n]); vectorised over sequences, a loop over positions."""
     unigram, succ, weights = world["unigram"], world["succ"], world["weights"]
     Z, V = unigram.shape
@@ -56,8 +64,9 @@ def sample_topic_sequences(world: dict[str, np.ndarray], n: int, seq_len: int, t
     return tok, z
 
 
-def markov_mqar_sequences(p: Params, n: int, rng: np.random.Generator, world_rng: np.random.Generator
-                          ) -> tuple[np.ndarray, np.ndarray]:
+def markov_mqar_sequences(
+    p: Params, n: int, rng: np.random.Generator, world_rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """The old mix (sweeps only): a share ``1 − mqar_fraction`` of order-2 Markov sequences (``n_successors``
     successors per context pair, Dirichlet weights), the rest multi-query associative recall: ``mqar_pairs``
     key-value pairs (keys from [0, mqar_pairs) shuffled, values from the next ``mqar_values`` tokens), then
@@ -78,11 +87,11 @@ def markov_mqar_sequences(p: Params, n: int, rng: np.random.Generator, world_rng
     for i in np.flatnonzero(rng.random(n) < d.mqar_fraction):
         keys = rng.permutation(P)
         vals = P + rng.integers(0, K, P)
-        tok[i, :2 * P:2], tok[i, 1:2 * P:2] = keys, vals
+        tok[i, : 2 * P : 2], tok[i, 1 : 2 * P : 2] = keys, vals
         q = rng.integers(0, P, (L - 2 * P) // 2)
-        tok[i, 2 * P:2 * P + 2 * len(q):2] = keys[q]
-        tok[i, 2 * P + 1:2 * P + 2 * len(q):2] = vals[q]
-        mask[i, 2 * P + 1:2 * P + 2 * len(q):2] = True
+        tok[i, 2 * P : 2 * P + 2 * len(q) : 2] = keys[q]
+        tok[i, 2 * P + 1 : 2 * P + 2 * len(q) : 2] = vals[q]
+        mask[i, 2 * P + 1 : 2 * P + 2 * len(q) : 2] = True
     return tok, mask
 
 
@@ -96,8 +105,9 @@ def make_corpus(p: Params) -> dict[str, torch.Tensor]:
         out = {}
         sizes = {"train": d.n_train, "val": d.n_val, "calib": d.n_calib, "test": d.n_test}
         for i, split in enumerate(SPLITS):
-            tok, mask = markov_mqar_sequences(p, sizes[split], np.random.default_rng([d.world_seed, i + 1]),
-                                              np.random.default_rng(d.world_seed))
+            tok, mask = markov_mqar_sequences(
+                p, sizes[split], np.random.default_rng([d.world_seed, i + 1]), np.random.default_rng(d.world_seed)
+            )
             out[split] = torch.from_numpy(tok)
             out[f"topics_{split}"] = torch.zeros(sizes[split], dtype=torch.long)
             out[f"mqar_mask_{split}"] = torch.from_numpy(mask)
@@ -123,5 +133,5 @@ def load_user_corpus(df: pd.DataFrame, p: Params, name: str = "ghost.user_corpus
         rows = df[df["split"] == split]["tokens"].tolist()
         arr = np.asarray([np.asarray(r) for r in rows])
         out[split] = torch.from_numpy(arr.astype(np.int64))
-        out[f"topics_{split}"] = torch.zeros(len(rows), dtype=torch.long)   # unknown: no OOD split
+        out[f"topics_{split}"] = torch.zeros(len(rows), dtype=torch.long)  # unknown: no OOD split
     return out

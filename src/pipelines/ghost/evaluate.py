@@ -2,6 +2,7 @@
 (dense vs hard-truncated models, interleaved in ONE node so that load hits every model alike), the derived
 metrics the card's claims read (per seed, paired, where they are per-seed; spec.py declares them), and the
 plots (perplexity vs pruning ratio, kept-channel maps, score histograms)."""
+
 from __future__ import annotations
 
 import math
@@ -10,9 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.metrics import interleaved_timing, ratio_ci
-from pipelines.core.runtime import node_setup
-from pipelines.core.seqmodels import generate
+from pipelines.core.api import generate, interleaved_timing, node_setup, ratio_ci
 from pipelines.ghost import model as M
 from pipelines.ghost.params import Params
 
@@ -57,8 +56,9 @@ def decode_timing(corpus: dict[str, torch.Tensor], model_blob: dict, ghost_score
     probe = corpus["test"][:4, :64].to(device)
     for rho in e.decode_rhos:
         if f"{rho:g}" not in seed0:
-            raise ValueError(f"eval.decode_rhos: {rho} was not pruned by train.ghost on seed {p.seeds[0]} "
-                             f"(it ran {sorted(seed0)})")
+            raise ValueError(
+                f"eval.decode_rhos: {rho} was not pruned by train.ghost on seed {p.seeds[0]} (it ran {sorted(seed0)})"
+            )
         keeps = [k.to(device) for k in seed0[f"{rho:g}"]["keep"]]
         masked = M.load_model(model_blob).to(device)
         M.set_masks(masked, keeps)
@@ -72,20 +72,23 @@ def decode_timing(corpus: dict[str, torch.Tensor], model_blob: dict, ghost_score
         return lambda: generate(m, prompt, e.decode_tokens, temperature=0)
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
-    times = interleaved_timing({k: decoder(m) for k, m in models.items()}, rounds=e.decode_rounds, warmup=1,
-                               clock="wall", sync=sync)
+    times = interleaved_timing(
+        {k: decoder(m) for k, m in models.items()}, rounds=e.decode_rounds, warmup=1, clock="wall", sync=sync
+    )
     tokens = e.decode_batch * e.decode_tokens
-    out: dict = {"truncation_max_abs_logit_diff": max_diff, "tokens_per_call": tokens,
-                 "seconds": {k: v.tolist() for k, v in times.items()},
-                 "decode_tok_per_s": {k: float(tokens / np.median(v)) for k, v in times.items()},
-                 "state_bytes_per_seq": {"dense": M.state_bytes_per_seq(M.current_masks(dense), dense)},
-                 "speedup": {}}
+    out: dict = {
+        "truncation_max_abs_logit_diff": max_diff,
+        "tokens_per_call": tokens,
+        "seconds": {k: v.tolist() for k, v in times.items()},
+        "decode_tok_per_s": {k: float(tokens / np.median(v)) for k, v in times.items()},
+        "state_bytes_per_seq": {"dense": M.state_bytes_per_seq(M.current_masks(dense), dense)},
+        "speedup": {},
+    }
     for rho in e.decode_rhos:
         k = rho_key(rho)
         out["state_bytes_per_seq"][k] = M.state_bytes_per_seq(list(seed0[f"{rho:g}"]["keep"]), dense)
-        est = ratio_ci(times["dense"], times[k])                   # dense time / pruned time: > 1 is faster
-        out["speedup"][k] = {"ratio": est.ratio, "ci_low": est.ci_low, "ci_high": est.ci_high,
-                             "rounds": est.rounds}
+        est = ratio_ci(times["dense"], times[k])  # dense time / pruned time: > 1 is faster
+        out["speedup"][k] = {"ratio": est.ratio, "ci_low": est.ci_low, "ci_high": est.ci_high, "rounds": est.rounds}
     return out
 
 
@@ -108,7 +111,7 @@ def margins(values, p: Params) -> dict:
     """Per seed, paired: ``margin.<k>.ghost_minus_half_<base>`` = ghost − ½·base, and
     ``margin.<k>.ghost_minus_1p2_best_gradient`` = ghost − 1.2·(the better of Taylor and Fisher, by its
     mean), for every pruning ratio's ``delta_ppl``."""
-    from pipelines.core.spec import paired
+    from pipelines.core.api import paired
 
     out: dict = {}
     for rho in all_rhos(p):
@@ -142,7 +145,7 @@ def spearman_vs_loo(scores: dict, loo: dict, seed: str) -> float:
 
     if loo["delta_nll"].numel() == 0 or seed not in scores:
         return math.nan
-    first = next(iter(scores[seed].values()))["scores"][0]        # layer 0 (dense: never recalibrated)
+    first = next(iter(scores[seed].values()))["scores"][0]  # layer 0 (dense: never recalibrated)
     if float(first.abs().sum()) == 0:
         return math.nan
     return float(spearmanr(first.flatten().numpy(), loo["delta_nll"].flatten().numpy()).statistic)
@@ -169,7 +172,7 @@ def heavy_tail(values, p: Params) -> dict:
 def calib_speedup(values, p: Params) -> dict:
     """``calib_speedup.ghost_vs_best_gradient``: per seed, the calibration time of the faster gradient
     method (by its mean) over GHOST's, at the largest main ratio."""
-    from pipelines.core.spec import paired
+    from pipelines.core.api import paired
 
     k = f"calib_time_s_{rho_key(max(p.prune.rhos))}"
     best = _best(values, GRADIENT, k)
@@ -186,7 +189,7 @@ def calib_names(p: Params, planned) -> list[str]:
 def decode_metrics(values, p: Params, timing: dict) -> dict:
     """The decode benchmark (one interleaved measurement): speed-ups with their order-statistic interval
     over rounds, tokens per second, state bytes, and the truncation check."""
-    from pipelines.core.stats import Estimate
+    from pipelines.core.api import Estimate
 
     out: dict = {}
     for name, s in timing.get("speedup", {}).items():
@@ -202,15 +205,21 @@ def decode_metrics(values, p: Params, timing: dict) -> dict:
 
 def decode_names(p: Params, planned) -> list[str]:
     ks = ["dense", *(rho_key(r) for r in p.eval.decode_rhos)]
-    return [*(f"decode_speedup.{rho_key(r)}" for r in p.eval.decode_rhos), *(f"decode_tok_per_s.{k}" for k in ks),
-            *(f"state_bytes_per_seq.{k}" for k in ks), "truncation_max_abs_logit_diff"]
+    return [
+        *(f"decode_speedup.{rho_key(r)}" for r in p.eval.decode_rhos),
+        *(f"decode_tok_per_s.{k}" for k in ks),
+        *(f"state_bytes_per_seq.{k}" for k in ks),
+        "truncation_max_abs_logit_diff",
+    ]
 
 
 def model_metrics(values, p: Params, model_blob: dict) -> dict:
     """The one SSM LM: its validation NLL and final training loss (mean of the last 20 steps)."""
     hist = model_blob["history"].tolist()
-    return {"dense_val_nll": float(model_blob["dense_val_nll"]),
-            "train_final_loss": float(np.mean(hist[-20:])) if hist else math.nan}
+    return {
+        "dense_val_nll": float(model_blob["dense_val_nll"]),
+        "train_final_loss": float(np.mean(hist[-20:])) if hist else math.nan,
+    }
 
 
 def dense_ppl_over_vocab(values, p: Params) -> dict:
@@ -230,15 +239,22 @@ def ratio_table(values, p: Params) -> pd.DataFrame:
     for v in values.variants:
         ms = values.metrics(v)
         if v == "dense":
-            rows += [{"variant": v, "seed": s, "rho": 0.0, "test_ppl": x, "delta_ppl": ms["delta_ppl"][s]}
-                     for s, x in ms.get("test_ppl", {}).items()]
+            rows += [
+                {"variant": v, "seed": s, "rho": 0.0, "test_ppl": x, "delta_ppl": ms["delta_ppl"][s]}
+                for s, x in ms.get("test_ppl", {}).items()
+            ]
             continue
         for rho in all_rhos(p):
             k = rho_key(rho)
-            rows += [{"variant": v, "seed": s, "rho": rho, "test_ppl": x, "delta_ppl": ms[f"delta_ppl_{k}"][s]}
-                     for s, x in ms.get(f"test_ppl_{k}", {}).items()]
-    return pd.DataFrame(rows, columns=["variant", "seed", "rho", "test_ppl", "delta_ppl"]).sort_values(
-        ["variant", "seed", "rho"], kind="stable").reset_index(drop=True)
+            rows += [
+                {"variant": v, "seed": s, "rho": rho, "test_ppl": x, "delta_ppl": ms[f"delta_ppl_{k}"][s]}
+                for s, x in ms.get(f"test_ppl_{k}", {}).items()
+            ]
+    return (
+        pd.DataFrame(rows, columns=["variant", "seed", "rho", "test_ppl", "delta_ppl"])
+        .sort_values(["variant", "seed", "rho"], kind="stable")
+        .reset_index(drop=True)
+    )
 
 
 def make_plots(p: Params, values, scores: dict, model_blob: dict, loo: dict) -> dict:
@@ -259,29 +275,45 @@ def make_plots(p: Params, values, scores: dict, model_blob: dict, loo: dict) -> 
             mu, sd = g.mean(), g.std(ddof=0).fillna(0)
             x = [0.0, *mu.index]
             y = [0.0, *mu.values]
-            ax.errorbar(x, y, yerr=[0.0, *sd.values], marker="o", ms=3, lw=1.2, capsize=2, label=v,
-                        color=f"C{c % 10}", ls="-" if v.startswith("ghost") else "--")
-        ax.set(xlabel="pruning ratio ρ (state channels removed per group)",
-               ylabel="Δ test perplexity vs dense" + (" (symlog)" if log else ""))
+            ax.errorbar(
+                x,
+                y,
+                yerr=[0.0, *sd.values],
+                marker="o",
+                ms=3,
+                lw=1.2,
+                capsize=2,
+                label=v,
+                color=f"C{c % 10}",
+                ls="-" if v.startswith("ghost") else "--",
+            )
+        ax.set(
+            xlabel="pruning ratio ρ (state channels removed per group)",
+            ylabel="Δ test perplexity vs dense" + (" (symlog)" if log else ""),
+        )
         if log:
             ax.set_yscale("symlog", linthresh=0.01)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Perplexity cost of state pruning (dense test ppl {dense_ppl:.2f}; mean ± std over "
-                 f"calibration seeds)", fontsize=9)
+    fig.suptitle(
+        f"Perplexity cost of state pruning (dense test ppl {dense_ppl:.2f}; mean ± std over calibration seeds)",
+        fontsize=9,
+    )
     fig.tight_layout()
     figs["ppl_vs_sparsity"] = fig
 
     seed0 = str(p.seeds[0])
-    shown = [v for v in ("ghost", "taylor", "fisher", "weight_magnitude", "activation_magnitude", "random")
-             if v in scores and seed0 in scores[v]]
+    shown = [
+        v
+        for v in ("ghost", "taylor", "fisher", "weight_magnitude", "activation_magnitude", "random")
+        if v in scores and seed0 in scores[v]
+    ]
     rho = f"{sorted(p.prune.rhos)[0]:g}"
     if shown:
         fig, axes = plt.subplots(len(shown), 1, figsize=(8, 1.2 + 0.9 * len(shown)), squeeze=False)
         for ax, v in zip(axes[:, 0], shown):
-            keep = scores[v][seed0][rho]["keep"]                          # [L, G, N]
-            ax.imshow(keep.flatten(0, 1).numpy(), aspect="auto", cmap="Greys", vmin=0, vmax=1,
-                      interpolation="nearest")
+            keep = scores[v][seed0][rho]["keep"]  # [L, G, N]
+            ax.imshow(keep.flatten(0, 1).numpy(), aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
             L, G, N = keep.shape
             ax.set_yticks(range(L * G), [f"L{l}g{g}" for l in range(L) for g in range(G)], fontsize=6)
             ax.set_title(v, fontsize=8, loc="left")

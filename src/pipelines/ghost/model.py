@@ -5,6 +5,7 @@ sequential layer-by-layer recalibration, masking, and hard truncation of in_proj
 
 The model is core's ``SelectiveSSMLM``; a state channel (g, n) of a layer is channel n of B and C in group
 g, shared by the heads of that group. Scores and masks are [n_groups, d_state] per layer."""
+
 from __future__ import annotations
 
 import copy
@@ -16,16 +17,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.seqmodels import SelectiveSSM, SelectiveSSMLM, SSMConfig
+from pipelines.core.api import SelectiveSSM, SelectiveSSMLM, SSMConfig
 from pipelines.ghost.params import FORWARD, GRADIENT, Params
 
 
 # ------------------------------------------------------------------------------------------- model
 def model_config(p: Params, vocab_size: int | None = None) -> SSMConfig:
     m = p.model
-    return SSMConfig(vocab_size=vocab_size or p.data.vocab_size, d_model=m.d_model, n_layers=m.n_layers,
-                     d_state=m.d_state, n_heads=m.n_heads, n_groups=m.n_groups, expand=m.expand,
-                     d_conv=m.d_conv, max_len=p.data.seq_len, scan="chunked", chunk_size=m.chunk_size)
+    return SSMConfig(
+        vocab_size=vocab_size or p.data.vocab_size,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        d_state=m.d_state,
+        n_heads=m.n_heads,
+        n_groups=m.n_groups,
+        expand=m.expand,
+        d_conv=m.d_conv,
+        max_len=p.data.seq_len,
+        scan="chunked",
+        chunk_size=m.chunk_size,
+    )
 
 
 def build_model(config: dict) -> SelectiveSSMLM:
@@ -51,7 +62,7 @@ def mean_nll(model: SelectiveSSMLM, ids: torch.Tensor, batch: int) -> float:
     tot, n = 0.0, 0
     dev = model.embed.weight.device
     for s in range(0, len(ids), batch):
-        part = ids[s:s + batch].to(dev)
+        part = ids[s : s + batch].to(dev)
         tot += float(lm_loss(model, part)) * len(part)
         n += len(part)
     return tot / n
@@ -63,7 +74,7 @@ def recall_accuracy(model: SelectiveSSMLM, ids: torch.Tensor, mask: torch.Tensor
     hits, n = 0, 0
     dev = model.embed.weight.device
     for s in range(0, len(ids), batch):
-        part, m = ids[s:s + batch].to(dev), mask[s:s + batch, 1:].to(dev)
+        part, m = ids[s : s + batch].to(dev), mask[s : s + batch, 1:].to(dev)
         pred = model(part[:, :-1]).argmax(-1)
         hits += int((pred == part[:, 1:])[m].sum())
         n += int(m.sum())
@@ -86,7 +97,7 @@ def set_masks(model: SelectiveSSMLM, masks: list[torch.Tensor]) -> None:
 
 
 def current_masks(model: SelectiveSSMLM) -> list[torch.Tensor]:
-    return [layer.state_mask[::groups_of(layer)[1]].bool().clone() for layer in model.layers]
+    return [layer.state_mask[:: groups_of(layer)[1]].bool().clone() for layer in model.layers]
 
 
 @torch.no_grad()
@@ -116,10 +127,10 @@ def forward_statistics(layer: SelectiveSSM, u: torch.Tensor) -> dict[str, torch.
     N = b.shape[-1]
     h = u.new_zeros(Bsz, H, P, N)
     joint, ctrl = u.new_zeros(H, N), u.new_zeros(H, N)
-    c2 = cc.square()                                                # [B, T, H, N]
+    c2 = cc.square()  # [B, T, H, N]
     for t in range(T):
         h = decay[:, t, :, None, None] * h + (dt[:, t, :, None] * x[:, t])[..., None] * b[:, t, :, None, :]
-        energy = h.square().sum(2)                                  # [B, H, N] = ‖S_t[:, n]‖²
+        energy = h.square().sum(2)  # [B, H, N] = ‖S_t[:, n]‖²
         joint += (energy * c2[:, t]).sum(0)
         ctrl += energy.sum(0)
     q = c2[:, -1].clone()
@@ -131,17 +142,24 @@ def forward_statistics(layer: SelectiveSSM, u: torch.Tensor) -> dict[str, torch.
     count = float(Bsz * T)
     hankel = ((ctrl / count) * (wo / count)).clamp_min(0).sqrt()
     G, rep = groups_of(layer)
-    grp = lambda a: a.view(G, rep, N).sum(1)                        # noqa: E731
-    first = lambda a: a.view(Bsz, T, G, rep, N)[:, :, :, 0].abs().sum((0, 1))   # noqa: E731 (shared by heads)
-    return {"joint": grp(joint), "ctrl": grp(ctrl), "obs": grp(c2.sum((0, 1))), "hankel": grp(hankel),
-            "abs_b": first(b), "abs_c": first(cc), "count": torch.tensor(count)}
+    grp = lambda a: a.view(G, rep, N).sum(1)  # noqa: E731
+    first = lambda a: a.view(Bsz, T, G, rep, N)[:, :, :, 0].abs().sum((0, 1))  # noqa: E731 (shared by heads)
+    return {
+        "joint": grp(joint),
+        "ctrl": grp(ctrl),
+        "obs": grp(c2.sum((0, 1))),
+        "hankel": grp(hankel),
+        "abs_b": first(b),
+        "abs_c": first(cc),
+        "count": torch.tensor(count),
+    }
 
 
 def forward_score(stats: dict[str, torch.Tensor], scorer: str) -> torch.Tensor:
     n = stats["count"]
     if scorer in ("ghost", "ghost_no_recal"):
         return stats["joint"]
-    if scorer == "ghost_separate":                                  # E‖S_n‖² · E[C_n²], not the joint E
+    if scorer == "ghost_separate":  # E‖S_n‖² · E[C_n²], not the joint E
         return (stats["ctrl"] / n) * (stats["obs"] / n)
     if scorer == "balanced_truncation":
         return stats["hankel"]
@@ -158,8 +176,8 @@ def weight_magnitude(layer: SelectiveSSM) -> torch.Tensor:
     """‖W_B[g, n]‖ · ‖W_C[g, n]‖ from in_proj's B and C rows."""
     G, N, d_in = layer.g, layer.n, layer.d_in
     W = layer.in_proj.weight.detach()
-    wb = W[2 * d_in:2 * d_in + G * N].norm(dim=1).view(G, N)
-    wc = W[2 * d_in + G * N:2 * d_in + 2 * G * N].norm(dim=1).view(G, N)
+    wb = W[2 * d_in : 2 * d_in + G * N].norm(dim=1).view(G, N)
+    wc = W[2 * d_in + G * N : 2 * d_in + 2 * G * N].norm(dim=1).view(G, N)
     return wb * wc
 
 
@@ -185,13 +203,14 @@ def gradient_scores(model: SelectiveSSMLM, ids: torch.Tensor, layers: list[int])
     out = {}
     for l, g in zip(layers, grads):
         G, rep = groups_of(model.layers[l])
-        per_seq = g[:, 0].reshape(Bsz, G, rep, -1).sum(2)            # [B, G, N]: heads of a group share m
+        per_seq = g[:, 0].reshape(Bsz, G, rep, -1).sum(2)  # [B, G, N]: heads of a group share m
         out[l] = {"taylor": per_seq.sum(0).abs(), "fisher": per_seq.square().mean(0)}
     return out
 
 
-def score_layers(model: SelectiveSSMLM, scorer: str, calib: torch.Tensor, layers: list[int],
-                 rng: np.random.Generator) -> dict[int, torch.Tensor]:
+def score_layers(
+    model: SelectiveSSMLM, scorer: str, calib: torch.Tensor, layers: list[int], rng: np.random.Generator
+) -> dict[int, torch.Tensor]:
     """Scores [G, N] of ``layers`` on the model as it is now (higher = keep)."""
     if scorer == "random":
         return {l: torch.from_numpy(rng.random((model.layers[l].g, model.layers[l].n))) for l in layers}
@@ -200,8 +219,9 @@ def score_layers(model: SelectiveSSMLM, scorer: str, calib: torch.Tensor, layers
     if scorer in GRADIENT:
         return {l: s[scorer] for l, s in gradient_scores(model, calib, layers).items()}
     if scorer in FORWARD:
-        return {l: forward_score(forward_statistics(model.layers[l], layer_input(model, calib, l)), scorer)
-                for l in layers}
+        return {
+            l: forward_score(forward_statistics(model.layers[l], layer_input(model, calib, l)), scorer) for l in layers
+        }
     raise ValueError(f"unknown scorer {scorer!r}")
 
 
@@ -228,7 +248,7 @@ def keep_global(scores: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
     keep_flat[order[:k]] = True
     out, off = [], 0
     for s in norm:
-        kp = keep_flat[off:off + s.numel()].view_as(s).clone()
+        kp = keep_flat[off : off + s.numel()].view_as(s).clone()
         off += s.numel()
         for g in range(s.shape[0]):
             if not kp[g].any():
@@ -237,8 +257,9 @@ def keep_global(scores: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
     return out
 
 
-def prune(model: SelectiveSSMLM, scorer: str, rho: float, calib: torch.Tensor, p: Params,
-          rng: np.random.Generator) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
+def prune(
+    model: SelectiveSSMLM, scorer: str, rho: float, calib: torch.Tensor, p: Params, rng: np.random.Generator
+) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
     """Prune ``model`` in place (masks) → (keep masks per layer, scores per layer, calibration CPU
     seconds). Forward-statistic and gradient scorers are recalibrated layer by layer (score layer l on
     the network whose layers < l are already pruned) unless ``prune.recalibrate`` is off, the variant is
@@ -247,15 +268,14 @@ def prune(model: SelectiveSSMLM, scorer: str, rho: float, calib: torch.Tensor, p
     if rho <= 0.0 or scorer == "dense":
         return [k.cpu() for k in current_masks(model)], [torch.zeros(l.g, l.n) for l in model.layers], 0.0
     data_dependent = scorer in FORWARD or scorer in GRADIENT
-    sequential = (data_dependent and p.prune.recalibrate and scorer != "ghost_no_recal"
-                  and p.prune.mode == "per_layer")
+    sequential = data_dependent and p.prune.recalibrate and scorer != "ghost_no_recal" and p.prune.mode == "per_layer"
     scores: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
-    keeps: list[torch.Tensor] = [None] * L   # type: ignore[list-item]
+    keeps: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
     seconds = 0.0
     if sequential:
         for l in range(L):
             t0 = time.process_time()
-            scores[l] = score_layers(model, scorer, calib, [l], rng)[l].float().cpu()   # .cpu() syncs
+            scores[l] = score_layers(model, scorer, calib, [l], rng)[l].float().cpu()  # .cpu() syncs
             seconds += time.process_time() - t0
             keeps[l] = keep_top(scores[l], rho)
             model.layers[l].state_mask.copy_(group_mask_to_heads(model.layers[l], keeps[l]))
@@ -290,8 +310,14 @@ def truncate(model: SelectiveSSMLM, keeps: list[torch.Tensor]) -> SelectiveSSMLM
             on.append(keep[g, chans])
         dev = layer.in_proj.weight.device
         idx = torch.cat(idx).to(dev)
-        rows = torch.cat([torch.arange(2 * d_in, device=dev), 2 * d_in + idx, 2 * d_in + G * N + idx,
-                          torch.arange(2 * d_in + 2 * G * N, layer.in_proj.out_features, device=dev)])
+        rows = torch.cat(
+            [
+                torch.arange(2 * d_in, device=dev),
+                2 * d_in + idx,
+                2 * d_in + G * N + idx,
+                torch.arange(2 * d_in + 2 * G * N, layer.in_proj.out_features, device=dev),
+            ]
+        )
         small = SelectiveSSM(dataclasses.replace(layer.c, d_state=k)).to(layer.in_proj.weight)
         with torch.no_grad():
             small.in_proj.weight.copy_(layer.in_proj.weight[rows])

@@ -2,6 +2,7 @@
 weights, anchor objective F_A and its greedy maximisation (card §Mechanism), the greedy epoch
 re-ordering, and the baselines' batchers (random, k-means clusters, B3-like Louvain communities,
 BatchSampler-like random walk with restart) and the ANCE-lite miner. Pure numpy (torch for the top-M)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,10 +19,10 @@ class ScoreGraph:
     each edge's reverse score (query j = idx[i, k] against document i), which the contradiction filter needs
     also when i is not in j's own top-M."""
 
-    idx: np.ndarray      # N×M int64, by decreasing score
-    s: np.ndarray        # N×M float64: s[i, k] = s_ij, j = idx[i, k]
-    s_pos: np.ndarray    # N: s_ii
-    s_rev: np.ndarray    # N×M float64: s_rev[i, k] = s_ji, j = idx[i, k]
+    idx: np.ndarray  # N×M int64, by decreasing score
+    s: np.ndarray  # N×M float64: s[i, k] = s_ij, j = idx[i, k]
+    s_pos: np.ndarray  # N: s_ii
+    s_rev: np.ndarray  # N×M float64: s_rev[i, k] = s_ji, j = idx[i, k]
 
     @property
     def n(self) -> int:
@@ -46,7 +47,7 @@ def knn_graph(qe, de, tau: float, m: int, chunk: int) -> ScoreGraph:
             top = torch.topk(sc, m, dim=1)
             idx[lo:hi] = top.indices.cpu().numpy()
             s[lo:hi] = top.values.double().cpu().numpy()
-            rev = torch.einsum("rmk,rk->rm", qe[top.indices], de[lo:hi]) / tau   # <q_j, d_i>/τ
+            rev = torch.einsum("rmk,rk->rm", qe[top.indices], de[lo:hi]) / tau  # <q_j, d_i>/τ
             s_rev[lo:hi] = rev.double().cpu().numpy()
         s_pos = ((qe * de).sum(1) / tau).double().cpu().numpy()
     return ScoreGraph(idx, s, s_pos, s_rev)
@@ -59,10 +60,10 @@ class Csr:
     data: np.ndarray | None = None
 
     def row(self, i: int) -> np.ndarray:
-        return self.indices[self.indptr[i]:self.indptr[i + 1]]
+        return self.indices[self.indptr[i] : self.indptr[i + 1]]
 
     def row_data(self, i: int) -> np.ndarray:
-        return self.data[self.indptr[i]:self.indptr[i + 1]]
+        return self.data[self.indptr[i] : self.indptr[i + 1]]
 
 
 def group_pairs(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +74,7 @@ def group_pairs(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sizes = np.diff(np.r_[starts, len(g)])
     rows, cols = [], []
     for st, sz in zip(starts[sizes > 1], sizes[sizes > 1]):
-        members = order[st:st + sz]
+        members = order[st : st + sz]
         r, c = np.meshgrid(members, members, indexing="ij")
         keep = r != c
         rows.append(r[keep])
@@ -90,9 +91,9 @@ class HobitGraph:
     symmetric contradiction lists."""
 
     g: ScoreGraph
-    a: np.ndarray        # N×M, aligned with g.idx
-    rev: Csr             # doc i → (queries c, a_ci)
-    contra: Csr          # i → examples that may not share its batch
+    a: np.ndarray  # N×M, aligned with g.idx
+    rev: Csr  # doc i → (queries c, a_ci)
+    contra: Csr  # i → examples that may not share its batch
 
 
 def hobit_graph(g: ScoreGraph, delta: float | None, exp_clip: float, groups: np.ndarray | None = None) -> HobitGraph:
@@ -118,7 +119,7 @@ def hobit_graph(g: ScoreGraph, delta: float | None, exp_clip: float, groups: np.
         cc.append(gc)
     cr, cc = np.concatenate(cr), np.concatenate(cc)
     if len(cr):
-        keys = np.unique(np.concatenate([cr * n + cc, cc * n + cr]))   # symmetric
+        keys = np.unique(np.concatenate([cr * n + cc, cc * n + cr]))  # symmetric
         contra = Csr(np.searchsorted(keys // n, np.arange(n + 1)), keys % n)
         ent = rows * n + cols
         at = np.minimum(np.searchsorted(keys, ent), len(keys) - 1)
@@ -163,8 +164,16 @@ def _take_best(gain: np.ndarray, feasible: np.ndarray, chosen: list[int]) -> int
     return c
 
 
-def greedy_members(er: np.ndarray, ec: np.ndarray, ew: np.ndarray, v: np.ndarray, n_rows: int, budget: int,
-                   phi: str = "log", conflicts=None) -> tuple[list[int], float]:
+def greedy_members(
+    er: np.ndarray,
+    ec: np.ndarray,
+    ew: np.ndarray,
+    v: np.ndarray,
+    n_rows: int,
+    budget: int,
+    phi: str = "log",
+    conflicts=None,
+) -> tuple[list[int], float]:
     """Greedy max of F_A under |S| ≤ budget on a sparse W (entries (row er, column ec, weight ew), each
     (row, column) at most once) and the modular term's arguments ``v`` (one per column). ``conflicts(c)``
     gives the columns that become infeasible once column c is chosen (the pairwise non-contradiction
@@ -196,8 +205,17 @@ def _merge(r: np.ndarray, c: np.ndarray, w: np.ndarray, n_cols: int) -> tuple[np
     return keys // n_cols, keys % n_cols, np.bincount(inv, w)
 
 
-def greedy_all_members(er: np.ndarray, ec: np.ndarray, ew: np.ndarray, t0: np.ndarray, P: int, budget: int,
-                       new_row, phi: str = "log", conflicts=None) -> tuple[list[int], float]:
+def greedy_all_members(
+    er: np.ndarray,
+    ec: np.ndarray,
+    ew: np.ndarray,
+    t0: np.ndarray,
+    P: int,
+    budget: int,
+    new_row,
+    phi: str = "log",
+    conflicts=None,
+) -> tuple[list[int], float]:
     """Greedy on the all-members ablation F(B) = Σ_{i∈B} φ(T_i), T_i = Σ_{j∈B∖{i}} w_ij (w symmetric), a
     heuristic (F is not submodular). The batch starts as the anchors: rows with current sums ``t0`` and
     sparse entries (row, candidate column, w); adding candidate c raises every T_r by w_rc and adds c's own
@@ -230,8 +248,9 @@ def greedy_all_members(er: np.ndarray, ec: np.ndarray, ew: np.ndarray, t0: np.nd
 
 
 # ------------------------------------------------------------------------------ epoch re-ordering
-def _random_fill(batch: list, size: int, avail: np.ndarray, blocked: np.ndarray, h: HobitGraph,
-                 rng: np.random.Generator) -> int:
+def _random_fill(
+    batch: list, size: int, avail: np.ndarray, blocked: np.ndarray, h: HobitGraph, rng: np.random.Generator
+) -> int:
     """Grow ``batch`` to ``size`` with random unassigned examples compatible with it (any unassigned one when
     none is: a forced incompatible fill), each taken out of ``avail`` and its contradictions ``blocked``.
     Returns the number of forced fills."""
@@ -248,8 +267,14 @@ def _random_fill(batch: list, size: int, avail: np.ndarray, blocked: np.ndarray,
     return forced
 
 
-def hobit_epoch(h: HobitGraph, b: int, rng: np.random.Generator, phi: str = "log",
-                anchors: str = "knn", objective: str = "anchors_fixed") -> tuple[list[np.ndarray], np.ndarray, int]:
+def hobit_epoch(
+    h: HobitGraph,
+    b: int,
+    rng: np.random.Generator,
+    phi: str = "log",
+    anchors: str = "knn",
+    objective: str = "anchors_fixed",
+) -> tuple[list[np.ndarray], np.ndarray, int]:
     """One epoch of HOBIT batches (card §Greedy epoch re-ordering): seed a batch with a random unassigned
     example, take b/2 anchors (the seed's nearest compatible unassigned neighbours, or random ones), then
     b/2 members by greedy F_A over the unassigned examples compatible with every anchor, with the pairwise
@@ -312,22 +337,41 @@ def hobit_epoch(h: HobitGraph, b: int, rng: np.random.Generator, phi: str = "log
         forced += _random_fill(members, b - n_a, avail, blocked, h, rng)
         members = np.asarray(members, np.int64)
         batches.append(np.concatenate([A_arr, members]))
-        if len(chosen) < len(members):   # random fill: the objective of the batch as built
-            value = batch_objective(h, A_arr, members, phi) if objective == "anchors_fixed" else \
-                all_members_value(h, np.concatenate([A_arr, members]), phi)
+        if len(chosen) < len(members):  # random fill: the objective of the batch as built
+            value = (
+                batch_objective(h, A_arr, members, phi)
+                if objective == "anchors_fixed"
+                else all_members_value(h, np.concatenate([A_arr, members]), phi)
+            )
         values.append(value)
     perm = rng.permutation(len(batches))
     return [batches[i] for i in perm], np.asarray(values)[perm], forced
 
 
-def _all_members_batch(h: HobitGraph, A: np.ndarray, cand: np.ndarray, pos: np.ndarray, rq, rw, fr, fwd, fw,
-                       budget: int, phi: str, conflicts) -> tuple[list[int], float]:
+def _all_members_batch(
+    h: HobitGraph,
+    A: np.ndarray,
+    cand: np.ndarray,
+    pos: np.ndarray,
+    rq,
+    rw,
+    fr,
+    fwd,
+    fw,
+    budget: int,
+    phi: str,
+    conflicts,
+) -> tuple[list[int], float]:
     """The all-members greedy for one batch: symmetric weights w = (a + aᵀ)/2 on the top-M graph."""
     n_a, P = len(A), len(cand)
     rrow = np.repeat(np.arange(n_a), [h.rev.indptr[i + 1] - h.rev.indptr[i] for i in A])
     okf, okr = pos[fwd] >= 0, pos[rq] >= 0
-    er, ec, ew = _merge(np.concatenate([fr[okf], rrow[okr]]), np.concatenate([pos[fwd[okf]], pos[rq[okr]]]),
-                        np.concatenate([fw[okf], rw[okr]]) / 2, P)
+    er, ec, ew = _merge(
+        np.concatenate([fr[okf], rrow[okr]]),
+        np.concatenate([pos[fwd[okf]], pos[rq[okr]]]),
+        np.concatenate([fw[okf], rw[okr]]) / 2,
+        P,
+    )
     t0 = np.array([(h.a[i] * np.isin(h.g.idx[i], A)).sum() / 2 for i in A])
     t0 += np.array([(h.rev.row_data(i) * np.isin(h.rev.row(i), A)).sum() / 2 for i in A])
 
@@ -361,7 +405,7 @@ def batch_objective(h: HobitGraph, A: np.ndarray, S: np.ndarray, phi: str = "log
 # --------------------------------------------------------------------------------------- baselines
 def random_batches(n: int, b: int, rng: np.random.Generator) -> list[np.ndarray]:
     perm = rng.permutation(n)
-    return [perm[i * b:(i + 1) * b] for i in range(n // b)]
+    return [perm[i * b : (i + 1) * b] for i in range(n // b)]
 
 
 def cluster_batches(labels: np.ndarray, b: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -369,7 +413,7 @@ def cluster_batches(labels: np.ndarray, b: int, rng: np.random.Generator) -> lis
     of exactly b: large clusters are split, small ones merged with their neighbours in the order."""
     groups = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     seq = np.concatenate([rng.permutation(groups[i]) for i in rng.permutation(len(groups))])
-    batches = [seq[i * b:(i + 1) * b] for i in range(len(seq) // b)]
+    batches = [seq[i * b : (i + 1) * b] for i in range(len(seq) // b)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -386,7 +430,7 @@ def louvain_labels(g: ScoreGraph, k: int, skip_top: int, resolution: float, seed
     import networkx as nx
 
     n = g.n
-    nb = g.idx[:, skip_top:skip_top + k]
+    nb = g.idx[:, skip_top : skip_top + k]
     G = nx.Graph()
     G.add_nodes_from(range(n))
     G.add_edges_from(zip(np.repeat(np.arange(n), nb.shape[1]).tolist(), nb.ravel().tolist()))
@@ -444,8 +488,9 @@ def mine_negatives(g: ScoreGraph, lo: int, hi: int, rng: np.random.Generator) ->
 
 
 # ------------------------------------------------------------------------------------- diagnostics
-def false_negatives(batches: list[np.ndarray], facts: np.ndarray,
-                    mined: np.ndarray | None = None) -> tuple[float, float]:
+def false_negatives(
+    batches: list[np.ndarray], facts: np.ndarray, mined: np.ndarray | None = None
+) -> tuple[float, float]:
     """(co-batched duplicate pairs per batch, share of queries whose negatives include a duplicate of their
     positive: in-batch or, with mining, the mined negatives shared by the batch)."""
     pairs, hit, total = 0, 0, 0
@@ -454,11 +499,11 @@ def false_negatives(batches: list[np.ndarray], facts: np.ndarray,
         _, counts = np.unique(f, return_counts=True)
         pairs += int((counts * (counts - 1) // 2).sum())
         docs = f if mined is None else np.concatenate([f, facts[mined[bt]]])
-        same = (f[:, None] == docs[None, :])
+        same = f[:, None] == docs[None, :]
         same[np.arange(len(bt)), np.arange(len(bt))] = False
-        if mined is not None:   # a mined doc that is the query's own positive document is masked in the loss
+        if mined is not None:  # a mined doc that is the query's own positive document is masked in the loss
             own = mined[bt][None, :] == bt[:, None]
-            same[:, len(bt):] &= ~own
+            same[:, len(bt) :] &= ~own
         hit += int(same.any(1).sum())
         total += len(bt)
     return pairs / max(len(batches), 1), hit / max(total, 1)

@@ -1,6 +1,7 @@
 """The objective checks the report carries (card §Batch objective): on random small ground sets, F_A
 (anchors fixed) is monotone and submodular (checked exhaustively over every S ⊆ T and x ∉ T), the
 all-members ablation is not, and greedy reaches ≥ (1 − 1/e) of the brute-force optimum."""
+
 from __future__ import annotations
 
 import itertools
@@ -31,7 +32,7 @@ def violations(values: np.ndarray, n: int) -> tuple[int, int, int]:
     mono = sub = total = 0
     for T in range(1 << n):
         S = T
-        while True:                           # every subset S of T
+        while True:  # every subset S of T
             for x in range(n):
                 bit = 1 << x
                 if T & bit:
@@ -72,15 +73,19 @@ def objective_checks(p: Params) -> dict:
         W = random_weights(rng, c.n_anchors, c.greedy_ground)
         v = random_weights(rng, c.n_anchors, c.greedy_ground).sum(0)
         chosen, value = greedy_members(*to_entries(W), v, c.n_anchors, c.greedy_budget)
-        best = max(anchor_objective(W, v, S) for S in itertools.combinations(range(c.greedy_ground),
-                                                                             min(c.greedy_budget, c.greedy_ground)))
+        best = max(
+            anchor_objective(W, v, S)
+            for S in itertools.combinations(range(c.greedy_ground), min(c.greedy_budget, c.greedy_ground))
+        )
         ratios.append(value / best if best > 0 else 1.0)
     ratios = np.asarray(ratios)
-    return {"objective.anchors_fixed.monotonicity_violations": int(anchor_mono),
-            "objective.anchors_fixed.submodularity_violations": int(anchor_sub),
-            "objective.anchors_fixed.inequalities_checked": int(anchor_total),
-            "objective.all_members.submodularity_violations": int(all_sub),
-            "objective.all_members.submodularity_violation_rate": float(all_sub / max(all_total, 1)),
-            "greedy.min_ratio_to_brute_force": float(ratios.min()),
-            "greedy.mean_ratio_to_brute_force": float(ratios.mean()),
-            "greedy.share_optimal": float((ratios >= 1 - 1e-9).mean())}
+    return {
+        "objective.anchors_fixed.monotonicity_violations": int(anchor_mono),
+        "objective.anchors_fixed.submodularity_violations": int(anchor_sub),
+        "objective.anchors_fixed.inequalities_checked": int(anchor_total),
+        "objective.all_members.submodularity_violations": int(all_sub),
+        "objective.all_members.submodularity_violation_rate": float(all_sub / max(all_total, 1)),
+        "greedy.min_ratio_to_brute_force": float(ratios.min()),
+        "greedy.mean_ratio_to_brute_force": float(ratios.mean()),
+        "greedy.share_optimal": float((ratios >= 1 - 1e-9).mean()),
+    }

@@ -1,19 +1,26 @@
 """Inputs of `hobit`: ``hobit_synth``, a seeded latent-hierarchy retrieval set (topic → subtopic → fact;
 a query view and a document view of each fact through different random maps, so a dual encoder is
 needed; a share of train facts duplicated: the contradictory negatives), or a user parquet of pairs."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.hobit.params import Params
 
-SHARED = -1                     # the seed value of a table every seed uses (the user's pairs)
-PAIRS_SCHEMA = TableSchema("hobit.data.user_path",
-                           {"split": "str", "fact": "int", "q": "array[number]", "d": "array[number]"},
-                           min_rows=4, no_missing=("split", "fact"), allowed={"split": ("train", "val", "test")},
-                           covers={"split": ("train", "test")}, lengths={"q": None, "d": None}, finite=("q", "d"))
+SHARED = -1  # the seed value of a table every seed uses (the user's pairs)
+PAIRS_SCHEMA = TableSchema(
+    "hobit.data.user_path",
+    {"split": "str", "fact": "int", "q": "array[number]", "d": "array[number]"},
+    min_rows=4,
+    no_missing=("split", "fact"),
+    allowed={"split": ("train", "val", "test")},
+    covers={"split": ("train", "test")},
+    lengths={"q": None, "d": None},
+    finite=("q", "d"),
+)
 
 
 def synth_pairs(p: Params, seed: int) -> pd.DataFrame:
@@ -34,14 +41,16 @@ def synth_pairs(p: Params, seed: int) -> pd.DataFrame:
     topic = np.repeat(np.arange(d.n_topics), d.n_subtopics * d.n_facts)
     subtopic = np.repeat(np.arange(d.n_topics * d.n_subtopics), d.n_facts)
     if d.n_test_facts + d.n_val_facts >= n_facts:
-        raise InputDataError(f"dataset 'hobit_synth': n_test_facts {d.n_test_facts} + n_val_facts "
-                             f"{d.n_val_facts} leave no train facts (only {n_facts} facts)")
-    A = rng.normal(scale=L ** -0.5, size=(O, L))
-    B = rng.normal(scale=L ** -0.5, size=(O, L))
+        raise InputDataError(
+            f"dataset 'hobit_synth': n_test_facts {d.n_test_facts} + n_val_facts "
+            f"{d.n_val_facts} leave no train facts (only {n_facts} facts)"
+        )
+    A = rng.normal(scale=L**-0.5, size=(O, L))
+    B = rng.normal(scale=L**-0.5, size=(O, L))
     perm = rng.permutation(n_facts)
     nt, nv = d.n_test_facts, d.n_val_facts
-    test_f, train_f = np.sort(perm[:nt]), perm[nt + nv:]
-    val_f = np.sort(perm[nt:nt + nv])
+    test_f, train_f = np.sort(perm[:nt]), perm[nt + nv :]
+    val_f = np.sort(perm[nt : nt + nv])
     dup_f = rng.choice(train_f, size=int(round(d.dup_rate * len(train_f))), replace=False)
     train_all = rng.permutation(np.concatenate([train_f, dup_f]))
     facts = np.concatenate([train_all, test_f, val_f])
@@ -49,9 +58,17 @@ def synth_pairs(p: Params, seed: int) -> pd.DataFrame:
     zq = z[facts]
     q = zq @ A.T + d.noise * rng.normal(size=(len(facts), O))
     dd = zq @ B.T + d.noise * rng.normal(size=(len(facts), O))
-    return pd.DataFrame({"seed": seed, "split": split, "fact": facts.astype(np.int64), "topic": topic[facts],
-                         "subtopic": subtopic[facts], "q": list(q.astype(np.float32)),
-                         "d": list(dd.astype(np.float32))})
+    return pd.DataFrame(
+        {
+            "seed": seed,
+            "split": split,
+            "fact": facts.astype(np.int64),
+            "topic": topic[facts],
+            "subtopic": subtopic[facts],
+            "q": list(q.astype(np.float32)),
+            "d": list(dd.astype(np.float32)),
+        }
+    )
 
 
 def check_pairs(df: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -74,7 +91,7 @@ def make_pairs(p: Params) -> pd.DataFrame:
         df["topic"], df["subtopic"] = -1, -1
         if not (df["split"] == "val").any():
             df = carve_val(df, p.data.n_val_facts)
-        return df.assign(seed=SHARED)          # one copy for every seed
+        return df.assign(seed=SHARED)  # one copy for every seed
     return pd.concat([synth_pairs(p, s) for s in p.seeds], ignore_index=True)
 
 
@@ -94,10 +111,16 @@ def carve_val(df: pd.DataFrame, n_val: int) -> pd.DataFrame:
 def _split(d: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     s = d[d["split"] == name]
     if s.empty:
-        return (np.zeros((0, len(d["q"].iloc[0])), np.float32), np.zeros((0, len(d["d"].iloc[0])), np.float32),
-                np.zeros(0, np.int64))
-    return (np.stack(s["q"].to_numpy()).astype(np.float32), np.stack(s["d"].to_numpy()).astype(np.float32),
-            s["fact"].to_numpy(np.int64))
+        return (
+            np.zeros((0, len(d["q"].iloc[0])), np.float32),
+            np.zeros((0, len(d["d"].iloc[0])), np.float32),
+            np.zeros(0, np.int64),
+        )
+    return (
+        np.stack(s["q"].to_numpy()).astype(np.float32),
+        np.stack(s["d"].to_numpy()).astype(np.float32),
+        s["fact"].to_numpy(np.int64),
+    )
 
 
 def seed_arrays(df: pd.DataFrame, seed: int) -> dict[str, np.ndarray]:
@@ -107,6 +130,14 @@ def seed_arrays(df: pd.DataFrame, seed: int) -> dict[str, np.ndarray]:
     if d.empty:
         d = df[df["seed"] == SHARED]
     (q_tr, d_tr, f_tr), (q_va, d_va, f_va), (q_te, d_te, f_te) = (_split(d, s) for s in ("train", "val", "test"))
-    return {"q_train": q_tr, "d_train": d_tr, "fact_train": f_tr,
-            "q_val": q_va, "fact_val": f_va, "q_test": q_te, "fact_test": f_te,
-            "corpus": np.concatenate([d_tr, d_va, d_te]), "fact_corpus": np.concatenate([f_tr, f_va, f_te])}
+    return {
+        "q_train": q_tr,
+        "d_train": d_tr,
+        "fact_train": f_tr,
+        "q_val": q_va,
+        "fact_val": f_va,
+        "q_test": q_te,
+        "fact_test": f_te,
+        "corpus": np.concatenate([d_tr, d_va, d_te]),
+        "fact_corpus": np.concatenate([f_tr, f_va, f_te]),
+    }

@@ -1,21 +1,29 @@
 """The report of `hobit` (variants table, gains of HOBIT over each baseline, false negatives, batching
 overhead, the objective checks, claims) and its plots (recall vs epoch, in-batch negative scores, false
 negatives, overhead, HOBIT's per-batch objective)."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from pipelines.core.plots import bar_plot, line_plot
+from pipelines.core.api import bar_plot, line_plot
 from pipelines.hobit.params import Params
+
 
 def _checks_names(p: Params, planned) -> list[str]:
     return list(CHECKS)
 
 
-CHECKS = ("objective.anchors_fixed.monotonicity_violations", "objective.anchors_fixed.submodularity_violations",
-          "objective.anchors_fixed.inequalities_checked", "objective.all_members.submodularity_violations",
-          "objective.all_members.submodularity_violation_rate", "greedy.min_ratio_to_brute_force",
-          "greedy.mean_ratio_to_brute_force", "greedy.share_optimal")
+CHECKS = (
+    "objective.anchors_fixed.monotonicity_violations",
+    "objective.anchors_fixed.submodularity_violations",
+    "objective.anchors_fixed.inequalities_checked",
+    "objective.all_members.submodularity_violations",
+    "objective.all_members.submodularity_violation_rate",
+    "greedy.min_ratio_to_brute_force",
+    "greedy.mean_ratio_to_brute_force",
+    "greedy.share_optimal",
+)
 
 
 def checks_metrics(values, p: Params, checks: dict) -> dict[str, float]:
@@ -37,7 +45,7 @@ def best_heuristic_names(p: Params, planned) -> list[str]:
 def vs_best_heuristic(values, p: Params) -> dict[str, dict[int, float]]:
     """Every HOBIT-batched variant minus the best heuristic (chosen by mean recall@1; the same one for MRR),
     per seed, paired."""
-    from pipelines.core.spec import paired
+    from pipelines.core.api import paired
 
     best = best_heuristic(values, p)
     out = {}
@@ -60,10 +68,12 @@ def derived(p: Params) -> list:
     """Differences (recall, MRR, false negatives per batch) between every HOBIT-batched variant and every
     baseline, between ``hobit`` and each ablation, and against the best heuristic batcher; the objective
     checks."""
-    from pipelines.core.spec import Diff, Fn
+    from pipelines.core.api import Diff, Fn
 
-    out = [Fn(checks_metrics, _checks_names, inputs=["checks"]),
-           Fn(convergence, ["convergence.max_val_late_rise"], needs_=list(p.variants))]
+    out = [
+        Fn(checks_metrics, _checks_names, inputs=["checks"]),
+        Fn(convergence, ["convergence.max_val_late_rise"], needs_=list(p.variants)),
+    ]
     for a, b in p.diff_pairs():
         out += [Diff("recall_at_1", a, b), Diff("mrr_at_10", a, b), Diff("fn_per_batch", b, a)]
     if p.heuristics():
@@ -83,7 +93,7 @@ def _curves(values) -> dict[str, dict[str, list[float]]]:
     for v in values.variants:
         seeds = sorted(values.per_seed(v, "recall_at_1"))
         out[v] = {}
-        for k in CURVES:      # early stopping: seeds may stop at different epochs (padded with NaN)
+        for k in CURVES:  # early stopping: seeds may stop at different epochs (padded with NaN)
             rows = [np.asarray(values.history(v, k, s)["value"], float) for s in seeds]
             n = max(len(r) for r in rows)
             pad = np.stack([np.pad(r, (0, n - len(r)), constant_values=np.nan) for r in rows])
@@ -96,8 +106,9 @@ def _style(names: list[str], p: Params) -> dict[str, dict]:
     import matplotlib
 
     cmap = matplotlib.colormaps["tab20"]
-    return {v: {"color": cmap(i % 20), "ls": "-" if p.variants[v].batcher == "hobit" else "--"}
-            for i, v in enumerate(names)}
+    return {
+        v: {"color": cmap(i % 20), "ls": "-" if p.variants[v].batcher == "hobit" else "--"} for i, v in enumerate(names)
+    }
 
 
 def _restyle(fig, style: dict[str, dict]) -> None:
@@ -120,27 +131,45 @@ def make_plots(p: Params, values, artifacts: dict) -> dict:
     pad = lambda xs: list(xs) + [float("nan")] * (n_ep - len(xs))  # noqa: E731
     epochs = np.arange(n_ep)
     style = _style(names, p)
-    figs["recall_vs_epoch"] = line_plot(epochs, {v: pad(curves[v]["val_recall_at_1"]) for v in names}, "epoch",
-                                        "validation recall@1",
-                                        "validation recall@1 after each epoch (mean over a variant's seeds)")
-    figs["hardness_vs_epoch"] = line_plot(epochs, {v: pad(curves[v]["hardness"]) for v in names}, "epoch",
-                                          "top negative cos − positive cos", "in-batch hardness (mean over seeds)")
+    figs["recall_vs_epoch"] = line_plot(
+        epochs,
+        {v: pad(curves[v]["val_recall_at_1"]) for v in names},
+        "epoch",
+        "validation recall@1",
+        "validation recall@1 after each epoch (mean over a variant's seeds)",
+    )
+    figs["hardness_vs_epoch"] = line_plot(
+        epochs,
+        {v: pad(curves[v]["hardness"]) for v in names},
+        "epoch",
+        "top negative cos − positive cos",
+        "in-batch hardness (mean over seeds)",
+    )
     _restyle(figs["recall_vs_epoch"], style)
     _restyle(figs["hardness_vs_epoch"], style)
-    for metric, label in (("recall_at_1", "test recall@1"), ("fn_per_batch", "co-batched duplicates per batch"),
-                          ("overhead_ratio", "batching time / training time per epoch")):
+    for metric, label in (
+        ("recall_at_1", "test recall@1"),
+        ("fn_per_batch", "co-batched duplicates per batch"),
+        ("overhead_ratio", "batching time / training time per epoch"),
+    ):
         vals = {v: list(values.per_seed(v, metric).values()) for v in names}
-        figs[metric] = bar_plot(names, [float(np.mean(vals[v])) for v in names],
-                                [float(np.std(vals[v])) for v in names], ylabel=label,
-                                title=f"{label} (mean ± std over seeds)")
+        figs[metric] = bar_plot(
+            names,
+            [float(np.mean(vals[v])) for v in names],
+            [float(np.std(vals[v])) for v in names],
+            ylabel=label,
+            title=f"{label} (mean ± std over seeds)",
+        )
     fig, ax = plt.subplots(figsize=(7, 4))
     for v in names:
         s = artifacts[v].get("neg_scores") or []
         if s:
-            ax.hist(s, bins=60, histtype="step", density=True, label=v, color=style[v]["color"],
-                    ls=style[v]["ls"])
-    ax.set(xlabel="cosine of (query, in-batch negative)", ylabel="density",
-           title="in-batch negative scores, last epoch, final encoder (first seed)")
+            ax.hist(s, bins=60, histtype="step", density=True, label=v, color=style[v]["color"], ls=style[v]["ls"])
+    ax.set(
+        xlabel="cosine of (query, in-batch negative)",
+        ylabel="density",
+        title="in-batch negative scores, last epoch, final encoder (first seed)",
+    )
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     figs["in_batch_negative_scores"] = fig

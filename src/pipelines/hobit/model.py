@@ -1,5 +1,6 @@
 """The dual encoder (two MLP towers, L2-normalised outputs) and the InfoNCE loss with in-batch negatives
 (plus, for the mining variants, one mined negative per query shared by the batch)."""
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,14 @@ class DualEncoder(nn.Module):
         return F.normalize(self.d(x), dim=-1)
 
 
-def infonce(model: DualEncoder, tau: float, q: torch.Tensor, d: torch.Tensor, neg: torch.Tensor | None = None,
-            neg_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def infonce(
+    model: DualEncoder,
+    tau: float,
+    q: torch.Tensor,
+    d: torch.Tensor,
+    neg: torch.Tensor | None = None,
+    neg_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy of q_i against its d_i among the batch's documents (and the mined ones, ``neg``;
     ``neg_mask[i, k]`` hides mined doc k from query i when it is i's own positive document).
     Also returns the in-batch hardness: mean over queries of (top negative cosine − positive cosine)."""

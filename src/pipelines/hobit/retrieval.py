@@ -1,6 +1,7 @@
 """Retrieval metrics of the test queries against the whole corpus (train + test documents): recall@k,
 MRR@10 and nDCG@10 with binary relevance (a document is relevant when it shares the query's fact id).
 The corpus is scored in chunks of queries with a top-k on the device, never as one queries × corpus matrix."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,7 @@ def metrics_from_hits(hits: np.ndarray, n_rel: np.ndarray, ks=(1, 10)) -> dict[s
     out["mrr_at_10"] = float(np.where(first > 0, 1.0 / np.maximum(first, 1), 0.0).mean())
     disc = 1.0 / np.log2(np.arange(2, 12))
     idcg = np.cumsum(disc)[np.minimum(n_rel, 10) - 1]
-    out["ndcg_at_10"] = float(((top10 * disc[:top10.shape[1]]).sum(1) / idcg).mean())
+    out["ndcg_at_10"] = float(((top10 * disc[: top10.shape[1]]).sum(1) / idcg).mean())
     return out
 
 
@@ -36,7 +37,7 @@ def top_documents(qe, ce, k: int, chunk: int = 1024) -> np.ndarray:
     out = []
     with torch.no_grad():
         for lo in range(0, len(qe), chunk):
-            out.append(torch.topk(qe[lo:lo + chunk] @ ce.T, min(k, len(ce)), dim=1).indices.cpu().numpy())
+            out.append(torch.topk(qe[lo : lo + chunk] @ ce.T, min(k, len(ce)), dim=1).indices.cpu().numpy())
     return np.concatenate(out)
 
 

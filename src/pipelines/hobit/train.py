@@ -3,6 +3,7 @@ steps for every variant, trained with InfoNCE through ``core.training.fit`` in i
 ``sample_batch`` mode; each variant only decides how the epoch's batches are built (and the mining
 variants add one mined negative per query). Epoch 0 is the same random epoch for every variant (a batcher
 needs a model to score with); graphs and clusters are refreshed every ``graph.refresh_every`` epochs."""
+
 from __future__ import annotations
 
 import time
@@ -11,9 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.schemas import InputDataError
-from pipelines.core.training import StepInfo, fit
+from pipelines.core.api import InputDataError, StepInfo, fit, node_setup
 from pipelines.hobit import batching as B
 from pipelines.hobit.data import seed_arrays
 from pipelines.hobit.model import DualEncoder, infonce
@@ -24,8 +23,17 @@ from pipelines.hobit.retrieval import evaluate_encoder, relevant_counts, top_doc
 class EpochBatcher:
     """Builds the batches of each epoch for one variant and records what it cost and what it built."""
 
-    def __init__(self, spec: Variant, p: Params, model: DualEncoder, q: torch.Tensor, d: torch.Tensor,
-                 facts: np.ndarray, seed: int, clock) -> None:
+    def __init__(
+        self,
+        spec: Variant,
+        p: Params,
+        model: DualEncoder,
+        q: torch.Tensor,
+        d: torch.Tensor,
+        facts: np.ndarray,
+        seed: int,
+        clock,
+    ) -> None:
         self.spec, self.p, self.model, self.q, self.d, self.facts, self.seed = spec, p, model, q, d, facts, seed
         self.clock = clock
         self.n, self.b = len(q), p.model.batch_size
@@ -35,10 +43,15 @@ class EpochBatcher:
         self.static: list[np.ndarray] | None = None
         self.batches: list[np.ndarray] = []
         self.mined: np.ndarray | None = None
-        self.log: dict[str, list[float]] = {"batching_s": [], "fn_per_batch": [], "fn_query_rate": [],
-                                            "batch_f_mean": [], "forced_fills": []}
+        self.log: dict[str, list[float]] = {
+            "batching_s": [],
+            "fn_per_batch": [],
+            "fn_query_rate": [],
+            "batch_f_mean": [],
+            "forced_fills": [],
+        }
         self.last_f: np.ndarray = np.empty(0)
-        self.history: list[list[np.ndarray]] | None = None   # every epoch's batches, when kept
+        self.history: list[list[np.ndarray]] | None = None  # every epoch's batches, when kept
 
     def _encode(self) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
@@ -52,7 +65,7 @@ class EpochBatcher:
 
     def build(self, epoch: int) -> None:
         s, p = self.spec, self.p
-        rng = np.random.default_rng([self.seed, 1000 + epoch])   # epoch 0: the same batches for every variant
+        rng = np.random.default_rng([self.seed, 1000 + epoch])  # epoch 0: the same batches for every variant
         t0 = self.clock()
         forced, fvals = 0, None
         self.mined = None
@@ -61,8 +74,11 @@ class EpochBatcher:
         else:
             refresh = (epoch - 1) % p.graph.refresh_every == 0
             reuse_static = s.batcher == "hobit" and s.static and self.static is not None
-            need_graph = (s.batcher in ("hobit", "batchsampler") and not reuse_static) or s.mining \
+            need_graph = (
+                (s.batcher in ("hobit", "batchsampler") and not reuse_static)
+                or s.mining
                 or (s.batcher == "b3" and self.labels is None)
+            )
             if need_graph and (self.graph is None or refresh):
                 self._refresh_graph()
             if s.batcher == "random":
@@ -76,8 +92,9 @@ class EpochBatcher:
                         delta = h.delta_cos / p.model.tau if s.filter in ("score", "ids_score") else None
                         groups = self.facts if s.filter in ("ids", "ids_score") else None
                         self.hgraph = B.hobit_graph(self.graph, delta, h.exp_clip, groups)
-                    self.batches, fvals, forced = B.hobit_epoch(self.hgraph, self.b, rng, s.phi,
-                                                                s.anchors or p.hobit.anchors, s.objective)
+                    self.batches, fvals, forced = B.hobit_epoch(
+                        self.hgraph, self.b, rng, s.phi, s.anchors or p.hobit.anchors, s.objective
+                    )
                     if s.static:
                         self.static = list(self.batches)
             elif s.batcher == "kmeans":
@@ -85,17 +102,19 @@ class EpochBatcher:
                     from threadpoolctl import threadpool_limits
 
                     with threadpool_limits(limits=torch.get_num_threads()):
-                        self.labels = B.kmeans_labels(self._encode()[0].cpu().numpy(), max(self.n // self.b, 1),
-                                                      self.seed)
+                        self.labels = B.kmeans_labels(
+                            self._encode()[0].cpu().numpy(), max(self.n // self.b, 1), self.seed
+                        )
                 self.batches = B.cluster_batches(self.labels, self.b, rng)
             elif s.batcher == "b3":
-                if self.labels is None:   # built once, from the epoch-1 encoder (B3's teacher)
+                if self.labels is None:  # built once, from the epoch-1 encoder (B3's teacher)
                     bl = p.baselines
                     self.labels = B.louvain_labels(self.graph, bl.b3_k, bl.b3_skip_top, bl.b3_resolution, self.seed)
                 self.batches = B.cluster_batches(self.labels, self.b, rng)
             elif s.batcher == "batchsampler":
-                self.batches = B.walk_batches(self.graph.idx[:, :p.baselines.walk_k], self.b,
-                                              p.baselines.walk_restart, rng)
+                self.batches = B.walk_batches(
+                    self.graph.idx[:, : p.baselines.walk_k], self.b, p.baselines.walk_restart, rng
+                )
             if s.mining:
                 self.mined = B.mine_negatives(self.graph, p.baselines.mine_rank_lo, p.baselines.mine_rank_hi, rng)
         self.log["batching_s"].append(self.clock() - t0)
@@ -117,8 +136,9 @@ class EpochBatcher:
         return self.q[idx], self.d[idx], self.d[neg], neg[None, :] == idx[:, None]
 
 
-def in_batch_negative_scores(model: DualEncoder, q: torch.Tensor, d: torch.Tensor, batches: list[np.ndarray],
-                             n: int, seed: int) -> list[float]:
+def in_batch_negative_scores(
+    model: DualEncoder, q: torch.Tensor, d: torch.Tensor, batches: list[np.ndarray], n: int, seed: int
+) -> list[float]:
     """A sample of ``n`` (query, in-batch negative) cosines over the given batches, under ``model``."""
     rng = np.random.default_rng([seed, 77])
     out = []
@@ -131,8 +151,9 @@ def in_batch_negative_scores(model: DualEncoder, q: torch.Tensor, d: torch.Tenso
     return [round(float(x), 5) for x in rng.choice(vals, size=min(n, len(vals)), replace=False)]
 
 
-def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
-              keep: bool) -> tuple[dict, pd.DataFrame | None, dict]:
+def train_one(
+    pairs: pd.DataFrame, p: Params, variant: str, seed: int, keep: bool
+) -> tuple[dict, pd.DataFrame | None, dict]:
     """One seed of one variant: its metrics row, per-epoch history and (``keep``) diagnostics and batches."""
     spec = p.variants[variant]
     device = node_setup(p, seed)
@@ -154,8 +175,10 @@ def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
     qv, ct = torch.as_tensor(arr["q_val"], device=device), torch.as_tensor(arr["corpus"], device=device)
     n_rel = relevant_counts(arr["fact_val"], arr["fact_corpus"])
     if not (n_rel > 0).any():
-        raise InputDataError(f"dataset 'hobit.pairs' (seed {seed}): no validation pairs (split 'val'), which early "
-                             "stopping and the convergence gate read")
+        raise InputDataError(
+            f"dataset 'hobit.pairs' (seed {seed}): no validation pairs (split 'val'), which early "
+            "stopping and the convergence gate read"
+        )
 
     def sample_batch(step: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
         epoch, k = divmod(step, spe)
@@ -183,28 +206,47 @@ def train_one(pairs: pd.DataFrame, p: Params, variant: str, seed: int,
         ep["val_recall_at_1"].append(r1)
         return -r1
 
-    fr = fit(model, None, lambda mdl, *bt: infonce(mdl, m.tau, *bt), steps=m.epochs * spe,
-             sample_batch=sample_batch, val_score=val_score, val_every=spe, patience=m.patience,
-             optimizer="adam", lr=m.lr, scheduler=linear_decay if m.schedule == "linear_decay" else None, weight_decay=m.weight_decay, grad_clip=m.grad_clip, seed=seed,
-             desc=f"hobit.{variant} seed {seed}", callback=on_step)
+    fr = fit(
+        model,
+        None,
+        lambda mdl, *bt: infonce(mdl, m.tau, *bt),
+        steps=m.epochs * spe,
+        sample_batch=sample_batch,
+        val_score=val_score,
+        val_every=spe,
+        patience=m.patience,
+        optimizer="adam",
+        lr=m.lr,
+        scheduler=linear_decay if m.schedule == "linear_decay" else None,
+        weight_decay=m.weight_decay,
+        grad_clip=m.grad_clip,
+        seed=seed,
+        desc=f"hobit.{variant} seed {seed}",
+        callback=on_step,
+    )
 
     metrics = evaluate_encoder(model, arr, device, tuple(p.eval.ks))
     lg = batcher.log
     bs = float(np.mean(lg["batching_s"][1:]))
     ts = float(np.mean(ep["train_s"]))
-    row = {**metrics,
-           "fn_per_batch": float(np.mean(lg["fn_per_batch"][1:])),
-           "fn_query_rate": float(np.mean(lg["fn_query_rate"][1:])),
-           "hardness": float(np.mean(ep["hardness"][1:])),
-           "train_loss_final": ep["train_loss"][-1],
-           "batching_s_per_epoch": bs, "train_s_per_epoch": ts,
-           "overhead_ratio": bs / ts if ts > 0 else float("nan"),
-           "batching_frac_of_epoch": bs / (bs + ts) if bs + ts > 0 else float("nan"),
-           "docs_per_step": float(2 * b if spec.mining else b), "steps": float(fr.steps_run),
-           "epochs_run": float(len(ep["val_recall_at_1"])), "best_epoch": float(fr.best_epoch // spe - 1),
-           "val_recall_at_1": float(max(ep["val_recall_at_1"])),
-           "val_late_rise": late_rise(ep["val_recall_at_1"], p.model.flat_window),
-           "forced_fills": float(np.sum(lg["forced_fills"]))}
+    row = {
+        **metrics,
+        "fn_per_batch": float(np.mean(lg["fn_per_batch"][1:])),
+        "fn_query_rate": float(np.mean(lg["fn_query_rate"][1:])),
+        "hardness": float(np.mean(ep["hardness"][1:])),
+        "train_loss_final": ep["train_loss"][-1],
+        "batching_s_per_epoch": bs,
+        "train_s_per_epoch": ts,
+        "overhead_ratio": bs / ts if ts > 0 else float("nan"),
+        "batching_frac_of_epoch": bs / (bs + ts) if bs + ts > 0 else float("nan"),
+        "docs_per_step": float(2 * b if spec.mining else b),
+        "steps": float(fr.steps_run),
+        "epochs_run": float(len(ep["val_recall_at_1"])),
+        "best_epoch": float(fr.best_epoch // spe - 1),
+        "val_recall_at_1": float(max(ep["val_recall_at_1"])),
+        "val_late_rise": late_rise(ep["val_recall_at_1"], p.model.flat_window),
+        "forced_fills": float(np.sum(lg["forced_fills"])),
+    }
     if spec.batcher == "hobit":
         row["batch_f_mean"] = float(np.nanmean(lg["batch_f_mean"][1:]))
     history = {**ep, **{k: v for k, v in lg.items() if k != "forced_fills"}}
@@ -242,14 +284,22 @@ def batch_table(batcher: EpochBatcher, seed: int) -> pd.DataFrame:
     frames = []
     for epoch, bt in enumerate(batcher.history or []):
         ex = np.concatenate(bt)
-        frames.append(pd.DataFrame({"seed": seed, "epoch": epoch,
-                                    "batch": np.repeat(np.arange(len(bt)), [len(x) for x in bt]),
-                                    "position": np.concatenate([np.arange(len(x)) for x in bt]),
-                                    "example": ex, "fact": batcher.facts[ex]}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "seed": seed,
+                    "epoch": epoch,
+                    "batch": np.repeat(np.arange(len(bt)), [len(x) for x in bt]),
+                    "position": np.concatenate([np.arange(len(x)) for x in bt]),
+                    "example": ex,
+                    "fact": batcher.facts[ex],
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
-CURVES = ("val_recall_at_1", "train_loss", "hardness", "fn_per_batch", "batching_s", "train_s")   # per epoch
+CURVES = ("val_recall_at_1", "train_loss", "hardness", "fn_per_batch", "batching_s", "train_s")  # per epoch
 
 
 def train_variant(pairs: pd.DataFrame, p: Params, variant: str):
@@ -257,7 +307,7 @@ def train_variant(pairs: pd.DataFrame, p: Params, variant: str):
     per-epoch curves ``CURVES``) and its artifacts: the first seed's diagnostics (``neg_scores``, ``batch_f``)
     and batches of every epoch (``batches``, columns of ``batch_table``; for HOBIT the first b/2 of a batch
     are its anchors), and the encoders' state dicts by seed (``encoders``)."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     spec = p.variants[variant]
     seeds = p.seeds[:1] if spec.first_seed_only else p.seeds

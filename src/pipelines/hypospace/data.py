@@ -8,6 +8,7 @@ uniform in [min_rows, max_rows]).
 
 A user may supply observation sets instead (full env): see :func:`read_user_observations`.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.hypospace.domains import domain_for
 from pipelines.hypospace.params import Params
 
@@ -28,16 +29,24 @@ def configurations(p: Params, domain: str) -> list[tuple[str, str, dict]]:
     """(label, domain_config json, generator settings) of every configuration of a domain."""
     d = p.domains
     if domain == "causal":
-        return [(f"n{n}_o{o}", json.dumps({"n": n}), {"n_obs": o})
-                for n in d.causal.n_nodes for o in d.causal.n_observations if o <= n]
+        return [
+            (f"n{n}_o{o}", json.dumps({"n": n}), {"n_obs": o})
+            for n in d.causal.n_nodes
+            for o in d.causal.n_observations
+            if o <= n
+        ]
     if domain == "voxel3d":
-        return [(f"H{h}", json.dumps({"grid": d.voxel3d.grid, "max_height": h}), {})
-                for h in d.voxel3d.max_heights]
+        return [(f"H{h}", json.dumps({"grid": d.voxel3d.grid, "max_height": h}), {}) for h in d.voxel3d.max_heights]
     if domain == "boolean":
         b = d.boolean
-        return [(f"{ops}_d{b.max_depth}", json.dumps({"variables": b.variables, "operator_set": ops,
-                                                      "max_depth": b.max_depth}), {})
-                for ops in b.operator_sets]
+        return [
+            (
+                f"{ops}_d{b.max_depth}",
+                json.dumps({"variables": b.variables, "operator_set": ops, "max_depth": b.max_depth}),
+                {},
+            )
+            for ops in b.operator_sets
+        ]
     raise ValueError(f"unknown domain {domain!r}")
 
 
@@ -69,8 +78,9 @@ def _draw(domain: str, dom, rng: np.random.Generator, settings: dict, p: Params)
         h = np.zeros(dom.g * dom.g, dtype=int)
         h[cells] = rng.integers(1, dom.H + 1, size=k)
         h = h.reshape(dom.g, dom.g)
-        return {"grid": dom.g, "max_height": dom.H, "top": (h > 0).astype(int).tolist()}, \
-            "/".join("".join(map(str, row)) for row in h)
+        return {"grid": dom.g, "max_height": dom.H, "top": (h > 0).astype(int).tolist()}, "/".join(
+            "".join(map(str, row)) for row in h
+        )
     b = p.domains.boolean
     t = int(rng.integers(dom.space_size))
     r = int(rng.integers(b.min_rows, b.max_rows + 1))
@@ -99,24 +109,49 @@ def build_domain(p: Params, domain: str, user: pd.DataFrame | None = None) -> tu
                 dom = domain_for(domain, cfg) if user is None else domain_for(domain, json.dumps(json.loads(cfg)))
                 keys, cx, st = admissible_of(domain, dom, obs)
             except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise InputDataError(f"dataset 'hypospace.{domain}_obs': observation set {oid}: columns "
-                                     f"'domain_config' / 'obs' do not describe a {domain} instance ({exc!r}; "
-                                     "see src/pipelines/hypospace/README.md)") from None
+                raise InputDataError(
+                    f"dataset 'hypospace.{domain}_obs': observation set {oid}: columns "
+                    f"'domain_config' / 'obs' do not describe a {domain} instance ({exc!r}; "
+                    "see src/pipelines/hypospace/README.md)"
+                ) from None
             if not keys:
-                raise InputDataError(f"dataset 'hypospace.{domain}_obs': observation set {oid} admits no "
-                                     "hypothesis (inconsistent observations)")
+                raise InputDataError(
+                    f"dataset 'hypospace.{domain}_obs': observation set {oid} admits no "
+                    "hypothesis (inconsistent observations)"
+                )
             oid = oid if user is None else f"{oid}/s{seed}"
-            obs_rows.append({"domain": domain, "config": label, "domain_config": cfg, "seed": int(seed),
-                             "obs_id": oid, "obs": json.dumps(obs), "n_admissible": len(keys),
-                             "space_size": int(dom.space_size), "truth": truth})
-            adm.append(pd.DataFrame({"obs_id": oid, "seed": int(seed), "key": keys, "complexity": cx,
-                                     "stratum": np.asarray(st, dtype=np.int64)}))
+            obs_rows.append(
+                {
+                    "domain": domain,
+                    "config": label,
+                    "domain_config": cfg,
+                    "seed": int(seed),
+                    "obs_id": oid,
+                    "obs": json.dumps(obs),
+                    "n_admissible": len(keys),
+                    "space_size": int(dom.space_size),
+                    "truth": truth,
+                }
+            )
+            adm.append(
+                pd.DataFrame(
+                    {
+                        "obs_id": oid,
+                        "seed": int(seed),
+                        "key": keys,
+                        "complexity": cx,
+                        "stratum": np.asarray(st, dtype=np.int64),
+                    }
+                )
+            )
     return pd.DataFrame(obs_rows, columns=OBS_COLUMNS), pd.concat(adm, ignore_index=True)
 
 
-USER_SCHEMA = TableSchema("hypospace.user_observations",
-                          {"domain": "str", "config": "str", "domain_config": "json", "obs_id": "str", "obs": "json"},
-                          no_missing=("domain", "config", "domain_config", "obs_id", "obs"))
+USER_SCHEMA = TableSchema(
+    "hypospace.user_observations",
+    {"domain": "str", "config": "str", "domain_config": "json", "obs_id": "str", "obs": "json"},
+    no_missing=("domain", "config", "domain_config", "obs_id", "obs"),
+)
 
 
 def read_user_observations(path: str | Path, domain: str) -> pd.DataFrame:
@@ -125,8 +160,9 @@ def read_user_observations(path: str | Path, domain: str) -> pd.DataFrame:
     see README), checked (:data:`USER_SCHEMA`, every row) before anything runs; rows of other domains are then
     ignored."""
     ds = f"{USER_SCHEMA.dataset} ({path})"
-    df = read_user_file(path, key="hypospace.user_observations", schema=USER_SCHEMA.refine(dataset=ds),
-                        kind="csv", dtype=str)
+    df = read_user_file(
+        path, key="hypospace.user_observations", schema=USER_SCHEMA.refine(dataset=ds), kind="csv", dtype=str
+    )
     return df[df["domain"] == domain]
 
 
@@ -147,6 +183,7 @@ def make_domain_data(p: Params, domain: str) -> tuple[pd.DataFrame, pd.DataFrame
 def domain_data(domain: str):
     """The ``data.<domain>`` node function: ``make_domain_data`` with its domain fixed (type hints kept,
     so Kedro still validates ``params:hypospace`` into ``Params``)."""
+
     def make(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
         return make_domain_data(p, domain)
 

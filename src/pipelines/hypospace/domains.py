@@ -13,6 +13,7 @@ tolerant parser, and a one-step corruption (the `noisy` sampler).
 Validators never use the enumerators' data structures (they recompute from the hypothesis object), so
 the tests can check one against the other.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -73,7 +74,7 @@ class Causal(_Enumerated):
                     continue
                 seen[mask] = len(masks)
                 desc = [0] * n
-                for v in reversed(order):      # children come later in the order: already closed
+                for v in reversed(order):  # children come later in the order: already closed
                     d = 0
                     for c in range(n):
                         if mask >> (v * n + c) & 1:
@@ -83,7 +84,7 @@ class Causal(_Enumerated):
                 desc_rows.append(desc)
         order = np.argsort([self._mask_key(m) for m in masks], kind="stable")
         self.masks = np.array(masks, dtype=np.int64)[order]
-        self.desc = np.array(desc_rows, dtype=np.int64)[order]          # (|H|, n) descendant bitmasks
+        self.desc = np.array(desc_rows, dtype=np.int64)[order]  # (|H|, n) descendant bitmasks
         self.keys = [self._mask_key(int(m)) for m in self.masks]
         self.n_edges = np.array([bin(int(m)).count("1") for m in self.masks])
         self.complexities, self.strata = self.n_edges.astype(float), self.n_edges
@@ -127,8 +128,12 @@ class Causal(_Enumerated):
         return np.flatnonzero(ok)
 
     def make_obs(self, truth: int, nodes) -> dict:
-        return {"n": self.n, "perturbed": {str(int(v)): [c for c in range(self.n) if self.desc[truth, v] >> c & 1]
-                                           for v in sorted(nodes)}}
+        return {
+            "n": self.n,
+            "perturbed": {
+                str(int(v)): [c for c in range(self.n) if self.desc[truth, v] >> c & 1] for v in sorted(nodes)
+            },
+        }
 
     def validate(self, edges, obs: dict) -> bool:
         """Recompute: nodes in range, no self-loops, acyclic, descendants of each perturbed node."""
@@ -142,7 +147,7 @@ class Causal(_Enumerated):
         for _, j in edges:
             indeg[j] += 1
         queue, seen = [v for v in range(n) if indeg[v] == 0], 0
-        while queue:                                   # Kahn: a cycle leaves nodes unvisited
+        while queue:  # Kahn: a cycle leaves nodes unvisited
             v = queue.pop()
             seen += 1
             for c in children[v]:
@@ -193,7 +198,8 @@ class Causal(_Enumerated):
             f"Experiments:\n{chr(10).join(lines)}\n"
             f"Graphs proposed so far (do not repeat any of them):\n{prior_txt}\n"
             "Propose ONE directed acyclic graph consistent with every experiment. Answer with a single line "
-            "'Graph: ' followed by the edges as X->Y separated by commas, or 'Graph: none' for no edges.")
+            "'Graph: ' followed by the edges as X->Y separated by commas, or 'Graph: none' for no edges."
+        )
 
 
 # ============================================================================================ voxel3d
@@ -222,7 +228,7 @@ class Voxel3D:
         vox = self.strip(np.asarray(vox, dtype=bool))
         if vox.shape[0] == 0:
             return "/".join("0" * vox.shape[2] for _ in range(vox.shape[1])) if vox.ndim == 3 else "empty"
-        if all((vox[z] <= vox[z - 1]).all() for z in range(1, vox.shape[0])):   # gravity: a height map
+        if all((vox[z] <= vox[z - 1]).all() for z in range(1, vox.shape[0])):  # gravity: a height map
             h = vox.sum(0)
             if h.max() < 10:
                 return "/".join("".join(str(int(x)) for x in row) for row in h)
@@ -235,8 +241,9 @@ class Voxel3D:
 
     def from_key(self, key: str):
         if key.startswith("layers:"):
-            return np.array([[[c == "1" for c in row] for row in layer.split("/")]
-                             for layer in key[7:].split("|")], dtype=bool)
+            return np.array(
+                [[[c == "1" for c in row] for row in layer.split("/")] for layer in key[7:].split("|")], dtype=bool
+            )
         return self.heights_to_vox(np.array([[int(c) for c in row] for row in key.split("/")]))
 
     def admissible_heights(self, top: np.ndarray) -> np.ndarray:
@@ -257,7 +264,7 @@ class Voxel3D:
         if vox.shape[0] > self.H:
             return False
         for z in range(1, vox.shape[0]):
-            if (vox[z] & ~vox[z - 1]).any():           # a floating block
+            if (vox[z] & ~vox[z - 1]).any():  # a floating block
                 return False
         top = vox.any(0) if vox.shape[0] else np.zeros((self.g, self.g), dtype=bool)
         return bool((top == np.asarray(obs["top"], dtype=bool)).all())
@@ -288,7 +295,7 @@ class Voxel3D:
             return None
         layers = []
         for ch in chunks:
-            digits = [int(d) for d in re.findall(r"\d", ch)][: self.g * self.g]   # "1 0 0", "[1,0,0]" or "100"
+            digits = [int(d) for d in re.findall(r"\d", ch)][: self.g * self.g]  # "1 0 0", "[1,0,0]" or "100"
             if len(digits) < self.g * self.g or max(digits) > 1:
                 return None
             layers.append(np.array(digits[: self.g * self.g], dtype=bool).reshape(self.g, self.g))
@@ -306,12 +313,13 @@ class Voxel3D:
             f"Seen from above, a cell is 1 when it holds at least one block:\n{top}\n"
             f"Structures proposed so far (do not repeat any of them):\n{prior_txt}\n"
             "Propose ONE structure consistent with the top view. Answer 'Structure:' and then, for each layer "
-            f"from the bottom, a line 'Layer k:' followed by {self.g} rows of {self.g} digits (1 = block).")
+            f"from the bottom, a line 'Layer k:' followed by {self.g} rows of {self.g} digits (1 = block)."
+        )
 
 
 # ============================================================================================ boolean
 BINARY = ("AND", "OR", "XOR", "NOR")
-ASSOCIATIVE = ("AND", "OR", "XOR")      # flattened; NOR is commutative but not associative
+ASSOCIATIVE = ("AND", "OR", "XOR")  # flattened; NOR is commutative but not associative
 IDEMPOTENT = ("AND", "OR")
 OPERATOR_SETS = {"basic": ("AND", "OR", "NOT"), "extended": ("AND", "OR", "NOT", "XOR", "NOR")}
 
@@ -354,7 +362,7 @@ def make(op: str, kids) -> Expr:
         flat.extend(k.kids if op in ASSOCIATIVE and k.op == op else (k,))
     if op in IDEMPOTENT:
         flat = list({k.text: k for k in flat}.values())
-        if len(flat) == 1:                          # x AND x = x
+        if len(flat) == 1:  # x AND x = x
             return flat[0]
     flat.sort(key=lambda k: k.text)
     return Expr((op, tuple(flat), "(" + f" {op} ".join(k.text for k in flat) + ")"))
@@ -415,9 +423,15 @@ def truth_table(e: Expr, variables: tuple[str, ...]) -> int:
 
 
 _TOKEN = re.compile(r"\s*(\(|\)|,|[A-Za-z_][A-Za-z_0-9]*|[01]|\S)")
-_SYMBOLS = [(r"\\land|\\wedge|∧|&&|&|\*|·", " AND "), (r"\\lor|\\vee|∨|\|\||\||\+", " OR "),
-            (r"\\oplus|⊕|\^|\\veebar|⊻", " XOR "), (r"\\lnot|\\neg|¬|!|~", " NOT "), (r"⊽|↓", " NOR "),
-            (r"\\text\{([^}]*)\}", r"\1"), (r"\\[()\[\]]|\$|`", " ")]
+_SYMBOLS = [
+    (r"\\land|\\wedge|∧|&&|&|\*|·", " AND "),
+    (r"\\lor|\\vee|∨|\|\||\||\+", " OR "),
+    (r"\\oplus|⊕|\^|\\veebar|⊻", " XOR "),
+    (r"\\lnot|\\neg|¬|!|~", " NOT "),
+    (r"⊽|↓", " NOR "),
+    (r"\\text\{([^}]*)\}", r"\1"),
+    (r"\\[()\[\]]|\$|`", " "),
+]
 
 
 def parse_expr(text: str) -> Expr | None:
@@ -444,6 +458,7 @@ def parse_expr(text: str) -> Expr | None:
                 op = take().upper()
                 left = make(op, (left, nxt[ops]()))
             return left
+
         return parse_level
 
     def unary():
@@ -451,7 +466,7 @@ def parse_expr(text: str) -> Expr | None:
         if t == "NOT":
             take()
             return make("NOT", (unary(),))
-        if t in BINARY and pos + 1 < len(toks) and toks[pos + 1] == "(":   # call syntax AND(a, b, c)
+        if t in BINARY and pos + 1 < len(toks) and toks[pos + 1] == "(":  # call syntax AND(a, b, c)
             op = take().upper()
             take()
             args = [or_()]
@@ -535,8 +550,12 @@ class Boolean(_Enumerated):
     def make_obs(self, truth: int, rows) -> dict:
         nv = len(self.variables)
         t = int(self.tt[truth])
-        return {"variables": list(self.variables), "operators": list(self.ops), "max_depth": self.D,
-                "rows": [[int(r) >> (nv - 1 - i) & 1 for i in range(nv)] + [t >> int(r) & 1] for r in sorted(rows)]}
+        return {
+            "variables": list(self.variables),
+            "operators": list(self.ops),
+            "max_depth": self.D,
+            "rows": [[int(r) >> (nv - 1 - i) & 1 for i in range(nv)] + [t >> int(r) & 1] for r in sorted(rows)],
+        }
 
     def validate(self, e: Expr | None, obs: dict) -> bool:
         """Allowed variables and operators, no constants, depth ≤ D, and every observed row reproduced by
@@ -559,6 +578,7 @@ class Boolean(_Enumerated):
             if x.op not in ("VAR", "CONST"):
                 for i, k in enumerate(x.kids):
                     walk(k, path + (i,))
+
         walk(e, ())
         path = nodes[rng.integers(len(nodes))]
 
@@ -568,7 +588,7 @@ class Boolean(_Enumerated):
                     others = [v for v in self.variables if v != x.kids[0]]
                     return var(others[rng.integers(len(others))]) if others else make("NOT", (x,))
                 if x.op == "NOT":
-                    return x.kids[0]                        # drop the negation
+                    return x.kids[0]  # drop the negation
                 others = [o for o in self.ops if o in BINARY and o != x.op]
                 if not others:
                     return make("NOT", (x,))
@@ -578,6 +598,7 @@ class Boolean(_Enumerated):
             kids = list(x.kids)
             kids[p[0]] = rebuild(kids[p[0]], p[1:])
             return make(x.op, kids)
+
         return rebuild(e, path)
 
     def render(self, e: Expr) -> str:
@@ -595,8 +616,9 @@ class Boolean(_Enumerated):
         return f"Your expression must have nesting depth exactly {s} (a bare variable has depth 0)."
 
     def prompt(self, obs: dict, prior: list[str]) -> str:
-        rows = "\n".join(", ".join(f"{v}={b}" for v, b in zip(self.variables, r[:-1])) + f" -> {r[-1]}"
-                         for r in obs["rows"])
+        rows = "\n".join(
+            ", ".join(f"{v}={b}" for v, b in zip(self.variables, r[:-1])) + f" -> {r[-1]}" for r in obs["rows"]
+        )
         prior_txt = "\n".join(f"Expression: {k}" for k in prior) or "(none yet)"
         return (
             f"An unknown Boolean function of {', '.join(self.variables)} was observed on some inputs:\n{rows}\n"
@@ -606,7 +628,8 @@ class Boolean(_Enumerated):
             "Any other rewriting (distributivity, absorption, De Morgan) gives a different expression.\n"
             f"Expressions proposed so far (do not repeat any of them):\n{prior_txt}\n"
             "Propose ONE expression consistent with every observation. Answer with a single line "
-            "'Expression: ' followed by the expression in plain text, e.g. 'Expression: (x AND NOT y)'.")
+            "'Expression: ' followed by the expression in plain text, e.g. 'Expression: (x AND NOT y)'."
+        )
 
 
 def _eval(e: Expr, env: dict[str, int]) -> int:
@@ -623,7 +646,7 @@ def _eval(e: Expr, env: dict[str, int]) -> int:
         return int(any(vals))
     if e.op == "XOR":
         return sum(vals) % 2
-    return int(not any(vals))        # NOR (binary)
+    return int(not any(vals))  # NOR (binary)
 
 
 @lru_cache(maxsize=16)
@@ -643,7 +666,7 @@ def enumerate_expressions(variables: tuple[str, ...], operator_set: str, max_dep
                 if op == "NOT":
                     continue
                 for b in prev:
-                    if op != "NOR" and b.text < a.text:      # commutative: one order suffices
+                    if op != "NOR" and b.text < a.text:  # commutative: one order suffices
                         continue
                     e = make(op, (a, b))
                     new.setdefault(e.text, e)

@@ -10,6 +10,7 @@ Per observation set with admissible set A and N queries:
 A valid proposal outside A means the validator and the enumerator disagree (a canonicalisation bug):
 that stops the run naming the set and the key, since R would be meaningless.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ def uniform_recovery_moments(K: int, N: int) -> tuple[float, float]:
     a, b = (1 - 1 / K) ** N, (1 - 2 / K) ** N
     ex = K * (1 - a)
     var = K * (K - 1) * b + K * a - K * K * a * a
-    return ex / K, max(var, 0.0) / K ** 2
+    return ex / K, max(var, 0.0) / K**2
 
 
 def prior_validity_moments(K: int, H: int, N: int) -> tuple[float, float]:
@@ -106,18 +107,36 @@ def set_metrics(p: Params, variant: str, props: pd.DataFrame, tables: dict[str, 
         valid_keys = set(g.loc[g["valid"], "key"])
         outside = valid_keys - A
         if outside:
-            raise ValueError(f"hypospace.train.{v}: observation set {oid}: the validator "
-                             f"accepts {sorted(outside)[:3]} but the enumerated admissible set does not hold "
-                             "it (validator and enumerator disagree on the canonical key)")
+            raise ValueError(
+                f"hypospace.train.{v}: observation set {oid}: the validator "
+                f"accepts {sorted(outside)[:3]} but the enumerated admissible set does not hold "
+                "it (validator and enumerator disagree on the canonical key)"
+            )
         K = int(o["n_admissible"])
         er, vr = uniform_recovery_moments(K, N)
         ev, vv = prior_validity_moments(K, int(o["space_size"]), N)
-        rows.append({"variant": v, "seed": int(o["seed"]), "domain": o["domain"], "config": o["config"],
-                     "obs_id": oid, "n_admissible": K, "space_size": int(o["space_size"]), "n_queries": N,
-                     "n_budget": int(g["n_budget"].iloc[0]), "V": g["valid"].sum() / N,
-                     "U": parsed["key"].nunique() / N, "R": len(valid_keys & A) / K,
-                     "parse_rate": len(parsed) / N, "mean_attempts": float(g["attempts"].mean()),
-                     "uniform_R_mean": er, "uniform_R_var": vr, "prior_V_mean": ev, "prior_V_var": vv})
+        rows.append(
+            {
+                "variant": v,
+                "seed": int(o["seed"]),
+                "domain": o["domain"],
+                "config": o["config"],
+                "obs_id": oid,
+                "n_admissible": K,
+                "space_size": int(o["space_size"]),
+                "n_queries": N,
+                "n_budget": int(g["n_budget"].iloc[0]),
+                "V": g["valid"].sum() / N,
+                "U": parsed["key"].nunique() / N,
+                "R": len(valid_keys & A) / K,
+                "parse_rate": len(parsed) / N,
+                "mean_attempts": float(g["attempts"].mean()),
+                "uniform_R_mean": er,
+                "uniform_R_var": vr,
+                "prior_V_mean": ev,
+                "prior_V_var": vv,
+            }
+        )
     df = pd.DataFrame(rows)
     df["bin"] = size_bin(df["n_admissible"]) if len(df) else []
     return df
@@ -169,21 +188,24 @@ def bin_table(m: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _harness_z(artifacts: dict, p: Params, variant: str, stat: str, expect: str, stream: int,
-               null) -> tuple[pd.DataFrame, dict[str, float]]:
+def _harness_z(
+    artifacts: dict, p: Params, variant: str, stat: str, expect: str, stream: int, null
+) -> tuple[pd.DataFrame, dict[str, float]]:
     """A sampler's rows (pooled over seeds) and the largest |z| over domain × |A| bins of the bin mean of
     ``stat`` against its exact expectation (columns ``<expect>_mean`` / ``<expect>_var``): normal, and exact
     Monte Carlo from ``null(bin rows, rng)`` (rng stream ``[*seeds, stream]``)."""
     m = gather(artifacts)
     u = m[m["variant"] == variant]
     out = {}
-    zs = [_z(g[stat].mean(), g[f"{expect}_mean"].mean(), g[f"{expect}_var"].sum(), len(g))
-          for _, g in u.groupby(["domain", "bin"])]
+    zs = [
+        _z(g[stat].mean(), g[f"{expect}_mean"].mean(), g[f"{expect}_var"].sum(), len(g))
+        for _, g in u.groupby(["domain", "bin"])
+    ]
     out[f"harness.{variant}.max_abs_z_{stat}"] = max(zs)
     rng = np.random.default_rng([*p.seeds, stream])
     out[f"harness.{variant}.max_exact_z_{stat}"] = max(
-        exact_z(g[stat].mean(), g[f"{expect}_mean"].mean(), null(g, rng))
-        for _, g in u.groupby(["domain", "bin"]))
+        exact_z(g[stat].mean(), g[f"{expect}_mean"].mean(), null(g, rng)) for _, g in u.groupby(["domain", "bin"])
+    )
     return u, out
 
 
@@ -234,16 +256,28 @@ def collapse(values, p: Params, artifacts: dict) -> dict:
 def results_table(m: pd.DataFrame, variant: str, top: dict[str, int]):
     """The long table of one sampler: per seed, V, U, R overall, per domain, per domain's top bin (``top``:
     the bins of every sampler's sets, :func:`top_bins`) and per |A| bin."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     res = Results(variant)
     for seed, g in m.groupby("seed", sort=False):
-        r = {"V": g["V"].mean(), "U": g["U"].mean(), "R": g["R"].mean(),
-             "parse_rate": g["parse_rate"].mean(), "n_queries": float(g["n_queries"].sum()),
-             "n_sets": float(len(g)), "n_capped_sets": float((g["n_queries"] < g["n_budget"]).sum())}
+        r = {
+            "V": g["V"].mean(),
+            "U": g["U"].mean(),
+            "R": g["R"].mean(),
+            "parse_rate": g["parse_rate"].mean(),
+            "n_queries": float(g["n_queries"].sum()),
+            "n_sets": float(len(g)),
+            "n_capped_sets": float((g["n_queries"] < g["n_budget"]).sum()),
+        }
         for d, gd in g.groupby("domain"):
-            r.update({f"V_{d}": gd["V"].mean(), f"U_{d}": gd["U"].mean(), f"R_{d}": gd["R"].mean(),
-                      f"spearman_logA_R_{d}": _spearman(np.log(gd["n_admissible"]), gd["R"])})
+            r.update(
+                {
+                    f"V_{d}": gd["V"].mean(),
+                    f"U_{d}": gd["U"].mean(),
+                    f"R_{d}": gd["R"].mean(),
+                    f"spearman_logA_R_{d}": _spearman(np.log(gd["n_admissible"]), gd["R"]),
+                }
+            )
             t = gd[gd["bin"] == top[d]]
             if len(t):
                 r[f"R_top_{d}"] = t["R"].mean()
@@ -271,25 +305,45 @@ def make_plots(p: Params, values, artifacts: dict[str, list[dict]]) -> dict:
                 g = bd[bd["variant"] == v].sort_values("bin")
                 if g.empty:
                     continue
-                ax.errorbar(g["n_admissible_mean"], g[f"{stat}_mean"], yerr=g[f"{stat}_std"].fillna(0), marker="o",
-                            ms=4, capsize=2, color=f"C{i}", label=v, alpha=0.85)
+                ax.errorbar(
+                    g["n_admissible_mean"],
+                    g[f"{stat}_mean"],
+                    yerr=g[f"{stat}_std"].fillna(0),
+                    marker="o",
+                    ms=4,
+                    capsize=2,
+                    color=f"C{i}",
+                    label=v,
+                    alpha=0.85,
+                )
             if stat == "R" and "uniform_valid" in p.variants:
                 g = bd[bd["variant"] == "uniform_valid"].sort_values("bin")
-                ax.plot(g["n_admissible_mean"], g["uniform_R_expected"], "k--", lw=1,
-                        label="exact E[R], uniform over A")
-            ax.set(xscale="log", xlabel="|A| (bin mean, log scale)", ylabel=f"{stat} (mean ± std over sets)",
-                   title=d, ylim=(-0.03, 1.05))
+                ax.plot(
+                    g["n_admissible_mean"], g["uniform_R_expected"], "k--", lw=1, label="exact E[R], uniform over A"
+                )
+            ax.set(
+                xscale="log",
+                xlabel="|A| (bin mean, log scale)",
+                ylabel=f"{stat} (mean ± std over sets)",
+                title=d,
+                ylim=(-0.03, 1.05),
+            )
             ax.xaxis.set_major_locator(LogLocator(base=10))
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=7)
-        fig.suptitle(f"{'Recovery' if stat == 'R' else 'Uniqueness'} vs admissible-set size "
-                     f"(N = ⌈{p.protocol.query_multiplier:g}·|A|⌉)")
+        fig.suptitle(
+            f"{'Recovery' if stat == 'R' else 'Uniqueness'} vs admissible-set size "
+            f"(N = ⌈{p.protocol.query_multiplier:g}·|A|⌉)"
+        )
         fig.tight_layout()
         figs[name] = fig
     # V / U / R radar per sampler (means over every observation set)
-    means = metrics.groupby("variant")[["V", "U", "R"]].mean().reindex([v for v in p.variants
-                                                                         if v in set(metrics["variant"])])
+    means = (
+        metrics.groupby("variant")[["V", "U", "R"]]
+        .mean()
+        .reindex([v for v in p.variants if v in set(metrics["variant"])])
+    )
     ang = np.linspace(0, 2 * np.pi, 3, endpoint=False).tolist()
     fig = plt.figure(figsize=(7, 5))
     ax = fig.add_subplot(111, polar=True)
@@ -311,7 +365,9 @@ def make_plots(p: Params, values, artifacts: dict[str, list[dict]]) -> dict:
 def report_extra(p: Params, values, artifacts: dict) -> dict:
     metrics = gather(artifacts)
     bt = bin_table(metrics)
-    return {"bins": bt.replace({np.nan: None}).to_dict(orient="records"),
-            "top_bins": top_bins(metrics, p),
-            "history_window": p.protocol.history_window,
-            "query_cap": p.protocol.max_queries}
+    return {
+        "bins": bt.replace({np.nan: None}).to_dict(orient="records"),
+        "top_bins": top_bins(metrics, p),
+        "history_window": p.protocol.history_window,
+        "query_cap": p.protocol.max_queries,
+    }

@@ -16,6 +16,7 @@ Offline samplers (no LLM) are distributions over hypotheses:
 prompt (observations, rules, the last prior unique proposals) and parses the answer, re-asking up to
 ``retries`` times when it does not parse.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -24,8 +25,10 @@ import numpy as np
 
 from pipelines.hypospace.params import Llm, Samplers
 
-SYSTEM = ("You generate hypotheses for underdetermined scientific problems. Every answer must follow the "
-          "requested output format exactly.")
+SYSTEM = (
+    "You generate hypotheses for underdetermined scientific problems. Every answer must follow the "
+    "requested output format exactly."
+)
 
 _M64 = (1 << 64) - 1
 
@@ -46,8 +49,8 @@ def preference(keys: list[str], seed: int, scale: float) -> np.ndarray:
     with np.errstate(over="ignore"):
         a = _splitmix(h ^ (np.uint64(seed & 0xFFFFFFFF) << np.uint64(32)))
         b = _splitmix(a)
-    u1 = ((a >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0 ** 53
-    u2 = (b >> np.uint64(11)).astype(np.float64) / 2.0 ** 53
+    u1 = ((a >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+    u2 = (b >> np.uint64(11)).astype(np.float64) / 2.0**53
     return scale * np.sqrt(-2 * np.log(u1)) * np.cos(2 * np.pi * u2)
 
 
@@ -57,9 +60,18 @@ def softmax_weights(score: np.ndarray, T: float) -> np.ndarray:
     return w / w.sum()
 
 
-def offline_proposals(variant: str, dom, keys: list[str], complexity: np.ndarray, stratum: np.ndarray,
-                      n_queries: int, rng: np.random.Generator, eta: np.ndarray, sp: Samplers,
-                      window: int) -> list[str | None]:
+def offline_proposals(
+    variant: str,
+    dom,
+    keys: list[str],
+    complexity: np.ndarray,
+    stratum: np.ndarray,
+    n_queries: int,
+    rng: np.random.Generator,
+    eta: np.ndarray,
+    sp: Samplers,
+    window: int,
+) -> list[str | None]:
     """N proposals (keys) of an offline sampler for one observation set with admissible ``keys``."""
     K = len(keys)
     if variant == "uniform_valid":
@@ -110,15 +122,30 @@ def llm_client(lp: Llm):
     named by ``llm.api_key_env`` (never from a parameters file)."""
     import os
 
-    from pipelines.core.llm import ChatClient
+    from pipelines.core.api import ChatClient
 
     key = os.environ.get(lp.api_key_env) if lp.api_key_env else None
-    return ChatClient(lp.base_url, lp.model, api_key=key, timeout_s=lp.timeout_s, cache_path=lp.cache_path,
-                      param_prefix="hypospace.llm")
+    return ChatClient(
+        lp.base_url,
+        lp.model,
+        api_key=key,
+        timeout_s=lp.timeout_s,
+        cache_path=lp.cache_path,
+        param_prefix="hypospace.llm",
+    )
 
 
-def llm_proposals(dom, obs: dict, n_queries: int, client, lp: Llm, window: int, seed: int,
-                  obs_id: str, strata: list[int] | None = None) -> list[tuple[str, object | None, int]]:
+def llm_proposals(
+    dom,
+    obs: dict,
+    n_queries: int,
+    client,
+    lp: Llm,
+    window: int,
+    seed: int,
+    obs_id: str,
+    strata: list[int] | None = None,
+) -> list[tuple[str, object | None, int]]:
     """(answer text, parsed hypothesis object or None, attempts) for each of N queries. Each query shows
     the last ``window`` unique parsed proposals; a request carries a seed derived from (seed, set,
     query, attempt), so repeated queries are distinct requests and a rerun replays from the cache.

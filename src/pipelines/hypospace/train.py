@@ -3,6 +3,7 @@ N = ⌈m·|A|⌉ times (capped by ``protocol.max_queries``; for the LLM samplers
 ``llm.max_sets_per_config``), validates every proposal with the domain's validator and keeps them all
 and scores each set (V, U, R: ``evaluate.set_metrics``); the results table and the per-set metrics are
 its outputs (the proposals themselves are not kept)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.spec import json_records
+from pipelines.core.api import json_records, node_setup
 from pipelines.hypospace.domains import domain_for
 from pipelines.hypospace.params import LLM_VARIANTS, Params
 from pipelines.hypospace.samplers import llm_client, llm_proposals, offline_proposals, preference
@@ -42,17 +42,29 @@ def sample_set(p: Params, variant: str, seed: int, row, adm: pd.DataFrame, clien
     rng = np.random.default_rng([seed, zlib.crc32(variant.encode()), zlib.crc32(row.obs_id.encode())])
     if variant in LLM_VARIANTS:
         strata = sorted(set(adm["stratum"].tolist())) if variant == "llm_stratified" else None
-        answers = llm_proposals(dom, obs, n_used, client, p.llm, p.protocol.history_window, seed, row.obs_id,
-                                strata)
+        answers = llm_proposals(dom, obs, n_used, client, p.llm, p.protocol.history_window, seed, row.obs_id, strata)
         texts = [a[0] for a in answers]
         objs = [a[1] for a in answers]
         attempts = [a[2] for a in answers]
         props = [dom.key(o) if o is not None else None for o in objs]
     else:
-        eta = preference(keys, seed, p.samplers.eta_scale) if variant in (
-            "mode_collapse", "history_avoid", "stratified", "noisy") else np.zeros(len(keys))
-        props = offline_proposals(variant, dom, keys, adm["complexity"].to_numpy(float), adm["stratum"].to_numpy(),
-                                  n_used, rng, eta, p.samplers, p.protocol.history_window)
+        eta = (
+            preference(keys, seed, p.samplers.eta_scale)
+            if variant in ("mode_collapse", "history_avoid", "stratified", "noisy")
+            else np.zeros(len(keys))
+        )
+        props = offline_proposals(
+            variant,
+            dom,
+            keys,
+            adm["complexity"].to_numpy(float),
+            adm["stratum"].to_numpy(),
+            n_used,
+            rng,
+            eta,
+            p.samplers,
+            p.protocol.history_window,
+        )
         objs, texts, attempts = [None] * len(props), [""] * len(props), [1] * len(props)
     verdict: dict[str, bool] = {}
     valid = []
@@ -60,13 +72,25 @@ def sample_set(p: Params, variant: str, seed: int, row, adm: pd.DataFrame, clien
         if k is None:
             valid.append(False)
             continue
-        if k not in verdict:    # the validator recomputes from the hypothesis object, once per distinct key
+        if k not in verdict:  # the validator recomputes from the hypothesis object, once per distinct key
             verdict[k] = bool(dom.validate(o if o is not None else dom.from_key(k), obs))
         valid.append(verdict[k])
-    return pd.DataFrame({"seed": seed, "domain": row.domain, "config": row.config, "obs_id": row.obs_id,
-                         "query": np.arange(len(props)), "key": [k if k is not None else "" for k in props],
-                         "parsed": [k is not None for k in props], "valid": valid, "n_budget": n_budget,
-                         "attempts": attempts, "text": texts}, columns=COLUMNS)
+    return pd.DataFrame(
+        {
+            "seed": seed,
+            "domain": row.domain,
+            "config": row.config,
+            "obs_id": row.obs_id,
+            "query": np.arange(len(props)),
+            "key": [k if k is not None else "" for k in props],
+            "parsed": [k is not None for k in props],
+            "valid": valid,
+            "n_budget": n_budget,
+            "attempts": attempts,
+            "text": texts,
+        },
+        columns=COLUMNS,
+    )
 
 
 def proposals_of(p: Params, variant: str, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -79,7 +103,7 @@ def proposals_of(p: Params, variant: str, tables: dict[str, pd.DataFrame]) -> pd
         for domain in p.domains.enabled:
             obs = tables[f"{domain}_obs"]
             obs = obs[obs["seed"] == seed]
-            if variant in LLM_VARIANTS:   # the LLM budget: the first sets of each configuration
+            if variant in LLM_VARIANTS:  # the LLM budget: the first sets of each configuration
                 obs = obs.groupby("config", sort=False).head(p.llm.max_sets_per_config)
             adm = tables[f"{domain}_admissible"]
             by_set = dict(tuple(adm[adm["seed"] == seed].groupby("obs_id", sort=False)))
@@ -103,17 +127,29 @@ def queried_sets(p: Params, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return obs.assign(bin=size_bin(obs["n_admissible"]) if len(obs) else [])
 
 
-def train_variant(causal_obs: pd.DataFrame, causal_admissible: pd.DataFrame, voxel3d_obs: pd.DataFrame,
-                  voxel3d_admissible: pd.DataFrame, boolean_obs: pd.DataFrame, boolean_admissible: pd.DataFrame,
-                  p: Params, variant: str):
+def train_variant(
+    causal_obs: pd.DataFrame,
+    causal_admissible: pd.DataFrame,
+    voxel3d_obs: pd.DataFrame,
+    voxel3d_admissible: pd.DataFrame,
+    boolean_obs: pd.DataFrame,
+    boolean_admissible: pd.DataFrame,
+    p: Params,
+    variant: str,
+):
     """The node ``train.<variant>``: the sampler's proposals on every set, validated, scored (V, U, R per
     set): the long results table (per seed, by domain and |A| bin) and the per-set metrics (artifacts).
     A disabled domain's tables are empty."""
     from pipelines.hypospace.evaluate import results_table, set_metrics, top_bins
 
-    tables = {"causal_obs": causal_obs, "causal_admissible": causal_admissible, "voxel3d_obs": voxel3d_obs,
-              "voxel3d_admissible": voxel3d_admissible, "boolean_obs": boolean_obs,
-              "boolean_admissible": boolean_admissible}
+    tables = {
+        "causal_obs": causal_obs,
+        "causal_admissible": causal_admissible,
+        "voxel3d_obs": voxel3d_obs,
+        "voxel3d_admissible": voxel3d_admissible,
+        "boolean_obs": boolean_obs,
+        "boolean_admissible": boolean_admissible,
+    }
     m = set_metrics(p, variant, proposals_of(p, variant, tables), tables)
     table = results_table(m, variant, top_bins(queried_sets(p, tables), p))
     return table, json_records(m)

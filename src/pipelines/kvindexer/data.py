@@ -10,6 +10,7 @@ Tasks: ``niah_single`` (one needle), ``niah_multikey`` (4 needles with distinct 
 ``niah_multivalue`` (4 one-value needles sharing a key; the answer lists their values in order) and ``vt``
 (variable tracking: ``[KEY] k1 [VAL] v1..v4`` and later ``[KEY] k2 [VAL] k1``; asking ``k2`` needs two hops).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,14 +18,23 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema
+from pipelines.core.api import TableSchema
 from pipelines.kvindexer.params import Params
 
 KEY, VAL, Q, ANS = 3, 4, 5, 6
 N_SPECIAL = 7
-PROMPTS = TableSchema("kvindexer.user_prompts", {"task": "str", "context": "array", "question": "array",
-                                                 "answer": "array", "needle_pos": "array", "depth": "number"},
-                      no_missing=("depth",))
+PROMPTS = TableSchema(
+    "kvindexer.user_prompts",
+    {
+        "task": "str",
+        "context": "array",
+        "question": "array",
+        "answer": "array",
+        "needle_pos": "array",
+        "depth": "number",
+    },
+    no_missing=("depth",),
+)
 
 
 @dataclass(frozen=True)
@@ -84,11 +94,12 @@ def _needle_values(rng, v: Vocab, n_needles: int, k: int, distinct: bool) -> lis
     if not distinct:
         return [_values(rng, v, k) for _ in range(n_needles)]
     flat = _values(rng, v, n_needles * k)
-    return [flat[i * k:(i + 1) * k] for i in range(n_needles)]
+    return [flat[i * k : (i + 1) * k] for i in range(n_needles)]
 
 
-def make_prompt(task: str, rng: np.random.Generator, n_ctx: int, v: Vocab, n_vals: int = 4,
-                n_multi: int = 4, distinct: bool = False) -> dict:
+def make_prompt(
+    task: str, rng: np.random.Generator, n_ctx: int, v: Vocab, n_vals: int = 4, n_multi: int = 4, distinct: bool = False
+) -> dict:
     """One prompt of ``task``: context, question, answer, positions of the asked needle's tokens, depth.
     ``distinct``: the needles of ``niah_multikey`` share no value."""
     if task == "niah_single":
@@ -119,8 +130,15 @@ def make_prompt(task: str, rng: np.random.Generator, n_ctx: int, v: Vocab, n_val
     raise ValueError(f"unknown task {task!r}")
 
 
-def training_sequence(rng: np.random.Generator, n_ctx: int, v: Vocab, multi: bool, n_vals: int = 4,
-                      n_multi: int = 4, distinct: bool = False) -> list[int]:
+def training_sequence(
+    rng: np.random.Generator,
+    n_ctx: int,
+    v: Vocab,
+    multi: bool,
+    n_vals: int = 4,
+    n_multi: int = 4,
+    distinct: bool = False,
+) -> list[int]:
     """A base-model training sequence: one needle and its question, or ``n_multi`` needles followed by a
     question for every key in turn (dense supervision: every token after the context is a target)."""
     if not multi:
@@ -143,16 +161,34 @@ def make_prompts(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
     for seed in p.seeds:
         rng = np.random.default_rng([seed, 11])
         for i in range(d.n_train):
-            train_rows.append({"seed": seed, "task": "niah_single", "idx": i,
-                               **make_prompt("niah_single", rng, d.context_len, v, d.n_values_per_needle,
-                                             d.n_needles_multi)})
+            train_rows.append(
+                {
+                    "seed": seed,
+                    "task": "niah_single",
+                    "idx": i,
+                    **make_prompt("niah_single", rng, d.context_len, v, d.n_values_per_needle, d.n_needles_multi),
+                }
+            )
         if d.source == "synthetic":
             for t_i, task in enumerate(p.eval.tasks):
                 rng = np.random.default_rng([seed, 23, t_i])
                 for i in range(d.n_eval):
-                    eval_rows.append({"seed": seed, "task": task, "idx": i,
-                                      **make_prompt(task, rng, d.context_len, v, d.n_values_per_needle,
-                                                    d.n_needles_multi, d.multikey_distinct_values)})
+                    eval_rows.append(
+                        {
+                            "seed": seed,
+                            "task": task,
+                            "idx": i,
+                            **make_prompt(
+                                task,
+                                rng,
+                                d.context_len,
+                                v,
+                                d.n_values_per_needle,
+                                d.n_needles_multi,
+                                d.multikey_distinct_values,
+                            ),
+                        }
+                    )
     train = pd.DataFrame(train_rows)
     if d.source == "file":
         ev = load_user_prompts(d.eval_path, p)
@@ -164,17 +200,20 @@ def make_prompts(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def load_user_prompts(path: str, p: Params) -> pd.DataFrame:
     """A parquet table of prompts in this vocabulary (README, "Input format"), checked at the door."""
-    from pipelines.core.schemas import InputDataError, read_user_file
+    from pipelines.core.api import InputDataError, read_user_file
 
     df = read_user_file(path, key="kvindexer.data.eval_path", schema=PROMPTS, kind="parquet")
     v, n = vocab_of(p), p.data.context_len
     for i, r in df.iterrows():
         if len(r["context"]) != n:
-            raise InputDataError(f"dataset 'kvindexer.user_prompts', column 'context': row {i} has "
-                                 f"{len(r['context'])} tokens, expected data.context_len={n}")
+            raise InputDataError(
+                f"dataset 'kvindexer.user_prompts', column 'context': row {i} has "
+                f"{len(r['context'])} tokens, expected data.context_len={n}"
+            )
         for col in ("context", "question", "answer"):
             arr = np.asarray(r[col])
             if arr.min() < 0 or arr.max() >= v.size:
-                raise InputDataError(f"dataset 'kvindexer.user_prompts', column '{col}': row {i} has a token id "
-                                     f"outside [0, {v.size})")
+                raise InputDataError(
+                    f"dataset 'kvindexer.user_prompts', column '{col}': row {i} has a token id outside [0, {v.size})"
+                )
     return df[list(PROMPTS.columns)].reset_index(drop=True)

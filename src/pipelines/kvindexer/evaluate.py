@@ -1,4 +1,5 @@
 """Metrics, the side-by-side decode timing, plots and the report of `kvindexer`."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.spec import Diff, Fn, Gain, Ratio, paired
-from pipelines.core.stats import Estimate
+from pipelines.core.api import Diff, Estimate, Fn, Gain, Ratio, paired
 from pipelines.kvindexer.params import Params
 from pipelines.kvindexer.train import TIMING_METRICS, tensors_to_table
 
@@ -63,15 +63,21 @@ def min_gap_two_smallest_budgets(values, p: Params) -> dict:
             ind, h = values.per_seed("indexer", m), values.per_seed(best, m)
             gaps.append({s: ind[s] - h[s] for s in paired(ind, h)})
         out[f"gap_indexer_vs_best_heuristic_min{_sfx(task)}_{b0}_{b1}"] = {
-            s: min(gaps[0][s], gaps[1][s]) for s in paired(*gaps)}
+            s: min(gaps[0][s], gaps[1][s]) for s in paired(*gaps)
+        }
     return out
 
 
 def _timing_names(p: Params, planned) -> list[str]:
     C = p.eval.timing_budget
-    return [f"decode_speedup_indexer_memory_{C}", "decode_ms_per_token_cpu_full_kv",
-            f"decode_ms_per_token_cpu_indexer_memory_{C}", "timing_rounds", "timing_kv_entries_full",
-            "timing_kv_entries_evicted"]
+    return [
+        f"decode_speedup_indexer_memory_{C}",
+        "decode_ms_per_token_cpu_full_kv",
+        f"decode_ms_per_token_cpu_indexer_memory_{C}",
+        "timing_rounds",
+        "timing_kv_entries_full",
+        "timing_kv_entries_evicted",
+    ]
 
 
 def timing_metrics(values, p: Params) -> dict:
@@ -79,12 +85,16 @@ def timing_metrics(values, p: Params) -> dict:
     its own order-statistic interval over the interleaved rounds, the per-token times, the cache sizes."""
     C, s = p.eval.timing_budget, int(p.seeds[0])
     t = {k: values.per_seed("indexer_memory", k)[s] for k in TIMING_METRICS}
-    return {f"decode_speedup_indexer_memory_{C}": Estimate(t["decode_speedup"], t["decode_speedup_ci_low"],
-                                                           t["decode_speedup_ci_high"], int(t["timing_rounds"])),
-            "decode_ms_per_token_cpu_full_kv": t["decode_ms_per_token_cpu_full_kv"],
-            f"decode_ms_per_token_cpu_indexer_memory_{C}": t["decode_ms_per_token_cpu"],
-            "timing_rounds": t["timing_rounds"], "timing_kv_entries_full": t["timing_kv_entries_full"],
-            "timing_kv_entries_evicted": t["timing_kv_entries_evicted"]}
+    return {
+        f"decode_speedup_indexer_memory_{C}": Estimate(
+            t["decode_speedup"], t["decode_speedup_ci_low"], t["decode_speedup_ci_high"], int(t["timing_rounds"])
+        ),
+        "decode_ms_per_token_cpu_full_kv": t["decode_ms_per_token_cpu_full_kv"],
+        f"decode_ms_per_token_cpu_indexer_memory_{C}": t["decode_ms_per_token_cpu"],
+        "timing_rounds": t["timing_rounds"],
+        "timing_kv_entries_full": t["timing_kv_entries_full"],
+        "timing_kv_entries_evicted": t["timing_kv_entries_evicted"],
+    }
 
 
 def derived(p: Params) -> list:
@@ -94,18 +104,35 @@ def derived(p: Params) -> list:
         sfx = _sfx(task)
         for b in p.protocol.budgets:
             m = _em(task, b)
-            out += [Gain(m, "indexer", best_of=("h2o", "streamingllm"),
-                         name=f"gap_indexer_vs_best_of_h2o_streamingllm{sfx}_{b}"),
-                    Diff(m, "oracle", "indexer", name=f"gap_oracle_minus_indexer{sfx}_{b}"),
-                    Gain(m, "indexer", best_of=HEURISTICS, name=f"gap_indexer_vs_best_heuristic{sfx}_{b}"),
-                    Diff(m, "indexer_memory", "indexer", name=f"gap_indexer_memory_minus_indexer{sfx}_{b}")]
-    out.append(Fn(full_minus_worst, lambda p, planned: [f"gap_full_minus_worst_nonrandom{_sfx(t)}_{b}"
-                                                        for t in p.eval.tasks for b in p.protocol.budgets
-                                                        if any(v in planned for v in NON_RANDOM)],
-                  needs_=["full_kv"]))
+            out += [
+                Gain(
+                    m,
+                    "indexer",
+                    best_of=("h2o", "streamingllm"),
+                    name=f"gap_indexer_vs_best_of_h2o_streamingllm{sfx}_{b}",
+                ),
+                Diff(m, "oracle", "indexer", name=f"gap_oracle_minus_indexer{sfx}_{b}"),
+                Gain(m, "indexer", best_of=HEURISTICS, name=f"gap_indexer_vs_best_heuristic{sfx}_{b}"),
+                Diff(m, "indexer_memory", "indexer", name=f"gap_indexer_memory_minus_indexer{sfx}_{b}"),
+            ]
+    out.append(
+        Fn(
+            full_minus_worst,
+            lambda p, planned: [
+                f"gap_full_minus_worst_nonrandom{_sfx(t)}_{b}"
+                for t in p.eval.tasks
+                for b in p.protocol.budgets
+                if any(v in planned for v in NON_RANDOM)
+            ],
+            needs_=["full_kv"],
+        )
+    )
     out.append(Fn(min_gap_two_smallest_budgets, _min_names, needs_=["indexer"]))
-    out += [Ratio(f"total_bytes_{b}", v, "full_kv", name=f"kv_bytes_ratio_{v}_{b}")
-            for b in p.protocol.budgets for v in p.variants]
+    out += [
+        Ratio(f"total_bytes_{b}", v, "full_kv", name=f"kv_bytes_ratio_{v}_{b}")
+        for b in p.protocol.budgets
+        for v in p.variants
+    ]
     out.append(Fn(timing_metrics, _timing_names, needs_=["indexer_memory"]))
     return out
 
@@ -118,9 +145,7 @@ def measure_speed(p: Params, kv_eval: pd.DataFrame, kv_base: dict, trained_index
     untrained ones (the cost does not depend on the weights)."""
     import torch
 
-    from pipelines.core.metrics import interleaved_timing, ratio_ci
-    from pipelines.core.runtime import node_setup
-    from pipelines.core.seqmodels import KVCache
+    from pipelines.core.api import KVCache, interleaved_timing, node_setup, ratio_ci
     from pipelines.kvindexer.model import AttnContext, Indexer, LatentMemory, stream
     from pipelines.kvindexer.train import _prompt_tensors, load_base, protocol_of
 
@@ -129,8 +154,9 @@ def measure_speed(p: Params, kv_eval: pd.DataFrame, kv_base: dict, trained_index
     model = load_base(kv_base, p).to(dev)
     cfg = model.config
     indexer = Indexer(cfg.n_layers, cfg.d_model, p.indexer.heads, p.indexer.dim).to(dev)
-    memory = LatentMemory(cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads, p.memory.dim,
-                          p.memory.gate_init).to(dev)
+    memory = LatentMemory(cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads, p.memory.dim, p.memory.gate_init).to(
+        dev
+    )
     if trained_indexer_memory and seed in trained_indexer_memory:
         indexer.load_state_dict(trained_indexer_memory[seed]["indexer"])
         memory.load_state_dict(trained_indexer_memory[seed]["memory"])
@@ -145,8 +171,9 @@ def measure_speed(p: Params, kv_eval: pd.DataFrame, kv_base: dict, trained_index
         first = out.logits[:, -1].argmax(-1)
 
         def run():
-            cache = KVCache(list(out.cache.keys), list(out.cache.values), out.cache.positions.clone(),
-                            out.cache.next_position)
+            cache = KVCache(
+                list(out.cache.keys), list(out.cache.values), out.cache.positions.clone(), out.cache.next_position
+            )
             st = None
             if mem is not None:
                 st = type(out.mem_state)(list(out.mem_state.M), list(out.mem_state.z))
@@ -158,17 +185,29 @@ def measure_speed(p: Params, kv_eval: pd.DataFrame, kv_base: dict, trained_index
                         nxt = model(nxt[:, None], cache=cache)[:, -1].argmax(-1)
             finally:
                 model.use(None)
+
         return run
 
-    t = interleaved_timing({"full": decoder(full, None), "evicted": decoder(evicted, memory)},
-                           rounds=p.eval.timing_rounds, warmup=2, clock="wall")
+    t = interleaved_timing(
+        {"full": decoder(full, None), "evicted": decoder(evicted, memory)},
+        rounds=p.eval.timing_rounds,
+        warmup=2,
+        clock="wall",
+    )
     per_tok = {k: v / n_tok for k, v in t.items()}
     est = ratio_ci(per_tok["full"], per_tok["evicted"])
-    return {"decode_ms_per_token_cpu_full_kv": 1e3 * float(np.median(per_tok["full"])),
-            "decode_ms_per_token_cpu": 1e3 * float(np.median(per_tok["evicted"])),
-            "decode_speedup": est.ratio, "decode_speedup_ci_low": est.ci_low, "decode_speedup_ci_high": est.ci_high,
-            "timing_rounds": len(per_tok["full"]), "timing_kv_entries_full": len(full.cache),
-            "timing_kv_entries_evicted": len(evicted.cache), "timing_budget": C, "timing_device": str(dev)}
+    return {
+        "decode_ms_per_token_cpu_full_kv": 1e3 * float(np.median(per_tok["full"])),
+        "decode_ms_per_token_cpu": 1e3 * float(np.median(per_tok["evicted"])),
+        "decode_speedup": est.ratio,
+        "decode_speedup_ci_low": est.ci_low,
+        "decode_speedup_ci_high": est.ci_high,
+        "timing_rounds": len(per_tok["full"]),
+        "timing_kv_entries_full": len(full.cache),
+        "timing_kv_entries_evicted": len(evicted.cache),
+        "timing_budget": C,
+        "timing_device": str(dev),
+    }
 
 
 # ------------------------------------------------------------------------------------------ plots
@@ -194,7 +233,7 @@ def make_plots(p: Params, values, artifacts: dict) -> dict:
             g = d[d.variant == v].groupby("budget")["correct"].mean() * 100
             ax.plot(g.index, g.values, "o-", label=v)
         ax.set(xlabel="KV budget C (tokens per layer)", ylabel="exact match (%)", title=f"{task}: compression curve")
-        ax.grid(alpha=.3)
+        ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     figs["compression_curve"] = fig
     # needle retention: needle-token recall at answer time vs budget
@@ -205,7 +244,7 @@ def make_plots(p: Params, values, artifacts: dict) -> dict:
             g = d[d.variant == v].groupby("budget")["needle_recall"].mean()
             ax.plot(g.index, g.values, "o-", label=v)
         ax.set(xlabel="KV budget C", ylabel="needle tokens cached at answer time", title=f"{task}: needle retention")
-        ax.grid(alpha=.3)
+        ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     figs["needle_retention"] = fig
     # NIAH heatmap per policy: EM by needle-depth decile x budget (niah_single)
@@ -219,8 +258,9 @@ def make_plots(p: Params, values, artifacts: dict) -> dict:
         g = d[d.variant == v].pivot_table(index="budget", columns="decile", values="correct", aggfunc="mean")
         g = g.reindex(index=budgets, columns=range(10))
         ax.imshow(g.to_numpy() * 100, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-        ax.set(title=v, xlabel="needle depth decile", ylabel="budget C", yticks=range(len(budgets)),
-               yticklabels=budgets)
+        ax.set(
+            title=v, xlabel="needle depth decile", ylabel="budget C", yticks=range(len(budgets)), yticklabels=budgets
+        )
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle(f"{tasks[0]}: EM (%) by needle depth and budget")

@@ -6,6 +6,7 @@ Eviction is physical: after each non-final chunk every layer's cache keeps ``bud
 (gathered per sample, layer and head), so ``KVCache.nbytes()`` is the memory actually held. Keys are stored
 after RoPE and each kept entry's absolute position is tracked, so attention to retained tokens is exactly
 what it was before eviction (positions survive eviction)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,21 +17,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import KVCache, TinyConfig, TinyTransformer, Block
+from pipelines.core.api import Block, KVCache, TinyConfig, TinyTransformer
 
-PROTECT = 1e9                       # score bonus of sinks and recent tokens (always kept)
+PROTECT = 1e9  # score bonus of sinks and recent tokens (always kept)
 
 
 # ------------------------------------------------------------------------------------------ base model
 @dataclass
 class AttnContext:
     """What the attention of one forward records / uses (set on every block by ``KVTransformer.use``)."""
+
     keep_probs: bool = False
     keep_hidden: bool = False
     keep_out: bool = False
-    memory: "LatentMemory | None" = None
-    mem_state: "MemState | None" = None
-    masks: dict[int, torch.Tensor] | None = None     # layer → bool mask [B, H, Tq, Tk] replacing the default
+    memory: LatentMemory | None = None
+    mem_state: MemState | None = None
+    masks: dict[int, torch.Tensor] | None = None  # layer → bool mask [B, H, Tq, Tk] replacing the default
     probs: dict[int, torch.Tensor] = field(default_factory=dict)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     outs: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -86,7 +88,7 @@ class KVTransformer(TinyTransformer):
                 nn.init.normal_(b.qkv.weight, std=attn_init_std)
                 nn.init.normal_(b.out.weight, std=attn_init_std)
 
-    def use(self, ctx: AttnContext | None) -> "KVTransformer":
+    def use(self, ctx: AttnContext | None) -> KVTransformer:
         for b in self.blocks:
             b.ctx = ctx
         return self
@@ -111,7 +113,7 @@ class Indexer(nn.Module):
         hq, hk = self.norm[layer](h_query), self.norm[layer](h_key)
         q = F.normalize(self.wq[layer](hq).view(B, Tq, self.heads, self.dim), dim=-1)
         e = F.normalize(self.wk[layer](hk), dim=-1)
-        w = self.wg[layer](hq)                                                   # [B, Tq, H_I]
+        w = self.wg[layer](hq)  # [B, Tq, H_I]
         s = torch.einsum("bqjd,bkd->bqjk", q, e).relu()
         return (w[..., None] * s).sum(2).amax(1)
 
@@ -119,8 +121,8 @@ class Indexer(nn.Module):
 # ------------------------------------------------------------------------------------------ memory
 @dataclass
 class MemState:
-    M: list[torch.Tensor]            # per layer [B, H, m, d_head]
-    z: list[torch.Tensor]            # per layer [B, H, m]
+    M: list[torch.Tensor]  # per layer [B, H, m, d_head]
+    z: list[torch.Tensor]  # per layer [B, H, m]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.M, *self.z))
@@ -150,21 +152,24 @@ class LatentMemory(nn.Module):
 
     def empty(self, B: int, device=None) -> MemState:
         L, H, dh, m = self.pk.shape
-        return MemState([torch.zeros(B, H, m, dh, device=device) for _ in range(L)],
-                        [torch.zeros(B, H, m, device=device) for _ in range(L)])
+        return MemState(
+            [torch.zeros(B, H, m, dh, device=device) for _ in range(L)],
+            [torch.zeros(B, H, m, device=device) for _ in range(L)],
+        )
 
     def fold(self, layer: int, k: torch.Tensor, v: torch.Tensor, evicted: torch.Tensor, st: MemState) -> None:
         """Fold the entries with ``evicted`` [B, H, T] (0/1) of k, v [B, H, T, d] into the state."""
-        fk = self.phi(k @ self.pk[layer]) * evicted[..., None].to(k.dtype)       # [B, H, T, m]
+        fk = self.phi(k @ self.pk[layer]) * evicted[..., None].to(k.dtype)  # [B, H, T, m]
         st.M[layer] = st.M[layer] + fk.transpose(-1, -2) @ v
         st.z[layer] = st.z[layer] + fk.sum(2)
 
     def readout(self, layer: int, q: torch.Tensor, st: MemState) -> torch.Tensor:
-        fq = self.phi(q @ self.pq[layer])                                        # [B, H, Tq, m]
-        num = fq @ st.M[layer]                                                    # [B, H, Tq, d]
+        fq = self.phi(q @ self.pq[layer])  # [B, H, Tq, m]
+        num = fq @ st.M[layer]  # [B, H, Tq, d]
         den = (fq * st.z[layer][:, :, None, :]).sum(-1, keepdim=True) + self.EPS
-        g = torch.sigmoid((q * self.wg[layer][None, :, None, :]).sum(-1, keepdim=True)
-                          + self.bg[layer][None, :, None, None])
+        g = torch.sigmoid(
+            (q * self.wg[layer][None, :, None, :]).sum(-1, keepdim=True) + self.bg[layer][None, :, None, None]
+        )
         return g * ((num / den) @ self.u[layer])
 
 
@@ -180,13 +185,13 @@ class Protocol:
 
 @dataclass
 class StreamOut:
-    logits: torch.Tensor                     # [B, T_last, V] of the final chunk
-    positions: list[torch.Tensor]            # per layer [B, H, T] cached absolute positions at answer time
+    logits: torch.Tensor  # [B, T_last, V] of the final chunk
+    positions: list[torch.Tensor]  # per layer [B, H, T] cached absolute positions at answer time
     cache: KVCache
     mem_state: MemState | None
-    outs: dict[int, torch.Tensor]            # per layer final-chunk attention outputs (keep_out)
-    records: list[tuple]                     # indexer training records (collect=True)
-    kl: list[float]                          # per eviction: KL(teacher future attention || indexer)
+    outs: dict[int, torch.Tensor]  # per layer final-chunk attention outputs (keep_out)
+    records: list[tuple]  # indexer training records (collect=True)
+    kl: list[float]  # per eviction: KL(teacher future attention || indexer)
 
 
 def _pool(x: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -206,10 +211,23 @@ def protected(pos: torch.Tensor, next_position: int, pr: Protocol) -> torch.Tens
     return (pos < pr.n_sink) | (pos >= next_position - pr.recent)
 
 
-def stream(model: KVTransformer, ctx_ids: torch.Tensor, tail: torch.Tensor, policy: str, budget: int,
-           pr: Protocol, *, indexer: Indexer | None = None, memory: LatentMemory | None = None,
-           future: torch.Tensor | None = None, generator: torch.Generator | None = None,
-           score_fn=None, keep_out: bool = False, collect: bool = False, truncate: bool = True) -> StreamOut:
+def stream(
+    model: KVTransformer,
+    ctx_ids: torch.Tensor,
+    tail: torch.Tensor,
+    policy: str,
+    budget: int,
+    pr: Protocol,
+    *,
+    indexer: Indexer | None = None,
+    memory: LatentMemory | None = None,
+    future: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    score_fn=None,
+    keep_out: bool = False,
+    collect: bool = False,
+    truncate: bool = True,
+) -> StreamOut:
     """Chunked prefill of ``ctx_ids`` [B, N] with eviction to ``budget`` cached entries per layer and head
     after every non-final chunk, then ``tail`` [B, T_tail] (question, and the answer when teacher-forced)
     appended to the last chunk; no eviction after it.
@@ -226,11 +244,15 @@ def stream(model: KVTransformer, ctx_ids: torch.Tensor, tail: torch.Tensor, poli
     L = len(model.blocks)
     dev = ctx_ids.device
     cache = KVCache()
-    actx = AttnContext(keep_probs=policy in ("h2o", "snapkv"), keep_hidden=policy == "indexer",
-                       memory=memory, mem_state=memory.empty(B, dev) if memory is not None else None)
+    actx = AttnContext(
+        keep_probs=policy in ("h2o", "snapkv"),
+        keep_hidden=policy == "indexer",
+        memory=memory,
+        mem_state=memory.empty(B, dev) if memory is not None else None,
+    )
     pos: list[torch.Tensor | None] = [None] * L
-    acc: list[torch.Tensor | None] = [None] * L          # h2o: accumulated attention received
-    hid: list[torch.Tensor | None] = [None] * L          # indexer: layer-input hidden state of each entry
+    acc: list[torch.Tensor | None] = [None] * L  # h2o: accumulated attention received
+    hid: list[torch.Tensor | None] = [None] * L  # indexer: layer-input hidden state of each entry
     records, kls, folds = [], [], []
     train_mode = torch.is_grad_enabled()
     model.use(actx)
@@ -244,21 +266,66 @@ def stream(model: KVTransformer, ctx_ids: torch.Tensor, tail: torch.Tensor, poli
                 for l, k, v, ev in folds:
                     memory.fold(l, k, v, ev, actx.mem_state)
             with torch.no_grad() if (train_mode and truncate and not last) else contextlib.nullcontext():
-                logits = _chunk(model, actx, cache, ctx_ids, tail, ci, last, keep_out, policy, budget, pr, pos, acc,
-                                hid, indexer, memory, future, generator, score_fn, collect, records, kls,
-                                folds if (train_mode and truncate and memory is not None) else None)
+                logits = _chunk(
+                    model,
+                    actx,
+                    cache,
+                    ctx_ids,
+                    tail,
+                    ci,
+                    last,
+                    keep_out,
+                    policy,
+                    budget,
+                    pr,
+                    pos,
+                    acc,
+                    hid,
+                    indexer,
+                    memory,
+                    future,
+                    generator,
+                    score_fn,
+                    collect,
+                    records,
+                    kls,
+                    folds if (train_mode and truncate and memory is not None) else None,
+                )
     finally:
         model.use(None)
     return StreamOut(logits, pos, cache, actx.mem_state, actx.outs, records, kls)
 
 
-def _chunk(model, actx, cache, ctx_ids, tail, ci, last, keep_out, policy, budget, pr, pos, acc, hid, indexer,
-           memory, future, generator, score_fn, collect, records, kls, folds):
+def _chunk(
+    model,
+    actx,
+    cache,
+    ctx_ids,
+    tail,
+    ci,
+    last,
+    keep_out,
+    policy,
+    budget,
+    pr,
+    pos,
+    acc,
+    hid,
+    indexer,
+    memory,
+    future,
+    generator,
+    score_fn,
+    collect,
+    records,
+    kls,
+    folds,
+):
     """Process chunk ``ci`` (the last one with ``tail``), update the policy's statistics, evict."""
     B, c = ctx_ids.shape[0], pr.chunk
     L, H = len(model.blocks), model.config.n_heads
     dev = ctx_ids.device
-    ids = ctx_ids[:, ci * c:(ci + 1) * c]
+    ids = ctx_ids[:, ci * c : (ci + 1) * c]
     if last:
         ids = torch.cat([ids, tail], 1)
         actx.keep_out = keep_out
@@ -269,10 +336,10 @@ def _chunk(model, actx, cache, ctx_ids, tail, ci, last, keep_out, policy, budget
     for l in range(L):
         pos[l] = new if pos[l] is None else torch.cat([pos[l], new], 2)
         if policy == "h2o":
-            got = actx.probs[l].sum(2)                                    # [B, H, Tk]
+            got = actx.probs[l].sum(2)  # [B, H, Tk]
             acc[l] = got if acc[l] is None else got + F.pad(acc[l], (0, T_new))
         if policy == "indexer":
-            h = actx.hidden[l].detach()[:, None]                          # [B, 1, T, d]: shared by the heads
+            h = actx.hidden[l].detach()[:, None]  # [B, 1, T, d]: shared by the heads
             hid[l] = h if hid[l] is None else torch.cat([hid[l], h], 2)
     T = pos[0].shape[2]
     if last or policy == "full_kv" or T <= budget:
@@ -286,7 +353,7 @@ def _chunk(model, actx, cache, ctx_ids, tail, ci, last, keep_out, policy, budget
             elif policy == "h2o":
                 score = acc[l].detach()
             elif policy == "snapkv":
-                obs = actx.probs[l][:, :, -pr.snap_window:, :].sum(2).detach()
+                obs = actx.probs[l][:, :, -pr.snap_window :, :].sum(2).detach()
                 score = _pool(obs, pr.snap_kernel)
             elif policy == "random":
                 score = torch.rand(B, 1, T, generator=generator, device=dev).expand(B, H, T)
@@ -305,7 +372,7 @@ def _chunk(model, actx, cache, ctx_ids, tail, ci, last, keep_out, policy, budget
         if collect:
             tgt = future[:, ci, l].gather(1, pos[l][:, 0]).float()
             records.append((l, actx.hidden[l].detach(), hid[l][:, 0], prot[:, 0], tgt))
-        idx = score.topk(budget, dim=2).indices.sort(2).values                # [B, H, budget]
+        idx = score.topk(budget, dim=2).indices.sort(2).values  # [B, H, budget]
         k, v = cache.keys[l], cache.values[l]
         if memory is not None:
             evicted = 1.0 - torch.zeros(B, H, T, device=dev).scatter_(2, idx, 1.0)
@@ -345,9 +412,9 @@ def teacher(model: KVTransformer, full_ids: torch.Tensor, chunk: int, n_ctx: int
     outputs per layer [B, H, T, d]."""
     fut, outs = [], []
     L, T = len(model.blocks), full_ids.shape[1]
-    batch = max(1, min(batch, int(4e8 // (model.config.n_heads * T * T))))   # bound the [B, H, T, T] probabilities
+    batch = max(1, min(batch, int(4e8 // (model.config.n_heads * T * T))))  # bound the [B, H, T, T] probabilities
     for s in range(0, len(full_ids), batch):
-        ids = full_ids[s:s + batch]
+        ids = full_ids[s : s + batch]
         actx = AttnContext(keep_probs=True, keep_out=True)
         model.use(actx)
         try:
@@ -355,8 +422,7 @@ def teacher(model: KVTransformer, full_ids: torch.Tensor, chunk: int, n_ctx: int
         finally:
             model.use(None)
         bounds = range(chunk, n_ctx, chunk)
-        f = torch.stack([torch.stack([actx.probs[l][:, :, b:, :].sum((1, 2)) for l in range(L)], 1)
-                         for b in bounds], 1)
+        f = torch.stack([torch.stack([actx.probs[l][:, :, b:, :].sum((1, 2)) for l in range(L)], 1) for b in bounds], 1)
         fut.append(f)
         outs.append(torch.stack([actx.outs[l] for l in range(L)], 1))
     return torch.cat(fut), torch.cat(outs)

@@ -1,6 +1,7 @@
 """Metrics, plots and the report's extras of `llds`: per (variant, seed) summaries of the GRPO runs (greedy
 test EM, probe likelihoods of correct / incorrect trajectories, pre-clip gradient norms, entropy, collapse),
 paired comparisons on the seeds two variants share (declared in spec.py), curves over training as histories."""
+
 from __future__ import annotations
 
 import math
@@ -8,17 +9,37 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.spec import Diff, Fn, Gain, Ratio, SeedValues
+from pipelines.core.api import Diff, Fn, Gain, Ratio, SeedValues
 from pipelines.llds.params import Params
 from pipelines.llds.train import collapse_iteration
 
-WINDOW = 10   # iterations averaged for the first / last values of noisy per-iteration diagnostics
-CURVES = ("train_reward", "onpolicy_logp_correct", "entropy", "grad_norm_max", "lld_active_frac",
-          "llds_active_frac", "searches_per_answer", "test_em", "logp_correct_mean", "logp_incorrect_mean")
-DELTA_METRICS = ("test_em", "logp_correct_final", "logp_correct_drop", "logp_incorrect_final", "entropy_final",
-                 "train_reward_last", "grad_norm_max")
-SFT_METRICS = {"sft_sampled_reward": "sft_sampled_reward", "sft_test_em": "test_em",
-               "sft_probe_reward": "sft_probe_reward"}
+WINDOW = 10  # iterations averaged for the first / last values of noisy per-iteration diagnostics
+CURVES = (
+    "train_reward",
+    "onpolicy_logp_correct",
+    "entropy",
+    "grad_norm_max",
+    "lld_active_frac",
+    "llds_active_frac",
+    "searches_per_answer",
+    "test_em",
+    "logp_correct_mean",
+    "logp_incorrect_mean",
+)
+DELTA_METRICS = (
+    "test_em",
+    "logp_correct_final",
+    "logp_correct_drop",
+    "logp_incorrect_final",
+    "entropy_final",
+    "train_reward_last",
+    "grad_norm_max",
+)
+SFT_METRICS = {
+    "sft_sampled_reward": "sft_sampled_reward",
+    "sft_test_em": "test_em",
+    "sft_probe_reward": "sft_probe_reward",
+}
 
 
 def _nanmean(x) -> float:
@@ -32,8 +53,12 @@ def summarise(run: pd.DataFrame, p: Params) -> dict:
     it = run.dropna(subset=["train_reward"]).sort_values("iteration")
     first, last = ev.iloc[0], ev.iloc[-1]
     em_cols = [c for c in run.columns if c.startswith("test_em_") and c != "test_em_"]
-    row = {"test_em": float(last["test_em"]), "test_em_init": float(first["test_em"]),
-           "test_em_max": float(ev["test_em"].max()), "test_em_min": float(ev["test_em"].min())}
+    row = {
+        "test_em": float(last["test_em"]),
+        "test_em_init": float(first["test_em"]),
+        "test_em_max": float(ev["test_em"].max()),
+        "test_em_min": float(ev["test_em"].min()),
+    }
     for c in em_cols:
         row[c] = float(last[c])
     two = [c for c in em_cols if "2hop" in c]
@@ -42,14 +67,14 @@ def summarise(run: pd.DataFrame, p: Params) -> dict:
     for k in ("correct", "incorrect"):
         s = ev[f"logp_{k}_mean"]
         row[f"logp_{k}_init"], row[f"logp_{k}_final"] = float(s.iloc[0]), float(s.iloc[-1])
-        row[f"logp_{k}_drop"] = float(s.iloc[0] - s.iloc[-1])           # > 0: the likelihood fell
+        row[f"logp_{k}_drop"] = float(s.iloc[0] - s.iloc[-1])  # > 0: the likelihood fell
         row[f"logp_{k}_max_drop"] = float(s.iloc[0] - s.min())
     row["train_reward_first"] = _nanmean(it["train_reward"].head(WINDOW))
     row["train_reward_last"] = _nanmean(it["train_reward"].tail(WINDOW))
     row["onpolicy_logp_correct_last"] = _nanmean(it["onpolicy_logp_correct"].tail(WINDOW))
     row["entropy_first"] = _nanmean(it["entropy"].head(WINDOW))
     row["entropy_final"] = _nanmean(it["entropy"].tail(WINDOW))
-    row["grad_norm_max"] = float(it["grad_norm_max"].max())            # pre-clip
+    row["grad_norm_max"] = float(it["grad_norm_max"].max())  # pre-clip
     row["grad_norm_mean"] = _nanmean(it["grad_norm"])
     row["searches_per_answer_last"] = _nanmean(it["searches_per_answer"].tail(WINDOW))
     row["lld_active_frac"] = _nanmean(it["lld_active_frac"])
@@ -123,15 +148,22 @@ def _curves(ax, runs: dict[str, pd.DataFrame], col: str, smooth: int = 1):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (variant, df) in enumerate(runs.items()):
         color = colors[i % len(colors)]
-        if col not in df:            # a curve that was never measured (all NaN) has no history rows
+        if col not in df:  # a curve that was never measured (all NaN) has no history rows
             continue
-        for j, (seed, run) in enumerate(df.groupby("seed")):
+        for j, (_seed, run) in enumerate(df.groupby("seed")):
             s = run[["iteration", col]].dropna()
             if s.empty:
                 continue
             y = s[col].rolling(smooth, min_periods=1).mean() if smooth > 1 else s[col]
-            ax.plot(s["iteration"], y, color=color, alpha=0.9 if j == 0 else 0.45, lw=1.4,
-                    ls="-" if j == 0 else "--", label=variant if j == 0 else None)
+            ax.plot(
+                s["iteration"],
+                y,
+                color=color,
+                alpha=0.9 if j == 0 else 0.45,
+                lw=1.4,
+                ls="-" if j == 0 else "--",
+                label=variant if j == 0 else None,
+            )
     ax.grid(alpha=0.3)
 
 
@@ -158,11 +190,12 @@ def make_plots(p: Params, values: SeedValues, artifacts: dict, base: dict) -> di
     fig.suptitle(f"Likelihood displacement (SFT init sampled reward {base['sft_sampled_reward']:.3f})")
     fig.tight_layout()
     figs["likelihood_trajectories"] = fig
-    for name, col, ylabel, smooth in (("test_em_curves", "test_em", "greedy test EM", 1),
-                                      ("grad_norm", "grad_norm_max", "pre-clip grad norm (max per iteration)", 1),
-                                      ("train_reward", "train_reward", "train reward (5-iteration mean)", 5),
-                                      ("onpolicy_logp_correct", "onpolicy_logp_correct",
-                                       "on-policy log-prob of correct rollouts (5-it mean)", 5)):
+    for name, col, ylabel, smooth in (
+        ("test_em_curves", "test_em", "greedy test EM", 1),
+        ("grad_norm", "grad_norm_max", "pre-clip grad norm (max per iteration)", 1),
+        ("train_reward", "train_reward", "train reward (5-iteration mean)", 5),
+        ("onpolicy_logp_correct", "onpolicy_logp_correct", "on-policy log-prob of correct rollouts (5-it mean)", 5),
+    ):
         fig, ax = plt.subplots(figsize=(6.5, 4))
         _curves(ax, main, col, smooth)
         ax.set(xlabel="GRPO iteration", ylabel=ylabel)
@@ -187,7 +220,11 @@ def report_extra(p: Params, values: SeedValues, artifacts: dict, base: dict) -> 
     for v, df in runs_from(values).items():
         for seed, run in df.groupby("seed"):
             ev = run.dropna(subset=["test_em"])
-            collapse[f"{v}/{int(seed)}"] = collapse_iteration(list(zip(ev["iteration"], ev["test_em"])),
-                                                              p.collapse.drop, p.collapse.min_max)
-    return {"collapse_iteration": collapse, "sft": {k: v for k, v in base.items() if k != "sft_loss"},
-            "sft_loss": list(base["sft_loss"])}
+            collapse[f"{v}/{int(seed)}"] = collapse_iteration(
+                list(zip(ev["iteration"], ev["test_em"])), p.collapse.drop, p.collapse.min_max
+            )
+    return {
+        "collapse_iteration": collapse,
+        "sft": {k: v for k, v in base.items() if k != "sft_loss"},
+        "sft_loss": list(base["sft_loss"]),
+    }

@@ -1,20 +1,22 @@
 """The policy (core's tiny causal transformer), the GRPO objective (PPO-clip + entropy bonus + k3 KL to
 the reference) and the LLDS regulariser with its action-level (A-gate) and response-level (R-gate) gates,
 the LLDS-MA answer-token down-weighting, and the ungated NLL-on-positives baseline."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from pipelines.core.rl import k3_kl, masked_mean, ppo_clip_loss, token_entropy
+from pipelines.core.api import k3_kl, masked_mean, ppo_clip_loss, token_entropy
 
 
 def make_policy(vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int):
-    from pipelines.core.seqmodels import TinyConfig, TinyTransformer
+    from pipelines.core.api import TinyConfig, TinyTransformer
 
-    return TinyTransformer(TinyConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                      max_len=max(seq_len, 8)))
+    return TinyTransformer(
+        TinyConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_len=max(seq_len, 8))
+    )
 
 
 def token_logprobs(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +36,9 @@ def run_ids(mask: torch.Tensor) -> torch.Tensor:
     return starts.cumsum(1) * m
 
 
-def llds_penalty(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                 gate: str = "action") -> tuple[torch.Tensor, torch.Tensor]:
+def llds_penalty(
+    logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, gate: str = "action"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-token LLDS penalty p_t = gate · max(0, d_t), d_t = log π_old(y_t) − log π_θ(y_t) (π_old
     detached), on the preserving set (responses with A ≥ 0, loss-masked tokens only).
 
@@ -46,7 +49,7 @@ def llds_penalty(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, 
     keep = mask.bool() & (adv >= 0)[:, None]
     dz = torch.where(keep, d.detach(), torch.zeros_like(d))
     if gate == "action":
-        runs = run_ids(keep)                                          # [B, T]
+        runs = run_ids(keep)  # [B, T]
         B, T = runs.shape
         idx = runs + (T + 1) * torch.arange(B, device=runs.device)[:, None]
         sums = torch.zeros(B * (T + 1), dtype=dz.dtype, device=dz.device).index_add_(0, idx.reshape(-1), dz.reshape(-1))
@@ -61,24 +64,39 @@ def llds_penalty(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, 
 @dataclass(frozen=True)
 class LossSpec:
     """What one variant adds to GRPO."""
+
     clip: float = 0.2
     entropy_coef: float = 0.001
     kl_coef: float = 0.001
-    llds_lambda: float = 0.0                  # 0: no LLDS
+    llds_lambda: float = 0.0  # 0: no LLDS
     llds_gate: str = "action"
-    answer_coef: float | None = None          # LLDS-MA: coefficient on answer tokens (≤ λ)
-    nll_coef: float = 0.0                     # GRPO + NLL on A > 0 responses (ungated)
+    answer_coef: float | None = None  # LLDS-MA: coefficient on answer tokens (≤ λ)
+    nll_coef: float = 0.0  # GRPO + NLL on A > 0 responses (ungated)
 
 
 def grpo_loss(model, ids, mask, ans_mask, adv, logp_old, logp_ref, spec: LossSpec, ma_scale: float = 1.0):
     """:func:`grpo_objective` on one explicit batch (``mask`` [B, L] marks the action tokens)."""
-    from pipelines.core.rl import GRPOBatch
+    from pipelines.core.api import GRPOBatch
 
     logp, logits = token_logprobs(model, ids)
-    return grpo_objective(GRPOBatch(model=model, ids=ids, mask=mask[:, 1:].float(), logp=logp, logits=logits,
-                                    logp_old=logp_old, logp_ref=logp_ref, advantages=adv,
-                                    rewards=torch.zeros_like(adv), extras={"ans_mask": ans_mask},
-                                    stats={"ma_scale": ma_scale}, index=torch.arange(len(ids)), iteration=0), spec)
+    return grpo_objective(
+        GRPOBatch(
+            model=model,
+            ids=ids,
+            mask=mask[:, 1:].float(),
+            logp=logp,
+            logits=logits,
+            logp_old=logp_old,
+            logp_ref=logp_ref,
+            advantages=adv,
+            rewards=torch.zeros_like(adv),
+            extras={"ans_mask": ans_mask},
+            stats={"ma_scale": ma_scale},
+            index=torch.arange(len(ids)),
+            iteration=0,
+        ),
+        spec,
+    )
 
 
 def grpo_objective(b, spec: LossSpec):
@@ -94,14 +112,20 @@ def grpo_objective(b, spec: LossSpec):
     # how often LLDS would fire (logged for every variant; only LLDS variants add the term)
     with torch.no_grad():
         p_a, on_a = llds_penalty(logp, logp_old, adv, m, "action")
-    extras = {"pg": pg.item(), "entropy": float(masked_mean(ent.detach(), m)), "kl": kl.item(),
-              "lld_active_frac": float(masked_mean((p_a > 0).float(), m)), **diag}
+    extras = {
+        "pg": pg.item(),
+        "entropy": float(masked_mean(ent.detach(), m)),
+        "kl": kl.item(),
+        "lld_active_frac": float(masked_mean((p_a > 0).float(), m)),
+        **diag,
+    }
     if spec.llds_lambda > 0:
         p, on = llds_penalty(logp, logp_old, adv, m, spec.llds_gate)
         coef = torch.full_like(p, spec.llds_lambda)
         if spec.answer_coef is not None:
-            coef = torch.where(b.extras["ans_mask"][:, 1:], min(spec.answer_coef, spec.llds_lambda) * b.stats["ma_scale"],
-                               coef)
+            coef = torch.where(
+                b.extras["ans_mask"][:, 1:], min(spec.answer_coef, spec.llds_lambda) * b.stats["ma_scale"], coef
+            )
         reg = masked_mean(coef * p, m)
         loss = loss + reg
         extras.update(llds=reg.item(), llds_active_frac=float(masked_mean((p > 0).float(), m)))

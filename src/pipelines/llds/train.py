@@ -2,6 +2,7 @@
 probe set sampled from the SFT policy), and one GRPO run per (variant, seed) (``train.<variant>``): a
 rollout batch of questions × G, 4 PPO mini-batch updates per batch on core's GRPO loop (``core.rl.grpo_train``,
 one ``fit`` step per update), with greedy test EM and probe likelihoods every ``eval_every`` iterations."""
+
 from __future__ import annotations
 
 import copy
@@ -11,9 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.rl import Rollouts, group_advantages, grpo_train
-from pipelines.core.runtime import node_setup, to_cpu
-from pipelines.core.training import fit
+from pipelines.core.api import Rollouts, fit, group_advantages, grpo_train, node_setup, to_cpu
 from pipelines.llds.data import draw_episodes, env_from_dict
 from pipelines.llds.env import rollout
 from pipelines.llds.model import LossSpec, grpo_objective, make_policy, token_logprobs
@@ -68,19 +67,34 @@ def train_base(spec: dict, sft: dict, test: dict, p: Params) -> tuple[dict, dict
     model = policy_for(spec, p).to(device)
     bs = p.sft.batch_size
     losses: list[float] = []
-    fit(model, None, _masked_nll, steps=p.sft.steps, lr=p.sft.lr, optimizer="adamw", weight_decay=0.0,
-        scheduler="onecycle", seed=p.sft.seed, desc="llds.base",
-        sample_batch=lambda i, g: (sft["ids"][i * bs:(i + 1) * bs], sft["mask"][i * bs:(i + 1) * bs]),
-        callback=lambda s: losses.append(s.loss), grad_clip=1.0)
+    fit(
+        model,
+        None,
+        _masked_nll,
+        steps=p.sft.steps,
+        lr=p.sft.lr,
+        optimizer="adamw",
+        weight_decay=0.0,
+        scheduler="onecycle",
+        seed=p.sft.seed,
+        desc="llds.base",
+        sample_batch=lambda i, g: (sft["ids"][i * bs : (i + 1) * bs], sft["mask"][i * bs : (i + 1) * bs]),
+        callback=lambda s: losses.append(s.loss),
+        grad_clip=1.0,
+    )
     env = env_from_dict(spec)
     g = torch.Generator().manual_seed(p.data.eval_seed + 2)
     probe_b = rollout(model, env, draw_episodes(spec, p.data.n_probe, g), g, temperature=p.rl.temperature)
     probe = {"ids": probe_b.ids, "mask": probe_b.mask, "reward": probe_b.reward, "qtype": probe_b.qtype}
     g = torch.Generator().manual_seed(p.data.eval_seed + 3)
     sampled = rollout(model, env, test, g, temperature=p.rl.temperature)
-    info = {"sft_loss": losses, "sft_sampled_reward": float(sampled.reward.mean()),
-            "sft_probe_reward": float(probe_b.reward.mean()), **greedy_em(model, spec, test, p),
-            **probe_logps(model, probe)}
+    info = {
+        "sft_loss": losses,
+        "sft_sampled_reward": float(sampled.reward.mean()),
+        "sft_probe_reward": float(probe_b.reward.mean()),
+        **greedy_em(model, spec, test, p),
+        **probe_logps(model, probe),
+    }
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return to_cpu(state), to_cpu(probe), info
 
@@ -141,22 +155,43 @@ def run_grpo(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, v
         adv = group_advantages(b.reward, r.group_size)
         m = b.mask[:, 1:].float()
         ok = b.reward > 0
-        stats.update(train_reward=float(b.reward.mean()),
-                     onpolicy_logp_correct=float((b.logp[ok] * m[ok]).sum() / m[ok].sum()) if ok.any() else math.nan,
-                     onpolicy_logp=float((b.logp * m).sum() / m.sum()),
-                     searches_per_answer=float(b.n_search[b.answered].float().mean()) if b.answered.any() else 0.0,
-                     answered_frac=float(b.answered.float().mean()),
-                     zero_adv_frac=float((adv == 0).float().mean()),
-                     ma_scale=max(float(b.n_search[b.answered].float().mean()) - 1, 0.0)
-                     if (p.llds.ma_adaptive and b.answered.any()) else 1.0)
+        stats.update(
+            train_reward=float(b.reward.mean()),
+            onpolicy_logp_correct=float((b.logp[ok] * m[ok]).sum() / m[ok].sum()) if ok.any() else math.nan,
+            onpolicy_logp=float((b.logp * m).sum() / m.sum()),
+            searches_per_answer=float(b.n_search[b.answered].float().mean()) if b.answered.any() else 0.0,
+            answered_frac=float(b.answered.float().mean()),
+            zero_adv_frac=float((adv == 0).float().mean()),
+            ma_scale=max(float(b.n_search[b.answered].float().mean()) - 1, 0.0)
+            if (p.llds.ma_adaptive and b.answered.any())
+            else 1.0,
+        )
         # π_old: the sampling policy's own log-probs (the cached decode)
-        return Rollouts(b.ids, b.mask, b.reward, advantages=adv, logp_old=b.logp, extras={"ans_mask": b.ans_mask},
-                        stats=stats, order=torch.randperm(n, generator=g))
+        return Rollouts(
+            b.ids,
+            b.mask,
+            b.reward,
+            advantages=adv,
+            logp_old=b.logp,
+            extras={"ans_mask": b.ans_mask},
+            stats=stats,
+            order=torch.randperm(n, generator=g),
+        )
 
-    res = grpo_train(model, rollout_fn, iterations=iterations, group_size=r.group_size, minibatches=r.minibatches,
-                     objective=lambda bt: grpo_objective(bt, ls), ref_policy=ref,
-                     logprob_fn=token_logprobs, optimizer=lambda params: torch.optim.Adam(params, lr=lr, eps=r.adam_eps),
-                     grad_clip=r.grad_clip, seed=seed, desc=f"llds.{variant}[{seed}]")
+    res = grpo_train(
+        model,
+        rollout_fn,
+        iterations=iterations,
+        group_size=r.group_size,
+        minibatches=r.minibatches,
+        objective=lambda bt: grpo_objective(bt, ls),
+        ref_policy=ref,
+        logprob_fn=token_logprobs,
+        optimizer=lambda params: torch.optim.Adam(params, lr=lr, eps=r.adam_eps),
+        grad_clip=r.grad_clip,
+        seed=seed,
+        desc=f"llds.{variant}[{seed}]",
+    )
     rows = [{k: v for k, v in row.items() if k not in ("ma_scale",)} for row in res.history]
     rows.append({"iteration": iterations, **greedy_em(model, spec, test, p), **probe_logps(model, probe)})
     out = pd.DataFrame(rows)
@@ -169,7 +204,7 @@ def run_grpo(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, v
 def train_variant(spec: dict, test: dict, base_state: dict, probe: dict, p: Params, variant: str) -> pd.DataFrame:
     """train.<variant>: GRPO (+ the variant's term) from the shared SFT policy, on each of its seeds → the
     variant's long table (per-seed summaries, and the per-iteration curves as histories)."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
     from pipelines.llds.evaluate import CURVES, summarise
 
     res = Results(variant)

@@ -5,14 +5,14 @@ because its measurements must interleave.
 
 The gather-based kernels here compute the same outputs as the mask-based policies in ``model.py``
 (tested); the mask-based ones serve the accuracy metrics, these the clock."""
+
 from __future__ import annotations
 
 import math
 
 import torch
 
-from pipelines.core.metrics import interleaved_timing, ratio_ci
-from pipelines.core.runtime import node_setup
+from pipelines.core.api import interleaved_timing, node_setup, ratio_ci
 from pipelines.losa.data import MASK
 from pipelines.losa.model import attn_lse, page_minmax, quest_scores, top_pages
 from pipelines.losa.params import Params
@@ -41,9 +41,9 @@ def quest_gather(q, kp, vp, meta, n_pages: int, page: int):
     """Quest: each query scores the pages, gathers its own top pages (+ the partial page), attends."""
     kmin, kmax = meta
     n_pages = min(n_pages, kmin.shape[-2])
-    idx = quest_scores(q, kmin, kmax).topk(n_pages, -1).indices                 # [b, h, B, n]
-    tok = _token_index(idx, page, kp.shape[-2])                                 # [b, h, B, M]
-    kg, vg = _gather(kp, tok), _gather(vp, tok)                                 # [b, h, B, M, d]
+    idx = quest_scores(q, kmin, kmax).topk(n_pages, -1).indices  # [b, h, B, n]
+    tok = _token_index(idx, page, kp.shape[-2])  # [b, h, B, M]
+    kg, vg = _gather(kp, tok), _gather(vp, tok)  # [b, h, B, M, d]
     o, lse = attn_lse(q[..., None, :], kg, vg)
     return o[..., 0, :], lse[..., 0]
 
@@ -55,16 +55,16 @@ def losa_gather(q, kp, vp, meta, n_pages: int, page: int, active_idx: torch.Tens
     kmin, kmax = meta
     b, h, B, d = q.shape
     qa = q if active_idx is None else q.gather(2, active_idx[..., None].expand(-1, -1, -1, d))
-    sel = top_pages(quest_scores(qa, kmin, kmax), n_pages)                      # [b, h, A, G]
-    union = sel.any(-2)                                                         # [b, h, G]
+    sel = top_pages(quest_scores(qa, kmin, kmax), n_pages)  # [b, h, A, G]
+    union = sel.any(-2)  # [b, h, G]
     u = int(union.sum(-1).max())
-    order = union.float().topk(u, -1).indices                                   # selected pages first
-    valid = union.gather(-1, order)                                             # [b, h, u]
-    tok = _token_index(order, page, kp.shape[-2])                               # [b, h, M]
+    order = union.float().topk(u, -1).indices  # selected pages first
+    valid = union.gather(-1, order)  # [b, h, u]
+    tok = _token_index(order, page, kp.shape[-2])  # [b, h, M]
     ok = valid.repeat_interleave(page, -1)
     if tok.shape[-1] > ok.shape[-1]:
         ok = torch.cat([ok, ok.new_ones(b, h, tok.shape[-1] - ok.shape[-1])], -1)
-    kg, vg = _gather(kp, tok), _gather(vp, tok)                                 # [b, h, M, d]
+    kg, vg = _gather(kp, tok), _gather(vp, tok)  # [b, h, M, d]
     o, lse = attn_lse(qa, kg, vg, ok[:, :, None, :])
     if active_idx is None:
         state["o"], state["lse"] = o, lse
@@ -115,7 +115,7 @@ class _Capture:
 
     def __call__(self, layer, q, k, v, x_in):
         self.q.setdefault(self.step, {})[layer] = q.detach().clone()
-        self.kv.setdefault(layer, (k[:, :, :self.N].contiguous(), v[:, :, :self.N].contiguous()))
+        self.kv.setdefault(layer, (k[:, :, : self.N].contiguous(), v[:, :, : self.N].contiguous()))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
@@ -127,23 +127,22 @@ def measure_timing(tasks: dict, bdlm: dict, p: Params) -> dict:
 
     dev = node_setup(p, p.seeds[0])
     model, n_prefix = load_model(tasks, bdlm, p, dev)
-    prompts = tasks[f"eval_seed{p.seeds[0]}"][:p.timing.n_prompts, :n_prefix].long().to(dev)
+    prompts = tasks[f"eval_seed{p.seeds[0]}"][: p.timing.n_prompts, :n_prefix].long().to(dev)
     cap = _Capture(n_prefix)
-    decode_block(model, prompts, p.data.block_size, p.decode.steps, MASK, cap, banned_tokens(),
-                 prefill(model, prompts))
+    decode_block(model, prompts, p.data.block_size, p.decode.steps, MASK, cap, banned_tokens(), prefill(model, prompts))
     layers = sorted(cap.kv)
     qs = [[cap.q[t][la] for la in layers] for t in sorted(cap.q)]
     kps, vps = [cap.kv[la][0] for la in layers], [cap.kv[la][1] for la in layers]
     P = p.decode.page_size
-    metas = [page_minmax(k, P) for k in kps]          # built once per block (the prefix is frozen)
+    metas = [page_minmax(k, P) for k in kps]  # built once per block (the prefix is frozen)
     quest = next((v for v in p.variants if v.kind == "quest"), None)
     losa = next((v for v in p.variants if v.kind == "losa"), None)
     fns = {"dense": lambda: dense_decode_attention(qs, kps, vps)}
     for b in p.timing.budgets:
         if quest is not None:
-            fns[f"quest_b{b}"] = (lambda b=b: quest_decode_attention(qs, kps, vps, metas, b // P, P))
+            fns[f"quest_b{b}"] = lambda b=b: quest_decode_attention(qs, kps, vps, metas, b // P, P)
         if losa is not None:
-            fns[f"losa_b{b}"] = (lambda b=b: losa_decode_attention(qs, kps, vps, metas, b // P, P, losa.rho))
+            fns[f"losa_b{b}"] = lambda b=b: losa_decode_attention(qs, kps, vps, metas, b // P, P, losa.rho)
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
     clock = "cpu" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
     with torch.no_grad():
@@ -159,7 +158,12 @@ def measure_timing(tasks: dict, bdlm: dict, p: Params) -> dict:
             pairs.append((f"speedup.attn_ms.losa_vs_quest.b{b}", f"quest_b{b}", f"losa_b{b}"))
         for name, slow, fast in pairs:
             metrics.update(ratio_ci(times[slow], times[fast], p.timing.confidence).as_metrics(name))
-    return {"clock": clock, "device": dev.type, "threads": torch.get_num_threads(), "n_prompts": len(prompts),
-            "attn_ms": {k: float(torch.tensor(v).median() * 1e3) for k, v in times.items()},
-            "samples_ms": {k: [float(x) * 1e3 for x in v] for k, v in times.items()},
-            "metrics": metrics}
+    return {
+        "clock": clock,
+        "device": dev.type,
+        "threads": torch.get_num_threads(),
+        "n_prompts": len(prompts),
+        "attn_ms": {k: float(torch.tensor(v).median() * 1e3) for k, v in times.items()},
+        "samples_ms": {k: [float(x) * 1e3 for x in v] for k, v in times.items()},
+        "metrics": metrics,
+    }

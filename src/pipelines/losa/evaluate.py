@@ -2,6 +2,7 @@
 density) and EM gaps, each computed per eval seed (the gate on dense EM is declared in the parameters),
 token agreement with dense, the interleaved attention timing, and the locality evidence (δ share
 histogram, active-token heatmap)."""
+
 from __future__ import annotations
 
 import math
@@ -11,12 +12,28 @@ import pandas as pd
 
 from pipelines.losa.params import Params
 
-METRICS = ("answer_em", "value_token_acc", "token_agreement_vs_dense", "kv_density", "attn_out_rel_err",
-           "active_fraction", "bytes_loaded_ratio_vs_dense", "modelled_speedup", "delta_top_half_share_median",
-           "delta_top_half_share_p10", "delta_zero_fraction", "hidden_delta_top_half_share_median",
-           "hidden_delta_top_half_share_p10", "hidden_delta_zero_fraction", "delta_top_half_share_median_deep",
-           "delta_top_half_share_p10_deep", "delta_zero_fraction_deep", "hidden_delta_top_half_share_median_deep",
-           "hidden_delta_top_half_share_p10_deep", "hidden_delta_zero_fraction_deep")
+METRICS = (
+    "answer_em",
+    "value_token_acc",
+    "token_agreement_vs_dense",
+    "kv_density",
+    "attn_out_rel_err",
+    "active_fraction",
+    "bytes_loaded_ratio_vs_dense",
+    "modelled_speedup",
+    "delta_top_half_share_median",
+    "delta_top_half_share_p10",
+    "delta_zero_fraction",
+    "hidden_delta_top_half_share_median",
+    "hidden_delta_top_half_share_p10",
+    "hidden_delta_zero_fraction",
+    "delta_top_half_share_median_deep",
+    "delta_top_half_share_p10_deep",
+    "delta_zero_fraction_deep",
+    "hidden_delta_top_half_share_median_deep",
+    "hidden_delta_top_half_share_p10_deep",
+    "hidden_delta_zero_fraction_deep",
+)
 
 
 def frames(p: Params, values) -> dict[str, pd.DataFrame]:
@@ -116,19 +133,23 @@ def token_agreement(values, p: Params, artifacts: dict) -> dict:
         for s_, by_budget in a["blocks"].items():
             r = np.asarray(next(iter(ref[s_].values())))
             for b, blk in by_budget.items():
-                out.setdefault(f"token_agreement_vs_dense.{v}.b{b}", {})[int(s_)] = \
-                    float((np.asarray(blk) == r).mean() * 100)
+                out.setdefault(f"token_agreement_vs_dense.{v}.b{b}", {})[int(s_)] = float(
+                    (np.asarray(blk) == r).mean() * 100
+                )
     return out
 
 
 def timing_metrics(values, p: Params, timing: dict, bdlm: dict) -> dict:
     """The interleaved attention timing (ratios with their order-statistic interval over rounds; medians in
     ms) and the base model's final training loss / masked accuracy."""
-    from pipelines.core.stats import Estimate
+    from pipelines.core.api import Estimate
 
     tm = timing["metrics"]
-    out: dict = {k: Estimate(x, tm[f"{k}.ci_low"], tm[f"{k}.ci_high"], n=p.timing.rounds)
-                 for k, x in tm.items() if not k.endswith((".ci_low", ".ci_high"))}
+    out: dict = {
+        k: Estimate(x, tm[f"{k}.ci_low"], tm[f"{k}.ci_high"], n=p.timing.rounds)
+        for k, x in tm.items()
+        if not k.endswith((".ci_low", ".ci_high"))
+    }
     for name, ms in timing["attn_ms"].items():
         out[f"attn_ms_cpu.{name}" if timing["device"] == "cpu" else f"attn_ms.{name}"] = float(ms)
     log = bdlm["log"]
@@ -146,7 +167,7 @@ def make_plots(p: Params, values, artifacts: dict, timing: dict, bdlm: dict) -> 
     """Accuracy vs density per method, δ-share histogram, active heatmap, density by step, timing, loss."""
     import matplotlib.pyplot as plt
 
-    from pipelines.core.plots import bar_plot, heatmap, line_plot
+    from pipelines.core.api import bar_plot, heatmap, line_plot
 
     results = frames(p, values)
     traces = {v: a["traces"] for v, a in artifacts.items()}
@@ -163,10 +184,16 @@ def make_plots(p: Params, values, artifacts: dict, timing: dict, bdlm: dict) -> 
         for b, r in m.iterrows():
             if kinds[v] != "dense":
                 axes[0].annotate(str(b), (r["kv_density"], r["attn_out_rel_err"]), fontsize=6)
-    axes[0].set(xlabel="KV density loaded per step (% of prefix)", ylabel="attention-output rel. error vs dense",
-                title="local attention error vs loaded KV (labels: budget)")
-    axes[1].set(xlabel="KV density loaded per step (% of prefix)", ylabel="answer EM (%)",
-                title="answer EM vs loaded KV (gate dense_retrieves: conf)")
+    axes[0].set(
+        xlabel="KV density loaded per step (% of prefix)",
+        ylabel="attention-output rel. error vs dense",
+        title="local attention error vs loaded KV (labels: budget)",
+    )
+    axes[1].set(
+        xlabel="KV density loaded per step (% of prefix)",
+        ylabel="answer EM (%)",
+        title="answer EM vs loaded KV (gate dense_retrieves: conf)",
+    )
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
@@ -181,13 +208,14 @@ def make_plots(p: Params, values, artifacts: dict, timing: dict, bdlm: dict) -> 
         counts = np.asarray(tr["delta_share_hist"], float)
         edges = np.linspace(0, 1, len(counts) + 1)
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.bar(edges[:-1], counts / max(counts.sum(), 1), width=edges[1] - edges[0], align="edge",
-               edgecolor="k")
+        ax.bar(edges[:-1], counts / max(counts.sum(), 1), width=edges[1] - edges[0], align="edge", edgecolor="k")
         ax.set_yscale("log")
-        ax.set(xlabel="token's share of the step's query-δ mass (block of "
-                      f"{p.data.block_size}; uniform = {1 / p.data.block_size:.3f})",
-               ylabel="fraction of (token, layer, head, step)",
-               title=f"locality: per-token query change between denoising steps ({hist_src}, seed {p.seeds[0]})")
+        ax.set(
+            xlabel="token's share of the step's query-δ mass (block of "
+            f"{p.data.block_size}; uniform = {1 / p.data.block_size:.3f})",
+            ylabel="fraction of (token, layer, head, step)",
+            title=f"locality: per-token query change between denoising steps ({hist_src}, seed {p.seeds[0]})",
+        )
         fig.tight_layout()
         figs["delta_share_histogram"] = fig
 
@@ -195,9 +223,14 @@ def make_plots(p: Params, values, artifacts: dict, timing: dict, bdlm: dict) -> 
         budget, tr = next(iter(traces[losa].items()))
         hm = np.asarray(tr["active_heatmap"], float)
         figs["active_tokens_heatmap"] = heatmap(
-            hm, list(range(hm.shape[1])), list(range(hm.shape[0])), fmt="{:.2f}",
+            hm,
+            list(range(hm.shape[1])),
+            list(range(hm.shape[0])),
+            fmt="{:.2f}",
             title=f"{losa}: active fraction by (step, block position), budget {budget}",
-            xlabel="block position", ylabel="denoising step")
+            xlabel="block position",
+            ylabel="denoising step",
+        )
 
     steps = list(range(p.decode.steps))
     series = {}
@@ -205,14 +238,19 @@ def make_plots(p: Params, values, artifacts: dict, timing: dict, bdlm: dict) -> 
         for b, t in tv.items():
             if kinds[v] == "dense" or b == str(min(map(int, tv))):
                 series[f"{v}" + ("" if kinds[v] == "dense" else f"@{b}")] = [100 * x for x in t["density_by_step"]]
-    figs["density_by_step"] = line_plot(steps, series, "denoising step", "KV density loaded (%)",
-                                        "loaded KV per step (smallest budget of each variant)")
+    figs["density_by_step"] = line_plot(
+        steps, series, "denoising step", "KV density loaded (%)", "loaded KV per step (smallest budget of each variant)"
+    )
 
     names = list(timing["attn_ms"])
-    figs["attention_time"] = bar_plot(names, [timing["attn_ms"][n] for n in names],
-                                      ylabel=f"ms per block decode ({timing['clock']} clock)",
-                                      title=f"prefix attention, {timing['n_prompts']} prompts, interleaved")
+    figs["attention_time"] = bar_plot(
+        names,
+        [timing["attn_ms"][n] for n in names],
+        ylabel=f"ms per block decode ({timing['clock']} clock)",
+        title=f"prefix attention, {timing['n_prompts']} prompts, interleaved",
+    )
     log = bdlm["log"]
-    figs["base_model_loss"] = line_plot(log["step"].tolist(), {"loss": log["loss"].tolist()}, "step",
-                                        "masked-diffusion loss", "base model training")
+    figs["base_model_loss"] = line_plot(
+        log["step"].tolist(), {"loss": log["loss"].tolist()}, "step", "masked-diffusion loss", "base model training"
+    )
     return figs

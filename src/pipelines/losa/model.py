@@ -7,6 +7,7 @@ the prefix once, then denoises the answer block in T steps; at every step and la
 block queries' prefix attention (dense; Quest per-query pages; SparseD fixed per-head pages; LoSA reuse
 for stable tokens + union of the active tokens' pages), the block part is dense, and the two parts are
 merged with their log-sum-exps (online softmax)."""
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import Block, KVCache, TinyConfig, TinyTransformer
+from pipelines.core.api import Block, KVCache, TinyConfig, TinyTransformer
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -29,7 +30,7 @@ class PolicyBlock(Block):
         self._x_in: torch.Tensor | None = None
 
     def forward(self, x, pos, layer_idx, cache, mask):
-        self._x_in = x                       # the hidden state entering the layer (activity_signal: hidden)
+        self._x_in = x  # the hidden state entering the layer (activity_signal: hidden)
         return super().forward(x, pos, layer_idx, cache, mask)
 
     def attend(self, q, k, v, mask):
@@ -51,9 +52,18 @@ class BlockDiffusionLM(TinyTransformer):
 
 def build_model(p, vocab_size: int, n_prefix: int) -> BlockDiffusionLM:
     m = p.model
-    std = m.init_std if m.init_std is not None else m.d_model ** -0.5
-    c = TinyConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, d_ff=m.d_ff,
-                   max_len=n_prefix + p.data.block_size, causal=False, rope_base=m.rope_base, init_std=std)
+    std = m.init_std if m.init_std is not None else m.d_model**-0.5
+    c = TinyConfig(
+        vocab_size=vocab_size,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        d_ff=m.d_ff,
+        max_len=n_prefix + p.data.block_size,
+        causal=False,
+        rope_base=m.rope_base,
+        init_std=std,
+    )
     return BlockDiffusionLM(c)
 
 
@@ -68,22 +78,30 @@ def bdlm_mask(n_prefix: int, block: int, device=None) -> torch.Tensor:
     return (t[None, :] <= t[:, None]) | (t[:, None] >= n_prefix)
 
 
-def bdlm_loss(model: BlockDiffusionLM, ids: torch.Tensor, noised: torch.Tensor, masked: torch.Tensor,
-              gamma: torch.Tensor, n_prefix: int):
+def bdlm_loss(
+    model: BlockDiffusionLM,
+    ids: torch.Tensor,
+    noised: torch.Tensor,
+    masked: torch.Tensor,
+    gamma: torch.Tensor,
+    n_prefix: int,
+):
     """Masked-diffusion loss on the block: CE on masked slots weighted by 1/γ, averaged over slots."""
     mask = bdlm_mask(n_prefix, ids.shape[1] - n_prefix, ids.device)
     logits = model(noised, attn_mask=mask)[:, n_prefix:]
     target = ids[:, n_prefix:]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                         reduction="none").view_as(target)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), reduction="none").view_as(
+        target
+    )
     w = masked.float() / gamma[:, None]
     loss = (ce * w).sum() / target.numel()
     acc = ((logits.argmax(-1) == target) & masked).sum() / masked.sum().clamp(min=1)
     return loss, {"masked_acc": float(acc)}
 
 
-def noise_block(ids: torch.Tensor, n_prefix: int, gamma_min: float, mask_id: int, gen: torch.Generator,
-                full_share: float = 0.0):
+def noise_block(
+    ids: torch.Tensor, n_prefix: int, gamma_min: float, mask_id: int, gen: torch.Generator, full_share: float = 0.0
+):
     """Per-sample γ ~ U(gamma_min, 1], each block slot masked with prob γ, at least one slot masked.
     With ``full_share`` > 0 that share of the samples (drawn after the rest) has the whole block masked
     (γ = 1): every answer slot, every value token included, is a target of the loss."""
@@ -126,7 +144,7 @@ def merge_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Te
 def page_minmax(k: torch.Tensor, page: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-page min / max keys of the full pages of a prefix k [..., N, d] → two [..., N // page, d]."""
     n_full = k.shape[-2] // page
-    kf = k[..., :n_full * page, :].reshape(*k.shape[:-2], n_full, page, k.shape[-1])
+    kf = k[..., : n_full * page, :].reshape(*k.shape[:-2], n_full, page, k.shape[-1])
     return kf.amin(-2), kf.amax(-2)
 
 
@@ -168,8 +186,17 @@ class PrefixPolicy:
     ``spec`` is a params ``Variant``; ``budget`` the per-query token budget; ``n_prefix`` the prefix
     length; ``page`` the page size. Set ``step`` before every forward of the block."""
 
-    def __init__(self, spec, budget: int | None, n_prefix: int, page: int, n_steps: int,
-                 gen: torch.Generator | None = None, record: bool = True, top_share: float = 0.5):
+    def __init__(
+        self,
+        spec,
+        budget: int | None,
+        n_prefix: int,
+        page: int,
+        n_steps: int,
+        gen: torch.Generator | None = None,
+        record: bool = True,
+        top_share: float = 0.5,
+    ):
         self.spec, self.kind = spec, spec.kind
         self.budget, self.N, self.P, self.T = budget, n_prefix, page, n_steps
         self.n_pages = (budget // page) if budget else None
@@ -188,7 +215,7 @@ class PrefixPolicy:
 
     # -- helpers
     def _meta(self, layer: int, kp: torch.Tensor):
-        if layer not in self.meta:                       # the prefix is frozen within a block
+        if layer not in self.meta:  # the prefix is frozen within a block
             self.meta[layer] = page_minmax(kp, self.P)
         return self.meta[layer]
 
@@ -214,7 +241,7 @@ class PrefixPolicy:
             return top_pages(delta, max(1, math.ceil(s.rho * B)))
         mx = delta.amax(-1, keepdim=True)
         act = delta > s.threshold * mx
-        return act | top_pages(delta, 1)                 # at least one active token
+        return act | top_pages(delta, 1)  # at least one active token
 
     # -- the attention call
     def __call__(self, layer: int, q, k, v, x_in):
@@ -229,17 +256,17 @@ class PrefixPolicy:
             o_pre, l_pre, loaded_pages = o_den, l_den, full_pages
         elif self.kind == "quest":
             kmin, kmax = self._meta(layer, kp)
-            sel = top_pages(quest_scores(q, kmin, kmax), self.n_pages)          # [b, h, B, G]
+            sel = top_pages(quest_scores(q, kmin, kmax), self.n_pages)  # [b, h, B, G]
             o_pre, l_pre = attn_lse(q, kp, vp, pages_to_tokens(sel, self.P, N))
             loaded_pages = sel.any(-2)
         elif self.kind == "sparsed":
             n_dense = max(1, math.ceil(self.spec.dense_fraction * self.T))
             if t < n_dense:
                 o_pre, l_pre, loaded_pages = o_den, l_den, full_pages
-                if t == n_dense - 1:                      # fix the per-head page set from this step's attention
+                if t == n_dense - 1:  # fix the per-head page set from this step's attention
                     s = (q.float() @ kp.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-                    prob = torch.softmax(s, -1).sum(-2)   # [b, h, N] mass over the block's queries
-                    mass = prob[..., :self.n_full * self.P].reshape(b, h, self.n_full, self.P).sum(-1)
+                    prob = torch.softmax(s, -1).sum(-2)  # [b, h, N] mass over the block's queries
+                    mass = prob[..., : self.n_full * self.P].reshape(b, h, self.n_full, self.P).sum(-1)
                     self.pattern[layer] = top_pages(mass, self.n_pages)
             else:
                 pat = self.pattern[layer]
@@ -256,7 +283,7 @@ class PrefixPolicy:
             self.ref_q[layer], self.ref_x[layer] = q.float().clone(), x_in.float().clone()
         else:
             self.ref_q[layer] = torch.where(active[..., None], q.float(), self.ref_q[layer])
-            act_any = active.any(1)                                          # hidden ref per token
+            act_any = active.any(1)  # hidden ref per token
             self.ref_x[layer] = torch.where(act_any[..., None], x_in.float(), self.ref_x[layer])
         return o.to(q.dtype)
 
@@ -267,12 +294,16 @@ class PrefixPolicy:
         if first and s.first_step_mode == "dense":
             o_pre, l_pre = attn_lse(q, kp, vp)
             self.cache[layer] = (o_pre, l_pre)
-            return (o_pre, l_pre, torch.ones(b, h, self.n_full, dtype=torch.bool, device=q.device),
-                    torch.ones(b, h, B, dtype=torch.bool, device=q.device))
+            return (
+                o_pre,
+                l_pre,
+                torch.ones(b, h, self.n_full, dtype=torch.bool, device=q.device),
+                torch.ones(b, h, B, dtype=torch.bool, device=q.device),
+            )
         active = torch.ones(b, h, B, dtype=torch.bool, device=q.device) if first else self._active(layer, q, x_in)
         kmin, kmax = self._meta(layer, kp)
-        sel = top_pages(quest_scores(q, kmin, kmax), self.n_pages) & active[..., None]   # [b, h, B, G]
-        union = sel.any(-2)                                                             # [b, h, G]
+        sel = top_pages(quest_scores(q, kmin, kmax), self.n_pages) & active[..., None]  # [b, h, B, G]
+        union = sel.any(-2)  # [b, h, G]
         if s.union:
             tok = pages_to_tokens(union, self.P, N)[:, :, None, :]
         else:
@@ -289,15 +320,18 @@ class PrefixPolicy:
 
     def _record(self, layer, q, x_in, o, o_den, l_den, o_blk, l_blk, loaded_pages, active):
         o_ref, _ = merge_lse(o_den, l_den, o_blk, l_blk)
-        err = ((o - o_ref) ** 2).sum((1, 2, 3)).sqrt() / (o_ref ** 2).sum((1, 2, 3)).sqrt().clamp(min=1e-30)
-        row = {"step": self.step, "layer": layer,
-               "density": (self._loaded_tokens(loaded_pages) / self.N).cpu(),      # [b, h]
-               "rel_err": err.cpu(),                                                # [b]
-               "active": active.float().cpu(),                                      # [b, h, B]
-               "n_meta_pages": self.n_full}
+        err = ((o - o_ref) ** 2).sum((1, 2, 3)).sqrt() / (o_ref**2).sum((1, 2, 3)).sqrt().clamp(min=1e-30)
+        row = {
+            "step": self.step,
+            "layer": layer,
+            "density": (self._loaded_tokens(loaded_pages) / self.N).cpu(),  # [b, h]
+            "rel_err": err.cpu(),  # [b]
+            "active": active.float().cpu(),  # [b, h, B]
+            "n_meta_pages": self.n_full,
+        }
         if layer in self.prev_q:
-            row["dq"] = ((q.float() - self.prev_q[layer]) ** 2).mean(-1).cpu()       # [b, h, B]
-            row["dx"] = ((x_in.float() - self.prev_x[layer]) ** 2).mean(-1).cpu()    # [b, B]
+            row["dq"] = ((q.float() - self.prev_q[layer]) ** 2).mean(-1).cpu()  # [b, h, B]
+            row["dx"] = ((x_in.float() - self.prev_x[layer]) ** 2).mean(-1).cpu()  # [b, B]
         self.stats.append(row)
 
 
@@ -321,8 +355,16 @@ def prefill(model: BlockDiffusionLM, prefix: torch.Tensor) -> KVCache:
 
 
 @torch.no_grad()
-def decode_block(model: BlockDiffusionLM, prefix: torch.Tensor, block: int, steps: int, mask_id: int,
-                 policy=None, banned: list[int] | None = None, cache: KVCache | None = None) -> torch.Tensor:
+def decode_block(
+    model: BlockDiffusionLM,
+    prefix: torch.Tensor,
+    block: int,
+    steps: int,
+    mask_id: int,
+    policy=None,
+    banned: list[int] | None = None,
+    cache: KVCache | None = None,
+) -> torch.Tensor:
     """Denoise one answer block after ``prefix`` [b, N] in ``steps`` steps (confidence-based unmasking:
     the most confident masked slots are committed, greedy tokens). Returns the block [b, B]."""
     cache = cache if cache is not None else prefill(model, prefix)
@@ -365,7 +407,7 @@ def locality_stats(stats: list[dict], top_share: float) -> dict:
         for suffix, sel in (("", rows), ("_deep", [r for r in rows if r["layer"] > 0])):
             if not sel:
                 continue
-            d = torch.cat([r[key].reshape(-1, r[key].shape[-1]) for r in sel]).double()       # [*, B]
+            d = torch.cat([r[key].reshape(-1, r[key].shape[-1]) for r in sel]).double()  # [*, B]
             share, tot = _top_share(d, top_share)
             ok = share.numel() > 0
             out[f"{name}_top_half_share_median{suffix}"] = float(share.median()) if ok else float("nan")

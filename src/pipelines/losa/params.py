@@ -1,44 +1,55 @@
 """Typed parameters of `losa`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key (a claim naming a variant or
 budget this run does not plan is stopped by core's check of the spec, before any node runs)."""
+
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
-from pipelines.core.params import Fraction, MethodParams, Probability, Strict
+from pipelines.core.api import Fraction, MethodParams, Probability, Strict
 
 
 class Data(Strict):
     source: Literal["synthetic", "file"] = "synthetic"
-    path: str | None = None            # file source: a CSV / parquet table (README: prompt, answer, split)
-    context_len: int = Field(ge=8, le=65536)        # N: filler + records before the question
+    path: str | None = None  # file source: a CSV / parquet table (README: prompt, answer, split)
+    context_len: int = Field(ge=8, le=65536)  # N: filler + records before the question
     n_records: PositiveInt
     key_len: int = Field(ge=1, le=8)
     value_len: int = Field(ge=1, le=8)
     n_query_keys: PositiveInt
     n_key_symbols: int = Field(ge=2)
     n_value_symbols: int = Field(ge=2)
-    n_filler_symbols: PositiveInt             # filler entropy = log2(n_filler_symbols) bits/token
-    block_size: int = Field(ge=2, le=64)            # B: the answer block (one diffusion block)
-    n_train: int = Field(ge=16)                     # training sequences (drawn once, sampled by the loop)
-    n_eval: PositiveInt                       # evaluation prompts per seed
-    world_seed: int = 2026                          # the training set (eval prompts use the run seeds)
+    n_filler_symbols: PositiveInt  # filler entropy = log2(n_filler_symbols) bits/token
+    block_size: int = Field(ge=2, le=64)  # B: the answer block (one diffusion block)
+    n_train: int = Field(ge=16)  # training sequences (drawn once, sampled by the loop)
+    n_eval: PositiveInt  # evaluation prompts per seed
+    world_seed: int = 2026  # the training set (eval prompts use the run seeds)
 
     @model_validator(mode="after")
     def _fits(self):
         rec = self.key_len + self.value_len
         if self.n_records * rec > self.context_len:
-            raise ValueError(f"n_records: {self.n_records} records of {rec} tokens do not fit in "
-                             f"context_len={self.context_len}")
+            raise ValueError(
+                f"n_records: {self.n_records} records of {rec} tokens do not fit in context_len={self.context_len}"
+            )
         if self.n_query_keys > self.n_records:
             raise ValueError(f"n_query_keys: {self.n_query_keys} exceeds n_records={self.n_records}")
         if self.n_query_keys * self.value_len > self.block_size:
-            raise ValueError(f"n_query_keys: {self.n_query_keys} answers of {self.value_len} tokens do not fit "
-                             f"in block_size={self.block_size}")
-        if self.n_key_symbols ** self.key_len < self.n_records:
+            raise ValueError(
+                f"n_query_keys: {self.n_query_keys} answers of {self.value_len} tokens do not fit "
+                f"in block_size={self.block_size}"
+            )
+        if self.n_key_symbols**self.key_len < self.n_records:
             raise ValueError(f"n_key_symbols: too few distinct keys for n_records={self.n_records}")
         if self.source == "file" and not self.path:
             raise ValueError("path: data.source 'file' needs a table path")
@@ -49,27 +60,27 @@ class Model(Strict):
     d_model: int = Field(ge=8)
     n_layers: int = Field(ge=1, le=48)
     n_heads: PositiveInt
-    d_ff: NonNegativeInt = 0              # 0 → 4 · d_model
+    d_ff: NonNegativeInt = 0  # 0 → 4 · d_model
     rope_base: PositiveFloat = 10000.0
-    init_std: PositiveFloat | None = None   # every linear / embedding weight ~ N(0, std²); None: d_model^-0.5
+    init_std: PositiveFloat | None = None  # every linear / embedding weight ~ N(0, std²); None: d_model^-0.5
 
 
 class Train(Strict):
-    seed: int = 0                     # the one base model of a run (eval seeds vary the prompts)
+    seed: int = 0  # the one base model of a run (eval seeds vary the prompts)
     steps: PositiveInt
     batch_size: PositiveInt
     lr: PositiveFloat
     weight_decay: NonNegativeFloat
-    gamma_min: float = Field(gt=0, le=1)            # mask rate γ ~ U(gamma_min, 1]
-    full_mask_share: Probability = 0.0   # share of sequences whose whole block is masked (γ = 1)
+    gamma_min: float = Field(gt=0, le=1)  # mask rate γ ~ U(gamma_min, 1]
+    full_mask_share: Probability = 0.0  # share of sequences whose whole block is masked (γ = 1)
     grad_clip: PositiveFloat
 
 
 class Decode(Strict):
-    steps: PositiveInt                        # T denoising steps per block
-    page_size: PositiveInt                    # P (KV page of the prefix cache)
-    budgets: list[int] = Field(min_length=1)        # per-query token budgets (multiples of P)
-    batch: PositiveInt                        # prompts decoded together
+    steps: PositiveInt  # T denoising steps per block
+    page_size: PositiveInt  # P (KV page of the prefix cache)
+    budgets: list[int] = Field(min_length=1)  # per-query token budgets (multiples of P)
+    batch: PositiveInt  # prompts decoded together
 
     @model_validator(mode="after")
     def _pages(self):
@@ -84,15 +95,15 @@ class Variant(Strict):
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     kind: Literal["dense", "quest", "sparsed", "losa"]
-    budgets: list[int] | None = None                # None: decode.budgets (ignored by dense)
-    rho: float = Field(default=0.5, gt=0, le=1)     # losa: active share of the block (topk / random)
+    budgets: list[int] | None = None  # None: decode.budgets (ignored by dense)
+    rho: float = Field(default=0.5, gt=0, le=1)  # losa: active share of the block (topk / random)
     active_rule: Literal["topk", "threshold", "random"] = "topk"
-    threshold: float = Field(default=0.1, ge=0, lt=1)   # losa threshold rule: δ > threshold · max δ
-    union: bool = True                              # losa: active tokens attend to the union of pages
+    threshold: float = Field(default=0.1, ge=0, lt=1)  # losa threshold rule: δ > threshold · max δ
+    union: bool = True  # losa: active tokens attend to the union of pages
     activity_signal: Literal["query", "hidden"] = "query"
     activity_reference: Literal["previous_step", "last_refresh"] = "previous_step"
     first_step_mode: Literal["all_active", "dense"] = "all_active"
-    dense_fraction: float = Field(default=0.2, gt=0, le=1)   # sparsed: share of steps with full attention
+    dense_fraction: float = Field(default=0.2, gt=0, le=1)  # sparsed: share of steps with full attention
 
 
 class Timing(Strict):
@@ -104,7 +115,7 @@ class Timing(Strict):
 
 
 class Locality(Strict):
-    top_share: Fraction = 0.5   # share of block tokens whose δ mass is measured
+    top_share: Fraction = 0.5  # share of block tokens whose δ mass is measured
     hist_bins: int = Field(default=40, ge=5, le=200)
 
 
@@ -136,8 +147,10 @@ class Params(MethodParams):
             raise ValueError(f"decode.steps: {self.decode.steps} steps exceed block_size={self.data.block_size}")
         if self.model.d_model % self.model.n_heads or (self.model.d_model // self.model.n_heads) % 2:
             raise ValueError(f"model.n_heads: d_model={self.model.d_model} must split into heads of even size")
-        for key, budgets in [("timing.budgets", self.timing.budgets),
-                             *[(f"variants.{v.name}.budgets", v.budgets or []) for v in self.variants]]:
+        for key, budgets in [
+            ("timing.budgets", self.timing.budgets),
+            *[(f"variants.{v.name}.budgets", v.budgets or []) for v in self.variants],
+        ]:
             bad = [b for b in budgets if b < P or b % P]
             if bad:
                 raise ValueError(f"{key}: budgets {bad} are not positive multiples of decode.page_size={P}")

@@ -2,7 +2,8 @@
 prefix-attention policy: dense, quest, sparsed, losa and its ablations; each decodes every eval seed and
 budget with the base model) → data.timing (dense / Quest / LoSA attention time, interleaved side by side in
 one process) → evaluate; the method's contract, built by core."""
-from pipelines.core.spec import Data, Fn, Method, Train
+
+from pipelines.core.api import Data, Fn, Method, Train
 from pipelines.losa import evaluate as E
 from pipelines.losa.bench import measure_timing
 from pipelines.losa.data import make_tasks
@@ -36,15 +37,20 @@ def comparison_names(p: Params, planned) -> list[str]:
             for b in common:
                 out += [f"density_ratio.{v.name}_vs_{q.name}.b{b}", f"err_ratio.{q.name}_vs_{v.name}.b{b}"]
             if common:
-                out += [f"density_ratio.{v.name}_vs_{q.name}.min", f"density_ratio.{v.name}_vs_{q.name}.max",
-                        f"err_ratio.{q.name}_vs_{v.name}.min"]
+                out += [
+                    f"density_ratio.{v.name}_vs_{q.name}.min",
+                    f"density_ratio.{v.name}_vs_{q.name}.max",
+                    f"err_ratio.{q.name}_vs_{v.name}.min",
+                ]
             out += [f"matched_density_err_ratio.{q.name}_vs_{v.name}.b{b}" for b in p.budgets_of(v)]
     for v in sparse:
         for b in p.budgets_of(v):
             out.append(f"gated.answer_em_gap.{v.name}_minus_{dense}.b{b}")
-            out += [f"gated.answer_em_gap.{v.name}_minus_{w.name}.b{b}" for w in sparse
-                    if w.name != v.name and v.kind == "losa" and w.kind in ("sparsed", "quest")
-                    and b in p.budgets_of(w)]
+            out += [
+                f"gated.answer_em_gap.{v.name}_minus_{w.name}.b{b}"
+                for w in sparse
+                if w.name != v.name and v.kind == "losa" and w.kind in ("sparsed", "quest") and b in p.budgets_of(w)
+            ]
     return out
 
 
@@ -69,16 +75,25 @@ def timing_names(p: Params, planned) -> list[str]:
 SPEC = Method(
     name="losa",
     params=Params,
-    data=[Data(make_tasks, "params", "tasks_tensors", name="tasks"),
-          Data(train_base, ["tasks_tensors", "params"], "bdlm_model", name="bdlm", tags=["gpu"]),
-          Data(measure_timing, ["tasks_tensors", "bdlm_model", "params"], "timing_json", name="timing",
-               tags=["evaluate", "gpu"])],
+    data=[
+        Data(make_tasks, "params", "tasks_tensors", name="tasks"),
+        Data(train_base, ["tasks_tensors", "params"], "bdlm_model", name="bdlm", tags=["gpu"]),
+        Data(
+            measure_timing,
+            ["tasks_tensors", "bdlm_model", "params"],
+            "timing_json",
+            name="timing",
+            tags=["evaluate", "gpu"],
+        ),
+    ],
     train=Train(decode_variant, ["tasks_tensors", "bdlm_model"], artifacts="json"),
     variants=variants,
     produces=produces,
-    derived=[Fn(E.per_seed_comparisons, comparison_names),
-             Fn(E.token_agreement, agreement_names, inputs=["artifacts"]),
-             Fn(E.timing_metrics, timing_names, inputs=["timing", "bdlm"])],
+    derived=[
+        Fn(E.per_seed_comparisons, comparison_names),
+        Fn(E.token_agreement, agreement_names, inputs=["artifacts"]),
+        Fn(E.timing_metrics, timing_names, inputs=["timing", "bdlm"]),
+    ],
     plots=E.make_plots,
     extra=E.report_extra,
     report_inputs={"timing": "timing_json", "bdlm": "bdlm_model"},

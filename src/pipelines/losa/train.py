@@ -2,6 +2,7 @@
 on the answer block). ``train.<variant>``: decode every eval seed with that base model under one
 prefix-attention policy per budget (no training: LoSA is inference-only), and measure accuracy, loaded
 KV pages, local attention error vs dense and the activity statistics."""
+
 from __future__ import annotations
 
 import logging
@@ -10,11 +11,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import StepInfo, fit
+from pipelines.core.api import StepInfo, fit, node_setup
 from pipelines.losa.data import BOS, EOS, MASK, PAD, SEP
-from pipelines.losa.model import (PrefixPolicy, bdlm_loss, build_model, decode_block, locality_stats,
-                                  noise_block, prefill)
+from pipelines.losa.model import (
+    PrefixPolicy,
+    bdlm_loss,
+    build_model,
+    decode_block,
+    locality_stats,
+    noise_block,
+    prefill,
+)
 from pipelines.losa.params import Params
 
 log = logging.getLogger(__name__)
@@ -51,11 +58,25 @@ def train_base(tasks: dict, p: Params) -> dict:
         if s.step % 100 == 0 or s.step == t.steps - 1:
             log.info("losa base model: step %d/%d loss %.4f", s.step + 1, t.steps, s.loss)
 
-    fit(model, None, loss, steps=t.steps, sample_batch=sample, lr=t.lr, weight_decay=t.weight_decay,
-        optimizer="adamw", scheduler="onecycle", grad_clip=t.grad_clip, seed=t.seed, desc="losa.data.bdlm",
-        callback=record)
-    return {"state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "log": {k: torch.tensor(v, dtype=torch.float64) for k, v in hist.items()}}
+    fit(
+        model,
+        None,
+        loss,
+        steps=t.steps,
+        sample_batch=sample,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        optimizer="adamw",
+        scheduler="onecycle",
+        grad_clip=t.grad_clip,
+        seed=t.seed,
+        desc="losa.data.bdlm",
+        callback=record,
+    )
+    return {
+        "state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "log": {k: torch.tensor(v, dtype=torch.float64) for k, v in hist.items()},
+    }
 
 
 def load_model(tasks: dict, bdlm: dict, p: Params, dev: torch.device):
@@ -74,20 +95,22 @@ def prefill_batches(model, evals: torch.Tensor, n_prefix: int, p: Params, dev: t
     budget (the block steps never write into it)."""
     out = []
     for i in range(0, len(evals), p.decode.batch):
-        prefix = evals[i:i + p.decode.batch, :n_prefix].long().to(dev)
+        prefix = evals[i : i + p.decode.batch, :n_prefix].long().to(dev)
         out.append((prefix, prefill(model, prefix)))
     return out
 
 
-def decode_config(model, batches: list, n_prefix: int, p: Params, spec, budget: int | None, seed: int,
-                  record: bool = True) -> tuple[torch.Tensor, list[dict]]:
+def decode_config(
+    model, batches: list, n_prefix: int, p: Params, spec, budget: int | None, seed: int, record: bool = True
+) -> tuple[torch.Tensor, list[dict]]:
     """Decode every prompt of one eval set under one policy; returns the blocks and the policy stats."""
     B, T = p.data.block_size, p.decode.steps
     blocks, stats = [], []
     gen = torch.Generator().manual_seed(int(seed) * 7919 + (budget or 0))
     for prefix, cache in batches:
-        pol = PrefixPolicy(spec, budget, n_prefix, p.decode.page_size, T, gen=gen, record=record,
-                           top_share=p.locality.top_share)
+        pol = PrefixPolicy(
+            spec, budget, n_prefix, p.decode.page_size, T, gen=gen, record=record, top_share=p.locality.top_share
+        )
         blocks.append(decode_block(model, prefix, B, T, MASK, pol, banned_tokens(), cache).cpu())
         stats.append(pol.stats)
     # stats of all batches, concatenated along the prompt axis
@@ -101,8 +124,9 @@ def decode_config(model, batches: list, n_prefix: int, p: Params, spec, budget: 
     return torch.cat(blocks), merged
 
 
-def summarise(blocks: torch.Tensor, evals: torch.Tensor, n_prefix: int, stats: list[dict], p: Params,
-              reads_page_meta: bool) -> tuple[dict, dict]:
+def summarise(
+    blocks: torch.Tensor, evals: torch.Tensor, n_prefix: int, stats: list[dict], p: Params, reads_page_meta: bool
+) -> tuple[dict, dict]:
     """Metrics of one (variant, budget, seed) and the traces the plots use."""
     target = evals[:, n_prefix:].long()
     is_value = target != PAD
@@ -111,7 +135,7 @@ def summarise(blocks: torch.Tensor, evals: torch.Tensor, n_prefix: int, stats: l
     d_all = torch.cat([r["density"].reshape(-1) for r in stats]).double()
     err = torch.cat([r["rel_err"] for r in stats]).double()
     act_rows = [r["active"] for r in stats if r["step"] > 0]
-    P, N = p.decode.page_size, n_prefix
+    _P, N = p.decode.page_size, n_prefix
     n_meta = stats[0]["n_meta_pages"]
     # bytes per (head, step): K + V of the loaded tokens, plus the pages' min/max keys the scorer reads
     dense_bytes = 2.0 * N
@@ -130,14 +154,18 @@ def summarise(blocks: torch.Tensor, evals: torch.Tensor, n_prefix: int, stats: l
     m.update(loc)
     steps = sorted({r["step"] for r in stats})
     trace = {
-        "density_by_step": [float(torch.stack([r["density"].mean() for r in stats if r["step"] == s]).mean())
-                            for s in steps],
-        "err_by_step": [float(torch.stack([r["rel_err"].mean() for r in stats if r["step"] == s]).mean())
-                        for s in steps],
-        "active_heatmap": torch.stack([torch.stack([r["active"].mean((0, 1)) for r in stats if r["step"] == s])
-                                       .mean(0) for s in steps]).tolist(),                     # [T, B]
+        "density_by_step": [
+            float(torch.stack([r["density"].mean() for r in stats if r["step"] == s]).mean()) for s in steps
+        ],
+        "err_by_step": [
+            float(torch.stack([r["rel_err"].mean() for r in stats if r["step"] == s]).mean()) for s in steps
+        ],
+        "active_heatmap": torch.stack(
+            [torch.stack([r["active"].mean((0, 1)) for r in stats if r["step"] == s]).mean(0) for s in steps]
+        ).tolist(),  # [T, B]
         "delta_share_hist": np.histogram(shares, bins=p.locality.hist_bins, range=(0.0, 1.0))[0].tolist()
-        if shares is not None and len(shares) else [],
+        if shares is not None and len(shares)
+        else [],
     }
     return m, trace
 
@@ -156,18 +184,32 @@ def decode_variant(tasks: dict, bdlm: dict, p: Params, variant: str) -> tuple[pd
         model, n_prefix = load_model(tasks, bdlm, p, dev)
         evals = tasks[f"eval_seed{seed}"]
         batches = prefill_batches(model, evals, n_prefix, p, dev)
-        for budget in (p.budgets_of(spec) or [None]):
+        for budget in p.budgets_of(spec) or [None]:
             blocks, stats = decode_config(model, batches, n_prefix, p, spec, budget, seed)
             m, tr = summarise(blocks, evals, n_prefix, stats, p, spec.kind in ("quest", "losa"))
             bad = [k for k, v in m.items() if not np.isfinite(v) and "share" not in k]
             if bad:
                 raise FloatingPointError(f"losa.train.{variant}: non-finite {bad} at budget {budget}, seed {seed}")
-            rows.append({"seed": seed, "budget": budget or n_prefix, "kind": spec.kind, **m,
-                         "blocks": blocks.reshape(-1).tolist()})
+            rows.append(
+                {
+                    "seed": seed,
+                    "budget": budget or n_prefix,
+                    "kind": spec.kind,
+                    **m,
+                    "blocks": blocks.reshape(-1).tolist(),
+                }
+            )
             if seed == p.seeds[0]:
                 traces[str(budget or n_prefix)] = tr
-            log.info("losa.%s budget %s seed %d: EM %.1f%% density %.1f%% err %.3f", variant, budget, seed,
-                     m["answer_em"], m["kv_density"], m["attn_out_rel_err"])
+            log.info(
+                "losa.%s budget %s seed %d: EM %.1f%% density %.1f%% err %.3f",
+                variant,
+                budget,
+                seed,
+                m["answer_em"],
+                m["kv_density"],
+                m["attn_out_rel_err"],
+            )
     blocks = {}
     for r in rows:
         blocks.setdefault(str(r["seed"]), {})[str(r["budget"])] = r["blocks"]
@@ -175,7 +217,7 @@ def decode_variant(tasks: dict, bdlm: dict, p: Params, variant: str) -> tuple[pd
 
 
 def results_table(p: Params, variant: str, rows: list[dict], bdlm: dict) -> pd.DataFrame:
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
     from pipelines.losa.evaluate import METRICS
 
     res = Results(variant)

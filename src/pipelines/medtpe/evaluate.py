@@ -1,5 +1,6 @@
 """Metrics, the side-by-side timing benchmark, plots and the report of `medtpe` (the paper's evaluation:
 token length, prefill latency, AUROC and format compliance vs the original tokeniser and token dropping)."""
+
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import interleaved_timing, ratio_ci
+from pipelines.core.api import interleaved_timing, ratio_ci
 from pipelines.medtpe.params import Params
 
 
@@ -56,7 +57,7 @@ def timing(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dict, p: P
     interval. Also a prefill-time-vs-length curve of the base model."""
     import torch
 
-    from pipelines.core.runtime import node_setup
+    from pipelines.core.api import node_setup
     from pipelines.medtpe.model import adapt_model, make_model
     from pipelines.medtpe.tpe import BPE, SPECIALS, TPE
     from pipelines.medtpe.train import pad, prompts
@@ -69,31 +70,34 @@ def timing(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dict, p: P
     base.eval()
     tpe_model = adapt_model(base, bpe.vocab, tok, set(SPECIALS)).eval()
     te = prompts(ehr[ehr.split == "test"], p.tasks[:1])
-    texts = te["text"].tolist()[:p.timing.n_records]
-    few = texts[:min(8, len(texts))]
+    texts = te["text"].tolist()[: p.timing.n_records]
+    few = texts[: min(8, len(texts))]
     seqs = {"original": [bpe.encode(t) for t in texts], "medtpe": [tok.encode(t) for t in texts]}
     models = {"original": base, "medtpe": tpe_model}
     toks = {"original": bpe, "medtpe": tok}
     batch = {k: pad(v, bpe.pad_id) for k, v in seqs.items()}
-    singles = {k: [pad([s], bpe.pad_id) for s in v[:len(few)]] for k, v in seqs.items()}
+    singles = {k: [pad([s], bpe.pad_id) for s in v[: len(few)]] for k, v in seqs.items()}
 
     def prefill_b1(k):
         def run():
             with torch.no_grad():
                 for ids, ln in singles[k]:
                     models[k].last_logits(ids, ln)
+
         return run
 
     def prefill_b64(k):
         def run():
             with torch.no_grad():
                 models[k].last_logits(*batch[k])
+
         return run
 
     def tokenize(k):
         def run():
             for t in few:
                 toks[k].encode(t)
+
         return run
 
     def e2e(k):
@@ -102,28 +106,44 @@ def timing(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dict, p: P
                 for t in few:
                     s = toks[k].encode(t)
                     models[k].last_logits(*pad([s], bpe.pad_id))
+
         return run
 
     fns = {}
     for k in ("original", "medtpe"):
-        fns.update({f"prefill_b1.{k}": prefill_b1(k), f"prefill_b64.{k}": prefill_b64(k),
-                    f"tokenize.{k}": tokenize(k), f"e2e_b1.{k}": e2e(k)})
+        fns.update(
+            {
+                f"prefill_b1.{k}": prefill_b1(k),
+                f"prefill_b64.{k}": prefill_b64(k),
+                f"tokenize.{k}": tokenize(k),
+                f"e2e_b1.{k}": e2e(k),
+            }
+        )
     t = interleaved_timing(fns, rounds=p.timing.rounds, warmup=1, clock="cpu")
     n_few = len(few)
     tok_ratio = float(np.mean([len(s) for s in seqs["medtpe"]]) / np.mean([len(s) for s in seqs["original"]]))
-    tok_ratio_few = float(np.mean([len(s) for s in seqs["medtpe"][:n_few]])
-                          / np.mean([len(s) for s in seqs["original"][:n_few]]))
+    tok_ratio_few = float(
+        np.mean([len(s) for s in seqs["medtpe"][:n_few]]) / np.mean([len(s) for s in seqs["original"][:n_few]])
+    )
     metrics: dict[str, float] = {"token_ratio.medtpe_vs_original": tok_ratio}
-    for what, tr in (("prefill_b1", tok_ratio_few), ("prefill_b64", tok_ratio), ("e2e_b1", tok_ratio_few),
-                     ("tokenize", tok_ratio_few)):
+    for what, tr in (
+        ("prefill_b1", tok_ratio_few),
+        ("prefill_b64", tok_ratio),
+        ("e2e_b1", tok_ratio_few),
+        ("tokenize", tok_ratio_few),
+    ):
         est = ratio_ci(t[f"{what}.medtpe"], t[f"{what}.original"])
         metrics.update(est.as_metrics(f"time_ratio.{what}.medtpe_vs_original"))
         if what.startswith("prefill"):
             # time reduction per unit of token reduction; the interval maps the ratio's interval
             red = 1 - tr
-            metrics.update({f"prefill_reduction_per_token_reduction.{what[8:]}": (1 - est.ratio) / red,
-                            f"prefill_reduction_per_token_reduction.{what[8:]}.ci_low": (1 - est.ci_high) / red,
-                            f"prefill_reduction_per_token_reduction.{what[8:]}.ci_high": (1 - est.ci_low) / red})
+            metrics.update(
+                {
+                    f"prefill_reduction_per_token_reduction.{what[8:]}": (1 - est.ratio) / red,
+                    f"prefill_reduction_per_token_reduction.{what[8:]}.ci_low": (1 - est.ci_high) / red,
+                    f"prefill_reduction_per_token_reduction.{what[8:]}.ci_high": (1 - est.ci_low) / red,
+                }
+            )
     per_record = {"prefill_b1": n_few, "prefill_b64": 1, "tokenize": n_few, "e2e_b1": n_few}
     for name, v in t.items():
         what, k = name.split(".")
@@ -132,25 +152,30 @@ def timing(ehr: pd.DataFrame, bpe_base: dict, tpes: dict, base_state: dict, p: P
     # prefill time vs length (batch 1, random token ids), interleaved over lengths
     g = torch.Generator().manual_seed(0)
     lens = [L for L in p.timing.lengths if L <= p.model.max_len]
-    inputs = {L: (torch.randint(len(SPECIALS), len(bpe.vocab), (1, L), generator=g), torch.tensor([L]))
-              for L in lens}
+    inputs = {L: (torch.randint(len(SPECIALS), len(bpe.vocab), (1, L), generator=g), torch.tensor([L])) for L in lens}
 
     def at(L):
         def run():
             with torch.no_grad():
                 base.last_logits(*inputs[L])
+
         return run
 
     curve = interleaved_timing({str(L): at(L) for L in lens}, rounds=max(3, p.timing.rounds // 3), clock="cpu")
-    return {"metrics": metrics, "rounds": p.timing.rounds, "records": len(texts), "records_b1": n_few,
-            "curve": {"length": lens, "prefill_ms": [1e3 * float(np.median(curve[str(L)])) for L in lens]},
-            "raw_seconds": {k: v.tolist() for k, v in t.items()}}
+    return {
+        "metrics": metrics,
+        "rounds": p.timing.rounds,
+        "records": len(texts),
+        "records_b1": n_few,
+        "curve": {"length": lens, "prefill_ms": [1e3 * float(np.median(curve[str(L)])) for L in lens]},
+        "raw_seconds": {k: v.tolist() for k, v in t.items()},
+    }
 
 
 # ------------------------------------------------------------------------------------------------ report
 def results_table(variant: str, preds: pd.DataFrame):
     """The variant's Results (core.spec) from its per-record predictions, one row of metrics per seed."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     return Results(variant).add_rows(_rows({variant: preds}))
 
@@ -158,15 +183,19 @@ def results_table(variant: str, preds: pd.DataFrame):
 def derived(p: Params) -> list:
     """AUROC deltas vs the original tokeniser and vs init-only, per task and their mean, per seed (paired);
     the timing ratios of data.timing."""
-    from pipelines.core.spec import Diff, Fn
+    from pipelines.core.api import Diff, Fn
 
     out = []
     for task in [*p.tasks, "mean"]:
         col = f"auroc_{task}"
-        out += [Diff(col, "original", v, name=f"delta.{col}.original_minus_{v}")
-                for v in ("token_drop", "truncation", "medtpe_init", "medtpe", "medtpe_hard", "extend", "full_ft")]
-        out += [Diff(col, v, "medtpe_init", name=f"delta.{col}.{v}_minus_medtpe_init")
-                for v in ("medtpe", "medtpe_hard", "extend", "full_ft")]
+        out += [
+            Diff(col, "original", v, name=f"delta.{col}.original_minus_{v}")
+            for v in ("token_drop", "truncation", "medtpe_init", "medtpe", "medtpe_hard", "extend", "full_ft")
+        ]
+        out += [
+            Diff(col, v, "medtpe_init", name=f"delta.{col}.{v}_minus_medtpe_init")
+            for v in ("medtpe", "medtpe_hard", "extend", "full_ft")
+        ]
     out.append(Fn(timing_metrics, timing_names, inputs=["timing"]))
     out.append(Fn(resolution_metrics, resolution_names, inputs=["original"]))
     return out
@@ -176,8 +205,8 @@ def hanley_mcneil_se(auc: float, n_pos: int, n_neg: int) -> float:
     """Standard error of an AUROC from its value and the class counts (Hanley & McNeil 1982)."""
     if not (n_pos and n_neg) or math.isnan(auc):
         return float("nan")
-    q1, q2 = auc / (2 - auc), 2 * auc ** 2 / (1 + auc)
-    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc ** 2) + (n_neg - 1) * (q2 - auc ** 2)) / (n_pos * n_neg)
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)) / (n_pos * n_neg)
     return math.sqrt(max(var, 0.0))
 
 
@@ -207,7 +236,9 @@ def timing_names(p: Params, planned) -> list[str]:
     for what in ("prefill_b1", "prefill_b64", "e2e_b1", "tokenize"):
         names += [f"time_ratio.{what}.medtpe_vs_original{x}" for x in ("", ".ci_low", ".ci_high")]
         names += [f"{what}_ms.{k}" for k in ("original", "medtpe")]
-    names += [f"prefill_reduction_per_token_reduction.{b}{x}" for b in ("b1", "b64") for x in ("", ".ci_low", ".ci_high")]
+    names += [
+        f"prefill_reduction_per_token_reduction.{b}{x}" for b in ("b1", "b64") for x in ("", ".ci_low", ".ci_high")
+    ]
     return names
 
 
@@ -224,24 +255,35 @@ def top_composites(tpes: dict, seed: int, k: int = 30) -> list[dict]:
     stoi = {s: i for i, s in enumerate(spec["vocab"])}
     out = []
     for rank, g in enumerate(spec["merges"][:k]):
-        out.append({"rank": rank + 1, "composite": unmap_safe("".join(g)), "parts": [unmap_safe(t) for t in g],
-                    "id": stoi["".join(g)], "replaced": unmap_safe(spec["removed"][rank]) if spec["removed"] else None})
+        out.append(
+            {
+                "rank": rank + 1,
+                "composite": unmap_safe("".join(g)),
+                "parts": [unmap_safe(t) for t in g],
+                "id": stoi["".join(g)],
+                "replaced": unmap_safe(spec["removed"][rank]) if spec["removed"] else None,
+            }
+        )
     return out
 
 
 def make_plots(p: Params, results, artifacts: dict, timing: dict, tpes: dict, original: pd.DataFrame) -> dict:
     import matplotlib.pyplot as plt
 
-    from pipelines.core.plots import bar_plot, line_plot
+    from pipelines.core.api import bar_plot, line_plot
 
-    predictions = {"original": original,
-                   **{v: pd.DataFrame(a["predictions"]) for v, a in artifacts.items()}}
+    predictions = {"original": original, **{v: pd.DataFrame(a["predictions"]) for v, a in artifacts.items()}}
 
     figs = {}
     rows = pd.DataFrame(_rows(predictions))
     agg = rows.groupby("variant")[f"auroc_{p.tasks[0]}"].agg(["mean", "std"]).fillna(0.0)
-    figs["auroc_by_variant"] = bar_plot(list(agg.index), list(agg["mean"]), list(agg["std"]),
-                                        ylabel=f"AUROC ({p.tasks[0]})", title="AUROC by variant (mean ± std over seeds)")
+    figs["auroc_by_variant"] = bar_plot(
+        list(agg.index),
+        list(agg["mean"]),
+        list(agg["std"]),
+        ylabel=f"AUROC ({p.tasks[0]})",
+        title="AUROC by variant (mean ± std over seeds)",
+    )
     ref = predictions["original"]
     ref = ref[ref.seed == p.seeds[0]]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -255,9 +297,13 @@ def make_plots(p: Params, results, artifacts: dict, timing: dict, tpes: dict, or
     ax.legend()
     fig.tight_layout()
     figs["length_histogram"] = fig
-    figs["latency_vs_length"] = line_plot(timing["curve"]["length"], {"base model, batch 1": timing["curve"]["prefill_ms"]},
-                                          xlabel="input tokens", ylabel="prefill CPU ms (median)",
-                                          title="Prefill latency vs input length")
+    figs["latency_vs_length"] = line_plot(
+        timing["curve"]["length"],
+        {"base model, batch 1": timing["curve"]["prefill_ms"]},
+        xlabel="input tokens",
+        ylabel="prefill CPU ms (median)",
+        title="Prefill latency vs input length",
+    )
     # AUROC by input-length bucket (tertiles of the original length), first task
     edges = np.quantile(ref["n_tokens_orig"], [0, 1 / 3, 2 / 3, 1])
     series = {}
@@ -268,14 +314,19 @@ def make_plots(p: Params, results, artifacts: dict, timing: dict, tpes: dict, or
             b = d[(d.n_tokens_orig >= lo) & (d.n_tokens_orig <= hi)]
             vals.append(float(np.nanmean([_auc(bs["label"].to_numpy(), _risk(bs))[0] for _, bs in b.groupby("seed")])))
         series[v] = vals
-    figs["auroc_by_length_bucket"] = line_plot([f"{int(a)}-{int(b)}" for a, b in zip(edges[:-1], edges[1:])], series,
-                                               xlabel="original input tokens (tertile)", ylabel=f"AUROC ({p.tasks[0]})",
-                                               title="AUROC by input-length bucket")
+    figs["auroc_by_length_bucket"] = line_plot(
+        [f"{int(a)}-{int(b)}" for a, b in zip(edges[:-1], edges[1:])],
+        series,
+        xlabel="original input tokens (tertile)",
+        ylabel=f"AUROC ({p.tasks[0]})",
+        title="AUROC by input-length bucket",
+    )
     top = top_composites(tpes, p.seeds[0])
     fig, ax = plt.subplots(figsize=(7, 0.28 * len(top) + 1))
     ax.axis("off")
-    cells = [[r["rank"], repr(r["composite"]), " + ".join(repr(x) for x in r["parts"]), repr(r["replaced"])]
-             for r in top]
+    cells = [
+        [r["rank"], repr(r["composite"]), " + ".join(repr(x) for x in r["parts"]), repr(r["replaced"])] for r in top
+    ]
     if cells:
         tb = ax.table(cellText=cells, colLabels=["#", "composite", "parts", "ID taken from"], loc="center")
         tb.auto_set_font_size(False)
@@ -287,6 +338,8 @@ def make_plots(p: Params, results, artifacts: dict, timing: dict, tpes: dict, or
 
 
 def report_extra(p: Params, results, artifacts: dict, timing: dict, tpes: dict) -> dict:
-    return {"top_composites": top_composites(tpes, p.seeds[0]),
-            "timing_note": f"CPU time (process_time), {timing['rounds']} interleaved rounds; "
-                           f"batch 1 over {timing['records_b1']} records, batch {timing['records']}"}
+    return {
+        "top_composites": top_composites(tpes, p.seeds[0]),
+        "timing_note": f"CPU time (process_time), {timing['rounds']} interleaved rounds; "
+        f"batch 1 over {timing['records_b1']} records, batch {timing['records']}",
+    }

@@ -2,13 +2,14 @@
 and MedTPE's embedding surgery (method section "Embedding fitting"): composite rows = mean of the
 sub-token rows rescaled to half the mean row norm of the input matrix, in replace mode on the IDs freed by
 removed tokens, in extend mode on appended IDs; only those rows train afterwards."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import TinyConfig, TinyTransformer, Block
+from pipelines.core.api import Block, TinyConfig, TinyTransformer
 
 
 class _CausalBlock(Block):
@@ -43,8 +44,16 @@ class ClinicalLM(TinyTransformer):
 
 
 def make_model(vocab_size: int, mp) -> ClinicalLM:
-    return ClinicalLM(TinyConfig(vocab_size=vocab_size, d_model=mp.d_model, n_layers=mp.n_layers,
-                                 n_heads=mp.n_heads, max_len=mp.max_len, tie_embeddings=False))
+    return ClinicalLM(
+        TinyConfig(
+            vocab_size=vocab_size,
+            d_model=mp.d_model,
+            n_layers=mp.n_layers,
+            n_heads=mp.n_heads,
+            max_len=mp.max_len,
+            tie_embeddings=False,
+        )
+    )
 
 
 def adapt_model(base: ClinicalLM, base_vocab: list[str], tpe, specials: set[str]) -> ClinicalLM:

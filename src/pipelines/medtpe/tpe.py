@@ -2,6 +2,7 @@
 a byte-level BPE trained here (pure Python, no `tokenizers` dependency), then a second, token-level pass
 of n-gram merges chosen on the task corpus, with dependency-aware replacement of old token IDs so the
 vocabulary size does not change. Everything is lossless: decode(encode(x)) == x."""
+
 from __future__ import annotations
 
 import heapq
@@ -72,7 +73,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_pair_freq: int = 2) -> 
     while len(merges) < n_target and heap:
         negc, pr = heapq.heappop(heap)
         if counts.get(pr, 0) != -negc:
-            continue                                           # stale entry
+            continue  # stale entry
         if -negc < min_pair_freq:
             break
         merges.append(pr)
@@ -138,7 +139,7 @@ class BPE:
         self.vocab = list(vocab) if vocab is not None else [*SPECIALS, *BYTE_CHARS, *(a + b for a, b in self.merges)]
         self.ranks = {m: i for i, m in enumerate(self.merges)}
         self.stoi = {s: i for i, s in enumerate(self.vocab) if s is not None}
-        self.parts = {a + b: (a, b) for a, b in self.merges}   # the merge that produces each token
+        self.parts = {a + b: (a, b) for a, b in self.merges}  # the merge that produces each token
         self._cache: dict[str, list[str]] = {}
 
     def __len__(self) -> int:
@@ -179,7 +180,7 @@ class BPE:
         return {"merges": [list(m) for m in self.merges], "vocab": self.vocab}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BPE":
+    def from_dict(cls, d: dict) -> BPE:
         return cls(d["merges"], d.get("vocab"))
 
 
@@ -194,14 +195,20 @@ class TPE:
     ``vocab``: id → token string of the layered tokeniser (composites are the concatenated strings, so
     decoding needs nothing special)."""
 
-    def __init__(self, base: BPE, merges: Sequence[Sequence[str]], removed: Sequence[str], vocab: Sequence[str],
-                 mode: str = "replace"):
+    def __init__(
+        self,
+        base: BPE,
+        merges: Sequence[Sequence[str]],
+        removed: Sequence[str],
+        vocab: Sequence[str],
+        mode: str = "replace",
+    ):
         self.base_full, self.mode = base, mode
         self.merges = [tuple(m) for m in merges]
         self.removed = list(removed)
         gone = set(self.removed)
         kept = [m for m in base.merges if m[0] not in gone and m[1] not in gone and m[0] + m[1] not in gone]
-        self.base = BPE(kept, base.vocab)             # ranks of the surviving merges keep their order
+        self.base = BPE(kept, base.vocab)  # ranks of the surviving merges keep their order
         self.vocab = list(vocab)
         self.stoi = {s: i for i, s in enumerate(self.vocab)}
         self.composite = {"".join(m): m for m in self.merges}
@@ -228,7 +235,7 @@ class TPE:
                 out.append(toks[i])
                 i += 1
             else:
-                out.append("".join(toks[i:best[1]]))
+                out.append("".join(toks[i : best[1]]))
                 i = best[1]
         return out
 
@@ -245,11 +252,15 @@ class TPE:
         return [self.stoi["".join(m)] for m in self.merges]
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "merges": [list(m) for m in self.merges], "removed": self.removed,
-                "vocab": self.vocab}
+        return {
+            "mode": self.mode,
+            "merges": [list(m) for m in self.merges],
+            "removed": self.removed,
+            "vocab": self.vocab,
+        }
 
     @classmethod
-    def from_dict(cls, base: BPE, d: dict) -> "TPE":
+    def from_dict(cls, base: BPE, d: dict) -> TPE:
         return cls(base, d["merges"], d["removed"], d["vocab"], d["mode"])
 
 
@@ -261,14 +272,23 @@ def mine_ngrams(corpus: Iterable[Sequence[str]], max_n: int, skip: Iterable[str]
     for toks in corpus:
         for n in range(2, max_n + 1):
             for i in range(len(toks) - n + 1):
-                g = tuple(toks[i:i + n])
+                g = tuple(toks[i : i + n])
                 if not bad.intersection(g):
                     F[g] += 1
     return F
 
 
-def build_tpe(base: BPE, texts: Sequence[str], *, max_n: int = 2, max_m: int = 200, min_freq: int = 2,
-              number_filter: str = "ngram", mode: str = "replace", protect: Iterable[str] = ()) -> TPE:
+def build_tpe(
+    base: BPE,
+    texts: Sequence[str],
+    *,
+    max_n: int = 2,
+    max_m: int = 200,
+    min_freq: int = 2,
+    number_filter: str = "ngram",
+    mode: str = "replace",
+    protect: Iterable[str] = (),
+) -> TPE:
     """Choose the composite tokens on the task corpus ``texts`` and give them IDs.
 
     Score S(g) = F(g)·len(g); the best n-gram is taken first; after choosing g, every longer candidate
@@ -323,7 +343,7 @@ def build_tpe(base: BPE, texts: Sequence[str], *, max_n: int = 2, max_m: int = 2
     while heap and len(chosen) < max_m:
         negs, g = heapq.heappop(heap)
         if S[g] != -negs:
-            continue                                         # stale after a prefix discount
+            continue  # stale after a prefix discount
         new = "".join(g)
         if new in taken or gone.intersection(g):
             continue

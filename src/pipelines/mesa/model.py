@@ -1,6 +1,7 @@
 """The tiny MoE transformer of `mesa` (core's TinyTransformer with each block's FFN replaced by a top-k
 routed mixture of experts) and what the method reads from it: routing profiles on safety-decision
 tokens (card §1), the expert-masking attack, and per-expert trainable masks for targeted alignment."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import Block, TinyConfig, TinyTransformer, Tokenizer
+from pipelines.core.api import Block, TinyConfig, TinyTransformer, Tokenizer
 from pipelines.mesa.params import Model as ModelParams
 
 
@@ -24,7 +25,7 @@ class MoE(nn.Module):
         super().__init__()
         self.k, self.E = top_k, n_experts
         self.router = nn.Linear(d, n_experts, bias=False)
-        self.w1 = nn.Parameter(torch.randn(n_experts, d, d_ff) * d ** -0.5)
+        self.w1 = nn.Parameter(torch.randn(n_experts, d, d_ff) * d**-0.5)
         self.b1 = nn.Parameter(torch.zeros(n_experts, d_ff))
         self.w2 = nn.Parameter(torch.randn(n_experts, d_ff, d) * 0.02)
         self.b2 = nn.Parameter(torch.zeros(n_experts, d))
@@ -35,7 +36,7 @@ class MoE(nn.Module):
         logits = self.router(x).masked_fill(~self.expert_mask, float("-inf"))
         probs = logits.softmax(-1)
         top_v, top_i = logits.topk(self.k, -1)
-        gates = torch.zeros_like(probs).scatter(-1, top_i, top_v.softmax(-1))        # [B, T, E]
+        gates = torch.zeros_like(probs).scatter(-1, top_i, top_v.softmax(-1))  # [B, T, E]
         h = F.gelu(torch.einsum("btd,edf->btef", x, self.w1) + self.b1)
         y = torch.einsum("btef,efd->bted", h, self.w2) + self.b2
         self.last = {"input": x, "probs": probs, "topi": top_i}
@@ -49,10 +50,12 @@ class MoEBlock(Block):
 
 
 def make_model(vocab_size: int, m: ModelParams) -> TinyTransformer:
-    cfg = TinyConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-                     max_len=m.max_len)
-    return TinyTransformer(cfg, block_cls=lambda c, i: MoEBlock(c, i, n_experts=m.n_experts, top_k=m.top_k,
-                                                                 d_expert=m.d_expert))
+    cfg = TinyConfig(
+        vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, max_len=m.max_len
+    )
+    return TinyTransformer(
+        cfg, block_cls=lambda c, i: MoEBlock(c, i, n_experts=m.n_experts, top_k=m.top_k, d_expert=m.d_expert)
+    )
 
 
 def moes(model: TinyTransformer) -> list[MoE]:
@@ -77,15 +80,16 @@ def vocabulary(*tables: pd.DataFrame) -> list[str]:
 class Encoded:
     """Right-padded ``<bos> prompt answer <eos>`` ids, the answer marker's position, the loss mask
     (positions whose next token is an answer token or <eos>) and the row kinds."""
-    ids: torch.Tensor            # [N, T]
-    ans_pos: torch.Tensor        # [N]
-    loss_mask: torch.Tensor      # [N, T-1] bool over next-token targets
-    harmful: torch.Tensor        # [N] bool
+
+    ids: torch.Tensor  # [N, T]
+    ans_pos: torch.Tensor  # [N]
+    loss_mask: torch.Tensor  # [N, T-1] bool over next-token targets
+    harmful: torch.Tensor  # [N] bool
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def take(self, idx: torch.Tensor) -> "Encoded":
+    def take(self, idx: torch.Tensor) -> Encoded:
         return Encoded(self.ids[idx], self.ans_pos[idx], self.loss_mask[idx], self.harmful[idx])
 
 
@@ -98,7 +102,7 @@ def encode(df: pd.DataFrame, tok: Tokenizer) -> Encoded:
     T = max(map(len, seqs))
     ids = torch.full((len(seqs), T), tok.pad_id, dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
+        ids[i, : len(s)] = torch.tensor(s)
     ans_pos = torch.tensor(ans)
     pos = torch.arange(T - 1)[None, :]
     loss_mask = (pos >= ans_pos[:, None]) & (ids[:, 1:] != tok.pad_id)
@@ -145,7 +149,7 @@ def run(model: TinyTransformer, enc: Encoded, batch: int = 1024) -> dict[str, to
     model.eval()
     outs: dict[str, list] = {"logits": [], "input": [], "probs": [], "topi": []}
     for s in range(0, len(enc), batch):
-        outs["logits"].append(model(enc.ids[s:s + batch]))
+        outs["logits"].append(model(enc.ids[s : s + batch]))
         for key in ("input", "probs", "topi"):
             outs[key].append(torch.stack([m.last[key] for m in moes(model)]))
     return {"logits": torch.cat(outs["logits"]), **{k: torch.cat(outs[k], 1) for k in ("input", "probs", "topi")}}
@@ -156,7 +160,7 @@ def selection_freq(topi: torch.Tensor, token_mask: torch.Tensor, n_experts: int)
     L = topi.shape[0]
     out = np.zeros((L, n_experts))
     for layer in range(L):
-        sel = topi[layer][token_mask]                                  # [n, k]
+        sel = topi[layer][token_mask]  # [n, k]
         out[layer] = np.bincount(sel.reshape(-1).numpy(), minlength=n_experts) / max(sel.numel(), 1)
     return out
 

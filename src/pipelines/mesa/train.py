@@ -3,6 +3,7 @@ routing profile and the OT plan read from it (card §1-3), and the alignment var
 MESA (experts selected by relaxed OT + routing refinement), MESA without refinement, full SFT,
 head-expert SFT, router-only SFT, and the selection ablations (random, greedy lowest cost, κ rule).
 Every variant is scored the same way, with and without the expert-masking attack."""
+
 from __future__ import annotations
 
 import copy
@@ -11,20 +12,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.spec import Results
-from pipelines.core.streams import stream_seed
-from pipelines.core.training import fit
+from pipelines.core.api import Results, fit, node_setup, stream_seed
 from pipelines.mesa import model as M
 from pipelines.mesa.data import EVAL_SETS, OPTIONAL_SETS
 from pipelines.mesa.params import Params
 from pipelines.mesa.transport import cost_matrix, kmeans, select, sinkhorn_log
 
 SAFETY_SETS = tuple(s for s in (*EVAL_SETS, *OPTIONAL_SETS) if s != "benign")
-ROUTING_SETS = ("direct", "id")          # routing statistics after alignment: prompts the model must refuse
-SELECTION = {"mesa": "top", "mesa_no_route": "top", "random_experts": "random", "greedy": "greedy",
-             "mesa_kappa": "kappa"}
-ROUTED = ("mesa", "random_experts", "greedy", "mesa_kappa")   # variants with routing refinement
+ROUTING_SETS = ("direct", "id")  # routing statistics after alignment: prompts the model must refuse
+SELECTION = {
+    "mesa": "top",
+    "mesa_no_route": "top",
+    "random_experts": "random",
+    "greedy": "greedy",
+    "mesa_kappa": "kappa",
+}
+ROUTED = ("mesa", "random_experts", "greedy", "mesa_kappa")  # variants with routing refinement
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -43,8 +46,9 @@ def _harm_decision(enc: M.Encoded, window: int) -> torch.Tensor:
     return M.decision_mask(enc, window) & enc.harmful[:, None]
 
 
-def evaluate_model(model, tok, ev: pd.DataFrame, ev_enc: M.Encoded, harm_enc: M.Encoded,
-                   p: Params) -> tuple[dict, dict]:
+def evaluate_model(
+    model, tok, ev: pd.DataFrame, ev_enc: M.Encoded, harm_enc: M.Encoded, p: Params
+) -> tuple[dict, dict]:
     """Safety rates (first answer token = refusal), benign exact match (greedy decoding reproduces the
     answer and <eos> ⇔ every teacher-forced argmax is right), over-refusal, routing concentration on the
     safety-decision tokens, load balance; then the same rates under the masking attack on the
@@ -69,8 +73,11 @@ def evaluate_model(model, tok, ev: pd.DataFrame, ev_enc: M.Encoded, harm_enc: M.
     routing_rows = torch.tensor(np.isin(sets, ROUTING_SETS))
     f_eval = M.selection_freq(out["topi"], M.decision_mask(ev_enc, window) & routing_rows[:, None], E)
     share, cov = M.top_share(f_eval, 2), M.coverage(f_eval, 0.8)
-    metrics.update(safety_top2_share=float(share.mean()), safety_top2_share_min=float(share.min()),
-                   safety_coverage_k80=float(cov.mean()))
+    metrics.update(
+        safety_top2_share=float(share.mean()),
+        safety_top2_share_min=float(share.min()),
+        safety_coverage_k80=float(cov.mean()),
+    )
     for layer in range(len(cov)):
         metrics[f"safety_coverage_k80_l{layer}"] = float(cov[layer])
         metrics[f"safety_top2_share_l{layer}"] = float(share[layer])
@@ -78,7 +85,7 @@ def evaluate_model(model, tok, ev: pd.DataFrame, ev_enc: M.Encoded, harm_enc: M.
     metrics["load_balance_cv"] = float((load.std(1) / load.mean(1)).mean())
     # the attack: mask the experts that carry safety routing now (recomputed after alignment)
     f_train = M.selection_freq(M.run(model, harm_enc)["topi"], _harm_decision(harm_enc, window), E)
-    masked = [np.argsort(-f, kind="stable")[:p.profile.mask_top].tolist() for f in f_train]
+    masked = [np.argsort(-f, kind="stable")[: p.profile.mask_top].tolist() for f in f_train]
     M.set_expert_mask(model, masked)
     metrics.update(score(M.run(model, ev_enc), "_masked"))
     M.set_expert_mask(model, None)
@@ -127,10 +134,21 @@ def fit_base(pre: pd.DataFrame, align: pd.DataFrame, ev: pd.DataFrame, p: Params
         hist["sft"].append(s.extras["sft"])
         hist["load_balance"].append(s.extras["load_balance"])
 
-    fit(model, None, loss_fn, steps=p.base.steps,
+    fit(
+        model,
+        None,
+        loss_fn,
+        steps=p.base.steps,
         sample_batch=lambda i, g: (torch.randint(len(enc), (p.base.batch_size,), generator=g),),
-        lr=p.base.lr, weight_decay=p.base.weight_decay, optimizer="adamw", scheduler="onecycle", seed=seed,
-        desc="mesa.base", callback=cb, grad_clip=1.0)
+        lr=p.base.lr,
+        weight_decay=p.base.weight_decay,
+        optimizer="adamw",
+        scheduler="onecycle",
+        seed=seed,
+        desc="mesa.base",
+        callback=cb,
+        grad_clip=1.0,
+    )
     model = model.cpu()
     state = {"vocab": vocab, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
     harm_enc = M.encode(align[align.kind == "harmful"], tok)
@@ -153,7 +171,7 @@ def routing_profile(base_state: dict, align: pd.DataFrame, p: Params) -> pd.Data
     f_u = M.selection_freq(M.run(model, ben)["topi"], M.real_mask(ben, tok.pad_id), E)
     rows = []
     for layer in range(f_s.shape[0]):
-        head = set(np.argsort(-f_s[layer], kind="stable")[:p.profile.n_head].tolist())
+        head = set(np.argsort(-f_s[layer], kind="stable")[: p.profile.n_head].tolist())
         for e in range(E):
             rows.append({"layer": layer, "expert": e, "f_s": f_s[layer, e], "f_u": f_u[layer, e], "head": e in head})
     return pd.DataFrame(rows)
@@ -180,8 +198,9 @@ def ot_plan(base_state: dict, align: pd.DataFrame, profile: pd.DataFrame, p: Par
             cent, a = cent[keep], a[keep]
             aff = np.stack([probs[lab == c].mean(0) for c in np.flatnonzero(keep)])
             prof = profile[profile.layer == layer].sort_values("expert")
-            C = cost_matrix(prof["f_u"].to_numpy(), aff, prof["head"].to_numpy(), p.ot.lambda_u, p.ot.lambda_a,
-                            p.ot.lambda_h)
+            C = cost_matrix(
+                prof["f_u"].to_numpy(), aff, prof["head"].to_numpy(), p.ot.lambda_u, p.ot.lambda_a, p.ot.lambda_h
+            )
             b = np.full(E, 1.0 / E)
             what = f"node 'mesa.data.ot_plan' (seed {seed}, layer {layer})"
             P_rel = sinkhorn_log(a, b, C, p.ot.eps, p.ot.tau, p.ot.max_iter, p.ot.tol, what)
@@ -189,8 +208,18 @@ def ot_plan(base_state: dict, align: pd.DataFrame, profile: pd.DataFrame, p: Par
             clusters[str(seed)].append(cent.tolist())
             for c in range(len(a)):
                 for e in range(E):
-                    rows.append({"seed": seed, "layer": layer, "cluster": c, "expert": e, "a": a[c],
-                                 "cost": C[c, e], "plan_relaxed": P_rel[c, e], "plan_balanced": P_bal[c, e]})
+                    rows.append(
+                        {
+                            "seed": seed,
+                            "layer": layer,
+                            "cluster": c,
+                            "expert": e,
+                            "a": a[c],
+                            "cost": C[c, e],
+                            "plan_relaxed": P_rel[c, e],
+                            "plan_balanced": P_bal[c, e],
+                        }
+                    )
     return pd.DataFrame(rows), clusters
 
 
@@ -219,8 +248,9 @@ def _selected(variant: str, plan: pd.DataFrame, profile: pd.DataFrame, p: Params
     return out
 
 
-def route_targets(base, enc: M.Encoded, plan: pd.DataFrame, clusters: dict, selected, p: Params,
-                  seed: int) -> torch.Tensor:
+def route_targets(
+    base, enc: M.Encoded, plan: pd.DataFrame, clusters: dict, selected, p: Params, seed: int
+) -> torch.Tensor:
     """q [N, T, L, E]: on each safety-decision token, row c of the plan (c = nearest duty centroid of the
     base model's MoE input) renormalised over S; zero elsewhere (no routing term there)."""
     dm = _harm_decision(enc, p.profile.decision_window)
@@ -242,8 +272,16 @@ def route_targets(base, enc: M.Encoded, plan: pd.DataFrame, clusters: dict, sele
     return q
 
 
-def train_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profile: pd.DataFrame,
-                  plan: pd.DataFrame, clusters: dict, p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
+def train_variant(
+    base_state: dict,
+    align: pd.DataFrame,
+    ev: pd.DataFrame,
+    profile: pd.DataFrame,
+    plan: pd.DataFrame,
+    clusters: dict,
+    p: Params,
+    variant: str,
+) -> tuple[pd.DataFrame, dict]:
     """train.<variant>: the long table (metrics per seed; the seed-mean alignment curves, filed under the
     first seed) and the artifacts (fit log, aligned state dicts per seed)."""
     rows, logs, states = align_variant(base_state, align, ev, profile, plan, clusters, p, variant)
@@ -253,8 +291,16 @@ def train_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profi
     return res.table(), {"log": logs, "states": states}
 
 
-def align_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profile: pd.DataFrame,
-                  plan: pd.DataFrame, clusters: dict, p: Params, variant: str) -> tuple[pd.DataFrame, dict, dict]:
+def align_variant(
+    base_state: dict,
+    align: pd.DataFrame,
+    ev: pd.DataFrame,
+    profile: pd.DataFrame,
+    plan: pd.DataFrame,
+    clusters: dict,
+    p: Params,
+    variant: str,
+) -> tuple[pd.DataFrame, dict, dict]:
     """train.<variant>: align the base model on D_s + utility replay (same steps, batch and optimiser
     for every variant), on every seed; score it; return (metric rows, fit log, aligned state dicts)."""
     tok = _tok(base_state)
@@ -272,38 +318,44 @@ def align_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profi
         base = _model(base_state, p)
         model = copy.deepcopy(base)
         selected = _selected(variant, plan, profile, p, seed)
-        if selected is None:                      # full SFT
+        if selected is None:  # full SFT
             params, handles = list(model.parameters()), []
             for q in params:
                 q.requires_grad_(True)
-        else:                                     # selected experts' slices + every router
+        else:  # selected experts' slices + every router
             params, handles = M.expert_grad_masks(model, selected, router=True)
         n_train = M.trainable_count(model, selected, router=True)
         n_total = sum(q.numel() for q in model.parameters())
         q_tgt = route_targets(base, enc, plan, clusters, selected, p, seed) if routed else None
         if routed and p.align.mu_keep > 0:
-            p_orig = M.run(base, enc)["probs"].permute(1, 2, 0, 3).contiguous()   # [N, T, L, E]
+            p_orig = M.run(base, enc)["probs"].permute(1, 2, 0, 3).contiguous()  # [N, T, L, E]
         else:
             p_orig = None
         model.to(device)
         half = p.align.batch_size // 2
 
         def sample(i, g):
-            return (torch.cat([harm_idx[torch.randint(len(harm_idx), (half,), generator=g)],
-                               ben_idx[torch.randint(len(ben_idx), (p.align.batch_size - half,), generator=g)]]),)
+            return (
+                torch.cat(
+                    [
+                        harm_idx[torch.randint(len(harm_idx), (half,), generator=g)],
+                        ben_idx[torch.randint(len(ben_idx), (p.align.batch_size - half,), generator=g)],
+                    ]
+                ),
+            )
 
         def loss_fn(m, idx):
             b, logits, sft, lb = _sft_and_balance(m, enc, real, idx, device)
             loss = sft + p.base.load_balance * lb
             extras = {"sft": sft.item()}
             if routed:
-                probs = torch.stack([moe.last["probs"] for moe in M.moes(m)], 2)      # [B, T, L, E]
+                probs = torch.stack([moe.last["probs"] for moe in M.moes(m)], 2)  # [B, T, L, E]
                 logp = probs.clamp_min(1e-30).log()
                 q = q_tgt[idx].to(device)
-                on = q.sum(-1) > 0                                                     # [B, T, L]
+                on = q.sum(-1) > 0  # [B, T, L]
                 kl = (torch.where(q > 0, q * (q.clamp_min(1e-30).log() - logp), torch.zeros_like(q))).sum(-1)
                 l_route = kl[on].mean() if on.any() else logits.new_zeros(())
-                keep_mask = (real[idx] & ~b.harmful[:, None]).to(device)              # utility tokens
+                keep_mask = (real[idx] & ~b.harmful[:, None]).to(device)  # utility tokens
                 if p_orig is not None and keep_mask.any():
                     po = p_orig[idx].to(device)
                     kl_keep = (po * (po.clamp_min(1e-30).log() - logp)).sum(-1).mean(-1)  # [B, T], layer mean
@@ -322,15 +374,29 @@ def align_variant(base_state: dict, align: pd.DataFrame, ev: pd.DataFrame, profi
                 if k != "loss":
                     hist[k].append(s.extras[k])
 
-        fit(model, None, loss_fn, steps=p.align.steps, sample_batch=sample, lr=p.align.lr, weight_decay=0.0,
-            optimizer="adam", seed=seed, desc=f"mesa.{variant}", callback=cb, params=params, grad_clip=1.0)
+        fit(
+            model,
+            None,
+            loss_fn,
+            steps=p.align.steps,
+            sample_batch=sample,
+            lr=p.align.lr,
+            weight_decay=0.0,
+            optimizer="adam",
+            seed=seed,
+            desc=f"mesa.{variant}",
+            callback=cb,
+            params=params,
+            grad_clip=1.0,
+        )
         for h in handles:
             h.remove()
         model = model.cpu()
         metrics, routing = evaluate_model(model, tok, ev, ev_enc, harm_enc, p)
         metrics["trainable_param_pct"] = 100.0 * n_train / n_total
-        metrics["n_selected_experts"] = float(np.mean([len(s) for s in selected]) if selected is not None
-                                              else p.model.n_experts)
+        metrics["n_selected_experts"] = float(
+            np.mean([len(s) for s in selected]) if selected is not None else p.model.n_experts
+        )
         rows.append({"variant": variant, "seed": seed, **metrics})
         logs["seeds"][str(seed)] = {**routing, "selected": selected}
         hist_all.append(hist)

@@ -2,6 +2,7 @@
 with a KL-relaxed expert marginal (a log-domain semi-relaxed Sinkhorn written here; the balanced plan by
 POT's log-domain Sinkhorn), and the rules that read the selected experts S_l from the plan (top column
 mass, κ coverage, greedy lowest cost, random)."""
+
 from __future__ import annotations
 
 import warnings
@@ -19,8 +20,9 @@ class TransportWarning(RuntimeWarning):
     instance, and the plan is returned (its duty marginal is within 1e-6, or TransportError is raised)."""
 
 
-def _semi_relaxed_log(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, tau: float, max_iter: int,
-                      tol: float) -> tuple[np.ndarray, float, int]:
+def _semi_relaxed_log(
+    a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, tau: float, max_iter: int, tol: float
+) -> tuple[np.ndarray, float, int]:
     """Generalised Sinkhorn on log-scalings, P = diag(e^lu) K diag(e^lv), log K = log a bᵀ − C/ε.
 
     Row step: the exact projection onto P1 = a. Column step: the proximal step of τ·KL(Pᵀ1 ‖ b),
@@ -43,7 +45,7 @@ def _semi_relaxed_log(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, t
         # mass Σ_j b_j e^(−ε·lv_j/τ) — which after the column step is the plan's mass — to Σa
         shift = (tau / eps) * (np.log(a.sum()) - logsumexp(lb - (eps / tau) * lv_new))
         lu_new, lv_new = lu_new + shift, lv_new - shift
-        du, dv = lu_new - lu, lv_new - lv            # log P_ij moves by du_i + dv_j
+        du, dv = lu_new - lu, lv_new - lv  # log P_ij moves by du_i + dv_j
         step = max(abs(du.max() + dv.max()), abs(du.min() + dv.min()))
         lu, lv = lu_new, lv_new
         drift = np.abs(np.exp(lu + logsumexp(logK + lv[None, :], axis=1)) - a).max()
@@ -53,8 +55,16 @@ def _semi_relaxed_log(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, t
     return np.exp(lu[:, None] + logK + lv[None, :]), float(res), it
 
 
-def sinkhorn_log(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, tau: float | None = None,
-                 max_iter: int = 2000, tol: float = 1e-9, what: str = "ot") -> np.ndarray:
+def sinkhorn_log(
+    a: np.ndarray,
+    b: np.ndarray,
+    C: np.ndarray,
+    eps: float,
+    tau: float | None = None,
+    max_iter: int = 2000,
+    tol: float = 1e-9,
+    what: str = "ot",
+) -> np.ndarray:
     """argmin_P ⟨P, C⟩ + ε·KL(P ‖ a bᵀ) + τ·KL(Pᵀ1 ‖ b)  s.t.  P1 = a   (τ = None: also Pᵀ1 = b).
 
     Balanced: POT's ``ot.sinkhorn(method="sinkhorn_log")`` (it stops when ‖Pᵀ1 − b‖ ≤ ``tol``, P1 = a
@@ -75,9 +85,8 @@ def sinkhorn_log(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, tau: f
         import ot
 
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)   # POT's "did not converge": judged below instead
-            P = np.asarray(ot.sinkhorn(a, b, C, eps, method="sinkhorn_log", numItermax=max_iter,
-                                       stopThr=tol), float)
+            warnings.simplefilter("ignore", UserWarning)  # POT's "did not converge": judged below instead
+            P = np.asarray(ot.sinkhorn(a, b, C, eps, method="sinkhorn_log", numItermax=max_iter, stopThr=tol), float)
         res = float(max(np.abs(P.sum(1) - a).max(), np.abs(P.sum(0) - b).max()))
     else:
         P, res, _ = _semi_relaxed_log(a, b, C, eps, tau, max_iter, tol)
@@ -85,17 +94,23 @@ def sinkhorn_log(a: np.ndarray, b: np.ndarray, C: np.ndarray, eps: float, tau: f
         raise TransportError(f"{what}: Sinkhorn produced a non-finite plan (eps={eps}, tau={tau})")
     err = float(np.abs(P.sum(1) - a).max())
     if err > 1e-6:
-        raise TransportError(f"{what}: the duty marginal is off by {err:.1e} after {max_iter} iterations "
-                             f"(eps={eps}, tau={tau}); raise ot.max_iter or eps")
+        raise TransportError(
+            f"{what}: the duty marginal is off by {err:.1e} after {max_iter} iterations "
+            f"(eps={eps}, tau={tau}); raise ot.max_iter or eps"
+        )
     if not res <= tol:
-        warnings.warn(f"Sinkhorn stopped unconverged at eps={eps}, tau={tau} ({what}): residual {res:.1e} > "
-                      f"tol {tol:.0e} after max_iter={max_iter}; raise ot.max_iter or eps",
-                      TransportWarning, stacklevel=2)
+        warnings.warn(
+            f"Sinkhorn stopped unconverged at eps={eps}, tau={tau} ({what}): residual {res:.1e} > "
+            f"tol {tol:.0e} after max_iter={max_iter}; raise ot.max_iter or eps",
+            TransportWarning,
+            stacklevel=2,
+        )
     return P
 
 
-def cost_matrix(f_u: np.ndarray, affinity: np.ndarray, head: np.ndarray, lambda_u: float, lambda_a: float,
-                lambda_h: float) -> np.ndarray:
+def cost_matrix(
+    f_u: np.ndarray, affinity: np.ndarray, head: np.ndarray, lambda_u: float, lambda_a: float, lambda_h: float
+) -> np.ndarray:
     """C[c, e] = λ_u f_u(e)/max f_u + λ_a (1 − A[c, e]/max A) + λ_h 1[e ∈ head], rescaled to [0, 1].
 
     ``f_u`` [E]: utility selection frequency; ``affinity`` [m, E]: each duty cluster's mean router
@@ -127,8 +142,15 @@ def kmeans(x: np.ndarray, k: int, seed: int, iters: int = 50) -> tuple[np.ndarra
     return cent, labels
 
 
-def select(rule: str, plan: np.ndarray, C: np.ndarray, a: np.ndarray, n_sel: int, kappa: float,
-           rng: np.random.Generator | None = None) -> list[int]:
+def select(
+    rule: str,
+    plan: np.ndarray,
+    C: np.ndarray,
+    a: np.ndarray,
+    n_sel: int,
+    kappa: float,
+    rng: np.random.Generator | None = None,
+) -> list[int]:
     """S_l from one layer's plan [m, E]:
     - ``top``: the ``n_sel`` experts with the largest relaxed column mass;
     - ``kappa``: the smallest set holding ≥ κ of the mass;

@@ -1,18 +1,24 @@
 """The training pool of `mts`: a few real digits (sklearn's bundled 8×8 digits) plus a synthetic pool of
 controlled quality (good / off-manifold / label-noise / cross-class mixup), a clean real meta set and a
 real test set; or a user table (--env=full)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.api import TableSchema, read_user_file
 from pipelines.mts.params import QUALITIES, Params
 
 N_PIX = 64
 XCOLS = [f"x{i}" for i in range(N_PIX)]
-USER_POOL = TableSchema("mts.pool (data.path)", {"y": "int", "is_syn": "bool", "split": "str"}, min_rows=10,
-                        patterns={"x.*": "number"}, allowed={"split": ("train", "meta", "test")})   # features x0, x1, ...
+USER_POOL = TableSchema(
+    "mts.pool (data.path)",
+    {"y": "int", "is_syn": "bool", "split": "str"},
+    min_rows=10,
+    patterns={"x.*": "number"},
+    allowed={"split": ("train", "meta", "test")},
+)  # features x0, x1, ...
 
 
 def _shift(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -25,14 +31,14 @@ def _shift(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     for a in (-1, 0, 1):
         for b in (-1, 0, 1):
             m = (dy == a) & (dx == b)
-            out[m] = pad[m, 1 - a:9 - a, 1 - b:9 - b]
+            out[m] = pad[m, 1 - a : 9 - a, 1 - b : 9 - b]
     return out.reshape(n, N_PIX)
 
 
 def _box_blur(img: np.ndarray) -> np.ndarray:
     n = len(img)
     pad = np.pad(img.reshape(n, 8, 8), ((0, 0), (1, 1), (1, 1)))
-    out = sum(pad[:, i:i + 8, j:j + 8] for i in range(3) for j in range(3)) / 9.0
+    out = sum(pad[:, i : i + 8, j : j + 8] for i in range(3) for j in range(3)) / 9.0
     return out.reshape(n, N_PIX)
 
 
@@ -59,7 +65,7 @@ def synth_pool(x_gen: np.ndarray, y_gen: np.ndarray, p: Params, rng: np.random.G
     xs.append(np.clip(_box_blur(x) + rng.normal(0, d.off_noise, (n_off, N_PIX)), 0, 1)), ys.append(y)
     qs += ["off_manifold"] * n_off
     x, y = good(n_lab)
-    xs.append(x), ys.append((y + rng.integers(1, 10, n_lab)) % 10)      # another class's label
+    xs.append(x), ys.append((y + rng.integers(1, 10, n_lab)) % 10)  # another class's label
     qs += ["label_noise"] * n_lab
     xa, ya = good(n_mix)
     # a partner of another class for each majority image
@@ -70,7 +76,7 @@ def synth_pool(x_gen: np.ndarray, y_gen: np.ndarray, p: Params, rng: np.random.G
         pool = np.flatnonzero(y_gen == c)
         xb[m] = x_gen[rng.choice(pool, m.sum())] if m.any() else xb[m]
     lam = rng.uniform(d.mixup_low, d.mixup_high, (n_mix, 1))
-    xs.append(lam * xa + (1 - lam) * xb), ys.append(yb_target)            # labelled with the minority class
+    xs.append(lam * xa + (1 - lam) * xb), ys.append(yb_target)  # labelled with the minority class
     qs += ["mixup"] * n_mix
     df = pd.DataFrame(np.concatenate(xs), columns=XCOLS)
     df["y"], df["is_syn"], df["quality"] = np.concatenate(ys).astype(int), True, qs

@@ -1,16 +1,26 @@
 """Metrics, plots and the report of `mts`: accuracy gains over the baselines, how well the learned weights
 separate good from bad synthetic data, and the GSNR-vs-batch curves."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.spec import Diff, Fn, SeedValues, paired
+from pipelines.core.api import Diff, Fn, SeedValues, paired
 from pipelines.mts.params import QUALITIES, Params
 
-PAIRS = [("mts", "uniform"), ("mts", "mwnet"), ("mts", "real_only"), ("mts", "classifier_filter"),
-         ("oracle", "mts"), ("mts", "mts_feat_64"), ("mts", "mts_noflag"), ("mts_loss_512", "mwnet"),
-         ("mts_equal_steps", "mts"), ("mts_equal_steps", "mts_feat_64")]
+PAIRS = [
+    ("mts", "uniform"),
+    ("mts", "mwnet"),
+    ("mts", "real_only"),
+    ("mts", "classifier_filter"),
+    ("oracle", "mts"),
+    ("mts", "mts_feat_64"),
+    ("mts", "mts_noflag"),
+    ("mts_loss_512", "mwnet"),
+    ("mts_equal_steps", "mts"),
+    ("mts_equal_steps", "mts_feat_64"),
+]
 
 
 def delta_pts(a: str, b: str):
@@ -20,6 +30,7 @@ def delta_pts(a: str, b: str):
     def f(values: SeedValues, p: Params) -> dict:
         xa, xb = values.per_seed(a, "test_acc"), values.per_seed(b, "test_acc")
         return {name: {s: (xa[s] - xb[s]) * 100.0 for s in paired(xa, xb)}}
+
     f.__name__ = f"delta_pts_{a}_vs_{b}"
     return Fn(f, [name], needs_=[a, b])
 
@@ -61,10 +72,14 @@ def gsnr_metrics(p: Params, gsnr: pd.DataFrame) -> dict[str, float]:
             col = f"gsnr_{stat}"
             for b, v in d[col].items():
                 out[f"gsnr_{stat}.{name}.b{b}"] = float(v)
-            out[f"gsnr_ratio_{stat}.{name}"] = float(d.loc[hi, col] / d.loc[lo, col]) if d.loc[lo, col] > 0 \
-                else float("nan")
-            rho = spearmanr(d.index.to_numpy(), d[col].to_numpy()).statistic if len(d) > 2 else \
-                float(np.sign(d[col].iloc[-1] - d[col].iloc[0]))
+            out[f"gsnr_ratio_{stat}.{name}"] = (
+                float(d.loc[hi, col] / d.loc[lo, col]) if d.loc[lo, col] > 0 else float("nan")
+            )
+            rho = (
+                spearmanr(d.index.to_numpy(), d[col].to_numpy()).statistic
+                if len(d) > 2
+                else float(np.sign(d[col].iloc[-1] - d[col].iloc[0]))
+            )
             out[f"gsnr_spearman_{stat}.{name}"] = float(rho)
         # agreement of the finite-difference Hessian-vector product with the exact unroll
         out[f"meta_grad_fd_cosine_min.{name}"] = float(d["fd_cosine"].min())
@@ -74,21 +89,26 @@ def gsnr_metrics(p: Params, gsnr: pd.DataFrame) -> dict[str, float]:
 def make_plots(p: Params, values: SeedValues, artifacts: dict, gsnr: pd.DataFrame) -> dict:
     import matplotlib.pyplot as plt
 
-    from pipelines.core.plots import bar_plot, line_plot
+    from pipelines.core.api import bar_plot, line_plot
 
     figs = {}
     if len(gsnr):
         for stat in ("median", "aggregate"):
             piv = gsnr.pivot(index="batch_size", columns="selector", values=f"gsnr_{stat}")
             figs[f"gsnr_{stat}_vs_batch"] = line_plot(
-                list(piv.index), {c: list(piv[c]) for c in piv.columns}, xlabel="batch size",
-                ylabel=f"{stat} GSNR of the meta-gradient", logy=True,
-                title=f"meta-gradient GSNR ({stat}) at a fixed early point")
+                list(piv.index),
+                {c: list(piv[c]) for c in piv.columns},
+                xlabel="batch size",
+                ylabel=f"{stat} GSNR of the meta-gradient",
+                logy=True,
+                title=f"meta-gradient GSNR ({stat}) at a fixed early point",
+            )
             figs[f"gsnr_{stat}_vs_batch"].axes[0].set_xscale("log", base=2)
     acc = {v: list(values.per_seed(v, "test_acc").values()) for v in values.variants if values.has(v, "test_acc")}
     names = list(acc)
-    figs["test_acc"] = bar_plot(names, [100 * np.mean(acc[v]) for v in names],
-                                [100 * np.std(acc[v]) for v in names], ylabel="test accuracy (%)")
+    figs["test_acc"] = bar_plot(
+        names, [100 * np.mean(acc[v]) for v in names], [100 * np.std(acc[v]) for v in names], ylabel="test accuracy (%)"
+    )
     weights = {v: pd.DataFrame(a["weights"]) for v, a in artifacts.items()}
     learned = [v for v in weights if v in p.selectors]
     if learned:

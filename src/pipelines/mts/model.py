@@ -1,6 +1,7 @@
 """The classifier, the meta-net (weight generator) and the bi-level pieces of MTS: batch-normalised
 weights, the meta-gradient through one virtual SGD step (exact unroll, or the official code's
 finite-difference Hessian-vector product), the online CLS_* features and the GSNR estimator."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -56,8 +57,14 @@ def weighted_loss(clf: nn.Module, theta: Mapping[str, torch.Tensor], x, y, w: to
     return (normalise(w) * losses).mean()
 
 
-def virtual_step(theta: Mapping[str, torch.Tensor], grads, lr: float, momentum: float, weight_decay: float,
-                 buffers: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+def virtual_step(
+    theta: Mapping[str, torch.Tensor],
+    grads,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    buffers: Mapping[str, torch.Tensor | None],
+) -> dict[str, torch.Tensor]:
     """θ' = θ − η(μ·buf + g + λθ): one step of the real SGD-momentum optimiser, from its state."""
     out = {}
     for (k, t), g in zip(theta.items(), grads):
@@ -69,10 +76,23 @@ def virtual_step(theta: Mapping[str, torch.Tensor], grads, lr: float, momentum: 
     return out
 
 
-def meta_objective(clf: nn.Module, theta: Mapping[str, torch.Tensor], metanet: nn.Module, feats_fn, x, y,
-                   xm, ym, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                   buffers: Mapping[str, torch.Tensor | None] | None = None, method: str = "exact",
-                   fd_eps: float = 1e-2) -> tuple[torch.Tensor, dict[str, float]]:
+def meta_objective(
+    clf: nn.Module,
+    theta: Mapping[str, torch.Tensor],
+    metanet: nn.Module,
+    feats_fn,
+    x,
+    y,
+    xm,
+    ym,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    buffers: Mapping[str, torch.Tensor | None] | None = None,
+    method: str = "exact",
+    fd_eps: float = 1e-2,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """A scalar whose gradient in φ is the meta-gradient ∇_φ L_meta(θ'(φ)), θ' one virtual step of the
     real optimiser on the weighted training loss; and {"meta_loss": L_meta(θ')}.
 
@@ -97,11 +117,13 @@ def meta_objective(clf: nn.Module, theta: Mapping[str, torch.Tensor], metanet: n
         w = metanet(f)
     loss = weighted_loss(clf, theta, x, y, w)
     grads = torch.autograd.grad(loss, list(theta.values()))
-    theta1 = {k: t.detach().requires_grad_(True)
-              for k, t in virtual_step(theta, grads, lr, momentum, weight_decay, buffers).items()}
+    theta1 = {
+        k: t.detach().requires_grad_(True)
+        for k, t in virtual_step(theta, grads, lr, momentum, weight_decay, buffers).items()
+    }
     meta_loss = F.cross_entropy(functional_call(clf, theta1, (xm,)), ym)
     gval = torch.autograd.grad(meta_loss, list(theta1.values()))
-    norm = torch.sqrt(sum((g ** 2).sum() for g in gval))
+    norm = torch.sqrt(sum((g**2).sum() for g in gval))
     eps = fd_eps / (float(norm) + 1e-12)
 
     def grad_phi(sign: float):
@@ -113,15 +135,17 @@ def meta_objective(clf: nn.Module, theta: Mapping[str, torch.Tensor], metanet: n
     return surrogate, {"meta_loss": float(meta_loss.detach())}
 
 
-def meta_gradient(clf: nn.Module, theta: Mapping[str, torch.Tensor], metanet: nn.Module, feats_fn, x, y,
-                  xm, ym, **kw) -> list[torch.Tensor]:
+def meta_gradient(
+    clf: nn.Module, theta: Mapping[str, torch.Tensor], metanet: nn.Module, feats_fn, x, y, xm, ym, **kw
+) -> list[torch.Tensor]:
     """∇_φ L_meta(θ'(φ)) as a list over the meta-net's parameters (see :func:`meta_objective`)."""
     obj, _ = meta_objective(clf, theta, metanet, feats_fn, x, y, xm, ym, **kw)
     return list(torch.autograd.grad(obj, [q for q in metanet.parameters() if q.requires_grad]))
 
 
-def cls_features(clf: MLP, x: torch.Tensor, y: torch.Tensor, xm: torch.Tensor, ym: torch.Tensor,
-                 k: int = 3) -> torch.Tensor:
+def cls_features(
+    clf: MLP, x: torch.Tensor, y: torch.Tensor, xm: torch.Tensor, ym: torch.Tensor, k: int = 3
+) -> torch.Tensor:
     """Online CLS_* features from the current classifier's penultimate layer: mean cosine to the k
     nearest same-class meta samples, and cosine to the same-class meta centroid. (n, 2)."""
     with torch.no_grad():
@@ -159,11 +183,14 @@ def gsnr(grads: torch.Tensor, rel_floor: float = 1e-5) -> dict[str, float]:
       carries gradient (all zero) → ``n_coords`` 0, median and aggregate nan."""
     g = grads.double()
     mean = g.mean(0)
-    const = (g == g[:1]).all(0)                          # exactly constant: no noise at all
+    const = (g == g[:1]).all(0)  # exactly constant: no noise at all
     var = torch.where(const, torch.zeros_like(mean), g.var(0, unbiased=True))
     live = g.abs().amax(0) > rel_floor * float(g.abs().max())
-    per = torch.where(const, torch.full_like(mean, float("inf")), mean ** 2 / var)[live]
-    signal, noise = float((mean ** 2).sum()), float(var.sum())
+    per = torch.where(const, torch.full_like(mean, float("inf")), mean**2 / var)[live]
+    signal, noise = float((mean**2).sum()), float(var.sum())
     aggregate = signal / noise if noise > 0 else (float("inf") if signal > 0 else float("nan"))
-    return {"median": float(np.median(per.numpy())) if live.any() else float("nan"),
-            "aggregate": aggregate, "n_coords": int(live.sum())}
+    return {
+        "median": float(np.median(per.numpy())) if live.any() else float("nan"),
+        "aggregate": aggregate,
+        "n_coords": int(live.sum()),
+    }

@@ -2,6 +2,7 @@
 classifier filter, oracle) and the bi-level meta-learned weighting (MW-Net-style loss input or the MTS
 features, at a small or large batch); the offline features (SD_* position in an embedding space, pre_*
 training dynamics of a no-selection run)."""
+
 from __future__ import annotations
 
 import time
@@ -12,13 +13,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import fit
+from pipelines.core.api import fit, node_setup
 from pipelines.mts.model import MLP, MetaNet, cls_features, ess, meta_objective, normalise, zscore
 from pipelines.mts.params import BASELINES, QUALITIES, Params, Selector
 
-SD = ["SD_cos_real_centroid", "SD_cos_syn_centroid", "SD_top_real", "SD_top_syn", "SD_knn_agree",
-      "SD_median_dist"]
+SD = ["SD_cos_real_centroid", "SD_cos_syn_centroid", "SD_top_real", "SD_top_syn", "SD_knn_agree", "SD_median_dist"]
 PRE = ["pre_py_mean", "pre_py_std", "pre_forgets", "pre_py_final"]
 OFFLINE = SD + PRE
 
@@ -26,6 +25,7 @@ OFFLINE = SD + PRE
 @dataclass
 class Split:
     """One seed's tensors: the training pool (real train + synthetic), the meta set and the test set."""
+
     x: torch.Tensor
     y: torch.Tensor
     is_syn: torch.Tensor
@@ -44,10 +44,20 @@ def split_of(pool: pd.DataFrame, seed: int) -> Split:
     def t(part):
         s = d[d["split"] == part]
         return (torch.tensor(s[xc].to_numpy(np.float32)), torch.tensor(s["y"].to_numpy(np.int64)))
+
     tr = d[d["split"] == "train"]
     (x, y), (xm, ym), (xt, yt) = t("train"), t("meta"), t("test")
-    return Split(x, y, torch.tensor(tr["is_syn"].to_numpy(bool)), tr["quality"].to_numpy(str), xm, ym, xt, yt,
-                 int(d["y"].max()) + 1)
+    return Split(
+        x,
+        y,
+        torch.tensor(tr["is_syn"].to_numpy(bool)),
+        tr["quality"].to_numpy(str),
+        xm,
+        ym,
+        xt,
+        yt,
+        int(d["y"].max()) + 1,
+    )
 
 
 def epoch_sampler(n: int, bs: int):
@@ -60,20 +70,33 @@ def epoch_sampler(n: int, bs: int):
         if step % per == 0:
             state["perm"] = torch.randperm(n, generator=gen)
         j = step % per
-        return (state["perm"][j * bs:(j + 1) * bs],)
+        return (state["perm"][j * bs : (j + 1) * bs],)
+
     return sample, per
 
 
 def sgd_factory(p: Params, holder: dict, lr: float | None = None):
     def make(params):
-        holder["opt"] = torch.optim.SGD(params, lr=lr or p.classifier.lr, momentum=p.classifier.momentum,
-                                        weight_decay=p.classifier.weight_decay)
+        holder["opt"] = torch.optim.SGD(
+            params, lr=lr or p.classifier.lr, momentum=p.classifier.momentum, weight_decay=p.classifier.weight_decay
+        )
         return holder["opt"]
+
     return make
 
 
-def train_plain(p: Params, x: torch.Tensor, y: torch.Tensor, n_classes: int, seed: int, steps: int,
-                w: torch.Tensor | None = None, callback=None, desc: str = "mts", holder: dict | None = None) -> MLP:
+def train_plain(
+    p: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    seed: int,
+    steps: int,
+    w: torch.Tensor | None = None,
+    callback=None,
+    desc: str = "mts",
+    holder: dict | None = None,
+) -> MLP:
     """A classifier on (x, y) with fixed per-sample weights w (None: all 1), batch-normalised like MTS."""
     torch.manual_seed(seed)
     clf = MLP(x.shape[1], p.classifier.hidden, n_classes)
@@ -83,8 +106,18 @@ def train_plain(p: Params, x: torch.Tensor, y: torch.Tensor, n_classes: int, see
         losses = F.cross_entropy(model(x[idx]), y[idx], reduction="none")
         return losses.mean() if w is None else (normalise(w[idx]) * losses).mean()
 
-    fit(clf, None, loss_fn, steps=steps, sample_batch=sample, optimizer=sgd_factory(p, {} if holder is None else holder),
-        grad_clip=None, seed=seed, desc=desc, callback=callback)
+    fit(
+        clf,
+        None,
+        loss_fn,
+        steps=steps,
+        sample_batch=sample,
+        optimizer=sgd_factory(p, {} if holder is None else holder),
+        grad_clip=None,
+        seed=seed,
+        desc=desc,
+        callback=callback,
+    )
     return clf
 
 
@@ -100,6 +133,7 @@ def accuracy(clf: MLP, x: torch.Tensor, y: torch.Tensor) -> float:
 
 # ---------------------------------------------------------------- offline features (SD_*, pre_*)
 
+
 def sd_features(s: Split, p: Params, seed: int) -> np.ndarray:
     """Position of each pool sample in an embedding space (PCA fit on the real training data stands in
     for the generator's encoder): cosine to the real / synthetic centroid of its labelled class, mean of
@@ -114,8 +148,8 @@ def sd_features(s: Split, p: Params, seed: int) -> np.ndarray:
     z = pca.transform(x)
     zn = z / (np.linalg.norm(z, axis=1, keepdims=True) + 1e-12)
     cos = zn @ zn.T
-    np.fill_diagonal(cos, np.nan)                                  # never compare a sample to itself
-    dist = np.sqrt(np.maximum((z ** 2).sum(1)[:, None] + (z ** 2).sum(1)[None] - 2 * z @ z.T, 0))
+    np.fill_diagonal(cos, np.nan)  # never compare a sample to itself
+    dist = np.sqrt(np.maximum((z**2).sum(1)[:, None] + (z**2).sum(1)[None] - 2 * z @ z.T, 0))
     np.fill_diagonal(dist, np.inf)
     n, out = len(y), np.zeros((len(y), len(SD)))
     same = y[:, None] == y[None, :]
@@ -133,7 +167,7 @@ def sd_features(s: Split, p: Params, seed: int) -> np.ndarray:
         top = -np.sort(-c_same, axis=1)[:, :k]
         top = np.where(np.isfinite(top), top, np.nan)
         out[:, 2 + j] = np.nan_to_num(np.nanmean(top, axis=1) if top.size else np.zeros(n), nan=0.0)
-    nn_idx = np.argsort(dist, axis=1)[:, :p.features.knn]
+    nn_idx = np.argsort(dist, axis=1)[:, : p.features.knn]
     wk = 1.0 / (np.take_along_axis(dist, nn_idx, 1) + 1e-6)
     out[:, 4] = (wk * (y[nn_idx] == y[:, None])).sum(1) / wk.sum(1)
     dr = np.where(same & real[None, :], dist, np.nan)
@@ -158,8 +192,7 @@ def pre_features(s: Split, p: Params, seed: int) -> np.ndarray:
             probs.append(pr[torch.arange(n), s.y].numpy())
             correct.append((pr.argmax(1) == s.y).numpy())
 
-    train_plain(p, s.x, s.y, s.n_classes, seed, p.features.pre_epochs * per, callback=track,
-                desc="mts.pre_features")
+    train_plain(p, s.x, s.y, s.n_classes, seed, p.features.pre_epochs * per, callback=track, desc="mts.pre_features")
     pr, co = np.stack(probs), np.stack(correct)
     forgets = (co[:-1] & ~co[1:]).sum(0) if len(co) > 1 else np.zeros(n)
     return np.stack([pr.mean(0), pr.std(0), forgets, pr[-1]], 1)
@@ -181,6 +214,7 @@ def make_features(pool: pd.DataFrame, p: Params) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- the bi-level (meta) weighting
+
 
 class Selection:
     """The meta-net input for a batch: the per-sample loss (MW-Net) or the MTS features (offline
@@ -237,16 +271,37 @@ def train_meta(p: Params, s: Split, offline: np.ndarray, sel: Selector, seed: in
         opt = holder["opt"]
         theta = dict(model.named_parameters())
         buffers = {k: opt.state[t].get("momentum_buffer") for k, t in theta.items()}
-        mi = torch.randperm(len(s.ym), generator=meta_gen)[:p.meta.meta_batch]
+        mi = torch.randperm(len(s.ym), generator=meta_gen)[: p.meta.meta_batch]
         # the meta step: one step of core's loop on φ (Adam, persistent state) with the objective whose
         # φ-gradient is the meta-gradient through the virtual step; then the real step below uses the
         # updated φ
-        fit(metanet, None, lambda net, _i: meta_objective(
-                model, theta, net, lambda th: feats(model, th, idx), s.x[idx], s.y[idx], s.xm[mi], s.ym[mi],
-                lr=p.meta.virtual_lr, momentum=p.classifier.momentum, weight_decay=p.classifier.weight_decay,
-                buffers=buffers, method=p.meta.grad, fd_eps=p.meta.fd_eps),
-            steps=1, sample_batch=lambda _s, _g: (idx,), optimizer=lambda _ps: phi_opt, grad_clip=None,
-            seed=seed, desc=f"mts.{name}.meta_step", progress=False)
+        fit(
+            metanet,
+            None,
+            lambda net, _i: meta_objective(
+                model,
+                theta,
+                net,
+                lambda th: feats(model, th, idx),
+                s.x[idx],
+                s.y[idx],
+                s.xm[mi],
+                s.ym[mi],
+                lr=p.meta.virtual_lr,
+                momentum=p.classifier.momentum,
+                weight_decay=p.classifier.weight_decay,
+                buffers=buffers,
+                method=p.meta.grad,
+                fd_eps=p.meta.fd_eps,
+            ),
+            steps=1,
+            sample_batch=lambda _s, _g: (idx,),
+            optimizer=lambda _ps: phi_opt,
+            grad_clip=None,
+            seed=seed,
+            desc=f"mts.{name}.meta_step",
+            progress=False,
+        )
         with torch.no_grad():
             w = metanet(feats(model, theta, idx))
         if not torch.isfinite(w).all():
@@ -264,12 +319,23 @@ def train_meta(p: Params, s: Split, offline: np.ndarray, sel: Selector, seed: in
             hist["ess_frac"].append(float(np.mean(ess_epoch)))
             ess_epoch.clear()
 
-    fit(clf, None, loss_fn, steps=steps, sample_batch=sample, optimizer=sgd_factory(p, holder, sel.lr),
-        grad_clip=None, seed=seed, desc=f"mts.{name}", callback=record)
+    fit(
+        clf,
+        None,
+        loss_fn,
+        steps=steps,
+        sample_batch=sample,
+        optimizer=sgd_factory(p, holder, sel.lr),
+        grad_clip=None,
+        seed=seed,
+        desc=f"mts.{name}",
+        callback=record,
+    )
     return clf, last_w.numpy(), steps, hist
 
 
 # ---------------------------------------------------------------- one variant, every seed
+
 
 def _auc(weights: np.ndarray, quality: np.ndarray) -> float:
     """How well the weights separate good from bad synthetic samples (ROC AUC; ties count half)."""
@@ -289,7 +355,7 @@ def _auc(weights: np.ndarray, quality: np.ndarray) -> float:
 def train_variant(pool: pd.DataFrame, features: pd.DataFrame, p: Params, variant: str):
     """train.<variant>: ``variant`` on each seed → (its long table: metrics per seed and the first seed's
     per-epoch weight history, the raw per-sample final weights by seed for the plots)."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     sel = p.selectors.get(variant)
     seeds = [sd for sd in p.seeds if sel is None or sel.seeds is None or sd in sel.seeds]
@@ -320,25 +386,31 @@ def train_variant(pool: pd.DataFrame, features: pd.DataFrame, p: Params, variant
         elif sel is not None:
             off = features[features["seed"] == seed][OFFLINE].to_numpy()
             if len(off) != n:
-                raise ValueError(f"node 'mts.train.{variant}': {len(off)} feature rows for {n} pool rows "
-                                 f"(seed {seed}); rerun data.features with the same parameters")
+                raise ValueError(
+                    f"node 'mts.train.{variant}': {len(off)} feature rows for {n} pool rows "
+                    f"(seed {seed}); rerun data.features with the same parameters"
+                )
             clf, w_np, steps, hist = train_meta(p, s, off, sel, seed, variant)
             w = torch.tensor(w_np)
         else:
             raise ValueError(f"unknown variant {variant!r} (baselines {list(BASELINES)} or a selector)")
         wn = w.numpy().astype(float)
-        row = {"test_acc": accuracy(clf, s.xt, s.yt), "weight_quality_auc": _auc(wn, s.quality),
-               "meta_steps": steps if sel is not None else 0, "train_steps": steps,
-               "syn_kept_frac": float(np.nanmean(wn[s.is_syn.numpy()] > 0.5)) if s.is_syn.any() else 0.0,
-               "wall_time_s": time.perf_counter() - t0}
+        row = {
+            "test_acc": accuracy(clf, s.xt, s.yt),
+            "weight_quality_auc": _auc(wn, s.quality),
+            "meta_steps": steps if sel is not None else 0,
+            "train_steps": steps,
+            "syn_kept_frac": float(np.nanmean(wn[s.is_syn.numpy()] > 0.5)) if s.is_syn.any() else 0.0,
+            "wall_time_s": time.perf_counter() - t0,
+        }
         for q in ("real", *QUALITIES):
             m = s.quality == q
             row[f"w_mean_{q}"] = float(np.nanmean(wn[m])) if m.any() else float("nan")
-        for q in QUALITIES[1:]:                          # which kind of bad sample the weights catch
+        for q in QUALITIES[1:]:  # which kind of bad sample the weights catch
             m = np.isin(s.quality, ["good", q])
             row[f"auc_good_vs_{q}"] = _auc(wn[m], s.quality[m])
         res.add(seed, **row)
-        if hist is not None and seed == seeds[0]:        # the per-epoch weight history of the first seed
+        if hist is not None and seed == seeds[0]:  # the per-epoch weight history of the first seed
             for k, vals in hist.items():
                 res.history(seed, k, vals)
         weights["seed"] += [seed] * n

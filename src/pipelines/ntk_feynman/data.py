@@ -1,14 +1,15 @@
 """The network inputs of `ntk_feynman`: seeded vectors x in R^n0 scaled to ||x||^2 / n0 = sq_norm, or a
 user's CSV of input vectors (full env), checked before any sampling."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.ntk_feynman.params import Params
 
-INPUTS = TableSchema("ntk_feynman.data.inputs_path")     # columns x_0..x_{n0-1}: numeric, finite
+INPUTS = TableSchema("ntk_feynman.data.inputs_path")  # columns x_0..x_{n0-1}: numeric, finite
 
 
 def input_schema(n0: int) -> TableSchema:
@@ -22,8 +23,10 @@ def check_inputs(df: pd.DataFrame, n0: int) -> np.ndarray:
     X = df[[f"x_{j}" for j in range(n0)]].to_numpy(float)
     zero = (X**2).sum(1) == 0
     if zero.any():
-        raise InputDataError(f"dataset 'ntk_feynman.data.inputs_path': row {int(np.argmax(zero))} is the zero vector "
-                             "(its kernel is C_b at every layer: nothing to measure)")
+        raise InputDataError(
+            f"dataset 'ntk_feynman.data.inputs_path': row {int(np.argmax(zero))} is the zero vector "
+            "(its kernel is C_b at every layer: nothing to measure)"
+        )
     return X
 
 
@@ -49,8 +52,13 @@ def make_inputs(p: Params) -> dict:
         v -= (v @ X[0]) / (X[0] @ X[0]) * X[0]
         v *= np.linalg.norm(X[0]) / np.linalg.norm(v)
         pair = np.stack([X[0], d.pair_cosine * X[0] + np.sqrt(1 - d.pair_cosine**2) * v])
-    out = {"x": X.tolist(), "n0": int(X.shape[1]), "sq_norm": ((X**2).sum(1) / X.shape[1]).tolist(),
-           "pair": None if pair is None else pair.tolist(), "source": source}
+    out = {
+        "x": X.tolist(),
+        "n0": int(X.shape[1]),
+        "sq_norm": ((X**2).sum(1) / X.shape[1]).tolist(),
+        "pair": None if pair is None else pair.tolist(),
+        "source": source,
+    }
     if p.multi is not None:
         out["multi"] = multi_inputs(X, p).tolist()
     return out
@@ -64,7 +72,9 @@ def multi_inputs(X: np.ndarray, p: Params) -> np.ndarray:
     m = p.multi
     if p.data.inputs_path:
         if len(X) < m.n_inputs:
-            raise InputDataError(f"dataset 'ntk_feynman.data.inputs_path': multi.n_inputs = {m.n_inputs} needs "
-                                 f"that many rows, the file has {len(X)}")
-        return X[:m.n_inputs]
+            raise InputDataError(
+                f"dataset 'ntk_feynman.data.inputs_path': multi.n_inputs = {m.n_inputs} needs "
+                f"that many rows, the file has {len(X)}"
+            )
+        return X[: m.n_inputs]
     return inputs_with_cosines(X[0], m.cosine_matrix(), m.norm_ratios, m.input_seed)

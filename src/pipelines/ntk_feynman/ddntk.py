@@ -15,6 +15,7 @@ Monte Carlo (no n^4 tensor): with Rademacher probes u, u' and v = l(u.z), v' = l
     C4 = H[u.z](l u^T Th u', v')      E = sum_ik ddII_ikik = (n T + n (n + 1) U) / n_prev
 each Hessian form one double-backward pass through the forward NTK recursion (mc.layer_step).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,7 @@ import numpy as np
 from pipelines.ntk_feynman import dntk, theory
 
 DDNTK_TENSORS = ("R", "S", "T", "U")
-DDNTK_COLUMNS = ("c1", "c2", "c3", "c4")     # per net and layer: the four contractions divided by n^2
+DDNTK_COLUMNS = ("c1", "c2", "c3", "c4")  # per net and layer: the four contractions divided by n^2
 
 
 def d3sigma(kind: str, z: np.ndarray) -> np.ndarray:
@@ -45,13 +46,20 @@ def layer2_values(kind: str, c_w: float, lambda_w: float, K: float, Th: float, q
     u, w = quad.nodes()
     z = math.sqrt(K) * u
     s, d1, d2, d3 = theory.sigma(kind, z), theory.dsigma(kind, z), dntk.d2sigma(kind, z), d3sigma(kind, z)
-    E = lambda g: float(np.sum(w * g))                      # noqa: E731
-    s2p2, p4, sp2pp, p2pp2, p3ppp = E(s * s * d1 * d1), E(d1**4), E(s * d1 * d1 * d2), E(d1 * d1 * d2 * d2), \
-        E(d1**3 * d3)
-    return {"R": 2 * lambda_w * c_w * Th**2 * (p4 + sp2pp) + 2 * c_w**2 * Th**3 * (p2pp2 + p3ppp),
-            "S": lambda_w**2 * Th * s2p2 + 4 * lambda_w * c_w * Th**2 * sp2pp + 2 * c_w**2 * Th**3 * (p2pp2 + p3ppp),
-            "T": 2 * lambda_w**2 * Th * s2p2 + 4 * lambda_w * c_w * Th**2 * sp2pp + 2 * c_w**2 * Th**3 * p2pp2,
-            "U": lambda_w * c_w * Th**2 * p4 + 2 * c_w**2 * Th**3 * p2pp2}
+    E = lambda g: float(np.sum(w * g))  # noqa: E731
+    s2p2, p4, sp2pp, p2pp2, p3ppp = (
+        E(s * s * d1 * d1),
+        E(d1**4),
+        E(s * d1 * d1 * d2),
+        E(d1 * d1 * d2 * d2),
+        E(d1**3 * d3),
+    )
+    return {
+        "R": 2 * lambda_w * c_w * Th**2 * (p4 + sp2pp) + 2 * c_w**2 * Th**3 * (p2pp2 + p3ppp),
+        "S": lambda_w**2 * Th * s2p2 + 4 * lambda_w * c_w * Th**2 * sp2pp + 2 * c_w**2 * Th**3 * (p2pp2 + p3ppp),
+        "T": 2 * lambda_w**2 * Th * s2p2 + 4 * lambda_w * c_w * Th**2 * sp2pp + 2 * c_w**2 * Th**3 * p2pp2,
+        "U": lambda_w * c_w * Th**2 * p4 + 2 * c_w**2 * Th**3 * p2pp2,
+    }
 
 
 def ddntk_moments(kind: str, K: float, quad: theory.Quad) -> dict:
@@ -61,16 +69,32 @@ def ddntk_moments(kind: str, K: float, quad: theory.Quad) -> dict:
     u, w = quad.nodes()
     z = math.sqrt(K) * u
     s, d1, d2, d3 = theory.sigma(kind, z), theory.dsigma(kind, z), dntk.d2sigma(kind, z), d3sigma(kind, z)
-    E = lambda g: float(np.sum(w * g))                      # noqa: E731
-    St = lambda g: float(np.sum(w * g * z)) / K             # noqa: E731
-    return {"p2": E(d1 * d1), "pp2": E(d2 * d2), "spp": E(s * d2), "pppp": E(d1 * d3),
-            "h_s2": E(d1 * d1 + s * d2), "h_p2": E(d2 * d2 + d1 * d3),       # <(s^2)''>/2, <(s'^2)''>/2
-            "psi": St(s * d1), "omega": St(d1 * d2)}                          # d<s^2>/dK, d<s'^2>/dK
+    E = lambda g: float(np.sum(w * g))  # noqa: E731
+    St = lambda g: float(np.sum(w * g * z)) / K  # noqa: E731
+    return {
+        "p2": E(d1 * d1),
+        "pp2": E(d2 * d2),
+        "spp": E(s * d2),
+        "pppp": E(d1 * d3),
+        "h_s2": E(d1 * d1 + s * d2),
+        "h_p2": E(d2 * d2 + d1 * d3),  # <(s^2)''>/2, <(s'^2)''>/2
+        "psi": St(s * d1),
+        "omega": St(d1 * d2),
+    }  # d<s^2>/dK, d<s'^2>/dK
 
 
-def ddntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, sq_norm: float,
-                      depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                      quad: theory.Quad | None = None) -> list[dict]:
+def ddntk_first_order(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    sq_norm: float,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: theory.Quad | None = None,
+) -> list[dict]:
     """Per layer l = 1..depth: R, S, T, U (n x the ddNTK means, README "ddNTK recursion"). Layer 1: 0; layer 2:
     :func:`layer2_values` (exact); deeper layers: the intra-layer term (``layer2_values`` at the layer's K, Theta)
     plus the inter-layer terms, which carry the previous layer's B, F, P, Q, R, S, T, U:
@@ -85,10 +109,12 @@ def ddntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda
     n_{l-1} on every previous-layer tensor (equal widths: r = 1). ``interlayer=False`` keeps R0..U0 only."""
     quad = quad or theory.Quad()
     widths = widths or [1] * depth
-    base = theory.first_order(kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths,
-                              interlayer=interlayer, quad=quad)
-    d_rows = dntk.dntk_first_order(kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths,
-                                   interlayer=interlayer, quad=quad)
+    base = theory.first_order(
+        kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths, interlayer=interlayer, quad=quad
+    )
+    d_rows = dntk.dntk_first_order(
+        kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths, interlayer=interlayer, quad=quad
+    )
     t = dict.fromkeys(DDNTK_TENSORS, 0.0)
     rows = [{"layer": 1, **t}]
     for ell in range(1, depth):
@@ -99,20 +125,44 @@ def ddntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda
         r = theory.aspect_ratio(widths, ell) if interlayer else 0.0
         chi_p = c_w * m["p2"]
         chi_t = lambda_w * m["psi"] + c_w * Th * m["omega"]
-        t = {"R": intra["R"] + r * (2 * chi_p * (lambda_w * m["h_s2"] + c_w * Th * m["h_p2"]) * B
-                                    + 2 * chi_p * chi_t * (Q - 0.5 * P) + chi_p**2 * t["R"]),
-             "S": intra["S"] + r * (chi_t**2 * F + 2 * chi_p * chi_t * Q
-                                    + 2 * chi_p * (lambda_w * m["spp"] + c_w * Th * m["pppp"]) * B
-                                    + chi_p**2 * t["S"]),
-             "T": intra["T"] + r * (2 * chi_t**2 * F + 2 * chi_p * chi_t * P + chi_p**2 * t["T"]),
-             "U": intra["U"] + r * (chi_p * (lambda_w * m["p2"] + c_w * Th * m["pp2"]) * B + chi_p**2 * t["U"])}
+        t = {
+            "R": intra["R"]
+            + r
+            * (
+                2 * chi_p * (lambda_w * m["h_s2"] + c_w * Th * m["h_p2"]) * B
+                + 2 * chi_p * chi_t * (Q - 0.5 * P)
+                + chi_p**2 * t["R"]
+            ),
+            "S": intra["S"]
+            + r
+            * (
+                chi_t**2 * F
+                + 2 * chi_p * chi_t * Q
+                + 2 * chi_p * (lambda_w * m["spp"] + c_w * Th * m["pppp"]) * B
+                + chi_p**2 * t["S"]
+            ),
+            "T": intra["T"] + r * (2 * chi_t**2 * F + 2 * chi_p * chi_t * P + chi_p**2 * t["T"]),
+            "U": intra["U"] + r * (chi_p * (lambda_w * m["p2"] + c_w * Th * m["pp2"]) * B + chi_p**2 * t["U"]),
+        }
         rows.append({"layer": ell + 1, **t})
     return rows
 
 
-def sample_ddntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: float, c_b: float,
-                 lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
-                 device: str = "cpu", layers: list[int] | None = None) -> np.ndarray:
+def sample_ddntk(
+    kind: str,
+    x: np.ndarray,
+    width,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk_elems: int = 2_000_000,
+    device: str = "cpu",
+    layers: list[int] | None = None,
+) -> np.ndarray:
     """(n_nets, depth, 4): per net and layer C1..C4 / n^2 (one pair of Rademacher probes per net and layer),
     for ``n_nets`` MLPs, float64, one seeded generator. ``width``: one hidden width for every layer, or a list of
     ``depth`` widths (each layer's contractions are divided by its own width squared). ``layers`` (1-based): the
@@ -133,8 +183,8 @@ def sample_ddntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: 
             z, th = layer_step(kind, z, th, Ws[ell], bs[ell], lambda_b, lambda_w)
             if ell + 1 not in layers:
                 continue
-            params = [*Ws[:ell + 1], *bs[:ell + 1]]
-            lams = [*lam[:ell + 1], *([lambda_b] * (ell + 1))]
+            params = [*Ws[: ell + 1], *bs[: ell + 1]]
+            lams = [*lam[: ell + 1], *([lambda_b] * (ell + 1))]
 
             def lgrad(f, create=False):
                 g = torch.autograd.grad(f, params, retain_graph=True, create_graph=create, allow_unused=True)
@@ -147,7 +197,7 @@ def sample_ddntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: 
                 """per net: H[f](a, b), a and b constant (detached, lambda-weighted) directions."""
                 g = lgrad(f, create=True)
                 s = sum((gi * ai).sum() for gi, ai in zip(g, a))
-                if not s.requires_grad:                  # f linear in the parameters along a
+                if not s.requires_grad:  # f linear in the parameters along a
                     return torch.zeros(Bn, **f64)
                 h = torch.autograd.grad(s, params, retain_graph=True, allow_unused=True)
                 return param_inner(h, b, Bn, f64)
@@ -159,7 +209,7 @@ def sample_ddntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: 
             v, v2 = lam_(lgrad(uz)), lam_(lgrad(u2z))
             c = [hess(tr, v, v), hess(q, v, v2), hess(uz, lam_(lgrad(tr)), v), hess(uz, lam_(lgrad(q)), v2)]
             for j, cj in enumerate(c):
-                out[start:start + Bn, ell, j] = (cj / ws[ell]**2).detach().cpu().numpy()
+                out[start : start + Bn, ell, j] = (cj / ws[ell] ** 2).detach().cpu().numpy()
         del Ws, bs, z, th
     if not np.isfinite(out).all():
         raise FloatingPointError(f"ntk_feynman ddNTK MC ({kind}, width {width}, seed {seed}): non-finite statistics")

@@ -54,6 +54,7 @@ Monte Carlo: per input tuple four Hessian forms (probes u, u', v_a = l(u.z_a), v
     E C1 = n R + S + S~, E C2 = R + n S + S~, E C2(a3<->a4) = R + S + n S~     (S~ = S_{a1a2a4a3}),
     E C3 = n T + U + U~, E C4 = T + n U + U~, E C4(a1<->a2) = T + U + n U~     (U~ = U_{a2a1a3a4}).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -68,7 +69,7 @@ IDX4 = tuple(np.ndindex(2, 2, 2, 2))
 TENSORS = ("R", "S", "T", "U")
 
 
-FN = ("s", "d", "dd", "ddd")                      # factor names of sigma, sigma', sigma'', sigma''' (engine keys)
+FN = ("s", "d", "dd", "ddd")  # factor names of sigma, sigma', sigma'', sigma''' (engine keys)
 
 
 def _derivs(kind: str, z: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -84,7 +85,7 @@ class _Grid:
     def __init__(self, kind: str, K: np.ndarray, quad: Quad):
         z1, z2, self.w = quad.grid2(K[0, 0], K[0, 1], K[1, 1])
         self.z = (z1, z2)
-        self.d = [_derivs(kind, z1), _derivs(kind, z2)]          # d[a][k] = sigma^(k)(z_a)
+        self.d = [_derivs(kind, z1), _derivs(kind, z2)]  # d[a][k] = sigma^(k)(z_a)
         self.Kinv = np.linalg.pinv(K, rcond=1e-10)
         self._memo: dict = {}
 
@@ -105,15 +106,18 @@ class _Grid:
 def _dprod(k: int, a1: int, a2: int, c: int) -> list:
     """d/dz_c of s^(k)(z_a1) s^(k)(z_a2)."""
     return ([(1.0, ((FN[k + 1], a1), (FN[k], a2)))] if c == a1 else []) + (
-        [(1.0, ((FN[k], a1), (FN[k + 1], a2)))] if c == a2 else [])
+        [(1.0, ((FN[k], a1), (FN[k + 1], a2)))] if c == a2 else []
+    )
 
 
 def _ddprod(k: int, a1: int, a2: int, c: int, e: int) -> list:
     """d^2/dz_c dz_e of s^(k)(z_a1) s^(k)(z_a2) (k + 2 <= 3)."""
     mixed = (c == a1) * (e == a2) + (c == a2) * (e == a1)
-    return (([(1.0, ((FN[k + 2], a1), (FN[k], a2)))] if c == a1 == e else [])
-            + ([(float(mixed), ((FN[k + 1], a1), (FN[k + 1], a2)))] if mixed else [])
-            + ([(1.0, ((FN[k], a1), (FN[k + 2], a2)))] if c == a2 == e else []))
+    return (
+        ([(1.0, ((FN[k + 2], a1), (FN[k], a2)))] if c == a1 == e else [])
+        + ([(float(mixed), ((FN[k + 1], a1), (FN[k + 1], a2)))] if mixed else [])
+        + ([(1.0, ((FN[k], a1), (FN[k + 2], a2)))] if c == a2 == e else [])
+    )
 
 
 def _D(Th: np.ndarray, k: int, a1: int, a2: int, x: int) -> list:
@@ -142,67 +146,108 @@ def _intra(ex, c_w: float, lambda_w: float, Th: np.ndarray) -> dict[str, np.ndar
     """R0, S0, T0, U0 (M^4 for M = len(Th) inputs): the layer-2 formulas at the engine's K and the NTK Gram Th.
     ``ex``: an expectation engine (:class:`_Grid` for two inputs, ``multi_ddntk`` 's for M), E(*factors)."""
     M = len(Th)
-    E = lambda poly: _avg(ex, poly)                                                       # noqa: E731
+    E = lambda poly: _avg(ex, poly)  # noqa: E731
     out = {t: np.empty((M,) * 4) for t in TENSORS}
     for a1, a2, a3, a4 in itertools.product(range(M), repeat=4):
         t12, t34 = Th[a1, a2], Th[a3, a4]
         p34 = (("d", a3), ("d", a4))
         dd_p = E(_times(_DD(Th, 1, a1, a2, a3, a4), *p34))
         out["R"][a1, a2, a3, a4] = lambda_w * c_w * E(_times(_DD(Th, 0, a1, a2, a3, a4), *p34)) + c_w**2 * t12 * dd_p
-        out["S"][a1, a2, a3, a4] = (c_w**2 * t12 * dd_p
-                                    + lambda_w * c_w * t12 * (E(_times(_D(Th, 1, a1, a2, a4), ("s", a3), ("d", a4)))
-                                                              + E(_times(_D(Th, 1, a1, a2, a3), ("d", a3), ("s", a4))))
-                                    + lambda_w**2 * t12 * ex.E(("d", a1), ("d", a2), ("s", a3), ("s", a4)))
+        out["S"][a1, a2, a3, a4] = (
+            c_w**2 * t12 * dd_p
+            + lambda_w
+            * c_w
+            * t12
+            * (
+                E(_times(_D(Th, 1, a1, a2, a4), ("s", a3), ("d", a4)))
+                + E(_times(_D(Th, 1, a1, a2, a3), ("d", a3), ("s", a4)))
+            )
+            + lambda_w**2 * t12 * ex.E(("d", a1), ("d", a2), ("s", a3), ("s", a4))
+        )
         q, r_ = (("dd", a3), ("d", a4)), (("d", a3), ("s", a4))
         D0, D1 = _D(Th, 0, a1, a2, a3), _D(Th, 1, a1, a2, a3)
         u_sec = c_w**2 * t12 * t34 * E(_times(D1, *q))
-        out["T"][a1, a2, a3, a4] = (lambda_w * c_w * t34 * E(_times(D0, *q)) + u_sec
-                                    + lambda_w**2 * E(_times(D0, *r_)) + lambda_w * c_w * t12 * E(_times(D1, *r_)))
-        out["U"][a1, a2, a3, a4] = u_sec + lambda_w * c_w * t12 * t34 * ex.E(("d", a1), ("d", a2), ("d", a3),
-                                                                             ("d", a4))
+        out["T"][a1, a2, a3, a4] = (
+            lambda_w * c_w * t34 * E(_times(D0, *q))
+            + u_sec
+            + lambda_w**2 * E(_times(D0, *r_))
+            + lambda_w * c_w * t12 * E(_times(D1, *r_))
+        )
+        out["U"][a1, a2, a3, a4] = u_sec + lambda_w * c_w * t12 * t34 * ex.E(("d", a1), ("d", a2), ("d", a3), ("d", a4))
     return out
 
 
-def _add_interlayer(new: dict, ex, c_w: float, lambda_w: float, Th: np.ndarray, B: np.ndarray, F: np.ndarray,
-                    P: np.ndarray, Q: np.ndarray, cur: dict, r: float) -> None:
+def _add_interlayer(
+    new: dict,
+    ex,
+    c_w: float,
+    lambda_w: float,
+    Th: np.ndarray,
+    B: np.ndarray,
+    F: np.ndarray,
+    P: np.ndarray,
+    Q: np.ndarray,
+    cur: dict,
+    r: float,
+) -> None:
     """Adds r x (the inter-layer terms of the module docstring's recursion) to ``new`` in place (M inputs, B, F
     over the lexicographic ordered pairs, P, Q M^4, ``cur`` the previous layer's R, S, T, U)."""
     M = len(Th)
-    E = lambda poly: _avg(ex, poly)                                                       # noqa: E731
-    St = lambda poly: _stein(ex, poly, M)                                                 # noqa: E731
-    Bm = lambda p, q: B[p[0] * M + p[1], q[0] * M + q[1]]                                 # noqa: E731
-    Fm = lambda a, b: F[a * M + b].reshape(M, M)                                          # noqa: E731
-    pp = np.array([[ex.E(("d", a), ("d", b)) for b in range(M)] for a in range(M)])      # <s'_a s'_b>
+    E = lambda poly: _avg(ex, poly)  # noqa: E731
+    St = lambda poly: _stein(ex, poly, M)  # noqa: E731
+    Bm = lambda p, q: B[p[0] * M + p[1], q[0] * M + q[1]]  # noqa: E731
+    Fm = lambda a, b: F[a * M + b].reshape(M, M)  # noqa: E731
+    pp = np.array([[ex.E(("d", a), ("d", b)) for b in range(M)] for a in range(M)])  # <s'_a s'_b>
     for a1, a2, a3, a4 in itertools.product(range(M), repeat=4):
-        t12, cs = Th[a1, a2], sorted({a1, a2})                  # Z_c, Zs_cd vanish unless c, d in {a1, a2}
+        t12, cs = Th[a1, a2], sorted({a1, a2})  # Z_c, Zs_cd vanish unless c, d in {a1, a2}
         Z = {c: lambda_w * St(_dprod(0, a1, a2, c)) + c_w * t12 * St(_dprod(1, a1, a2, c)) for c in cs}
-        Zs = {(c, e): lambda_w * E(_ddprod(0, a1, a2, c, e)) + c_w * t12 * E(_ddprod(1, a1, a2, c, e))
-              for c in cs for e in cs}
+        Zs = {
+            (c, e): lambda_w * E(_ddprod(0, a1, a2, c, e)) + c_w * t12 * E(_ddprod(1, a1, a2, c, e))
+            for c in cs
+            for e in cs
+        }
         X13 = lambda_w * ex.stein(("d", a1), ("s", a3)) + c_w * Th[a1, a3] * ex.stein(("dd", a1), ("d", a3))
         X24 = lambda_w * ex.stein(("d", a2), ("s", a4)) + c_w * Th[a2, a4] * ex.stein(("dd", a2), ("d", a4))
         Y = lambda_w * ex.stein(("d", a3), ("s", a4)) + c_w * Th[a3, a4] * ex.stein(("dd", a3), ("d", a4))
-        R_ = (c_w * pp[a3, a4] * (sum(Zs[c, e] * Bm((c, a3), (e, a4)) for c in cs for e in cs)
-                                  + sum(Z[c] @ (Q[a4, a3, c] + Q[a3, a4, c] - P[c, a3, a4]) / 2 for c in cs))
-              + c_w**2 * pp[a1, a2] * pp[a3, a4] * cur["R"][a1, a2, a3, a4])
+        R_ = (
+            c_w
+            * pp[a3, a4]
+            * (
+                sum(Zs[c, e] * Bm((c, a3), (e, a4)) for c in cs for e in cs)
+                + sum(Z[c] @ (Q[a4, a3, c] + Q[a3, a4, c] - P[c, a3, a4]) / 2 for c in cs)
+            )
+            + c_w**2 * pp[a1, a2] * pp[a3, a4] * cur["R"][a1, a2, a3, a4]
+        )
         b13 = lambda_w * ex.E(("dd", a1), ("s", a3)) + c_w * Th[a1, a3] * ex.E(("ddd", a1), ("d", a3))
         b24 = lambda_w * ex.E(("dd", a2), ("s", a4)) + c_w * Th[a2, a4] * ex.E(("ddd", a2), ("d", a4))
-        S_ = (X13 @ Fm(a1, a2) @ X24 + c_w * pp[a2, a4] * X13 @ Q[a4, a2, a1]
-              + c_w * pp[a1, a3] * Q[a3, a1, a2] @ X24
-              + c_w * pp[a2, a4] * b13 * Bm((a1, a4), (a1, a2))
-              + c_w * pp[a1, a3] * b24 * Bm((a3, a2), (a1, a2))
-              + c_w**2 * pp[a1, a3] * pp[a2, a4] * cur["S"][a1, a2, a3, a4])
-        T_ = (sum(Z[c] @ Fm(c, a3) @ Y for c in cs) + c_w * pp[a1, a2] * Y @ P[a3, a1, a2]
-              + c_w * pp[a3, a4] * sum(Z[c] @ (Q[a4, a3, c] + P[c, a3, a4] - Q[a3, a4, c]) / 2 for c in cs)
-              + c_w**2 * pp[a1, a2] * pp[a3, a4] * cur["T"][a1, a2, a3, a4])
-        U_ = (c_w * pp[a2, a4] * (lambda_w * pp[a1, a3] + c_w * Th[a1, a3] * ex.E(("dd", a1), ("dd", a3)))
-              * Bm((a1, a2), (a3, a4))
-              + c_w**2 * pp[a1, a3] * pp[a2, a4] * cur["U"][a1, a2, a3, a4])
+        S_ = (
+            X13 @ Fm(a1, a2) @ X24
+            + c_w * pp[a2, a4] * X13 @ Q[a4, a2, a1]
+            + c_w * pp[a1, a3] * Q[a3, a1, a2] @ X24
+            + c_w * pp[a2, a4] * b13 * Bm((a1, a4), (a1, a2))
+            + c_w * pp[a1, a3] * b24 * Bm((a3, a2), (a1, a2))
+            + c_w**2 * pp[a1, a3] * pp[a2, a4] * cur["S"][a1, a2, a3, a4]
+        )
+        T_ = (
+            sum(Z[c] @ Fm(c, a3) @ Y for c in cs)
+            + c_w * pp[a1, a2] * Y @ P[a3, a1, a2]
+            + c_w * pp[a3, a4] * sum(Z[c] @ (Q[a4, a3, c] + P[c, a3, a4] - Q[a3, a4, c]) / 2 for c in cs)
+            + c_w**2 * pp[a1, a2] * pp[a3, a4] * cur["T"][a1, a2, a3, a4]
+        )
+        U_ = (
+            c_w
+            * pp[a2, a4]
+            * (lambda_w * pp[a1, a3] + c_w * Th[a1, a3] * ex.E(("dd", a1), ("dd", a3)))
+            * Bm((a1, a2), (a3, a4))
+            + c_w**2 * pp[a1, a3] * pp[a2, a4] * cur["U"][a1, a2, a3, a4]
+        )
         for t, v in zip(TENSORS, (R_, S_, T_, U_)):
             new[t][a1, a2, a3, a4] += r * v
 
 
-def ddntk_layers(engine, c_w: float, lambda_w: float, base: list[dict], drows: list[dict],
-                 widths: list[int], interlayer: bool = True) -> list[dict]:
+def ddntk_layers(
+    engine, c_w: float, lambda_w: float, base: list[dict], drows: list[dict], widths: list[int], interlayer: bool = True
+) -> list[dict]:
     """The recursion of the module docstring for any number M of inputs, ONE implementation for M = 2
     (:func:`two_input_ddntk`) and any M (``multi_ddntk.multi_input_ddntk``). ``engine(K)`` returns an expectation
     engine for z ~ N(0, K) (``E(*factors)``, ``stein(*factors)`` as ``multi.Expect``, factors ("s" | "d" | "dd" |
@@ -230,34 +275,57 @@ def gram(c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray
     return c_b + c_w * G, lambda_b + lambda_w * G
 
 
-def two_input_ddntk_layer2(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                           quad: Quad | None = None) -> dict[str, np.ndarray]:
+def two_input_ddntk_layer2(
+    kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray, quad: Quad | None = None
+) -> dict[str, np.ndarray]:
     """R, S, T, U (each 2x2x2x2 over (a1, a2, a3, a4)) at layer 2, exact at any width (module docstring)."""
     quad = quad or Quad()
     K, Th = gram(c_w, c_b, lambda_b, lambda_w, X)
     return _intra(_Grid(kind, K, quad), c_w, lambda_w, Th)
 
 
-def two_input_ddntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                    depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                    quad: Quad | None = None) -> list[dict]:
+def two_input_ddntk(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    X: np.ndarray,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+) -> list[dict]:
     """Per layer l = 1..depth: {"layer", "R", "S", "T", "U"} (2x2x2x2 arrays) by the recursion of the module
     docstring, with K, Th, B, F from ntk2.two_input_ntk_tensors and P, Q from ntk2.two_input_dntk.
     ``interlayer=False`` keeps R0..U0 (the ablation)."""
     quad = quad or Quad()
     X = np.asarray(X, dtype=float)
     widths = widths or [1] * depth
-    base = ntk2.two_input_ntk_tensors(kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths=widths,
-                                      interlayer=interlayer, quad=quad)
-    drows = ntk2.two_input_dntk(kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths=widths,
-                                interlayer=interlayer, quad=quad)
+    base = ntk2.two_input_ntk_tensors(
+        kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths=widths, interlayer=interlayer, quad=quad
+    )
+    drows = ntk2.two_input_dntk(
+        kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths=widths, interlayer=interlayer, quad=quad
+    )
     return ddntk_layers(lambda K: _Grid(kind, K, quad), c_w, lambda_w, base, drows, widths, interlayer)
 
 
 # ---------------------------------------------------------------- Monte Carlo
-def sample_two_input_ddntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
-                           lambda_b: float, lambda_w: float, seed: int, chunk: int = 500,
-                           layers: list[int] | None = None) -> np.ndarray:
+def sample_two_input_ddntk(
+    kind: str,
+    X: np.ndarray,
+    width: int,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk: int = 500,
+    layers: list[int] | None = None,
+) -> np.ndarray:
     """(n_nets, depth, 4, 2, 2, 2, 2): per net, layer and input tuple (a1, a2, a3, a4) the four Hessian forms
     C1..C4 of the module docstring divided by n^2 (equal hidden widths n; one pair of Rademacher probes per net and
     layer). Forward two-input NTK recursion on leaf parameters (as ntk2.sample_two_input_dntk), each form one
@@ -268,9 +336,20 @@ def sample_two_input_ddntk(kind: str, X: np.ndarray, width: int, depth: int, n_n
     return sample_ddntk_probes(kind, X, width, depth, n_nets, c_w, c_b, lambda_b, lambda_w, seed, chunk, layers)
 
 
-def sample_ddntk_probes(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
-                        lambda_b: float, lambda_w: float, seed: int, chunk: int = 500,
-                        layers: list[int] | None = None) -> np.ndarray:
+def sample_ddntk_probes(
+    kind: str,
+    X: np.ndarray,
+    width: int,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk: int = 500,
+    layers: list[int] | None = None,
+) -> np.ndarray:
     """(n_nets, depth, 4, M, M, M, M) for the M rows of X (any M; the draws do not depend on M, so M = 2 is
     :func:`sample_two_input_ddntk` bit for bit): per net, layer and input tuple (a1, a2, a3, a4) the Hessian forms
     C1..C4 of the module docstring divided by n^2 (equal hidden widths n; one pair of Rademacher probes per net
@@ -301,14 +380,15 @@ def sample_ddntk_probes(kind: str, X: np.ndarray, width: int, depth: int, n_nets
             for a, c in UP:
                 Mx = sd[a][1].unsqueeze(-1) * th[(a, c)] * sd[c][1].unsqueeze(-2)
                 new[(a, c)] = Ws[ell] @ Mx @ Ws[ell].transpose(1, 2) + torch.diag_embed(
-                    (lambda_b + lambda_w / n * (sd[a][0] * sd[c][0]).sum(-1)).unsqueeze(-1).expand(nb, n))
+                    (lambda_b + lambda_w / n * (sd[a][0] * sd[c][0]).sum(-1)).unsqueeze(-1).expand(nb, n)
+                )
             th = new
             z = [torch.einsum("bij,bj->bi", Ws[ell], sd[a][0]) + bs[ell] for a in RM]
             if ell + 1 not in layers:
                 continue
             T = {(a, c): th[(a, c)] if a <= c else th[(c, a)].transpose(1, 2) for a, c in OP}
-            params = [*Ws[:ell + 1], *bs[:ell + 1]]
-            lams = [*lam[:ell + 1], *([lambda_b] * (ell + 1))]
+            params = [*Ws[: ell + 1], *bs[: ell + 1]]
+            lams = [*lam[: ell + 1], *([lambda_b] * (ell + 1))]
 
             def lgrad(f, create=False):
                 gr = torch.autograd.grad(f.sum(), params, retain_graph=True, create_graph=create, allow_unused=True)
@@ -338,20 +418,20 @@ def sample_ddntk_probes(kind: str, X: np.ndarray, width: int, depth: int, n_nets
             l_tr = {p: ldir(tr[p]) for p in UP}
             l_q = {p: ldir(q[p]) for p in OP}
             for a3 in RM:
-                for (a1, a2) in UP:
+                for a1, a2 in UP:
                     c1 = hforms(g_tr[(a1, a2)], v[a3], v)
                     c3 = hforms(g_uz[a3], l_tr[(a1, a2)], v)
                     for a4 in RM:
-                        for (x1, x2) in {(a1, a2), (a2, a1)}:
+                        for x1, x2 in {(a1, a2), (a2, a1)}:
                             res[0, x1, x2, a3, a4] = c1[a4].detach().numpy()
                             res[2, x1, x2, a3, a4] = c3[a4].detach().numpy()
-                for (a1, a2) in OP:
+                for a1, a2 in OP:
                     c2 = hforms(g_q[(a1, a2)], v[a3], v2)
                     c4 = hforms(g_uz[a3], l_q[(a1, a2)], v2)
                     for a4 in RM:
                         res[1, a1, a2, a3, a4] = c2[a4].detach().numpy()
                         res[3, a1, a2, a3, a4] = c4[a4].detach().numpy()
-            out[start:start + nb, ell] = np.moveaxis(res, -1, 0) / n**2
+            out[start : start + nb, ell] = np.moveaxis(res, -1, 0) / n**2
         del Ws, bs, z, th
     if not np.isfinite(out).all():
         raise FloatingPointError(f"ntk_feynman {M}-input ddNTK MC ({kind}, width {width}, seed {seed}): non-finite")
@@ -379,5 +459,15 @@ def pooled_two_input_ddntk(stats: np.ndarray, n: int, n_blocks: int = 20) -> lis
     return layer_batch_means(stats, lambda m: rstu_from_sums(m, n), n_blocks)
 
 
-__all__ = ["IDX4", "TENSORS", "ddntk_layers", "gram", "pooled_two_input_ddntk", "rstu_from_sums",
-           "sample_ddntk_probes", "sample_two_input_ddntk", "two_input_ddntk", "two_input_ddntk_layer2"]
+__all__ = [
+    "IDX4",
+    "TENSORS",
+    "ddntk_layers",
+    "gram",
+    "pooled_two_input_ddntk",
+    "rstu_from_sums",
+    "sample_ddntk_probes",
+    "sample_two_input_ddntk",
+    "two_input_ddntk",
+    "two_input_ddntk_layer2",
+]

@@ -27,6 +27,7 @@ and E[S1] = n P + 2 Q, E[S2] = P + (n + 1) Q (n = this layer's width = the previ
 The NTK is built by the forward recursion (mc.layer_step) on leaf parameters, so both inner products are
 first-order autograd through it: O(n^3) per layer and net.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,7 @@ import numpy as np
 from pipelines.ntk_feynman import theory
 
 DNTK_TENSORS = ("P", "Q")
-DNTK_COLUMNS = ("s1", "s2")          # per net and layer: the two contractions (divided by n^2)
+DNTK_COLUMNS = ("s1", "s2")  # per net and layer: the two contractions (divided by n^2)
 
 
 def d2sigma(kind: str, z: np.ndarray) -> np.ndarray:
@@ -55,22 +56,38 @@ def dntk_moments(kind: str, K: float, quad: theory.Quad) -> dict:
     u, w = quad.nodes()
     z = math.sqrt(K) * u
     s, d, dd = theory.sigma(kind, z), theory.dsigma(kind, z), d2sigma(kind, z)
-    E = lambda g: float(np.sum(w * g))                      # noqa: E731
-    St = lambda g: float(np.sum(w * g * z)) / K             # noqa: E731  Stein: E[g'] incl. kinks
-    return {"s2p2": E(s * s * d * d), "psi": St(s * d), "sp2pp": E(s * d * d * dd), "st_ppp": St(d * dd),
-            "p2": E(d * d), "spp": E(s * dd)}
+    E = lambda g: float(np.sum(w * g))  # noqa: E731
+    St = lambda g: float(np.sum(w * g * z)) / K  # noqa: E731  Stein: E[g'] incl. kinks
+    return {
+        "s2p2": E(s * s * d * d),
+        "psi": St(s * d),
+        "sp2pp": E(s * d * d * dd),
+        "st_ppp": St(d * dd),
+        "p2": E(d * d),
+        "spp": E(s * dd),
+    }
 
 
-def dntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, sq_norm: float,
-                     depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                     quad: theory.Quad | None = None) -> list[dict]:
+def dntk_first_order(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    sq_norm: float,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: theory.Quad | None = None,
+) -> list[dict]:
     """Per layer l = 1..depth: the dNTK statistics P, Q (n x the cross-correlations above), next to the
     K, Theta, B, F of :func:`theory.first_order` that feed them. ``interlayer=False``: the ablation that
     keeps only the terms without a previous-layer tensor."""
     quad = quad or theory.Quad()
     widths = widths or [1] * depth
-    base = theory.first_order(kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths,
-                              interlayer=interlayer, quad=quad)
+    base = theory.first_order(
+        kind, c_w, c_b, lambda_b, lambda_w, sq_norm, depth, widths=widths, interlayer=interlayer, quad=quad
+    )
     P = Q = 0.0
     rows = [{"layer": 1, "P": 0.0, "Q": 0.0}]
     for ell in range(1, depth):
@@ -79,11 +96,14 @@ def dntk_first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_
         m = dntk_moments(kind, K, quad)
         r = theory.aspect_ratio(widths, ell) if interlayer else 0.0
         lin = lambda_w * c_w * (Th * m["s2p2"] + r * m["psi"] ** 2 * F)
-        P, Q = (2 * lin + 2 * c_w**2 * (Th**2 * m["sp2pp"] + r * Th * m["psi"] * m["st_ppp"] * F)
-                + r * c_w**2 * m["psi"] * m["p2"] * P,
-                lin + c_w**2 * (2 * Th**2 * m["sp2pp"] + r * Th * m["psi"] * m["st_ppp"] * F
-                                + r * m["p2"] * m["spp"] * B)
-                + r * c_w**2 * m["psi"] * m["p2"] * Q)
+        P, Q = (
+            2 * lin
+            + 2 * c_w**2 * (Th**2 * m["sp2pp"] + r * Th * m["psi"] * m["st_ppp"] * F)
+            + r * c_w**2 * m["psi"] * m["p2"] * P,
+            lin
+            + c_w**2 * (2 * Th**2 * m["sp2pp"] + r * Th * m["psi"] * m["st_ppp"] * F + r * m["p2"] * m["spp"] * B)
+            + r * c_w**2 * m["psi"] * m["p2"] * Q,
+        )
         rows.append({"layer": ell + 1, "P": P, "Q": Q})
     return rows
 
@@ -130,8 +150,7 @@ def torch_setup(x: np.ndarray, width, depth: int, seed: int, device: str):
     return dev, f64, xt, gen, hidden_widths(width, depth)
 
 
-def draw_chunk(gen, Bn: int, xt, ws: list[int], c_w: float, c_b: float, lambda_b: float, lambda_w: float,
-               f64: dict):
+def draw_chunk(gen, Bn: int, xt, ws: list[int], c_w: float, c_b: float, lambda_b: float, lambda_w: float, f64: dict):
     """A chunk of ``Bn`` nets on the input ``xt``: their leaf parameters and the weights' learning-rate factors
     (``mc.leaf_params``), and layer 1's preactivations z (Bn, n_1) and deterministic NTK th (Bn, n_1, n_1)."""
     import torch
@@ -146,9 +165,21 @@ def draw_chunk(gen, Bn: int, xt, ws: list[int], c_w: float, c_b: float, lambda_b
     return Ws, bs, lam, z, th
 
 
-def sample_dntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: float, c_b: float,
-                lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
-                device: str = "cpu", probes: int = 1) -> np.ndarray:
+def sample_dntk(
+    kind: str,
+    x: np.ndarray,
+    width,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk_elems: int = 2_000_000,
+    device: str = "cpu",
+    probes: int = 1,
+) -> np.ndarray:
     """(n_nets, depth, 2): per net and layer S1 / n^2 and S2 / n^2 (S2 averaged over ``probes`` Rademacher
     vectors), for ``n_nets`` independent MLPs, float64, one seeded generator. ``width``: one hidden width for
     every layer, or a list of ``depth`` widths (then S1, S2 are divided by each layer's own width squared, and
@@ -166,8 +197,8 @@ def sample_dntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: f
         us = rademacher(gen, probes, Bn, ws, dev)
         for ell in range(1, depth):
             z, th = layer_step(kind, z, th, Ws[ell], bs[ell], lambda_b, lambda_w)
-            params = [*Ws[:ell + 1], *bs[:ell + 1]]
-            lams = [*lam[:ell + 1], *([lambda_b] * (ell + 1))]
+            params = [*Ws[: ell + 1], *bs[: ell + 1]]
+            lams = [*lam[: ell + 1], *([lambda_b] * (ell + 1))]
 
             def grads(f):
                 return torch.autograd.grad(f, params, retain_graph=True, allow_unused=True)
@@ -181,10 +212,9 @@ def sample_dntk(kind: str, x: np.ndarray, width, depth: int, n_nets: int, c_w: f
             s2 = torch.zeros(Bn, **f64)
             for k in range(probes):
                 u = us[k][ell]
-                s2 = s2 + inner(grads((u * z).sum()),
-                                grads(torch.einsum("bi,bik,bk->b", u, th, zbar).sum()))
-            out[start:start + Bn, ell, 0] = (s1 / ws[ell]**2).detach().cpu().numpy()
-            out[start:start + Bn, ell, 1] = (s2 / (probes * ws[ell]**2)).detach().cpu().numpy()
+                s2 = s2 + inner(grads((u * z).sum()), grads(torch.einsum("bi,bik,bk->b", u, th, zbar).sum()))
+            out[start : start + Bn, ell, 0] = (s1 / ws[ell] ** 2).detach().cpu().numpy()
+            out[start : start + Bn, ell, 1] = (s2 / (probes * ws[ell] ** 2)).detach().cpu().numpy()
         del Ws, bs, z, th
     if not np.isfinite(out).all():
         raise FloatingPointError(f"ntk_feynman dNTK MC ({kind}, width {width}, seed {seed}): non-finite statistics")

@@ -1,5 +1,6 @@
 """Theory vs Monte Carlo: the pooled MC estimates with batch-mean standard errors next to every theory
 variant, the derived agreement / scaling / ReLU-theorem metrics, the metric histories and the plots."""
+
 from __future__ import annotations
 
 import math
@@ -7,12 +8,18 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, ntk2
-from pipelines.ntk_feynman.params import (DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params,
-                                          variant_prefix)
+from pipelines.ntk_feynman import ddntk, ddntk2, dntk, multi, ntk2
+from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, THEORY_VARIANTS, Params, variant_prefix
 from pipelines.ntk_feynman.theory import VERTEX_KEYS
-from pipelines.ntk_feynman.train import (ddntk2_pooled_blocks, ddntk2_quantity_names, multi_d_pooled_blocks,
-                                         multi_d_quantity_names, n_prev, pooled_rows, stats_frame)
+from pipelines.ntk_feynman.train import (
+    ddntk2_pooled_blocks,
+    ddntk2_quantity_names,
+    multi_d_pooled_blocks,
+    multi_d_quantity_names,
+    n_prev,
+    pooled_rows,
+    stats_frame,
+)
 
 QUANTITIES = (*TENSORS, "mean_ntk", "mean_z2", "Theta1", "K1")
 THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Theta1": "Theta1", "K1": "K1"}
@@ -21,9 +28,12 @@ THEORY_OF = {**{t: t for t in TENSORS}, "mean_ntk": "Theta", "mean_z2": "K", "Th
 def _split(outputs: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """(theory variants, kernel/NTK samplers by activation); the dNTK samplers are in :func:`_dntk_sims`."""
     th = {v: d for v, d in outputs.items() if v in THEORY_VARIANTS}
-    sims = {v[3:]: d for v, d in outputs.items()
-            if v.startswith("mc_")
-            and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_", "mc_ddntk2_", "mc_multi_"))}
+    sims = {
+        v[3:]: d
+        for v, d in outputs.items()
+        if v.startswith("mc_")
+        and not v.startswith(("mc_dntk_", "mc_ddntk_", "mc_ntk2_", "mc_dntk2_", "mc_ddntk2_", "mc_multi_"))
+    }
     return th, sims
 
 
@@ -31,15 +41,17 @@ def _sims(outputs: dict[str, pd.DataFrame], kind: str) -> dict[str, pd.DataFrame
     """The samplers of ``mc_<kind>_<activation>`` by activation (prefixes told apart by params.variant_prefix, so
     mc_multi_dntk_relu is not mc_multi_'s and mc_dntk2_relu not mc_dntk_'s)."""
     pre = f"mc_{kind}_"
-    return {v[len(pre):]: d for v, d in outputs.items() if variant_prefix(v) == pre}
+    return {v[len(pre) :]: d for v, d in outputs.items() if variant_prefix(v) == pre}
 
 
 def _base(cmp: pd.DataFrame) -> pd.DataFrame:
     """The kernel/NTK rows of the comparison (without the dNTK's P, Q, the ddNTK's R, S, T, U and the two-input
     NTK tensors "2i.*", the two-input dNTK "2d.*", the two-input ddNTK "dd2.*", the M-input NTK tensors
     "mi.*", dNTK "md.*" and ddNTK "mdd.*")."""
-    return cmp[~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS))
-               & ~cmp.quantity.str.startswith(("2i.", "2d.", "dd2.", "mi.", "md.", "mdd."))]
+    return cmp[
+        ~cmp.quantity.isin((*DNTK_TENSORS, *DDNTK_TENSORS))
+        & ~cmp.quantity.str.startswith(("2i.", "2d.", "dd2.", "mi.", "md.", "mdd."))
+    ]
 
 
 # The input-indexed statistics: per statistic its tensor names, the plot's y label, what a panel shows and the
@@ -56,10 +68,22 @@ def _kind_entry(prefix: str, block: str, stat: str, pair_components: int | None 
     it, of the multi block's M inputs."""
     names, ylabel, what, name = _STATISTICS[stat]
     if pair_components is None:
-        return (prefix, block, names, ylabel, f"{what} of {{M}} inputs ({{n}} components/layer)",
-                f"{name} of M inputs: recursion vs sampled nets")
-    return (prefix, block, names, ylabel, f"{what} of the input pair ({pair_components} components/layer)",
-            f"Two-input {name}: recursion vs sampled nets")
+        return (
+            prefix,
+            block,
+            names,
+            ylabel,
+            f"{what} of {{M}} inputs ({{n}} components/layer)",
+            f"{name} of M inputs: recursion vs sampled nets",
+        )
+    return (
+        prefix,
+        block,
+        names,
+        ylabel,
+        f"{what} of the input pair ({pair_components} components/layer)",
+        f"Two-input {name}: recursion vs sampled nets",
+    )
 
 
 # One entry per input-indexed kind: its comparison-quantity prefix, its params block, its tensor names, and the
@@ -74,8 +98,14 @@ _KINDS = {
     "multi_ddntk": _kind_entry("mdd.", "multi_ddntk", "ddntk"),
 }
 # the plot of each kind (MLflow artifact name)
-_KIND_PLOTS = {"ntk2": "two_input_ntk", "dntk2": "two_input_dntk", "ddntk2": "two_input_ddntk",
-               "multi": "multi_input_ntk", "multi_dntk": "multi_input_dntk", "multi_ddntk": "multi_input_ddntk"}
+_KIND_PLOTS = {
+    "ntk2": "two_input_ntk",
+    "dntk2": "two_input_dntk",
+    "ddntk2": "two_input_ddntk",
+    "multi": "multi_input_ntk",
+    "multi_dntk": "multi_input_dntk",
+    "multi_ddntk": "multi_input_ddntk",
+}
 
 
 def _kind(cmp: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -100,10 +130,14 @@ _POOLED = {
     "dntk2": (lambda M: ntk2.dntk2_quantity_names(), lambda d, w, npv, M: ntk2.dntk2_pooled_blocks(d, w)),
     "ddntk2": (lambda M: ddntk2_quantity_names(), lambda d, w, npv, M: ddntk2_pooled_blocks(d, w)),
     "multi": (multi.quantity_names, lambda d, w, npv, M: multi.pooled_blocks(d, npv, M)),
-    "multi_dntk": (lambda M: multi_d_quantity_names("multi_dntk", M),
-                   lambda d, w, npv, M: multi_d_pooled_blocks("multi_dntk", d, w, M)),
-    "multi_ddntk": (lambda M: multi_d_quantity_names("multi_ddntk", M),
-                    lambda d, w, npv, M: multi_d_pooled_blocks("multi_ddntk", d, w, M)),
+    "multi_dntk": (
+        lambda M: multi_d_quantity_names("multi_dntk", M),
+        lambda d, w, npv, M: multi_d_pooled_blocks("multi_dntk", d, w, M),
+    ),
+    "multi_ddntk": (
+        lambda M: multi_d_quantity_names("multi_ddntk", M),
+        lambda d, w, npv, M: multi_d_pooled_blocks("multi_ddntk", d, w, M),
+    ),
 }
 
 
@@ -124,8 +158,16 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
             r["K1"], r["K1_se"] = npv * (r["mean_z2"] - inf["K"]), npv * r["mean_z2_se"]
             pair = [k for k in VERTEX_KEYS if k in r and not pd.isna(r[k])]
             for q in (*QUANTITIES, *pair):
-                row = {"activation": act, "input": int(r["input"]), "width": int(r["width"]),
-                       "layer": int(r["layer"]), "quantity": q, "mc": r[q], "mc_se": r[f"{q}_se"], "n_prev": npv}
+                row = {
+                    "activation": act,
+                    "input": int(r["input"]),
+                    "width": int(r["width"]),
+                    "layer": int(r["layer"]),
+                    "quantity": q,
+                    "mc": r[q],
+                    "mc_se": r[f"{q}_se"],
+                    "n_prev": npv,
+                }
                 for v, t in theories.items():
                     sel = t[(t.activation == act) & (t.input == row["input"]) & (t.layer == row["layer"])]
                     row[v] = float(sel[THEORY_OF.get(q, q)].iloc[0])
@@ -138,11 +180,21 @@ def compare(inputs: dict, p: Params, **outputs: pd.DataFrame) -> pd.DataFrame:
                 npv = n_prev(int(layer), int(width), n0)
                 est = pool(d, int(width), npv, M)
                 qs = list(names(M))
-                th = {v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][qs]
-                      for v, t in theories.items()}
+                th = {
+                    v: t[(t.activation == act) & (t.input == 0) & (t.layer == int(layer))].iloc[0][qs]
+                    for v, t in theories.items()
+                }
                 for q in qs:
-                    row = {"activation": act, "input": 0, "width": int(width), "layer": int(layer), "quantity": q,
-                           "mc": est[q], "mc_se": est[f"{q}_se"], "n_prev": npv}
+                    row = {
+                        "activation": act,
+                        "input": 0,
+                        "width": int(width),
+                        "layer": int(layer),
+                        "quantity": q,
+                        "mc": est[q],
+                        "mc_se": est[f"{q}_se"],
+                        "n_prev": npv,
+                    }
                     for v in theories:
                         row[v] = float(th[v][q])
                     rows.append(row)
@@ -220,8 +272,9 @@ def derived_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
         d = _final(c, p)
         d = d[d.quantity.isin(VERTEX_KEYS) & d.width.isin(p.mc.claim_widths)]
         if len(d):
-            out[f"pair_agreement_excess.{act}"] = float((((d.mc - d.recursion).abs() - 2 * d.mc_se)
-                                                        / d.recursion.abs()).max())
+            out[f"pair_agreement_excess.{act}"] = float(
+                (((d.mc - d.recursion).abs() - 2 * d.mc_se) / d.recursion.abs()).max()
+            )
             dw = d[d.width == wide]
             out[f"pair_mean_abs_rel_err_n{wide}.{act}"] = float(((dw.mc - dw.recursion) / dw.recursion).abs().mean())
         # the first-order mean corrections (not claimed: added after the first default run, see README)
@@ -255,13 +308,14 @@ def dntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
         c = d_all[d_all.activation == act]
         last = c[c.layer == L]
         rec = last.recursion
-        if float(rec.abs().max()) < 1e-12:          # e.g. a linear net: the dNTK vanishes identically
+        if float(rec.abs().max()) < 1e-12:  # e.g. a linear net: the dNTK vanishes identically
             out[f"dntk_max_abs_mc.{act}"] = float(c.mc.abs().max())
             continue
         rel = (last.mc - rec) / rec.abs()
         w = last[last.width == wide]
-        out[f"dntk_agreement_excess.{act}"] = float((((w.mc - w.recursion).abs() - 2 * w.mc_se)
-                                                     / w.recursion.abs()).max())
+        out[f"dntk_agreement_excess.{act}"] = float(
+            (((w.mc - w.recursion).abs() - 2 * w.mc_se) / w.recursion.abs()).max()
+        )
         per_w = rel.abs().groupby(last.width).mean()
         for wd, v in per_w.items():
             out[f"dntk_mean_abs_rel_err_n{wd}.{act}"] = float(v)
@@ -315,8 +369,9 @@ def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
         z = (l2.mc - l2.recursion) / l2.mc_se
         out[f"ddntk_layer2_max_abs_z.{act}"] = float(z.abs().max())
         w2 = l2[l2.width == wide]
-        out[f"ddntk_layer2_max_abs_rel_err_n{wide}.{act}"] = float(((w2.mc - w2.recursion) / w2.recursion.abs())
-                                                                   .abs().max())
+        out[f"ddntk_layer2_max_abs_rel_err_n{wide}.{act}"] = float(
+            ((w2.mc - w2.recursion) / w2.recursion.abs()).abs().max()
+        )
         out[f"ddntk_infinite_width_min_z.{act}"] = float((w2.mc.abs() / w2.mc_se).min())
         last = c[c.layer == L]
         devs = []
@@ -331,7 +386,7 @@ def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
         out[f"ddntk_mean_slope_dev.{act}"] = float(max(devs))
         ws = sorted(c.width.unique())
         if float(last.recursion.abs().max()) < 1e-12 or len(ws) < 2 or L < 3:
-            continue                                  # e.g. lambda_W = 0: the ddNTK vanishes identically
+            continue  # e.g. lambda_W = 0: the ddNTK vanishes identically
         wide_, prev = int(ws[-1]), int(ws[-2])
         # 1/n extrapolation T_inf = (n2 T2 - n1 T1) / (n2 - n1) at every layer >= 3, against the recursion
         zs = []
@@ -352,8 +407,9 @@ def ddntk_metrics(cmp: pd.DataFrame, p: Params) -> dict[str, float]:
                 out[f"ddntk_extrap_excess.{act}"] = float(max(ex))
         out[f"ddntk_extrap_max_abs_z.{act}"] = float(np.max(np.abs(zs)))
         w = last[last.width == wide_]
-        out[f"ddntk_agreement_excess.{act}"] = float((((w.mc - w.recursion).abs() - 2 * w.mc_se)
-                                                      / w.recursion.abs()).max())
+        out[f"ddntk_agreement_excess.{act}"] = float(
+            (((w.mc - w.recursion).abs() - 2 * w.mc_se) / w.recursion.abs()).max()
+        )
         per_w = ((last.mc - last.recursion) / last.recursion.abs()).abs().groupby(last.width).mean()
         for wd, v in per_w.items():
             out[f"ddntk_mean_abs_rel_err_n{wd}.{act}"] = float(v)
@@ -412,16 +468,19 @@ def ntk2_metrics(cmp: pd.DataFrame, p: Params, prefix: str = "ntk2") -> dict[str
         out[f"{prefix}_extrap_max_abs_z.{act}"] = float(np.max(np.abs(zs)))
         out[f"{prefix}_extrap_excess.{act}"] = float(max(excess))
         w = c[(c.layer == L) & (c.width == wide)]
-        out[f"{prefix}_mean_abs_rel_err_n{wide}.{act}"] = float((w.mc - w.recursion).abs().sum()
-                                                                / w.recursion.abs().sum())
+        out[f"{prefix}_mean_abs_rel_err_n{wide}.{act}"] = float(
+            (w.mc - w.recursion).abs().sum() / w.recursion.abs().sum()
+        )
         if "no_interlayer" in c:
-            out[f"{prefix}_interlayer_error_ratio.{act}"] = float((w.recursion - w.mc).abs().sum()
-                                                              / (w.no_interlayer - w.mc).abs().sum())
+            out[f"{prefix}_interlayer_error_ratio.{act}"] = float(
+                (w.recursion - w.mc).abs().sum() / (w.no_interlayer - w.mc).abs().sum()
+            )
     return out
 
 
-def variant_comparisons(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame],
-                        n0: int) -> dict[str, dict[int, float]]:
+def variant_comparisons(
+    cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame], n0: int
+) -> dict[str, dict[int, float]]:
     """The variant metrics that compare with another variant (train.results_table has the rest), per seed, named
     ``variants.<v>.<metric>`` (they join v's rows): the MC variants' mean-NTK shift against the recursion's
     Theta per seed, the theory variants' errors against the pooled MC (the first seed's row)."""
@@ -435,8 +494,9 @@ def variant_comparisons(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.Data
             for r in d.itertuples():
                 pre = "" if r.input == 0 else f"x{r.input}."
                 theta = float(th[(th.activation == act) & (th.input == r.input) & (th.layer == L)].Theta.iloc[0])
-                out.setdefault(f"variants.mc_{act}.{pre}mean_ntk_shift_n{r.width}", {})[int(seed)] = \
-                    float(r.width * (r.mean_ntk - theta))
+                out.setdefault(f"variants.mc_{act}.{pre}mean_ntk_shift_n{r.width}", {})[int(seed)] = float(
+                    r.width * (r.mean_ntk - theta)
+                )
     for v, t in theories.items():
         for act in t.activation.unique():
             if act in sims:
@@ -457,12 +517,14 @@ def _sampler_curves(hv: dict, c: pd.DataFrame, tensors, L: int, z_layer: int | N
         s = c[(c.quantity == q) & (c.layer == L)].sort_values("width")
         hv[f"{q}_L{L}_vs_width"] = list(zip(s.width.astype(int), s.mc.astype(float)))
         if (s.recursion.abs() > 0).all():
-            hv[f"{q}_L{L}_rel_err_vs_width"] = list(zip(s.width.astype(int),
-                                                        ((s.mc - s.recursion) / s.recursion.abs()).astype(float)))
+            hv[f"{q}_L{L}_rel_err_vs_width"] = list(
+                zip(s.width.astype(int), ((s.mc - s.recursion) / s.recursion.abs()).astype(float))
+            )
         if z_layer is not None:
             s = c[(c.quantity == q) & (c.layer == z_layer)].sort_values("width")
-            hv[f"{q}_L{z_layer}_z_vs_width"] = list(zip(s.width.astype(int),
-                                                        ((s.mc - s.recursion) / s.mc_se).astype(float)))
+            hv[f"{q}_L{z_layer}_z_vs_width"] = list(
+                zip(s.width.astype(int), ((s.mc - s.recursion) / s.mc_se).astype(float))
+            )
         s = c[(c.quantity == q) & (c.width == dwide)].sort_values("layer")
         hv[f"{q}_n{dwide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
 
@@ -494,14 +556,16 @@ def histories(cmp: pd.DataFrame, p: Params, outputs: dict[str, pd.DataFrame]) ->
             hv[f"{q}_n{wide}_vs_layer"] = list(zip(s.layer.astype(int), s.mc.astype(float)))
         s = c[(c.quantity == "mean_ntk") & (c.layer == L)].sort_values("width")
         hv["mean_ntk_shift_vs_width"] = list(zip(s.width.astype(int), (s.width * (s.mc - s.recursion)).astype(float)))
-    for kind, rows, tensors, z_layer in (("dntk", _dntk(cmp), DNTK_TENSORS, None),
-                                         ("ddntk", _ddntk(cmp), DDNTK_TENSORS, 2)):
+    for kind, rows, tensors, z_layer in (
+        ("dntk", _dntk(cmp), DNTK_TENSORS, None),
+        ("ddntk", _ddntk(cmp), DDNTK_TENSORS, 2),
+    ):
         for act in _sims(outputs, kind):
             _sampler_curves(h.setdefault(f"mc_{kind}_{act}", {}), rows[rows.activation == act], tensors, L, z_layer)
     return h
 
 
-_CMP: list = []   # (artifacts, inputs, comparison) of the last call: the report node's Fn and extra share it
+_CMP: list = []  # (artifacts, inputs, comparison) of the last call: the report node's Fn and extra share it
 
 
 def comparison(p: Params, artifacts: dict, inputs: dict) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
@@ -532,18 +596,22 @@ def plots(p: Params, values, artifacts: dict, inputs: dict) -> dict:
 def report_extra(p: Params, values, artifacts: dict, inputs: dict) -> dict:
     """The inputs' summary and the metric histories (layer profiles, curves against the width: read from the
     comparison, so they are here and not in the train nodes' tables)."""
-    from pipelines.core.report import history_series
+    from pipelines.core.api import history_series
 
     outputs, cmp = comparison(p, artifacts, inputs)
     h = histories(cmp, p, outputs)
-    return {"inputs": {"n0": int(inputs["n0"]), "sq_norm": inputs["sq_norm"], "source": inputs["source"]},
-            "histories": {v: {k: history_series(x) for k, x in hv.items()} for v, hv in h.items()}}
+    return {
+        "inputs": {"n0": int(inputs["n0"]), "sq_norm": inputs["sq_norm"], "source": inputs["source"]},
+        "histories": {v: {k: history_series(x) for k, x in hv.items()} for v, hv in h.items()},
+    }
 
 
 # ------------------------------------------------------------------------------------------- plots
-VARIANT_STYLE = {"recursion": ("k", "-", "recursion (1/n, method)"),
-                 "no_interlayer": ("C1", "--", "no inter-layer terms (ablation)"),
-                 "infinite_width": ("C7", ":", "infinite width (0)")}
+VARIANT_STYLE = {
+    "recursion": ("k", "-", "recursion (1/n, method)"),
+    "no_interlayer": ("C1", "--", "no inter-layer terms (ablation)"),
+    "infinite_width": ("C7", ":", "infinite width (0)"),
+}
 
 
 def _activation_panels(d: pd.DataFrame, rows: int = 1, panel: tuple[float, float] = (4.2, 3.8)):
@@ -613,8 +681,13 @@ def _rel_err_vs_width(cmp: pd.DataFrame, p: Params):
         ax.set(xscale="log", yscale="log", xlabel="width n", title=act)
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3, which="both")
-    return _finish(fig, f"Relative error of the first-order recursion (layer {p.net.depth}) shrinks like 1/n",
-                   axes[0][0], "|T_mc − T_recursion| / |T_recursion|", 7)
+    return _finish(
+        fig,
+        f"Relative error of the first-order recursion (layer {p.net.depth}) shrinks like 1/n",
+        axes[0][0],
+        "|T_mc − T_recursion| / |T_recursion|",
+        7,
+    )
 
 
 def _cov_scaling(cmp: pd.DataFrame, p: Params):
@@ -623,14 +696,23 @@ def _cov_scaling(cmp: pd.DataFrame, p: Params):
         c = _final(cmp[(cmp.activation == act) & (cmp.input == 0)], p)
         for i, t in enumerate(TENSORS):
             s = c[c.quantity == t].sort_values("width")
-            ax.errorbar(s.width, (s.mc / s.n_prev).abs(), yerr=2 * s.mc_se / s.n_prev, fmt="o", ms=4, capsize=2,
-                        color=f"C{i}", label=f"|{t}|/n (MC)")
+            ax.errorbar(
+                s.width,
+                (s.mc / s.n_prev).abs(),
+                yerr=2 * s.mc_se / s.n_prev,
+                fmt="o",
+                ms=4,
+                capsize=2,
+                color=f"C{i}",
+                label=f"|{t}|/n (MC)",
+            )
             ax.plot(s.width, (s.recursion / s.n_prev).abs(), "-", color=f"C{i}", lw=1)
         ax.set(xscale="log", yscale="log", xlabel="width n", title=f"{act} (lines: recursion / n)")
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3, which="both")
-    return _finish(fig, "The raw finite-width covariances scale as 1/n", axes[0][0], "|covariance| at the last layer",
-                   7)
+    return _finish(
+        fig, "The raw finite-width covariances scale as 1/n", axes[0][0], "|covariance| at the last layer", 7
+    )
 
 
 def _mean_corrections(cmp: pd.DataFrame, p: Params):
@@ -643,18 +725,31 @@ def _mean_corrections(cmp: pd.DataFrame, p: Params):
                     continue
                 s = c[c.layer == ell].sort_values("width")
                 col = f"C{ell - 2}"
-                ax.errorbar(s.width * (1 + 0.03 * (ell - 2)), s.mc, yerr=2 * s.mc_se, fmt="o", ms=3, capsize=2,
-                            color=col, label=f"MC layer {ell}")
+                ax.errorbar(
+                    s.width * (1 + 0.03 * (ell - 2)),
+                    s.mc,
+                    yerr=2 * s.mc_se,
+                    fmt="o",
+                    ms=3,
+                    capsize=2,
+                    color=col,
+                    label=f"MC layer {ell}",
+                )
                 if "recursion" in s:
-                    ax.axhline(float(s.recursion.iloc[0]), color=col, lw=1.2, ls="-",
-                               label=f"recursion {q} layer {ell}")
+                    ax.axhline(
+                        float(s.recursion.iloc[0]), color=col, lw=1.2, ls="-", label=f"recursion {q} layer {ell}"
+                    )
             ax.axhline(0, color="k", lw=0.6, ls=":")
             ax.set_xscale("log", base=2)
             ax.set(xlabel="width n", title=f"{act}: {q}")
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel(f"{lab}  (±2 s.e.)")
-    return _finish(fig, "Mean corrections: ReLU's diagonal NTK (and kernel) have none; smooth σ shift at O(1/n)",
-                   axes[0][0], legend=6)
+    return _finish(
+        fig,
+        "Mean corrections: ReLU's diagonal NTK (and kernel) have none; smooth σ shift at O(1/n)",
+        axes[0][0],
+        legend=6,
+    )
 
 
 def _pair_vertex(cmp: pd.DataFrame, p: Params):
@@ -664,16 +759,29 @@ def _pair_vertex(cmp: pd.DataFrame, p: Params):
         for i, q in enumerate(VERTEX_KEYS):
             s = c[c.quantity == q].sort_values("width")
             rec = s.recursion.abs()
-            ax.errorbar(s.width * (1 + 0.02 * (i - 2.5)), s.mc / s.recursion, yerr=2 * s.mc_se / rec, fmt="o-",
-                        ms=3, lw=0.8, capsize=2, color=f"C{i}", label=f"{q} = {float(s.recursion.iloc[0]):.3g}")
+            ax.errorbar(
+                s.width * (1 + 0.02 * (i - 2.5)),
+                s.mc / s.recursion,
+                yerr=2 * s.mc_se / rec,
+                fmt="o-",
+                ms=3,
+                lw=0.8,
+                capsize=2,
+                color=f"C{i}",
+                label=f"{q} = {float(s.recursion.iloc[0]):.3g}",
+            )
         ax.axhspan(0.9, 1.1, color="0.9")
         ax.axhline(1, color="k", lw=1)
         ax.set_xscale("log", base=2)
         ax.set(xlabel="width n", title=f"{act}, layer {p.net.depth}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, title="recursion value", title_fontsize=6)
-    return _finish(fig, "Two inputs (cosine set by data.pair_cosine): four-point vertex V_(ab)(cd), MC over recursion",
-                   axes[0][0], "V_mc / V_recursion  (±2 s.e.)")
+    return _finish(
+        fig,
+        "Two inputs (cosine set by data.pair_cosine): four-point vertex V_(ab)(cd), MC over recursion",
+        axes[0][0],
+        "V_mc / V_recursion  (±2 s.e.)",
+    )
 
 
 def _dntk_vs_width(cmp: pd.DataFrame, p: Params):
@@ -692,14 +800,20 @@ def _dntk_vs_width(cmp: pd.DataFrame, p: Params):
             if len(s) >= 2:
                 a, b = s.iloc[-2], s.iloc[-1]
                 t_ex, se = _richardson(a.width, a.mc, a.mc_se, b.width, b.mc, b.mc_se)
-                ax.errorbar([b.width * 1.6], [t_ex], yerr=[2 * se], fmt="D", color="C2", capsize=3,
-                            label="1/n extrapolation (two widest)")
+                ax.errorbar(
+                    [b.width * 1.6],
+                    [t_ex],
+                    yerr=[2 * se],
+                    fmt="D",
+                    color="C2",
+                    capsize=3,
+                    label="1/n extrapolation (two widest)",
+                )
             ax.set_xscale("log", base=2)
             ax.set(title=f"{act}: dNTK {q} (layer {L})", xlabel="width n")
             ax.grid(alpha=0.3)
         axes[i][0].set_ylabel("n × E[dΘ̂ z]")
-    return _finish(fig, "dNTK–preactivation cross-correlations P, Q vs width (pooled over seeds)", axes[0][0],
-                   legend=6)
+    return _finish(fig, "dNTK–preactivation cross-correlations P, Q vs width (pooled over seeds)", axes[0][0], legend=6)
 
 
 def _dntk_scaling(cmp: pd.DataFrame, p: Params):
@@ -715,10 +829,19 @@ def _dntk_scaling(cmp: pd.DataFrame, p: Params):
             s = d[(d.activation == act) & (d.quantity == q)].sort_values("width")
             col, mk = f"C{k}", "os"[m]
             if (s.recursion.abs() > 0).all():
-                ax1.plot(s.width, ((s.mc - s.recursion) / s.recursion).abs(), mk + "-", color=col, ms=4,
-                         label=f"{act} {q}")
-            ax2.errorbar(s.width, (s.mc / s.n_prev).abs(), yerr=2 * s.mc_se / s.n_prev, fmt=mk, color=col, ms=4,
-                         capsize=2, label=f"{act} |{q}|/n (MC)")
+                ax1.plot(
+                    s.width, ((s.mc - s.recursion) / s.recursion).abs(), mk + "-", color=col, ms=4, label=f"{act} {q}"
+                )
+            ax2.errorbar(
+                s.width,
+                (s.mc / s.n_prev).abs(),
+                yerr=2 * s.mc_se / s.n_prev,
+                fmt=mk,
+                color=col,
+                ms=4,
+                capsize=2,
+                label=f"{act} |{q}|/n (MC)",
+            )
             ax2.plot(s.width, (s.recursion / s.n_prev).abs(), "-", color=col, lw=1)
     w = np.array(sorted(d.width.unique()), float)
     ax1.plot(w, 0.5 * w[0] / w, "k:", lw=1, label="∝ 1/n")
@@ -745,8 +868,9 @@ def _layer_profiles(d: pd.DataFrame, tensors, what: str, suptitle: str, panel: t
     acts = list(d.activation.unique())
     widths = sorted(d.width.unique())
     cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(len(acts), len(tensors), figsize=(panel[0] * len(tensors), panel[1] * len(acts)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(acts), len(tensors), figsize=(panel[0] * len(tensors), panel[1] * len(acts)), squeeze=False
+    )
     for i, act in enumerate(acts):
         for j, q in enumerate(tensors):
             ax = axes[i][j]
@@ -757,8 +881,16 @@ def _layer_profiles(d: pd.DataFrame, tensors, what: str, suptitle: str, panel: t
                     ax.plot(th.layer, th[v], color=col, ls=ls, lw=1.5, label=lab)
             for k, wd in enumerate(widths):
                 t = s[s.width == wd].sort_values("layer")
-                ax.errorbar(t.layer + 0.05 * (k - len(widths) / 2), t.mc, yerr=2 * t.mc_se, fmt="o", ms=3, capsize=2,
-                            color=cmap(k / max(1, len(widths) - 1)), label=f"MC n={wd}")
+                ax.errorbar(
+                    t.layer + 0.05 * (k - len(widths) / 2),
+                    t.mc,
+                    yerr=2 * t.mc_se,
+                    fmt="o",
+                    ms=3,
+                    capsize=2,
+                    color=cmap(k / max(1, len(widths) - 1)),
+                    label=f"MC n={wd}",
+                )
             ax.set(title=f"{act}: {what}{q}", xlabel="layer")
             ax.grid(alpha=0.3)
     return _finish(fig, suptitle, axes[0][0], legend=6)
@@ -779,11 +911,22 @@ def _ddntk_vs_width(cmp: pd.DataFrame, p: Params):
         ax = axes[i, 0]
         for j, q in enumerate(DDNTK_TENSORS):
             s = c[(c.quantity == q) & (c.layer == 2)].sort_values("width")
-            ax.errorbar(s.width * (1 + 0.03 * (j - 1.5)), s.mc, yerr=2 * s.mc_se, fmt="o", color=f"C{j}", capsize=3,
-                        label=f"{q} MC ±2 s.e.")
+            ax.errorbar(
+                s.width * (1 + 0.03 * (j - 1.5)),
+                s.mc,
+                yerr=2 * s.mc_se,
+                fmt="o",
+                color=f"C{j}",
+                capsize=3,
+                label=f"{q} MC ±2 s.e.",
+            )
             ax.axhline(float(s.recursion.iloc[0]), color=f"C{j}", ls="-", lw=1)
-        ax.set(xscale="log", title=f"{act}: ddNTK at layer 2 (lines: exact first order)", xlabel="width n",
-               ylabel="n · E[ddNTK]")
+        ax.set(
+            xscale="log",
+            title=f"{act}: ddNTK at layer 2 (lines: exact first order)",
+            xlabel="width n",
+            ylabel="n · E[ddNTK]",
+        )
         ax.legend(fontsize=7)
         ax = axes[i, 1]
         for j, q in enumerate(DDNTK_TENSORS):
@@ -798,10 +941,19 @@ def _ddntk_vs_width(cmp: pd.DataFrame, p: Params):
                 k = (y1 - y2) / (x1 - x2)
                 ax.plot([0.0, x1], [y2 - k * x2, y1], ":", color=f"C{j}", lw=1)
             if "no_interlayer" in s:
-                ax.plot([0.0], [float(s.no_interlayer.iloc[0])], "x", color=f"C{j}", ms=7,
-                        label="no inter-layer (ablation)" if j == 0 else None)
-        ax.set(title=f"{act}: layer {L} vs 1/n (stars: recursion; dotted: 1/n extrap.)", xlabel="1 / n",
-               ylabel="n · E[ddNTK]")
+                ax.plot(
+                    [0.0],
+                    [float(s.no_interlayer.iloc[0])],
+                    "x",
+                    color=f"C{j}",
+                    ms=7,
+                    label="no inter-layer (ablation)" if j == 0 else None,
+                )
+        ax.set(
+            title=f"{act}: layer {L} vs 1/n (stars: recursion; dotted: 1/n extrap.)",
+            xlabel="1 / n",
+            ylabel="n · E[ddNTK]",
+        )
         ax.set_xlim(left=-0.005)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, ncol=2)
@@ -816,21 +968,27 @@ def make_plots(comparison: pd.DataFrame, p: Params) -> dict:
         figs = {f"tensors_vs_width_{act}": _tensors_vs_width(base, p, act) for act in base.activation.unique()}
         figs["rel_err_vs_width"] = _rel_err_vs_width(base, p)
         figs["covariance_scaling"] = _cov_scaling(base, p)
-        figs["layer_profiles"] = _layer_profiles(base[base.input == 0], TENSORS, "",
-                                                  "Layer profiles: recursion vs sampled nets (error bars ±2 s.e.)",
-                                                  (3.0, 2.8))
+        figs["layer_profiles"] = _layer_profiles(
+            base[base.input == 0],
+            TENSORS,
+            "",
+            "Layer profiles: recursion vs sampled nets (error bars ±2 s.e.)",
+            (3.0, 2.8),
+        )
         figs["mean_corrections"] = _mean_corrections(base, p)
         if base.quantity.isin(VERTEX_KEYS).any():
             figs["two_input_vertex"] = _pair_vertex(base, p)
     if len(_dntk(comparison)):
         figs["dntk_vs_width"] = _dntk_vs_width(comparison, p)
         figs["dntk_scaling"] = _dntk_scaling(comparison, p)
-        figs["dntk_layer_profiles"] = _layer_profiles(_dntk(comparison), DNTK_TENSORS, "dNTK ",
-                                                       "dNTK " + _EXACT_L2, (4.2, 3.0))
+        figs["dntk_layer_profiles"] = _layer_profiles(
+            _dntk(comparison), DNTK_TENSORS, "dNTK ", "dNTK " + _EXACT_L2, (4.2, 3.0)
+        )
     if len(_ddntk(comparison)):
         figs["ddntk_vs_width"] = _ddntk_vs_width(comparison, p)
-        figs["ddntk_layer_profiles"] = _layer_profiles(_ddntk(comparison), DDNTK_TENSORS, "ddNTK ",
-                                                        "ddNTK " + _EXACT_L2, (3.5, 3.0))
+        figs["ddntk_layer_profiles"] = _layer_profiles(
+            _ddntk(comparison), DDNTK_TENSORS, "ddNTK ", "ddNTK " + _EXACT_L2, (3.5, 3.0)
+        )
     for kind, name in _KIND_PLOTS.items():
         if len(_kind(comparison, kind)):
             figs[name] = _ntk2_plot(comparison, p, kind)
@@ -842,7 +1000,7 @@ def _symlog_ticks(lo: float, hi: float, lin: float) -> list[float]:
     also labels the decades inside the narrow linear band, where their labels overlap)."""
     k0 = math.ceil(math.log10(lin))
     top = max(abs(lo), abs(hi), lin)
-    decades = [10.0 ** k for k in range(k0, math.floor(math.log10(top)) + 1)]
+    decades = [10.0**k for k in range(k0, math.floor(math.log10(top)) + 1)]
     return sorted({0.0, *(d for d in decades if d <= hi), *(-d for d in decades if -d >= lo)})
 
 
@@ -879,8 +1037,9 @@ def _ntk2_plot(cmp: pd.DataFrame, p: Params, kind: str = "ntk2"):
         ax.set_yticks(ticks)
         ax.set_xlabel("recursion (first order)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{act}: " + title.format(M=p.multi.n_inputs if p.multi else "", n=c.quantity.nunique()),
-                     fontsize=8)
+        ax.set_title(
+            f"{act}: " + title.format(M=p.multi.n_inputs if p.multi else "", n=c.quantity.nunique()), fontsize=8
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     return _finish(fig, suptitle)

@@ -3,6 +3,7 @@
 batched over nets (two bmm per layer, W @ M @ W^T), and the per-net pair averages from which the pooled
 estimators of V, A, B, D, F (and the mean diagonal NTK) are formed with batch-mean standard errors.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,19 +54,23 @@ def layer_stats(z: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
     off_th2 = ((th * th).sum((-2, -1)) - (d * d).sum(-1)) / (n * (n - 1))
     zthz = torch.einsum("bi,bik,bk->b", z, th, z)
     off_thzz = (zthz - (d * q).sum(-1)) / (n * (n - 1))
-    return torch.stack([q.mean(-1), d.mean(-1), pair_mean(q, q), pair_mean(d, d), pair_mean(d, q),
-                        off_th2, off_thzz, z.mean(-1)], dim=-1)
+    return torch.stack(
+        [q.mean(-1), d.mean(-1), pair_mean(q, q), pair_mean(d, d), pair_mean(d, q), off_th2, off_thzz, z.mean(-1)],
+        dim=-1,
+    )
 
 
 def pair_stats(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     """(nets, len(PAIR_COLUMNS)) two-input averages of one layer: z1, z2 (nets, n) for the same nets."""
     prods = {"11": z1 * z1, "12": z1 * z2, "22": z2 * z2}
-    return torch.stack([*(prods[p].mean(-1) for p in PAIR_NAMES),
-                        *(pair_mean(prods[p], prods[q]) for p, q in PAIR_COMBOS)], dim=-1)
+    return torch.stack(
+        [*(prods[p].mean(-1) for p in PAIR_NAMES), *(pair_mean(prods[p], prods[q]) for p, q in PAIR_COMBOS)], dim=-1
+    )
 
 
-def layer_step(kind: str, z: torch.Tensor, th: torch.Tensor, W: torch.Tensor, b: torch.Tensor,
-               lambda_b: float, lambda_w: float) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_step(
+    kind: str, z: torch.Tensor, th: torch.Tensor, W: torch.Tensor, b: torch.Tensor, lambda_b: float, lambda_w: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(z, NTK) of layer l+1 from layer l's, batched over nets: z (B, n), th (B, n, n), W (B, m, n), b (B, m).
     The lambda_W term uses the sigma's of the *current* layer, before W multiplies (the card's pitfall)."""
     s, sp = act(kind, z)
@@ -76,8 +81,9 @@ def layer_step(kind: str, z: torch.Tensor, th: torch.Tensor, W: torch.Tensor, b:
     return torch.bmm(W, s.unsqueeze(-1)).squeeze(-1) + b, th
 
 
-def leaf_params(gen: torch.Generator, nb: int, n0: int, ws: list[int], c_w: float, c_b: float, lambda_w: float,
-                f64: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
+def leaf_params(
+    gen: torch.Generator, nb: int, n0: int, ws: list[int], c_w: float, c_b: float, lambda_w: float, f64: dict
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
     """(Ws, bs, lam) of ``nb`` MLPs with hidden widths ``ws`` on n0 inputs, as leaf tensors for autograd through
     the forward NTK recursion: per layer W (nb, n_l, n_{l-1}) ~ N(0, c_w / n_{l-1}) and b (nb, n_l) ~ N(0, c_b),
     drawn from ``gen`` layer by layer (W, then b), and the weights' learning-rate factors lambda_w / n_{l-1}."""
@@ -101,9 +107,21 @@ def param_inner(ga, gb, nb: int, f64: dict, weights=None) -> torch.Tensor:
     return tot
 
 
-def sample_nets(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
-                lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000,
-                x2: np.ndarray | None = None, device: str | torch.device = "cpu") -> np.ndarray:
+def sample_nets(
+    kind: str,
+    x: np.ndarray,
+    width: int,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk_elems: int = 2_000_000,
+    x2: np.ndarray | None = None,
+    device: str | torch.device = "cpu",
+) -> np.ndarray:
     """(n_nets, depth, len(NET_COLUMNS) [+ len(PAIR_COLUMNS) with ``x2``]) per-net statistics of ``n_nets``
     independent MLPs of equal hidden widths, in float64, drawn in chunks of nets from one seeded generator
     (layer by layer within a chunk, so the draws, not their distribution, depend on ``chunk_elems``). With a
@@ -131,14 +149,14 @@ def sample_nets(kind: str, x: np.ndarray, width: int, depth: int, n_nets: int, c
         z = W @ x + b
         z2 = None if x2t is None else W @ x2t + b
         th = torch.diag_embed(torch.full((B, width), th1, **f64))
-        out[start:start + B, 0] = stats(z, th, z2)
+        out[start : start + B, 0] = stats(z, th, z2)
         for ell in range(1, depth):
             W = torch.randn(B, width, width, generator=gen, **f64) * math.sqrt(c_w / width)
             b = torch.randn(B, width, generator=gen, **f64) * math.sqrt(c_b)
             if z2 is not None:
                 z2 = torch.bmm(W, act(kind, z2)[0].unsqueeze(-1)).squeeze(-1) + b
             z, th = layer_step(kind, z, th, W, b, lambda_b, lambda_w)
-            out[start:start + B, ell] = stats(z, th, z2)
+            out[start : start + B, ell] = stats(z, th, z2)
     if not np.isfinite(out).all():
         raise FloatingPointError(f"ntk_feynman MC ({kind}, width {width}, seed {seed}): non-finite statistics")
     return out
@@ -154,7 +172,8 @@ def _from_means(m, n_prev: float) -> dict[str, float]:
     pair = {}
     if "pm_11" in m:
         pair = {f"V_{p}_{q}": n_prev * (m[f"pp_{p}_{q}"] - m[f"pm_{p}"] * m[f"pm_{q}"]) for p, q in PAIR_COMBOS}
-    return {**pair, 
+    return {
+        **pair,
         "V": n_prev * (m["pp_qq"] - m["m_q"] ** 2),
         "A": n_prev * (m["pp_dd"] - m["m_d"] ** 2),
         "D": n_prev * (m["pp_dq"] - m["m_d"] * m["m_q"]),
@@ -201,11 +220,10 @@ def block_table(stats: np.ndarray, n_blocks: int, **keys) -> pd.DataFrame:
     edges = np.linspace(0, n_nets, n_blocks + 1).round().astype(int)
     rows = []
     for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-        means = stats[a:b].mean(0)                       # (depth, columns)
+        means = stats[a:b].mean(0)  # (depth, columns)
         cols = NET_COLUMNS if means.shape[1] == len(NET_COLUMNS) else (*NET_COLUMNS, *PAIR_COLUMNS)
         for ell in range(depth):
-            rows.append({**keys, "block": blk, "layer": ell + 1, "n_nets": int(b - a),
-                         **dict(zip(cols, means[ell]))})
+            rows.append({**keys, "block": blk, "layer": ell + 1, "n_nets": int(b - a), **dict(zip(cols, means[ell]))})
     return pd.DataFrame(rows)
 
 
@@ -225,5 +243,19 @@ def pooled_blocks(blocks: pd.DataFrame, n_prev: float) -> dict[str, float]:
     return out
 
 
-__all__ = ["NET_COLUMNS", "PAIR_COLUMNS", "TENSORS", "act", "block_table", "estimates", "layer_batch_means", "layer_step", "layer_stats",
-           "pair_mean", "pair_stats", "pooled", "pooled_blocks", "sample_nets"]
+__all__ = [
+    "NET_COLUMNS",
+    "PAIR_COLUMNS",
+    "TENSORS",
+    "act",
+    "block_table",
+    "estimates",
+    "layer_batch_means",
+    "layer_step",
+    "layer_stats",
+    "pair_mean",
+    "pair_stats",
+    "pooled",
+    "pooled_blocks",
+    "sample_nets",
+]

@@ -15,6 +15,7 @@ index (s = sigma, d = sigma', dd = sigma'', z), is taken on the rule (``Quad.gri
 touches (at most 4 for every average used here), with the grids cached per subset within a layer. So any M
 works, at a cost that grows with the number of index subsets.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,6 +53,7 @@ _FUNCS = ("z", "s", "d", "dd")
 
 def _d2sigma(kind: str, z: np.ndarray) -> np.ndarray:
     from pipelines.ntk_feynman.dntk import d2sigma
+
     return d2sigma(kind, z)
 
 
@@ -71,8 +73,9 @@ class Expect:
         self.rep = list(range(self.M))
         for a in range(self.M):
             for b in range(a):
-                if self.rep[b] == b and (self.K[a, a] + self.K[b, b] - 2 * self.K[a, b]
-                                         <= tol * (self.K[a, a] + self.K[b, b])):
+                if self.rep[b] == b and (
+                    self.K[a, a] + self.K[b, b] - 2 * self.K[a, b] <= tol * (self.K[a, a] + self.K[b, b])
+                ):
                     self.rep[a] = b
                     break
         self._grids: dict = {}
@@ -91,8 +94,12 @@ class Expect:
         key = (subset, fn, a)
         if key not in self._arrays:
             z = self.grid(subset)[0][a]
-            self._arrays[key] = {"z": lambda: z, "s": lambda: sigma(self.kind, z), "d": lambda: dsigma(self.kind, z),
-                                 "dd": lambda: _d2sigma(self.kind, z)}[fn]()
+            self._arrays[key] = {
+                "z": lambda: z,
+                "s": lambda: sigma(self.kind, z),
+                "d": lambda: dsigma(self.kind, z),
+                "dd": lambda: _d2sigma(self.kind, z),
+            }[fn]()
         return self._arrays[key]
 
     def E(self, *factors: tuple[str, int]) -> float:
@@ -173,8 +180,9 @@ def _expand_gram(G: np.ndarray, idx: list[int]) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- the NTK tensors of M inputs
-def _ntk_tensors_distinct(kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths, interlayer, quad, h_rel,
-                          keep_engines=False):
+def _ntk_tensors_distinct(
+    kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths, interlayer, quad, h_rel, keep_engines=False
+):
     M = len(X)
     U, O = upairs(M), opairs(M)
     nU, nO = len(U), len(O)
@@ -199,20 +207,23 @@ def _ntk_tensors_distinct(kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths, 
                 dddd = E(("d", a), ("d", b), ("d", c), ("d", d))
                 V_in[p, q] = c_w**2 * ssss - mg[p] * mg[q]
                 D_in[p, q] = c_w * (lambda_w * ssss + c_w * Th[a, b] * ddss) - mf[p] * mg[q]
-                A_in[p, q] = (lambda_w**2 * ssss + lambda_w * c_w * (Th[c, d] * ssdd + Th[a, b] * ddss)
-                              + c_w**2 * Th[a, b] * Th[c, d] * dddd) - mf[p] * mf[q]
+                A_in[p, q] = (
+                    lambda_w**2 * ssss
+                    + lambda_w * c_w * (Th[c, d] * ssdd + Th[a, b] * ddss)
+                    + c_w**2 * Th[a, b] * Th[c, d] * dddd
+                ) - mf[p] * mf[q]
         B_in, F_in = np.empty((nO, nO)), np.empty((nO, nO))
         for i, (a, b) in enumerate(O):
             for j, (c, e) in enumerate(O):
                 B_in[i, j] = c_w**2 * Th[a, b] * Th[c, e] * E(("d", a), ("d", b), ("d", c), ("d", e))
                 F_in[i, j] = c_w**2 * Th[a, b] * E(("d", a), ("d", b), ("s", c), ("s", e))
         r = aspect_ratio(widths, ell) if interlayer else 0.0
-        h = h_rel * float(np.exp(np.mean(np.log(np.diag(K)))))      # the geometric mean of the variances
+        h = h_rel * float(np.exp(np.mean(np.log(np.diag(K)))))  # the geometric mean of the variances
         dS = _susceptibilities(kind, K, quad, h)
         J = c_w * dS[0]
         Jt = lambda_w * dS[0] + c_w * th_p[:, None] * dS[1]
         Xp = np.diag(c_w * dd)
-        L = np.array([[c_w * ex.stein(("d", a), ("s", c)) for c in range(M)] for a in range(M)])   # [a, c, e]
+        L = np.array([[c_w * ex.stein(("d", a), ("s", c)) for c in range(M)] for a in range(M)])  # [a, c, e]
         dd2 = np.array([[E(("d", a), ("d", c)) for c in range(M)] for a in range(M)])
         V_new = V_in + r * J @ V @ J.T
         D_new = D_in + r * (Jt @ V @ J.T + Xp @ D @ J.T)
@@ -235,9 +246,19 @@ def _ntk_tensors_distinct(kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths, 
     return out
 
 
-def multi_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                            depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                            quad: Quad | None = None, h_rel: float = 1e-4) -> list[dict]:
+def multi_input_ntk_tensors(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    X: np.ndarray,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+    h_rel: float = 1e-4,
+) -> list[dict]:
     """Per layer l = 1..depth: the M x M kernel K and NTK Theta (infinite width) and the first-order tensors
     V, D, A (U x U over :func:`upairs`) and B, F (M^2 x M^2 over :func:`opairs`) of the inputs X (M x n0).
 
@@ -260,14 +281,31 @@ def multi_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, 
     if len(Xd) == len(X):
         return rows
     Md = len(Xd)
-    return [{"layer": r["layer"], "K": _expand_gram(r["K"], idx), "Theta": _expand_gram(r["Theta"], idx),
-             **{t: _expand_pairs(r[t], idx, Md, ordered=t in "BF") for t in TENSOR_NAMES}} for r in rows]
+    return [
+        {
+            "layer": r["layer"],
+            "K": _expand_gram(r["K"], idx),
+            "Theta": _expand_gram(r["Theta"], idx),
+            **{t: _expand_pairs(r[t], idx, Md, ordered=t in "BF") for t in TENSOR_NAMES},
+        }
+        for r in rows
+    ]
 
 
 # ---------------------------------------------------------------- the dNTK of M inputs
-def multi_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                     depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                     quad: Quad | None = None, h_rel: float = 1e-4) -> list[dict]:
+def multi_input_dntk(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    X: np.ndarray,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+    h_rel: float = 1e-4,
+) -> list[dict]:
     """Per layer l = 1..depth: the dNTK statistics P, Q (M x M x M x M over (a0, a1, a2, a3)) of the inputs X,
     by ``ntk2.two_input_dntk``'s recursion (the P', Q' formulas in its docstring) with every index running over
     M inputs (Stein vectors S[g] with the inverse of the sub-kernel of the inputs g touches, F links
@@ -294,25 +332,44 @@ def multi_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_
         r = aspect_ratio(widths, ell) if interlayer else 0.0
         Pn, Qn = np.empty_like(P), np.empty_like(Q)
         for a0, a1, a2, a3 in itertools.product(range(M), repeat=4):
-            sec = c_w**2 * Th[a1, a2] * (Th[a0, a1] * E(("d", a0), ("s", a3), ("dd", a1), ("d", a2))
-                                         + Th[a0, a2] * E(("d", a0), ("s", a3), ("d", a1), ("dd", a2)))
-            p2 = lambda_w * c_w * (Th[a0, a1] * E(("d", a0), ("s", a3), ("d", a1), ("s", a2))
-                                   + Th[a0, a2] * E(("d", a0), ("s", a3), ("s", a1), ("d", a2))) + sec
+            sec = (
+                c_w**2
+                * Th[a1, a2]
+                * (
+                    Th[a0, a1] * E(("d", a0), ("s", a3), ("dd", a1), ("d", a2))
+                    + Th[a0, a2] * E(("d", a0), ("s", a3), ("d", a1), ("dd", a2))
+                )
+            )
+            p2 = (
+                lambda_w
+                * c_w
+                * (
+                    Th[a0, a1] * E(("d", a0), ("s", a3), ("d", a1), ("s", a2))
+                    + Th[a0, a2] * E(("d", a0), ("s", a3), ("s", a1), ("d", a2))
+                )
+                + sec
+            )
             q2 = lambda_w * c_w * Th[a1, a2] * E(("s", a0), ("d", a1), ("d", a2), ("s", a3)) + sec
             if r == 0.0:
                 Pn[a0, a1, a2, a3], Qn[a0, a1, a2, a3] = p2, q2
                 continue
             g0 = (("d", a0), ("s", a3))
-            p_int = (lambda_w * c_w * (link(g0, (a0, a1), (("d", a1), ("s", a2)))
-                                       + link(g0, (a0, a2), (("s", a1), ("d", a2))))
-                     + c_w**2 * Th[a1, a2] * (link(g0, (a0, a1), (("dd", a1), ("d", a2)))
-                                              + link(g0, (a0, a2), (("d", a1), ("dd", a2))))
-                     + c_w**2 * E(("d", a1), ("d", a2)) * float(St(*g0) @ P[a0, a1, a2]))
+            p_int = (
+                lambda_w
+                * c_w
+                * (link(g0, (a0, a1), (("d", a1), ("s", a2))) + link(g0, (a0, a2), (("s", a1), ("d", a2))))
+                + c_w**2
+                * Th[a1, a2]
+                * (link(g0, (a0, a1), (("dd", a1), ("d", a2))) + link(g0, (a0, a2), (("d", a1), ("dd", a2))))
+                + c_w**2 * E(("d", a1), ("d", a2)) * float(St(*g0) @ P[a0, a1, a2])
+            )
             h3 = (("d", a2), ("s", a3))
-            q_int = (lambda_w * c_w * link((("s", a0), ("d", a1)), (a1, a2), h3)
-                     + c_w**2 * Th[a0, a1] * link((("d", a0), ("dd", a1)), (a1, a2), h3)
-                     + c_w**2 * E(("d", a0), ("d", a1)) * E(("dd", a2), ("s", a3)) * B[O[(a1, a2)], O[(a0, a2)]]
-                     + c_w**2 * E(("d", a0), ("d", a1)) * float(Q[a0, a1, a2] @ St(*h3)))
+            q_int = (
+                lambda_w * c_w * link((("s", a0), ("d", a1)), (a1, a2), h3)
+                + c_w**2 * Th[a0, a1] * link((("d", a0), ("dd", a1)), (a1, a2), h3)
+                + c_w**2 * E(("d", a0), ("d", a1)) * E(("dd", a2), ("s", a3)) * B[O[(a1, a2)], O[(a0, a2)]]
+                + c_w**2 * E(("d", a0), ("d", a1)) * float(Q[a0, a1, a2] @ St(*h3))
+            )
             Pn[a0, a1, a2, a3] = p2 + r * p_int
             Qn[a0, a1, a2, a3] = q2 + r * q_int
         P, Q = Pn, Qn
@@ -339,25 +396,36 @@ def _layer_cols(z: list[torch.Tensor], th: dict) -> torch.Tensor:
     nn = n * (n - 1)
     zz = [z[a] * z[b] for a, b in U]
     dg = [torch.diagonal(th[p], dim1=-2, dim2=-1) for p in U]
-    T = torch.stack([th[(a, b)] if a <= b else th[(b, a)].transpose(1, 2) for a, b in O], dim=1)   # (B, O, n, n)
+    T = torch.stack([th[(a, b)] if a <= b else th[(b, a)].transpose(1, 2) for a, b in O], dim=1)  # (B, O, n, n)
     cols = [*(x.mean(-1) for x in zz), *(x.mean(-1) for x in dg)]
     cols += [pair_mean(x, y) for x in zz for y in zz]
     cols += [pair_mean(x, y) for x in dg for y in zz]
     cols += [pair_mean(x, y) for x in dg for y in dg]
     nb = T.shape[0]
     Tf = T.reshape(nb, len(O), n * n)
-    dT = torch.diagonal(T, dim1=-2, dim2=-1)                                                   # (B, O, n)
-    Bm = (torch.bmm(Tf, Tf.transpose(1, 2)) - torch.bmm(dT, dT.transpose(1, 2))) / nn           # (B, O, O)
-    Z = torch.stack(z, dim=1)                                                                   # (B, M, n)
-    TZ = torch.einsum("boik,bek->boie", T, Z)                                                   # (B, O, n, M)
+    dT = torch.diagonal(T, dim1=-2, dim2=-1)  # (B, O, n)
+    Bm = (torch.bmm(Tf, Tf.transpose(1, 2)) - torch.bmm(dT, dT.transpose(1, 2))) / nn  # (B, O, O)
+    Z = torch.stack(z, dim=1)  # (B, M, n)
+    TZ = torch.einsum("boik,bek->boie", T, Z)  # (B, O, n, M)
     tot = torch.einsum("bci,boie->boce", Z, TZ)
     dia = torch.einsum("bci,boi,bei->boce", Z, dT, Z)
     Fm = ((tot - dia) / nn).reshape(nb, len(O), len(O))
     return torch.cat([torch.stack(cols, dim=-1), Bm.reshape(nb, -1), Fm.reshape(nb, -1)], dim=-1)
 
 
-def sample_multi(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
-                 lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000) -> np.ndarray:
+def sample_multi(
+    kind: str,
+    X: np.ndarray,
+    width: int,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk_elems: int = 2_000_000,
+) -> np.ndarray:
     """(n_nets, depth, n_cols(M)) per-net statistics of nets of equal hidden width seeing all M inputs X
     (M x n0), with the exact NTK of every input pair by the forward recursion
     Th'_ab = diag(lambda_b + lambda_W/n sum_j s_ja s_jb) + W (s'_a Th_ab s'_b) W^T (float64, CPU).
@@ -378,7 +446,7 @@ def sample_multi(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, 
         z = [W @ Xt[a] + b for a in range(M)]
         eye = torch.eye(width, **f64).expand(nb, width, width)
         th = {(a, c): (lambda_b + lambda_w * float(G[a, c])) * eye for a, c in U}
-        out[start:start + nb, 0] = _layer_cols(z, th).numpy()
+        out[start : start + nb, 0] = _layer_cols(z, th).numpy()
         for ell in range(1, depth):
             W = torch.randn(nb, width, width, generator=gen, **f64) * math.sqrt(c_w / width)
             b = torch.randn(nb, width, generator=gen, **f64) * math.sqrt(c_b)
@@ -391,7 +459,7 @@ def sample_multi(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, 
                 new[(a, c)] = t
             th = new
             z = [torch.bmm(W, sd[a][0].unsqueeze(-1)).squeeze(-1) + b for a in range(M)]
-            out[start:start + nb, ell] = _layer_cols(z, th).numpy()
+            out[start : start + nb, ell] = _layer_cols(z, th).numpy()
     return out
 
 
@@ -399,13 +467,19 @@ def estimate(m: np.ndarray, n_prev: float, M: int) -> dict[str, np.ndarray]:
     """The estimators T = n_prev (E[pair product] - E[.]E[.]) (V, D, A) and n_prev E[off-diagonal] (B, F) from
     the means of one layer's :func:`sample_multi` columns; also K, Theta over the unique pairs."""
     nU, nO = M * (M + 1) // 2, M * M
-    mz, mt = m[0:nU], m[nU:2 * nU]
+    mz, mt = m[0:nU], m[nU : 2 * nU]
     o = 2 * nU
-    pz, ptz, ptt = (m[o + k * nU * nU:o + (k + 1) * nU * nU].reshape(nU, nU) for k in range(3))
+    pz, ptz, ptt = (m[o + k * nU * nU : o + (k + 1) * nU * nU].reshape(nU, nU) for k in range(3))
     o += 3 * nU * nU
-    return {"V": n_prev * (pz - np.outer(mz, mz)), "D": n_prev * (ptz - np.outer(mt, mz)),
-            "A": n_prev * (ptt - np.outer(mt, mt)), "B": n_prev * m[o:o + nO * nO].reshape(nO, nO),
-            "F": n_prev * m[o + nO * nO:o + 2 * nO * nO].reshape(nO, nO), "Theta": mt, "K": mz}
+    return {
+        "V": n_prev * (pz - np.outer(mz, mz)),
+        "D": n_prev * (ptz - np.outer(mt, mz)),
+        "A": n_prev * (ptt - np.outer(mt, mt)),
+        "B": n_prev * m[o : o + nO * nO].reshape(nO, nO),
+        "F": n_prev * m[o + nO * nO : o + 2 * nO * nO].reshape(nO, nO),
+        "Theta": mt,
+        "K": mz,
+    }
 
 
 def pooled_multi(stats: np.ndarray, n_prev: float, M: int, n_blocks: int = 20) -> list[dict]:
@@ -415,8 +489,19 @@ def pooled_multi(stats: np.ndarray, n_prev: float, M: int, n_blocks: int = 20) -
 
 
 # ---------------------------------------------------------------- Monte Carlo: dNTK of M inputs
-def sample_multi_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
-                      lambda_b: float, lambda_w: float, seed: int, chunk: int = 500) -> np.ndarray:
+def sample_multi_dntk(
+    kind: str,
+    X: np.ndarray,
+    width: int,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk: int = 500,
+) -> np.ndarray:
     """(n_nets, depth, 3, M, M, M, M) per-net contractions of the dNTK of M inputs (equal hidden widths n),
     divided by n^2, indexed [net, layer, kind, a0, a1, a2, a3], as ``ntk2.sample_two_input_dntk`` (same draws
     for M = 2 and the same seed):
@@ -446,12 +531,13 @@ def sample_multi_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: 
                 Mx = sd[a][1].unsqueeze(-1) * th[(a, c)] * sd[c][1].unsqueeze(-2)
                 t = Ws[ell] @ Mx @ Ws[ell].transpose(1, 2)
                 new[(a, c)] = t + torch.diag_embed(
-                    (lambda_b + lambda_w / n * (sd[a][0] * sd[c][0]).sum(-1)).unsqueeze(-1).expand(nb, n))
+                    (lambda_b + lambda_w / n * (sd[a][0] * sd[c][0]).sum(-1)).unsqueeze(-1).expand(nb, n)
+                )
             th = new
             z = [torch.einsum("bij,bj->bi", Ws[ell], sd[a][0]) + bs[ell] for a in RM]
             T = {(a, c): th[(a, c)] if a <= c else th[(c, a)].transpose(1, 2) for a, c in O}
-            params = [*Ws[:ell + 1], *bs[:ell + 1]]
-            lams = [*lam[:ell + 1], *([lambda_b] * (ell + 1))]
+            params = [*Ws[: ell + 1], *bs[: ell + 1]]
+            lams = [*lam[: ell + 1], *([lambda_b] * (ell + 1))]
 
             def grads(f):
                 return torch.autograd.grad(f.sum(), params, retain_graph=True, allow_unused=True)
@@ -466,10 +552,13 @@ def sample_multi_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: 
             g_uz = [grads((u * z[a0]).sum(-1)) for a0 in RM]
             g_ut = {(p, a3): grads(torch.einsum("bi,bik,bk->b", u, T[p], zbar[a3])) for p in O for a3 in RM}
             for a0, a1, a2, a3 in itertools.product(RM, repeat=4):
-                vals = (inner(g_zz[(a0, a3)], g_tr[(a1, a2)]), inner(g_uz[a0], g_ut[((a1, a2), a3)]),
-                        inner(g_uz[a0], g_ut[((a2, a1), a3)]))
+                vals = (
+                    inner(g_zz[(a0, a3)], g_tr[(a1, a2)]),
+                    inner(g_uz[a0], g_ut[((a1, a2), a3)]),
+                    inner(g_uz[a0], g_ut[((a2, a1), a3)]),
+                )
                 for kk, v in enumerate(vals):
-                    out[start:start + nb, ell, kk, a0, a1, a2, a3] = (v / n**2).detach().numpy()
+                    out[start : start + nb, ell, kk, a0, a1, a2, a3] = (v / n**2).detach().numpy()
         del Ws, bs, z, th
     return out
 
@@ -503,7 +592,7 @@ def inputs_with_cosines(x1: np.ndarray, cosines: np.ndarray, norm_ratios, seed: 
     A = np.random.default_rng(seed).standard_normal((n0, M))
     A[:, 0] = x1
     Qm, R = np.linalg.qr(A)
-    Qm = Qm * np.sign(np.diag(R))                       # first column = +x1/|x1|
+    Qm = Qm * np.sign(np.diag(R))  # first column = +x1/|x1|
     L = np.linalg.cholesky(C * np.outer(r, r))
     X = (L @ Qm.T) * np.linalg.norm(x1)
     X[0] = x1
@@ -547,6 +636,24 @@ def pooled_blocks(blocks, n_prev: float, M: int) -> dict[str, float]:
     return {**est, **{f"{k}_se": float(v) for k, v in zip(keys, se)}}
 
 
-__all__ = ["Expect", "TENSOR_NAMES", "columns", "estimate", "flat_row", "inputs_with_cosines", "multi_input_dntk",
-           "multi_input_ntk_tensors", "n_cols", "opairs", "pair_names", "pooled_blocks", "pooled_multi",
-           "pooled_multi_dntk", "pq_from_sums", "quantity_names", "sample_multi", "sample_multi_dntk", "upairs"]
+__all__ = [
+    "Expect",
+    "TENSOR_NAMES",
+    "columns",
+    "estimate",
+    "flat_row",
+    "inputs_with_cosines",
+    "multi_input_dntk",
+    "multi_input_ntk_tensors",
+    "n_cols",
+    "opairs",
+    "pair_names",
+    "pooled_blocks",
+    "pooled_multi",
+    "pooled_multi_dntk",
+    "pq_from_sums",
+    "quantity_names",
+    "sample_multi",
+    "sample_multi_dntk",
+    "upairs",
+]

@@ -13,6 +13,7 @@ Monte Carlo: ``ddntk2.sample_ddntk_probes`` (any M; M = 2 is ``sample_two_input_
 ``ddntk2.pooled_two_input_ddntk`` (shape-driven), re-exported here as :func:`sample_multi_input_ddntk` and
 :func:`pooled_multi_input_ddntk`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,8 +43,9 @@ def _expand(rows: list[dict], idx: list[int]) -> list[dict]:
     return [{"layer": r["layer"], **{t: r[t][ix] for t in TENSORS}} for r in rows]
 
 
-def multi_input_ddntk_layer2(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                             quad: Quad | None = None) -> dict[str, np.ndarray]:
+def multi_input_ddntk_layer2(
+    kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray, quad: Quad | None = None
+) -> dict[str, np.ndarray]:
     """R, S, T, U (each M^4 over (a1, a2, a3, a4)) at layer 2 for the M inputs X (M x n0), exact at any width."""
     quad = quad or Quad()
     X = np.atleast_2d(np.asarray(X, dtype=float))
@@ -53,9 +55,19 @@ def multi_input_ddntk_layer2(kind: str, c_w: float, c_b: float, lambda_b: float,
     return _expand([{"layer": 2, **out}], idx)[0] if len(Xd) < len(X) else out
 
 
-def multi_input_ddntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                      depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                      quad: Quad | None = None, h_rel: float = 1e-4) -> list[dict]:
+def multi_input_ddntk(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    X: np.ndarray,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+    h_rel: float = 1e-4,
+) -> list[dict]:
     """Per layer l = 1..depth: {"layer", "R", "S", "T", "U"} (M^4 arrays) of the inputs X (M x n0) by
     ``ddntk2.ddntk_layers`` on :class:`Expect`, with K, Theta, B, F of ``multi.multi_input_ntk_tensors`` and P, Q
     of ``multi.multi_input_dntk`` (``widths``, ``interlayer``, ``h_rel`` passed on; ``interlayer=False`` keeps
@@ -64,13 +76,25 @@ def multi_input_ddntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda
     X = np.atleast_2d(np.asarray(X, dtype=float))
     widths = widths or [1] * depth
     Xd, idx = multi._distinct(X)
-    base = multi.multi_input_ntk_tensors(kind, c_w, c_b, lambda_b, lambda_w, Xd, depth, widths=widths,
-                                         interlayer=interlayer, quad=quad, h_rel=h_rel)
-    drows = (multi.multi_input_dntk(kind, c_w, c_b, lambda_b, lambda_w, Xd, depth, widths=widths,
-                                    interlayer=interlayer, quad=quad, h_rel=h_rel) if interlayer else None)
+    base = multi.multi_input_ntk_tensors(
+        kind, c_w, c_b, lambda_b, lambda_w, Xd, depth, widths=widths, interlayer=interlayer, quad=quad, h_rel=h_rel
+    )
+    drows = (
+        multi.multi_input_dntk(
+            kind, c_w, c_b, lambda_b, lambda_w, Xd, depth, widths=widths, interlayer=interlayer, quad=quad, h_rel=h_rel
+        )
+        if interlayer
+        else None
+    )
     rows = ddntk2.ddntk_layers(lambda K: Expect(kind, K, quad), c_w, lambda_w, base, drows, widths, interlayer)
     return _expand(rows, idx) if len(Xd) < len(X) else rows
 
 
-__all__ = ["Expect", "TENSORS", "multi_input_ddntk", "multi_input_ddntk_layer2", "pooled_multi_input_ddntk",
-           "sample_multi_input_ddntk"]
+__all__ = [
+    "Expect",
+    "TENSORS",
+    "multi_input_ddntk",
+    "multi_input_ddntk_layer2",
+    "pooled_multi_input_ddntk",
+    "sample_multi_input_ddntk",
+]

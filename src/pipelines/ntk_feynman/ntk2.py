@@ -12,6 +12,7 @@ neuron Th_ii;ab is symmetric in (a, b), an off-diagonal entry obeys Th_ik;ab = T
   F[(ab),(cd)]/n = E[Th_ik;ab z_ic z_kd]                (4 x 4; a, c on i, b, d on k)
 With x_1 = x_2 (or any all-equal index set) each reduces to the single-input V, D, A, B, F of ``theory``.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,12 +22,17 @@ import numpy as np
 from pipelines.ntk_feynman import multi
 from pipelines.ntk_feynman.theory import Quad, aspect_ratio, dsigma, kernel_derivative, sigma
 
-UPAIRS = ((0, 0), (0, 1), (1, 1))                  # unique (symmetric) pairs: kernel, diagonal NTK
-OPAIRS = ((0, 0), (0, 1), (1, 0), (1, 1))          # ordered pairs: off-diagonal NTK entries
+UPAIRS = ((0, 0), (0, 1), (1, 1))  # unique (symmetric) pairs: kernel, diagonal NTK
+OPAIRS = ((0, 0), (0, 1), (1, 0), (1, 1))  # ordered pairs: off-diagonal NTK entries
 UNAMES = tuple(f"{a + 1}{b + 1}" for a, b in UPAIRS)
 ONAMES = tuple(f"{a + 1}{b + 1}" for a, b in OPAIRS)
-SQUARE = {"V": (UNAMES, UNAMES), "D": (UNAMES, UNAMES), "A": (UNAMES, UNAMES),
-          "B": (ONAMES, ONAMES), "F": (ONAMES, ONAMES)}
+SQUARE = {
+    "V": (UNAMES, UNAMES),
+    "D": (UNAMES, UNAMES),
+    "A": (UNAMES, UNAMES),
+    "B": (ONAMES, ONAMES),
+    "F": (ONAMES, ONAMES),
+}
 
 
 def flatten(name: str, M: np.ndarray) -> dict[str, float]:
@@ -49,9 +55,19 @@ def _ss_dd(kind: str, K: np.ndarray, quad: Quad) -> np.ndarray:
     return np.array([[np.sum(w * s[a] * s[b]) for a, b in UPAIRS], [np.sum(w * d[a] * d[b]) for a, b in UPAIRS]])
 
 
-def two_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                          depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                          quad: Quad | None = None, h_rel: float = 1e-4) -> list[dict]:
+def two_input_ntk_tensors(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    X: np.ndarray,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+    h_rel: float = 1e-4,
+) -> list[dict]:
     """Per layer l = 1..depth: the 2x2 kernel K and NTK Theta (infinite width) and the first-order tensors
     V, D, A (3x3 over UPAIRS) and B, F (4x4 over OPAIRS) as numpy arrays (keys "K", "Theta", "V", ...).
 
@@ -77,19 +93,19 @@ def two_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, la
     out = [{"layer": 1, "K": K.copy(), "Theta": Th.copy(), "V": V, "D": D, "A": A, "B": B, "F": F}]
     for ell in range(1, depth):
         z, s, d, w = _grid_moments(kind, K, quad)
-        E = lambda a: float(np.sum(w * a))                                     # noqa: E731
+        E = lambda a: float(np.sum(w * a))  # noqa: E731
         g = [c_w * s[a] * s[b] for a, b in UPAIRS]
         f = [lambda_w * s[a] * s[b] + c_w * Th[a, b] * d[a] * d[b] for a, b in UPAIRS]
         cov = lambda u, v: np.array([[E(x * y) - E(x) * E(y) for y in v] for x in u])  # noqa: E731
         V_in, D_in, A_in = cov(g, g), cov(f, g), cov(f, f)
-        B_in = np.array([[c_w**2 * Th[a, b] * Th[c, e] * E(d[a] * d[b] * d[c] * d[e]) for c, e in OPAIRS]
-                         for a, b in OPAIRS])
-        F_in = np.array([[c_w**2 * Th[a, b] * E(d[a] * d[b] * s[c] * s[e]) for c, e in OPAIRS]
-                         for a, b in OPAIRS])
+        B_in = np.array(
+            [[c_w**2 * Th[a, b] * Th[c, e] * E(d[a] * d[b] * d[c] * d[e]) for c, e in OPAIRS] for a, b in OPAIRS]
+        )
+        F_in = np.array([[c_w**2 * Th[a, b] * E(d[a] * d[b] * s[c] * s[e]) for c, e in OPAIRS] for a, b in OPAIRS])
         r = aspect_ratio(widths, ell) if interlayer else 0.0
         # susceptibilities
         h = h_rel * math.sqrt(K[0, 0] * K[1, 1])
-        dS = np.empty((2, 3, 3))                        # [ss|dd, p, e]
+        dS = np.empty((2, 3, 3))  # [ss|dd, p, e]
         for e, (a, b) in enumerate(UPAIRS):
             dS[:, :, e] = kernel_derivative(lambda K_: _ss_dd(kind, K_, quad), K, a, b, h)
         th_p = np.array([Th[a, b] for a, b in UPAIRS])
@@ -97,8 +113,15 @@ def two_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, la
         Jt = lambda_w * dS[0] + c_w * th_p[:, None] * dS[1]
         Xp = np.diag([c_w * E(d[a] * d[b]) for a, b in UPAIRS])
         Kinv = np.linalg.pinv(K, rcond=1e-10)
-        L = np.array([[[c_w * sum(Kinv[e, gg] * E(d[a] * s[c] * z[gg]) for gg in range(2)) for e in range(2)]
-                       for c in range(2)] for a in range(2)])
+        L = np.array(
+            [
+                [
+                    [c_w * sum(Kinv[e, gg] * E(d[a] * s[c] * z[gg]) for gg in range(2)) for e in range(2)]
+                    for c in range(2)
+                ]
+                for a in range(2)
+            ]
+        )
         dd2 = np.array([[E(d[a] * d[c]) for c in range(2)] for a in range(2)])
         V_new = V_in + r * J @ V @ J.T
         D_new = D_in + r * (Jt @ V @ J.T + Xp @ D @ J.T)
@@ -107,8 +130,9 @@ def two_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, la
         for i, (a, b) in enumerate(OPAIRS):
             for j, (c, e) in enumerate(OPAIRS):
                 B_new[i, j] += r * c_w**2 * dd2[a, c] * dd2[b, e] * B[i, j]
-                F_new[i, j] += r * sum(L[a, c, e1] * L[b, e, e2] * F[i, OPAIRS.index((e1, e2))]
-                                       for e1 in range(2) for e2 in range(2))
+                F_new[i, j] += r * sum(
+                    L[a, c, e1] * L[b, e, e2] * F[i, OPAIRS.index((e1, e2))] for e1 in range(2) for e2 in range(2)
+                )
         ss, ddm = _ss_dd(kind, K, quad)
         sym = lambda v: np.array([[v[0], v[1]], [v[1], v[2]]])  # noqa: E731
         K, Th = c_b + c_w * sym(ss), lambda_b + lambda_w * sym(ss) + c_w * sym(ddm) * Th
@@ -118,8 +142,9 @@ def two_input_ntk_tensors(kind: str, c_w: float, c_b: float, lambda_b: float, la
 
 
 # ---------------------------------------------------------------- dNTK of two inputs at layer 2 (exact)
-def two_input_dntk_layer2(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                          quad: Quad | None = None) -> tuple[np.ndarray, np.ndarray]:
+def two_input_dntk_layer2(
+    kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray, quad: Quad | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(P, Q), each 2x2x2x2 over input indices (a0, a1, a2, a3), of the layer-2 dNTK of two inputs:
         E[dTh_{i0 i1 i2; a0 a1 a2} z_{i3; a3}]
             = (1/n)[d03 d12 P_{a0a1a2a3} + d01 d23 Q_{a0a1a2a3} + d02 d13 Q_{a0a2a1a3}],
@@ -138,23 +163,37 @@ def two_input_dntk_layer2(kind: str, c_w: float, c_b: float, lambda_b: float, la
     K, Th = c_b + c_w * G, lambda_b + lambda_w * G
     z, s, d, w = _grid_moments(kind, K, quad)
     dd = (d2sigma(kind, z[0]), d2sigma(kind, z[1]))
-    E = lambda a: float(np.sum(w * a))                                         # noqa: E731
+    E = lambda a: float(np.sum(w * a))  # noqa: E731
     P, Q = np.empty((2, 2, 2, 2)), np.empty((2, 2, 2, 2))
     for a0 in range(2):
         for a1 in range(2):
             for a2 in range(2):
                 for a3 in range(2):
-                    sec = c_w**2 * Th[a1, a2] * E(d[a0] * s[a3] * (Th[a0, a1] * dd[a1] * d[a2]
-                                                                   + Th[a0, a2] * d[a1] * dd[a2]))
-                    P[a0, a1, a2, a3] = lambda_w * c_w * E(d[a0] * s[a3] * (Th[a0, a1] * d[a1] * s[a2]
-                                                                            + Th[a0, a2] * s[a1] * d[a2])) + sec
+                    sec = (
+                        c_w**2
+                        * Th[a1, a2]
+                        * E(d[a0] * s[a3] * (Th[a0, a1] * dd[a1] * d[a2] + Th[a0, a2] * d[a1] * dd[a2]))
+                    )
+                    P[a0, a1, a2, a3] = (
+                        lambda_w * c_w * E(d[a0] * s[a3] * (Th[a0, a1] * d[a1] * s[a2] + Th[a0, a2] * s[a1] * d[a2]))
+                        + sec
+                    )
                     Q[a0, a1, a2, a3] = lambda_w * c_w * Th[a1, a2] * E(s[a0] * d[a1] * d[a2] * s[a3]) + sec
     return P, Q
 
 
-def two_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                   depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                   quad: Quad | None = None) -> list[dict]:
+def two_input_dntk(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    X: np.ndarray,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+) -> list[dict]:
     """Per layer l = 1..depth: the two-input dNTK statistics P, Q (2x2x2x2 over (a0, a1, a2, a3), conventions of
     :func:`two_input_dntk_layer2`) by the layer recursion (our derivation, README "dNTK of two inputs"). Given
     layer l (K, Theta, B, F from :func:`two_input_ntk_tensors`, averages over (z_1, z_2) ~ N(0, K_l), r =
@@ -174,8 +213,9 @@ def two_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w:
     quad = quad or Quad()
     X = np.asarray(X, dtype=float)
     widths = widths or [1] * depth
-    base = two_input_ntk_tensors(kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths=widths,
-                                 interlayer=interlayer, quad=quad)
+    base = two_input_ntk_tensors(
+        kind, c_w, c_b, lambda_b, lambda_w, X, depth, widths=widths, interlayer=interlayer, quad=quad
+    )
     P, Q = np.zeros((2, 2, 2, 2)), np.zeros((2, 2, 2, 2))
     out = [{"layer": 1, "P": P.copy(), "Q": Q.copy()}]
     R2 = range(2)
@@ -183,34 +223,47 @@ def two_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w:
         K, Th, B, F = (base[ell - 1][k] for k in ("K", "Theta", "B", "F"))
         z, s, d, w = _grid_moments(kind, K, quad)
         dd = (d2sigma(kind, z[0]), d2sigma(kind, z[1]))
-        E = lambda a: float(np.sum(w * a))                                     # noqa: E731
+        E = lambda a: float(np.sum(w * a))  # noqa: E731
         Kinv = np.linalg.pinv(K, rcond=1e-10)
-        St = lambda g: Kinv @ np.array([E(g * z[0]), E(g * z[1])])             # noqa: E731
-        Fm = {(a, b): F[OPAIRS.index((a, b))].reshape(2, 2) for a in R2 for b in R2}   # [e, f]
-        link = lambda g, ab, h: float(St(g) @ Fm[ab] @ St(h))                  # noqa: E731
+        St = lambda g: Kinv @ np.array([E(g * z[0]), E(g * z[1])])  # noqa: E731
+        Fm = {(a, b): F[OPAIRS.index((a, b))].reshape(2, 2) for a in R2 for b in R2}  # [e, f]
+        link = lambda g, ab, h: float(St(g) @ Fm[ab] @ St(h))  # noqa: E731
         r = aspect_ratio(widths, ell) if interlayer else 0.0
         Pn, Qn = np.empty_like(P), np.empty_like(Q)
         for a0 in R2:
             for a1 in R2:
                 for a2 in R2:
                     for a3 in R2:
-                        sec = c_w**2 * Th[a1, a2] * E(d[a0] * s[a3] * (Th[a0, a1] * dd[a1] * d[a2]
-                                                                       + Th[a0, a2] * d[a1] * dd[a2]))
-                        p2 = lambda_w * c_w * E(d[a0] * s[a3] * (Th[a0, a1] * d[a1] * s[a2]
-                                                                 + Th[a0, a2] * s[a1] * d[a2])) + sec
+                        sec = (
+                            c_w**2
+                            * Th[a1, a2]
+                            * E(d[a0] * s[a3] * (Th[a0, a1] * dd[a1] * d[a2] + Th[a0, a2] * d[a1] * dd[a2]))
+                        )
+                        p2 = (
+                            lambda_w
+                            * c_w
+                            * E(d[a0] * s[a3] * (Th[a0, a1] * d[a1] * s[a2] + Th[a0, a2] * s[a1] * d[a2]))
+                            + sec
+                        )
                         q2 = lambda_w * c_w * Th[a1, a2] * E(s[a0] * d[a1] * d[a2] * s[a3]) + sec
                         g0 = d[a0] * s[a3]
-                        p_int = (lambda_w * c_w * (link(g0, (a0, a1), d[a1] * s[a2])
-                                                   + link(g0, (a0, a2), s[a1] * d[a2]))
-                                 + c_w**2 * Th[a1, a2] * (link(g0, (a0, a1), dd[a1] * d[a2])
-                                                          + link(g0, (a0, a2), d[a1] * dd[a2]))
-                                 + c_w**2 * E(d[a1] * d[a2]) * float(St(g0) @ P[a0, a1, a2]))
+                        p_int = (
+                            lambda_w * c_w * (link(g0, (a0, a1), d[a1] * s[a2]) + link(g0, (a0, a2), s[a1] * d[a2]))
+                            + c_w**2
+                            * Th[a1, a2]
+                            * (link(g0, (a0, a1), dd[a1] * d[a2]) + link(g0, (a0, a2), d[a1] * dd[a2]))
+                            + c_w**2 * E(d[a1] * d[a2]) * float(St(g0) @ P[a0, a1, a2])
+                        )
                         h3 = d[a2] * s[a3]
-                        q_int = (lambda_w * c_w * link(s[a0] * d[a1], (a1, a2), h3)
-                                 + c_w**2 * Th[a0, a1] * link(d[a0] * dd[a1], (a1, a2), h3)
-                                 + c_w**2 * E(d[a0] * d[a1]) * E(dd[a2] * s[a3])
-                                 * B[OPAIRS.index((a1, a2)), OPAIRS.index((a0, a2))]
-                                 + c_w**2 * E(d[a0] * d[a1]) * float(Q[a0, a1, a2] @ St(h3)))
+                        q_int = (
+                            lambda_w * c_w * link(s[a0] * d[a1], (a1, a2), h3)
+                            + c_w**2 * Th[a0, a1] * link(d[a0] * dd[a1], (a1, a2), h3)
+                            + c_w**2
+                            * E(d[a0] * d[a1])
+                            * E(dd[a2] * s[a3])
+                            * B[OPAIRS.index((a1, a2)), OPAIRS.index((a0, a2))]
+                            + c_w**2 * E(d[a0] * d[a1]) * float(Q[a0, a1, a2] @ St(h3))
+                        )
                         Pn[a0, a1, a2, a3] = p2 + r * p_int
                         Qn[a0, a1, a2, a3] = q2 + r * q_int
         P, Q = Pn, Qn
@@ -219,7 +272,7 @@ def two_input_dntk(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w:
 
 
 # ---------------------------------------------------------------- Monte Carlo (the M-input samplers at M = 2)
-N_COLS = 3 + 3 + 9 + 9 + 9 + 16 + 16            # multi.n_cols(2)
+N_COLS = 3 + 3 + 9 + 9 + 9 + 16 + 16  # multi.n_cols(2)
 
 
 def _two(X: np.ndarray) -> np.ndarray:
@@ -229,13 +282,25 @@ def _two(X: np.ndarray) -> np.ndarray:
     return X
 
 
-def sample_two_input(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
-                     lambda_b: float, lambda_w: float, seed: int, chunk_elems: int = 2_000_000) -> np.ndarray:
+def sample_two_input(
+    kind: str,
+    X: np.ndarray,
+    width: int,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk_elems: int = 2_000_000,
+) -> np.ndarray:
     """(n_nets, depth, N_COLS) per-net statistics of nets of equal hidden width seeing both inputs X (2 x n0):
     :func:`multi.sample_multi` at M = 2 (its column layout: m_zz[3], m_th[3], pp_zz[3x3], pp_thzz[3x3],
     pp_thth[3x3], off-diagonal B[4x4] and F[4x4] means over ordered pairs i != k)."""
-    return multi.sample_multi(kind, _two(X), width, depth, n_nets, c_w, c_b, lambda_b, lambda_w, seed,
-                              chunk_elems=chunk_elems)
+    return multi.sample_multi(
+        kind, _two(X), width, depth, n_nets, c_w, c_b, lambda_b, lambda_w, seed, chunk_elems=chunk_elems
+    )
 
 
 def _estimate(m: np.ndarray, n_prev: float) -> dict[str, np.ndarray]:
@@ -248,8 +313,19 @@ def pooled_two_input(stats: np.ndarray, n_prev: float, n_blocks: int = 20) -> li
     return multi.pooled_multi(stats, n_prev, 2, n_blocks=n_blocks)
 
 
-def sample_two_input_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_nets: int, c_w: float, c_b: float,
-                          lambda_b: float, lambda_w: float, seed: int, chunk: int = 500) -> np.ndarray:
+def sample_two_input_dntk(
+    kind: str,
+    X: np.ndarray,
+    width: int,
+    depth: int,
+    n_nets: int,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    seed: int,
+    chunk: int = 500,
+) -> np.ndarray:
     """(n_nets, depth, 3, 2, 2, 2, 2) per-net contractions of the two-input dNTK (equal hidden widths n), divided
     by n^2, indexed [net, layer, kind, a0, a1, a2, a3]:
       kind 0: S1 = sum_ik z_{i;a3} dTh_{ikk;a0a1a2} = < zbar_a3 . z_a0, tr Th_a1a2 >                (exact),
@@ -260,8 +336,7 @@ def sample_two_input_dntk(kind: str, X: np.ndarray, width: int, depth: int, n_ne
     E S1 = n P + Q_0123 + Q_0213, E S2 = P + n Q_0123 + Q_0213 (before the division by n^2); see
     :func:`two_input_pq_from_sums`.
     :func:`multi.sample_multi_dntk` at M = 2. Its own generator (``seed``); float64, CPU."""
-    return multi.sample_multi_dntk(kind, _two(X), width, depth, n_nets, c_w, c_b, lambda_b, lambda_w, seed,
-                                   chunk=chunk)
+    return multi.sample_multi_dntk(kind, _two(X), width, depth, n_nets, c_w, c_b, lambda_b, lambda_w, seed, chunk=chunk)
 
 
 def two_input_pq_from_sums(m: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -279,7 +354,7 @@ def pooled_two_input_dntk(stats: np.ndarray, n: int, n_blocks: int = 20) -> list
 
 # ---------------------------------------------------------------- pipeline tables
 TENSOR_NAMES = ("V", "D", "A", "B", "F")
-COLUMNS = tuple(f"c{i:02d}" for i in range(N_COLS))      # the block-mean columns of sample_two_input
+COLUMNS = tuple(f"c{i:02d}" for i in range(N_COLS))  # the block-mean columns of sample_two_input
 
 
 def quantity_names() -> list[str]:
@@ -338,9 +413,29 @@ def dntk2_pooled_blocks(blocks, n: int) -> dict[str, float]:
     return out
 
 
-__all__ = ["COLUMNS", "DNTK2_COLUMNS", "dntk2_block_row", "dntk2_flat_row", "dntk2_pooled_blocks",
-           "dntk2_quantity_names", "N_COLS", "ONAMES", "OPAIRS", "TENSOR_NAMES", "UNAMES", "UPAIRS", "flat_row",
-           "flatten",
-           "pooled_blocks", "pooled_two_input", "pooled_two_input_dntk", "quantity_names", "sample_two_input",
-           "sample_two_input_dntk", "two_input_pq_from_sums", "two_input_dntk", "two_input_dntk_layer2",
-           "two_input_ntk_tensors"]
+__all__ = [
+    "COLUMNS",
+    "DNTK2_COLUMNS",
+    "dntk2_block_row",
+    "dntk2_flat_row",
+    "dntk2_pooled_blocks",
+    "dntk2_quantity_names",
+    "N_COLS",
+    "ONAMES",
+    "OPAIRS",
+    "TENSOR_NAMES",
+    "UNAMES",
+    "UPAIRS",
+    "flat_row",
+    "flatten",
+    "pooled_blocks",
+    "pooled_two_input",
+    "pooled_two_input_dntk",
+    "quantity_names",
+    "sample_two_input",
+    "sample_two_input_dntk",
+    "two_input_pq_from_sums",
+    "two_input_dntk",
+    "two_input_dntk_layer2",
+    "two_input_ntk_tensors",
+]

@@ -1,19 +1,20 @@
 """Typed parameters of `ntk_feynman`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
+
 from __future__ import annotations
 
 from typing import ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict, keys_of
+from pipelines.core.api import MethodParams, Strict, keys_of
 
 # the theory variants: first-order recursions, the ablation without inter-layer terms, infinite width
 THEORY_VARIANTS = ("recursion", "no_interlayer", "infinite_width")
 ACTIVATION_KINDS = ("relu", "tanh", "gelu", "linear")
 TENSORS = ("V", "A", "B", "D", "F")
-DNTK_TENSORS = ("P", "Q")          # the dNTK-preactivation cross-correlations (dntk.py)
-DDNTK_TENSORS = ("R", "S", "T", "U")   # the ddNTK means (ddntk.py)
+DNTK_TENSORS = ("P", "Q")  # the dNTK-preactivation cross-correlations (dntk.py)
+DDNTK_TENSORS = ("R", "S", "T", "U")  # the ddNTK means (ddntk.py)
 
 
 class Activation(Strict):
@@ -24,25 +25,25 @@ class Activation(Strict):
 
 
 class Data(Strict):
-    n0: int = Field(ge=1, le=4096)             # input dimension
-    sq_norm: float = Field(gt=0, le=100)        # ||x||^2 / n0 of the seeded input
-    n_inputs: int = Field(default=1, ge=1, le=16)   # seeded inputs (each treated as its own single input)
+    n0: int = Field(ge=1, le=4096)  # input dimension
+    sq_norm: float = Field(gt=0, le=100)  # ||x||^2 / n0 of the seeded input
+    n_inputs: int = Field(default=1, ge=1, le=16)  # seeded inputs (each treated as its own single input)
     input_seed: int = Field(default=2026, ge=0)
-    inputs_path: str | None = None              # full env: CSV of input vectors, columns x_0..x_{n0-1}
+    inputs_path: str | None = None  # full env: CSV of input vectors, columns x_0..x_{n0-1}
     # two-input extension: a second input at this cosine to the first (same norm) seen by the same nets;
     # with inputs_path, the file's first two rows form the pair. null: single inputs only
     pair_cosine: float | None = Field(default=0.5, ge=-0.99, le=0.99)
 
 
 class Net(Strict):
-    depth: int = Field(ge=2, le=32)             # L: number of layers (the last one's statistics are the headline)
+    depth: int = Field(ge=2, le=32)  # L: number of layers (the last one's statistics are the headline)
     lambda_b: float = Field(ge=0, le=100)
     lambda_w: float = Field(ge=0, le=100)
 
 
 class Quadrature(Strict):
-    nodes_per_half: int = Field(ge=16, le=2000)   # Gauss-Legendre nodes on each half-line (split at z = 0)
-    half_width_sd: float = Field(ge=6, le=40)      # integration range in standard deviations
+    nodes_per_half: int = Field(ge=16, le=2000)  # Gauss-Legendre nodes on each half-line (split at z = 0)
+    half_width_sd: float = Field(ge=6, le=40)  # integration range in standard deviations
 
 
 class _Sampler(Strict):
@@ -52,7 +53,7 @@ class _Sampler(Strict):
 
     MAX_WIDTH: ClassVar[int] = 1024
     widths: list[int] = Field(min_length=2)
-    nets_per_seed: list[int] = Field(min_length=2)   # per width: each seed is one stream of this many nets
+    nets_per_seed: list[int] = Field(min_length=2)  # per width: each seed is one stream of this many nets
     blocks_per_seed: int = Field(ge=2, le=1000)
     chunk_elems: int = Field(ge=10_000, le=1_000_000_000)
 
@@ -68,8 +69,9 @@ class _Sampler(Strict):
     @model_validator(mode="after")
     def _streams(self):
         if len(self.nets_per_seed) != len(self.widths):
-            raise ValueError(f"nets_per_seed: needs one entry per width ({len(self.widths)}), "
-                             f"got {len(self.nets_per_seed)}")
+            raise ValueError(
+                f"nets_per_seed: needs one entry per width ({len(self.widths)}), got {len(self.nets_per_seed)}"
+            )
         if min(self.nets_per_seed) < self.blocks_per_seed:
             raise ValueError(f"nets_per_seed: every entry must be >= blocks_per_seed ({self.blocks_per_seed})")
         return self
@@ -79,9 +81,9 @@ class MonteCarlo(_Sampler):
     """Sampled nets for the kernel and NTK statistics (variants mc_<activation>)."""
 
     MAX_WIDTH: ClassVar[int] = 4096
-    narrow_width: int = Field(ge=2)                 # the error-ratio claim compares the widest width to this
-    claim_widths: list[int] = Field(min_length=1)   # the "large" widths the agreement claims read
-    slope_min_width: int = Field(ge=1)               # log-log fits use widths >= this
+    narrow_width: int = Field(ge=2)  # the error-ratio claim compares the widest width to this
+    claim_widths: list[int] = Field(min_length=1)  # the "large" widths the agreement claims read
+    slope_min_width: int = Field(ge=1)  # log-log fits use widths >= this
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -99,9 +101,9 @@ class DntkMonteCarlo(_Sampler):
     """Sampled nets for the dNTK statistics P, Q (variants mc_dntk_<activation>): autograd through the
     NTK recursion, O(n^3) per layer and net, so smaller widths than the kernel/NTK sampler."""
 
-    probes: int = Field(default=1, ge=1, le=64)      # Rademacher probes per net for S2 = sum_ik dTh_iik z_k
-    narrow_width: int = Field(ge=2)                   # the error-ratio claim: widest width vs this one
-    slope_min_width: int = Field(ge=1)                # log-log slope fits use widths >= this
+    probes: int = Field(default=1, ge=1, le=64)  # Rademacher probes per net for S2 = sum_ik dTh_iik z_k
+    narrow_width: int = Field(ge=2)  # the error-ratio claim: widest width vs this one
+    slope_min_width: int = Field(ge=1)  # log-log slope fits use widths >= this
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -117,7 +119,7 @@ class DdntkMonteCarlo(_Sampler):
     Hessian forms per layer and net with Rademacher probes, every layer 2..depth."""
 
     MAX_WIDTH: ClassVar[int] = 512
-    slope_min_width: int = Field(ge=1)                # log-log slope fits of the raw means use widths >= this
+    slope_min_width: int = Field(ge=1)  # log-log slope fits of the raw means use widths >= this
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -160,7 +162,7 @@ class MultiMonteCarlo(_Sampler):
     # cosines of the pairs (1,2), (1,3), ..., (2,3), ... (upper triangle, row by row): n(n-1)/2 entries;
     # null: DEFAULT_COSINES[n_inputs] (n_inputs 3 or 4)
     cosines: list[float] | None = None
-    norm_ratios: list[float] | None = None   # |x_a| / |x_1|, the first is 1; null: DEFAULT_NORM_RATIOS[n_inputs]
+    norm_ratios: list[float] | None = None  # |x_a| / |x_1|, the first is 1; null: DEFAULT_NORM_RATIOS[n_inputs]
     input_seed: int = Field(default=7, ge=0)
 
     @model_validator(mode="before")
@@ -173,8 +175,9 @@ class MultiMonteCarlo(_Sampler):
         for key, table in (("cosines", cls.DEFAULT_COSINES), ("norm_ratios", cls.DEFAULT_NORM_RATIOS)):
             if out.get(key) is None and isinstance(m, int):
                 if m not in table:
-                    raise ValueError(f"{key}: no default for n_inputs = {m} (defaults for {sorted(table)}): "
-                                     "give the list")
+                    raise ValueError(
+                        f"{key}: no default for n_inputs = {m} (defaults for {sorted(table)}): give the list"
+                    )
                 out[key] = list(table[m])
         return out
 
@@ -184,11 +187,14 @@ class MultiMonteCarlo(_Sampler):
 
         m = self.n_inputs
         if len(self.cosines) != m * (m - 1) // 2:
-            raise ValueError(f"cosines: needs n_inputs (n_inputs - 1) / 2 = {m * (m - 1) // 2} entries (pairs 12, "
-                             f"13, ..., upper triangle), got {len(self.cosines)}")
+            raise ValueError(
+                f"cosines: needs n_inputs (n_inputs - 1) / 2 = {m * (m - 1) // 2} entries (pairs 12, "
+                f"13, ..., upper triangle), got {len(self.cosines)}"
+            )
         if len(self.norm_ratios) != m or self.norm_ratios[0] != 1.0 or min(self.norm_ratios) <= 0:
-            raise ValueError(f"norm_ratios: needs n_inputs = {m} positive entries, the first 1.0, "
-                             f"got {self.norm_ratios}")
+            raise ValueError(
+                f"norm_ratios: needs n_inputs = {m} positive entries, the first 1.0, got {self.norm_ratios}"
+            )
         if max(abs(c) for c in self.cosines) >= 1:
             raise ValueError("cosines: every entry must lie in (-1, 1)")
         C = np.eye(m)
@@ -225,8 +231,16 @@ class MultiDdntkMonteCarlo(_Sampler):
 
 # variant prefixes with a params block of their own, longest first where one prefix starts another
 # (mc_dntk2_ before mc_dntk_ is not needed, but mc_multi_ddntk_ / mc_multi_dntk_ before mc_multi_ is)
-BLOCK_PREFIXES = ("mc_multi_ddntk_", "mc_multi_dntk_", "mc_multi_", "mc_ddntk2_", "mc_dntk2_", "mc_ntk2_",
-                  "mc_ddntk_", "mc_dntk_")
+BLOCK_PREFIXES = (
+    "mc_multi_ddntk_",
+    "mc_multi_dntk_",
+    "mc_multi_",
+    "mc_ddntk2_",
+    "mc_dntk2_",
+    "mc_ntk2_",
+    "mc_ddntk_",
+    "mc_dntk_",
+)
 
 
 def variant_prefix(name: str) -> str | None:
@@ -242,16 +256,16 @@ class Params(MethodParams):
     activations: keys_of(ACTIVATION_KINDS, Activation) = Field(min_length=1)
     quadrature: Quadrature
     mc: MonteCarlo
-    dntk: DntkMonteCarlo | None = None     # needed by mc_dntk_<activation> variants
-    ddntk: DdntkMonteCarlo | None = None   # needed by mc_ddntk_<activation> variants
-    ntk2: Ntk2MonteCarlo | None = None     # needed by mc_ntk2_<activation> variants (and a data pair)
-    dntk2: Dntk2MonteCarlo | None = None   # needed by mc_dntk2_<activation> variants (and a data pair)
+    dntk: DntkMonteCarlo | None = None  # needed by mc_dntk_<activation> variants
+    ddntk: DdntkMonteCarlo | None = None  # needed by mc_ddntk_<activation> variants
+    ntk2: Ntk2MonteCarlo | None = None  # needed by mc_ntk2_<activation> variants (and a data pair)
+    dntk2: Dntk2MonteCarlo | None = None  # needed by mc_dntk2_<activation> variants (and a data pair)
     ddntk2: Ddntk2MonteCarlo | None = None  # needed by mc_ddntk2_<activation> variants (and a data pair)
-    multi: MultiMonteCarlo | None = None   # needed by mc_multi_<activation> variants (M inputs, multi.py)
+    multi: MultiMonteCarlo | None = None  # needed by mc_multi_<activation> variants (M inputs, multi.py)
     # needed by mc_multi_dntk_<activation> / mc_multi_ddntk_<activation> (with the multi block's inputs)
     multi_dntk: MultiDntkMonteCarlo | None = None
     multi_ddntk: MultiDdntkMonteCarlo | None = None
-    variants: list[str] = Field(min_length=1)   # one train.<variant> node each
+    variants: list[str] = Field(min_length=1)  # one train.<variant> node each
 
     @field_validator("variants")
     @classmethod
@@ -264,20 +278,24 @@ class Params(MethodParams):
                 block = prefix[3:-1]
                 # the M-input dNTK / ddNTK samplers see the multi block's inputs: they need that block too
                 blocks = [block, "multi"] if block.startswith("multi_") else [block]
-                if name[len(prefix):] in acts and all(info.data.get(b) is not None for b in blocks):
+                if name[len(prefix) :] in acts and all(info.data.get(b) is not None for b in blocks):
                     continue
                 article = "an" if block == "ntk2" else "a"
                 need = " and ".join(f"'{b}'" for b in blocks)
-                raise ValueError(f"variant {name!r} needs an activation of {sorted(acts)} after '{prefix}' "
-                                 f"and {article} {need} block{'s' if len(blocks) > 1 else ''}")
+                raise ValueError(
+                    f"variant {name!r} needs an activation of {sorted(acts)} after '{prefix}' "
+                    f"and {article} {need} block{'s' if len(blocks) > 1 else ''}"
+                )
             if name in THEORY_VARIANTS or (name.startswith("mc_") and name[3:] in acts):
                 continue
-            raise ValueError(f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
-                             "mc_dntk_<activation>, mc_ddntk_<activation>, mc_ntk2_<activation>, "
-                             "mc_dntk2_<activation>, mc_ddntk2_<activation>, mc_multi_<activation>, "
-                             "mc_multi_dntk_<activation> or mc_multi_ddntk_<activation> "
-                             "with an "
-                             f"activation of {sorted(acts)}")
+            raise ValueError(
+                f"unknown variant {name!r}: use {THEORY_VARIANTS}, mc_<activation>, "
+                "mc_dntk_<activation>, mc_ddntk_<activation>, mc_ntk2_<activation>, "
+                "mc_dntk2_<activation>, mc_ddntk2_<activation>, mc_multi_<activation>, "
+                "mc_multi_dntk_<activation> or mc_multi_ddntk_<activation> "
+                "with an "
+                f"activation of {sorted(acts)}"
+            )
         if "recursion" not in v:
             raise ValueError("'recursion' (the method) must be listed")
         return v
@@ -285,8 +303,10 @@ class Params(MethodParams):
     @model_validator(mode="after")
     def _multi_fits_n0(self):
         if self.multi is not None and not self.data.inputs_path and self.multi.n_inputs > self.data.n0:
-            raise ValueError(f"multi.n_inputs: {self.multi.n_inputs} inputs at prescribed cosines need "
-                             f"data.n0 >= {self.multi.n_inputs}, got {self.data.n0}")
+            raise ValueError(
+                f"multi.n_inputs: {self.multi.n_inputs} inputs at prescribed cosines need "
+                f"data.n0 >= {self.multi.n_inputs}, got {self.data.n0}"
+            )
         return self
 
     def mc_activations(self) -> list[str]:
@@ -296,7 +316,7 @@ class Params(MethodParams):
         """The activations of the planned ``mc_<block>_<activation>`` variants of the Monte-Carlo block ``block``
         ("dntk", "multi_dntk", ...; prefixes told apart by :func:`variant_prefix`)."""
         prefix = f"mc_{block}_"
-        return [v[len(prefix):] for v in self.variants if variant_prefix(v) == prefix]
+        return [v[len(prefix) :] for v in self.variants if variant_prefix(v) == prefix]
 
     def block_nets(self, block: str, width: int) -> int:
         """Nets per seed at ``width`` of the Monte-Carlo params block ``block`` ("mc", "dntk", "multi", ...)."""

@@ -7,6 +7,7 @@ lambda_b over biases and lambda_W / n_l over weights. At first order, for i != k
   V/n = Cov(z_i^2, z_k^2),  A/n = Cov(Th_ii, Th_kk),  B/n = E[Th_ik^2],
   D/n = Cov(Th_ii, z_k^2),  F/n = E[Th_ik z_i z_k].
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ def sigma(kind: str, z: np.ndarray) -> np.ndarray:
         return np.maximum(z, 0.0)
     if kind == "tanh":
         return np.tanh(z)
-    if kind == "gelu":      # exact GELU: z Phi(z)
+    if kind == "gelu":  # exact GELU: z Phi(z)
         return z * 0.5 * (1.0 + erf(z / SQRT2))
     if kind == "linear":
         return np.asarray(z, dtype=float)
@@ -36,7 +37,7 @@ def sigma(kind: str, z: np.ndarray) -> np.ndarray:
 
 
 def dsigma(kind: str, z: np.ndarray) -> np.ndarray:
-    if kind == "relu":      # the step; its derivative (a delta) is never used: integrals are split at 0
+    if kind == "relu":  # the step; its derivative (a delta) is never used: integrals are split at 0
         return (z > 0).astype(float)
     if kind == "tanh":
         return 1.0 - np.tanh(z) ** 2
@@ -73,9 +74,9 @@ class Quad:
 
     nodes_per_half: int = 96
     half_width_sd: float = 12.0
-    nodes_per_half_3d: int = 20          # nodes per piece and dimension of :meth:`gridk` for 3 variables
-    nodes_per_half_4d: int = 12          # ... and for 4 variables (24 x 36^3 = 1.1e6 points at most)
-    half_width_sd_hi: float = 8.0        # the range of the 3-D / 4-D rules (tail mass beyond 8 s.d.: 1e-15)
+    nodes_per_half_3d: int = 20  # nodes per piece and dimension of :meth:`gridk` for 3 variables
+    nodes_per_half_4d: int = 12  # ... and for 4 variables (24 x 36^3 = 1.1e6 points at most)
+    half_width_sd_hi: float = 8.0  # the range of the 3-D / 4-D rules (tail mass beyond 8 s.d.: 1e-15)
 
     def nodes(self) -> tuple[np.ndarray, np.ndarray]:
         u, w = _half_nodes(self.nodes_per_half, self.half_width_sd)
@@ -92,12 +93,12 @@ class Quad:
         s1, s2 = math.sqrt(K11), math.sqrt(K22)
         rho = max(-1.0, min(1.0, K12 / (s1 * s2)))
         u, w = self.nodes()
-        if 1.0 - abs(rho) < 1e-12:                     # degenerate: z2 = ±(s2/s1) z1
+        if 1.0 - abs(rho) < 1e-12:  # degenerate: z2 = ±(s2/s1) z1
             return s1 * u, math.copysign(1.0, rho) * s2 * u, w
         c = math.sqrt(1.0 - rho * rho)
         x, wl = _leggauss(self.nodes_per_half)
         R = self.half_width_sd
-        cut = np.clip(-rho * u / c, -R, R)[:, None]     # z2 = 0 at u2 = cut
+        cut = np.clip(-rho * u / c, -R, R)[:, None]  # z2 = 0 at u2 = cut
         z1s, z2s, ws = [], [], []
         for lo, hi in ((np.full_like(cut, -R), cut), (cut, np.full_like(cut, R))):
             v = lo + 0.5 * (hi - lo) * (x + 1.0)
@@ -141,7 +142,7 @@ class Quad:
             L[j, j] = math.sqrt(v) if v > degenerate_tol * K[j, j] else 0.0
         U, W = np.zeros((k, 1)), np.ones(1)
         for j in range(k):
-            if L[j, j] == 0.0:                          # degenerate: z_j is fixed by the outer variables
+            if L[j, j] == 0.0:  # degenerate: z_j is fixed by the outer variables
                 continue
             cut = np.clip(-(L[j, :j] @ U[:j]) / L[j, j], -R, R)[:, None]
             edge = np.full_like(cut, R)
@@ -166,8 +167,16 @@ class Quad:
 
 
 # ---------------------------------------------------------------- infinite width, arbitrary inputs
-def infinite_width_gram(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, X: np.ndarray,
-                        depth: int, quad: Quad | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def infinite_width_gram(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    X: np.ndarray,
+    depth: int,
+    quad: Quad | None = None,
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """[(K^(l), Theta^(l))] for l = 1..depth: the infinite-width kernel and NTK Gram matrices of the inputs
     X (m x n0), by 1-D quadrature on the diagonal and 2-D quadrature off it."""
     quad = quad or Quad()
@@ -207,19 +216,38 @@ def gaussian_moments(kind: str, K: float, Theta: float, lambda_w: float, c_w: fl
     u, w = quad.nodes()
     z = math.sqrt(K) * u
     s, d = sigma(kind, z), dsigma(kind, z)
-    E = lambda g: float(np.sum(w * g))                      # noqa: E731
-    dK = lambda g: float(np.sum(w * g * (z * z - K))) / (2.0 * K * K)   # d<g>_K / dK, no sigma'' needed
+    E = lambda g: float(np.sum(w * g))  # noqa: E731
+    dK = lambda g: float(np.sum(w * g * (z * z - K))) / (2.0 * K * K)  # d<g>_K / dK, no sigma'' needed
     # d^2<g>_K / dK^2 (Gaussian integration by parts twice: the 4th Hermite polynomial)
     dK2 = lambda g: float(np.sum(w * g * (z**4 - 6 * K * z * z + 3 * K * K))) / (4.0 * K**4)  # noqa: E731
     f = lambda_w * s**2 + c_w * Theta * d**2
-    return {"s2": E(s**2), "s4": E(s**4), "p2": E(d**2), "p4": E(d**4), "p2s2": E(d**2 * s**2),
-            "dK_s2": dK(s**2), "dK_p2": dK(d**2), "dK2_s2": dK2(s**2), "dK2_p2": dK2(d**2),
-            "var_f": E(f * f) - E(f) ** 2, "cov_f_cws2": E(f * c_w * s**2) - E(f) * c_w * E(s**2)}
+    return {
+        "s2": E(s**2),
+        "s4": E(s**4),
+        "p2": E(d**2),
+        "p4": E(d**4),
+        "p2s2": E(d**2 * s**2),
+        "dK_s2": dK(s**2),
+        "dK_p2": dK(d**2),
+        "dK2_s2": dK2(s**2),
+        "dK2_p2": dK2(d**2),
+        "var_f": E(f * f) - E(f) ** 2,
+        "cov_f_cws2": E(f * c_w * s**2) - E(f) * c_w * E(s**2),
+    }
 
 
-def first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: float, sq_norm: float,
-                depth: int, widths: list[int] | None = None, interlayer: bool = True,
-                quad: Quad | None = None) -> list[dict]:
+def first_order(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    lambda_b: float,
+    lambda_w: float,
+    sq_norm: float,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+) -> list[dict]:
     """Per layer l = 1..depth: K, Theta (infinite width), the susceptibilities, V, A, B, D, F and the mean
     corrections K1, Theta1 (E z_i^2 = K + K1/n, E Th_ii = Theta + Theta1/n).
 
@@ -229,8 +257,8 @@ def first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: fl
     quad = quad or Quad()
     widths = widths or [1] * depth
     K, Th = c_b + c_w * sq_norm, lambda_b + lambda_w * sq_norm
-    t = dict.fromkeys(TENSORS, 0.0)          # layer 1 is exactly Gaussian with a deterministic NTK
-    K1 = Th1 = 0.0                           # mean corrections: E z^2 = K + K1/n, E Th_ii = Theta + Theta1/n
+    t = dict.fromkeys(TENSORS, 0.0)  # layer 1 is exactly Gaussian with a deterministic NTK
+    K1 = Th1 = 0.0  # mean corrections: E z^2 = K + K1/n, E Th_ii = Theta + Theta1/n
     rows = [{"layer": 1, "K": K, "Theta": Th, **t, "K1": K1, "Theta1": Th1}]
     for ell in range(1, depth):
         g = gaussian_moments(kind, K, Th, lambda_w, c_w, quad)
@@ -248,9 +276,12 @@ def first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: fl
         # mean corrections (derived in the README): second-order delta method in the fluctuating kernel,
         # plus E[Th_jj | z_j] = E[Th | prev] + F/n (z_j^2 - K)/K^2 from the row of W shared by z_j and Th_jj
         K1_new = r * (chi_par * K1 + 0.5 * c_w * g["dK2_s2"] * t["V"])
-        Th1_new = r * (chi_perp * Th1 + chi_th * K1
-                       + 0.5 * (lambda_w * g["dK2_s2"] + c_w * Th * g["dK2_p2"]) * t["V"]
-                       + c_w * g["dK_p2"] * (t["D"] + 2 * t["F"]))
+        Th1_new = r * (
+            chi_perp * Th1
+            + chi_th * K1
+            + 0.5 * (lambda_w * g["dK2_s2"] + c_w * Th * g["dK2_p2"]) * t["V"]
+            + c_w * g["dK_p2"] * (t["D"] + 2 * t["F"])
+        )
         rows[-1].update(chi_par=chi_par, chi_perp=chi_perp, chi_theta=chi_th)
         K, Th = c_b + c_w * g["s2"], lambda_b + lambda_w * g["s2"] + c_w * g["p2"] * Th
         t, K1, Th1 = new, K1_new, Th1_new
@@ -259,7 +290,7 @@ def first_order(kind: str, c_w: float, c_b: float, lambda_b: float, lambda_w: fl
 
 
 # ---------------------------------------------------------------- first order in 1/n, two inputs (kernel)
-PAIRS = ((0, 0), (0, 1), (1, 1))                     # the unique entries of a 2x2 kernel
+PAIRS = ((0, 0), (0, 1), (1, 1))  # the unique entries of a 2x2 kernel
 PAIR_NAMES = tuple(f"{a + 1}{b + 1}" for a, b in PAIRS)
 VERTEX_KEYS = tuple(f"V_{PAIR_NAMES[i]}_{PAIR_NAMES[j]}" for i in range(3) for j in range(i, 3))
 
@@ -269,7 +300,7 @@ def _pair_moments(kind: str, K: np.ndarray, quad: Quad) -> tuple[np.ndarray, np.
     z1, z2, w = quad.grid2(K[0, 0], K[0, 1], K[1, 1])
     s1, s2 = sigma(kind, z1), sigma(kind, z2)
     E = lambda k1, k2: float(np.sum(w * s1**k1 * s2**k2))  # noqa: E731
-    deg = [(2 - (a == 1) - (b == 1), (a == 1) + (b == 1)) for a, b in PAIRS]   # powers of s_1 and s_2
+    deg = [(2 - (a == 1) - (b == 1), (a == 1) + (b == 1)) for a, b in PAIRS]  # powers of s_1 and s_2
     S = np.array([E(*d) for d in deg])
     four = np.array([[E(d1[0] + d2[0], d1[1] + d2[1]) for d2 in deg] for d1 in deg])
     return S, four
@@ -285,8 +316,17 @@ def kernel_derivative(f, K: np.ndarray, a: int, b: int, h: float):
     return (f(Kp) - f(Km)) / (2 * h)
 
 
-def two_input_vertex(kind: str, c_w: float, c_b: float, X: np.ndarray, depth: int, widths: list[int] | None = None,
-                     interlayer: bool = True, quad: Quad | None = None, h_rel: float = 1e-4) -> list[dict]:
+def two_input_vertex(
+    kind: str,
+    c_w: float,
+    c_b: float,
+    X: np.ndarray,
+    depth: int,
+    widths: list[int] | None = None,
+    interlayer: bool = True,
+    quad: Quad | None = None,
+    h_rel: float = 1e-4,
+) -> list[dict]:
     """Per layer: the 2x2 kernel K and the four-point vertex V_{(ab)(cd)} of two inputs, n Cov(z_ia z_ib,
     z_kc z_kd) for i != k, over the unique pairs (11), (12), (22):
         V' = C_W^2 (<s_a s_b s_c s_d> - <s_a s_b><s_c s_d>) + r C_W^2 sum_{e,f} dS_ab/dK_e V_ef dS_cd/dK_f,
@@ -302,8 +342,15 @@ def two_input_vertex(kind: str, c_w: float, c_b: float, X: np.ndarray, depth: in
     out = []
 
     def record(ell):
-        out.append({"layer": ell, "K_11": K[0, 0], "K_12": K[0, 1], "K_22": K[1, 1],
-                    **{f"V_{PAIR_NAMES[i]}_{PAIR_NAMES[j]}": V[i, j] for i in range(3) for j in range(i, 3)}})
+        out.append(
+            {
+                "layer": ell,
+                "K_11": K[0, 0],
+                "K_12": K[0, 1],
+                "K_22": K[1, 1],
+                **{f"V_{PAIR_NAMES[i]}_{PAIR_NAMES[j]}": V[i, j] for i in range(3) for j in range(i, 3)},
+            }
+        )
 
     record(1)
     for ell in range(1, depth):

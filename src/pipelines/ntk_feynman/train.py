@@ -27,6 +27,7 @@ holds the variant's own final-layer values, its JSON artifact the statistics tab
 The theory variants also carry the dNTK's P, Q (dntk.dntk_first_order) and the ddNTK's R, S, T, U
 (ddntk.ddntk_first_order); all zero for infinite_width.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from pipelines.core.runtime import node_setup
+from pipelines.core.api import node_setup
 from pipelines.ntk_feynman import ddntk, ddntk2, dntk, mc, multi, multi_ddntk, ntk2, theory
 from pipelines.ntk_feynman.params import DDNTK_TENSORS, DNTK_TENSORS, TENSORS, Params
 
@@ -130,8 +131,17 @@ def _multi_d_theory(kind: str, p: Params, Xm: np.ndarray, variant: str, quad) ->
             for ell in range(1, p.net.depth + 1):
                 out[(name, ell)] = dict.fromkeys(multi_d_quantity_names(kind, M), 0.0)
             continue
-        for r in fn(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, Xm, p.net.depth,
-                    interlayer=(variant != "no_interlayer"), quad=quad):
+        for r in fn(
+            name,
+            spec.c_w,
+            spec.c_b,
+            p.net.lambda_b,
+            p.net.lambda_w,
+            Xm,
+            p.net.depth,
+            interlayer=(variant != "no_interlayer"),
+            quad=quad,
+        ):
             out[(name, r["layer"])] = multi_d_flat_row(kind, r, M)
     return out
 
@@ -161,12 +171,39 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     rows = []
     for a, sq in enumerate(inputs["sq_norm"]):
         for name, spec in p.activations.items():
-            layers = theory.first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq, p.net.depth,
-                                        interlayer=(variant != "no_interlayer"), quad=quad)
-            d_layers = dntk.dntk_first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq,
-                                             p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
-            dd_layers = ddntk.ddntk_first_order(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, sq,
-                                                p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
+            layers = theory.first_order(
+                name,
+                spec.c_w,
+                spec.c_b,
+                p.net.lambda_b,
+                p.net.lambda_w,
+                sq,
+                p.net.depth,
+                interlayer=(variant != "no_interlayer"),
+                quad=quad,
+            )
+            d_layers = dntk.dntk_first_order(
+                name,
+                spec.c_w,
+                spec.c_b,
+                p.net.lambda_b,
+                p.net.lambda_w,
+                sq,
+                p.net.depth,
+                interlayer=(variant != "no_interlayer"),
+                quad=quad,
+            )
+            dd_layers = ddntk.ddntk_first_order(
+                name,
+                spec.c_w,
+                spec.c_b,
+                p.net.lambda_b,
+                p.net.lambda_w,
+                sq,
+                p.net.depth,
+                interlayer=(variant != "no_interlayer"),
+                quad=quad,
+            )
             for r, rd, rdd in zip(layers, d_layers, dd_layers):
                 r = {**r, **{t: rd[t] for t in DNTK_TENSORS}, **{t: rdd[t] for t in DDNTK_TENSORS}}
                 if variant == "infinite_width":
@@ -177,8 +214,9 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
         # the two-input kernel and four-point vertex, on the rows of input 0 (the pair's first input)
         X = np.asarray(inputs["pair"])
         for name, spec in p.activations.items():
-            layers = theory.two_input_vertex(name, spec.c_w, spec.c_b, X, p.net.depth,
-                                             interlayer=(variant != "no_interlayer"), quad=quad)
+            layers = theory.two_input_vertex(
+                name, spec.c_w, spec.c_b, X, p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad
+            )
             for r in layers:
                 if variant == "infinite_width":
                     r = {**r, **dict.fromkeys(theory.VERTEX_KEYS, 0.0)}
@@ -187,8 +225,17 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                     if k != "layer":
                         df.loc[sel, k] = float(v)
             # the two-input NTK tensors V, D, A, B, F with input indices (ntk2.py), columns "2i.<T>_<ab>_<cd>"
-            layers2 = ntk2.two_input_ntk_tensors(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X,
-                                                 p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
+            layers2 = ntk2.two_input_ntk_tensors(
+                name,
+                spec.c_w,
+                spec.c_b,
+                p.net.lambda_b,
+                p.net.lambda_w,
+                X,
+                p.net.depth,
+                interlayer=(variant != "no_interlayer"),
+                quad=quad,
+            )
             for r in layers2:
                 vals = ntk2.flat_row(r)
                 if variant == "infinite_width":
@@ -196,8 +243,17 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                 df = _set_input0_row(df, name, r["layer"], vals)
             if p.dntk2 is not None:
                 # the two-input dNTK P, Q with input indices (ntk2.two_input_dntk), columns "2d.<P|Q>_<a0a1a2a3>"
-                dl = ntk2.two_input_dntk(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X, p.net.depth,
-                                         interlayer=(variant != "no_interlayer"), quad=quad)
+                dl = ntk2.two_input_dntk(
+                    name,
+                    spec.c_w,
+                    spec.c_b,
+                    p.net.lambda_b,
+                    p.net.lambda_w,
+                    X,
+                    p.net.depth,
+                    interlayer=(variant != "no_interlayer"),
+                    quad=quad,
+                )
                 for r in dl:
                     vals = ntk2.dntk2_flat_row(r["P"], r["Q"])
                     if variant == "infinite_width":
@@ -206,11 +262,22 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
             if p.ddntk2 is not None:
                 # the two-input ddNTK R, S, T, U (ddntk2.two_input_ddntk), columns "dd2.<R|S|T|U>_<a1a2a3a4>"
                 if variant == "infinite_width":
-                    ddl = [{"layer": ell, **{t: np.zeros((2, 2, 2, 2)) for t in ddntk2.TENSORS}}
-                           for ell in range(1, p.net.depth + 1)]
+                    ddl = [
+                        {"layer": ell, **{t: np.zeros((2, 2, 2, 2)) for t in ddntk2.TENSORS}}
+                        for ell in range(1, p.net.depth + 1)
+                    ]
                 else:
-                    ddl = ddntk2.two_input_ddntk(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, X,
-                                                 p.net.depth, interlayer=(variant != "no_interlayer"), quad=quad)
+                    ddl = ddntk2.two_input_ddntk(
+                        name,
+                        spec.c_w,
+                        spec.c_b,
+                        p.net.lambda_b,
+                        p.net.lambda_w,
+                        X,
+                        p.net.depth,
+                        interlayer=(variant != "no_interlayer"),
+                        quad=quad,
+                    )
                 for r in ddl:
                     df = _set_input0_row(df, name, r["layer"], ddntk2_flat_row(r))
     if p.multi is not None and inputs.get("multi") is not None:
@@ -224,22 +291,33 @@ def theory_table(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
                 for ell in range(1, p.net.depth + 1):
                     extra[(name, ell)] = dict.fromkeys(names, 0.0)
                 continue
-            layers_m = multi.multi_input_ntk_tensors(name, spec.c_w, spec.c_b, p.net.lambda_b, p.net.lambda_w, Xm,
-                                                     p.net.depth, interlayer=(variant != "no_interlayer"),
-                                                     quad=quad)
+            layers_m = multi.multi_input_ntk_tensors(
+                name,
+                spec.c_w,
+                spec.c_b,
+                p.net.lambda_b,
+                p.net.lambda_w,
+                Xm,
+                p.net.depth,
+                interlayer=(variant != "no_interlayer"),
+                quad=quad,
+            )
             for r in layers_m:
                 extra[(name, r["layer"])] = multi.flat_row(r, M)
         df = _add_input0_columns(df, extra, multi.quantity_names(M))
         # the M-input dNTK / ddNTK, only for the activations of planned mc_multi_dntk_ / mc_multi_ddntk_ variants
         for kind in ("multi_dntk", "multi_ddntk"):
             if p.block_activations(kind):
-                df = _add_input0_columns(df, _multi_d_theory(kind, p, Xm, variant, quad),
-                                         multi_d_quantity_names(kind, M))
+                df = _add_input0_columns(
+                    df, _multi_d_theory(kind, p, Xm, variant, quad), multi_d_quantity_names(kind, M)
+                )
     bad = ~np.isfinite(df[["K", "Theta", *TENSORS, *DNTK_TENSORS, *DDNTK_TENSORS, "K1", "Theta1"]].to_numpy()).all(1)
     if bad.any():
         r = df[bad].iloc[0]
-        raise FloatingPointError(f"ntk_feynman.train.{variant}: non-finite recursion for {r.activation} at layer "
-                                 f"{int(r.layer)} (off-critical C_W, C_b?)")
+        raise FloatingPointError(
+            f"ntk_feynman.train.{variant}: non-finite recursion for {r.activation} at layer "
+            f"{int(r.layer)} (off-critical C_W, C_b?)"
+        )
     return df
 
 
@@ -247,22 +325,35 @@ def mc_table(inputs: dict, p: Params, activation: str) -> pd.DataFrame:
     spec = p.activations[activation]
     frames = []
     for seed in p.seeds:
-        device = node_setup(p, int(seed))      # cuda when a GPU node runs this task, else cpu
-        for wi, width in enumerate(p.mc.widths):
+        device = node_setup(p, int(seed))  # cuda when a GPU node runs this task, else cpu
+        for _wi, width in enumerate(p.mc.widths):
             for a, x in enumerate(inputs["x"]):
                 # one stream per (seed, width, input); the activations share it (common random numbers)
                 stream = int(np.random.SeedSequence([int(seed), width, a]).generate_state(1)[0])
                 x2 = inputs["pair"][1] if (a == 0 and inputs.get("pair") is not None) else None
-                stats = mc.sample_nets(activation, np.asarray(x), width, p.net.depth, p.nets(width), spec.c_w,
-                                       spec.c_b, p.net.lambda_b, p.net.lambda_w, stream, p.mc.chunk_elems, x2=x2,
-                                       device=device)
+                stats = mc.sample_nets(
+                    activation,
+                    np.asarray(x),
+                    width,
+                    p.net.depth,
+                    p.nets(width),
+                    spec.c_w,
+                    spec.c_b,
+                    p.net.lambda_b,
+                    p.net.lambda_w,
+                    stream,
+                    p.mc.chunk_elems,
+                    x2=x2,
+                    device=device,
+                )
                 frames.append(mc.block_table(stats, p.mc.blocks_per_seed, input=a, seed=int(seed), width=width))
             log.info("ntk_feynman.mc_%s: seed %s width %d done", activation, seed, width)
     return pd.concat(frames, ignore_index=True)
 
 
-def _block_rows(stats: np.ndarray, blocks: int, columns, seed: int, width: int, depth: int,
-                reduce=lambda block: block.mean(0)) -> list[dict]:
+def _block_rows(
+    stats: np.ndarray, blocks: int, columns, seed: int, width: int, depth: int, reduce=lambda block: block.mean(0)
+) -> list[dict]:
     """Rows of a sampler's per-net statistics [nets, depth, columns] cut into ``blocks`` contiguous blocks (the
     batch means behind the s.e.): one row per block and layer, input 0."""
     edges = np.linspace(0, len(stats), blocks + 1).round().astype(int)
@@ -270,15 +361,26 @@ def _block_rows(stats: np.ndarray, blocks: int, columns, seed: int, width: int, 
     for blk, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
         means = reduce(stats[a:b])
         for ell in range(depth):
-            rows.append({"input": 0, "seed": int(seed), "width": width, "block": blk, "layer": ell + 1,
-                         "n_nets": int(b - a), **dict(zip(columns, means[ell]))})
+            rows.append(
+                {
+                    "input": 0,
+                    "seed": int(seed),
+                    "width": width,
+                    "block": blk,
+                    "layer": ell + 1,
+                    "n_nets": int(b - a),
+                    **dict(zip(columns, means[ell])),
+                }
+            )
     return rows
 
 
 def _pair(inputs: dict, variant: str) -> np.ndarray:
     if inputs.get("pair") is None:
-        raise ValueError(f"ntk_feynman.train.{variant}: needs an input pair (data.pair_cosine is null, or "
-                         "data.inputs_path has one row)")
+        raise ValueError(
+            f"ntk_feynman.train.{variant}: needs an input pair (data.pair_cosine is null, or "
+            "data.inputs_path has one row)"
+        )
     return np.asarray(inputs["pair"], dtype=float)
 
 
@@ -296,32 +398,74 @@ def _per_width_chunk(d, width: int) -> int:
 # chunk), the inputs the nets see, the stream tag (each sampler its own seeded stream per seed and width), the
 # call, the block table's columns and the per-block reduction of the per-net statistics.
 _SAMPLERS = {
-    "dntk": dict(inputs=lambda inp, v: np.asarray(inp["x"][0]), tag=7, columns=lambda X: dntk.DNTK_COLUMNS,
-                 sample=lambda act, X, w, n, s, lb, lw, st, d, dev: dntk.sample_dntk(
-                     act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems, device=dev, probes=d.probes)),
-    "ddntk": dict(inputs=lambda inp, v: np.asarray(inp["x"][0]), tag=11, columns=lambda X: ddntk.DDNTK_COLUMNS,
-                  sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk.sample_ddntk(
-                      act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems, device=dev)),
-    "ntk2": dict(inputs=_pair, tag=13, columns=lambda X: ntk2.COLUMNS,
-                 sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ntk2.sample_two_input(
-                     act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems)),
-    "dntk2": dict(inputs=_pair, tag=17, columns=lambda X: ntk2.DNTK2_COLUMNS, reduce=ntk2.dntk2_block_row,
-                  sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ntk2.sample_two_input_dntk(
-                      act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
-    "multi": dict(inputs=_multi_inputs, tag=19, columns=lambda X: multi.columns(len(X)),
-                  sample=lambda act, X, w, n, s, lb, lw, st, d, dev: multi.sample_multi(
-                      act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems)),
-    "multi_dntk": dict(inputs=_multi_inputs, tag=29, columns=lambda X: multi_d_columns("multi_dntk", len(X)),
-                       reduce=lambda block: block.mean(0).reshape(block.shape[1], -1),
-                       sample=lambda act, X, w, n, s, lb, lw, st, d, dev: multi.sample_multi_dntk(
-                           act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
-    "multi_ddntk": dict(inputs=_multi_inputs, tag=31, columns=lambda X: multi_d_columns("multi_ddntk", len(X)),
-                        reduce=lambda block: block.mean(0).reshape(block.shape[1], -1),
-                        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk2.sample_ddntk_probes(
-                            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
-    "ddntk2": dict(inputs=_pair, tag=23, columns=lambda X: DDNTK2_COLUMNS, reduce=ddntk2_block_row,
-                   sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk2.sample_two_input_ddntk(
-                       act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w))),
+    "dntk": dict(
+        inputs=lambda inp, v: np.asarray(inp["x"][0]),
+        tag=7,
+        columns=lambda X: dntk.DNTK_COLUMNS,
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: dntk.sample_dntk(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems, device=dev, probes=d.probes
+        ),
+    ),
+    "ddntk": dict(
+        inputs=lambda inp, v: np.asarray(inp["x"][0]),
+        tag=11,
+        columns=lambda X: ddntk.DDNTK_COLUMNS,
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk.sample_ddntk(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems, device=dev
+        ),
+    ),
+    "ntk2": dict(
+        inputs=_pair,
+        tag=13,
+        columns=lambda X: ntk2.COLUMNS,
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ntk2.sample_two_input(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems
+        ),
+    ),
+    "dntk2": dict(
+        inputs=_pair,
+        tag=17,
+        columns=lambda X: ntk2.DNTK2_COLUMNS,
+        reduce=ntk2.dntk2_block_row,
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ntk2.sample_two_input_dntk(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w)
+        ),
+    ),
+    "multi": dict(
+        inputs=_multi_inputs,
+        tag=19,
+        columns=lambda X: multi.columns(len(X)),
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: multi.sample_multi(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, d.chunk_elems
+        ),
+    ),
+    "multi_dntk": dict(
+        inputs=_multi_inputs,
+        tag=29,
+        columns=lambda X: multi_d_columns("multi_dntk", len(X)),
+        reduce=lambda block: block.mean(0).reshape(block.shape[1], -1),
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: multi.sample_multi_dntk(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w)
+        ),
+    ),
+    "multi_ddntk": dict(
+        inputs=_multi_inputs,
+        tag=31,
+        columns=lambda X: multi_d_columns("multi_ddntk", len(X)),
+        reduce=lambda block: block.mean(0).reshape(block.shape[1], -1),
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk2.sample_ddntk_probes(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w)
+        ),
+    ),
+    "ddntk2": dict(
+        inputs=_pair,
+        tag=23,
+        columns=lambda X: DDNTK2_COLUMNS,
+        reduce=ddntk2_block_row,
+        sample=lambda act, X, w, n, s, lb, lw, st, d, dev: ddntk2.sample_two_input_ddntk(
+            act, X, w, *n, s.c_w, s.c_b, lb, lw, st, chunk=_per_width_chunk(d, w)
+        ),
+    ),
 }
 
 
@@ -336,10 +480,27 @@ def sampler_table(inputs: dict, p: Params, kind: str, activation: str) -> pd.Dat
         device = node_setup(p, int(seed))
         for width in d.widths:
             stream = int(np.random.SeedSequence([int(seed), width, 0, cfg["tag"]]).generate_state(1)[0])
-            stats = cfg["sample"](activation, X, width, (p.net.depth, p.block_nets(kind, width)), spec, p.net.lambda_b,
-                                  p.net.lambda_w, stream, d, device)
-            frames += _block_rows(stats, d.blocks_per_seed, cfg["columns"](X), seed, width, p.net.depth,
-                                  reduce=cfg.get("reduce", lambda block: block.mean(0)))
+            stats = cfg["sample"](
+                activation,
+                X,
+                width,
+                (p.net.depth, p.block_nets(kind, width)),
+                spec,
+                p.net.lambda_b,
+                p.net.lambda_w,
+                stream,
+                d,
+                device,
+            )
+            frames += _block_rows(
+                stats,
+                d.blocks_per_seed,
+                cfg["columns"](X),
+                seed,
+                width,
+                p.net.depth,
+                reduce=cfg.get("reduce", lambda block: block.mean(0)),
+            )
             log.info("ntk_feynman.%s: seed %s width %d done", variant, seed, width)
     return pd.DataFrame(frames)
 
@@ -360,7 +521,7 @@ def variant_stats(inputs: dict, p: Params, variant: str) -> pd.DataFrame:
     if kind == "mc":
         df = mc_table(inputs, p, variant[3:])
     elif kind is not None:
-        df = sampler_table(inputs, p, kind, variant[len(kind) + 4:])
+        df = sampler_table(inputs, p, kind, variant[len(kind) + 4 :])
     else:
         df = theory_table(inputs, p, variant)
     df["runtime_s"] = time.perf_counter() - t0
@@ -388,7 +549,7 @@ def results_table(p: Params, variant: str, df: pd.DataFrame, n0: int) -> pd.Data
     final-layer estimates per width, pooled over that seed's blocks; ``runtime_s``), one row (the first seed)
     for a theory variant (its final-layer values per activation). The comparisons with other variants are
     derived metrics (evaluate.comparison_metrics)."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     res, L = Results(variant), p.net.depth
     runtime = float(df.runtime_s.iloc[0])

@@ -5,6 +5,7 @@ intrinsic-norm clipping, isotropic tangent noise, DP-aware scalar adaptive step,
 Notation: an adapted layer has weight W + Z with Z = A Bᵀ, A: m×r (up), B: n×r (down). For a linear layer
 the per-example gradient is rank one, G_i = δ_i a_iᵀ (δ = ∂ℓ_i/∂pre-activation, a = the layer input), so every
 per-example norm below is computed in factored form; no per-example m×n tensor is built."""
+
 from __future__ import annotations
 
 import functools
@@ -60,8 +61,9 @@ def _omega(m: int, r: int) -> torch.Tensor:
     return torch.randn(m, r, generator=torch.Generator().manual_seed(12345), dtype=torch.float64)
 
 
-def tangent_noise(U: torch.Tensor, V: torch.Tensor, std: float, gen: torch.Generator,
-                  samples: int | None = None) -> torch.Tensor:
+def tangent_noise(
+    U: torch.Tensor, V: torch.Tensor, std: float, gen: torch.Generator, samples: int | None = None
+) -> torch.Tensor:
     """An isotropic Gaussian on T_Z with per-coordinate std: draws r² + (m−r)r + (n−r)r numbers' worth
     (E: r×r, N1: m×r, N2: n×r, then projected), ν = U E Vᵀ + (I−UUᵀ)N1 Vᵀ + U N2ᵀ(I−VVᵀ), with U, V
     replaced by their canonical bases (same spans). ``samples``: that many draws, stacked."""
@@ -85,6 +87,7 @@ def factor_noise(A: torch.Tensor, B: torch.Tensor, std: float, gen: torch.Genera
     def inv_sqrt(S):
         w, Q = torch.linalg.eigh(S)
         return Q @ torch.diag(w.rsqrt()) @ Q.T
+
     lead = () if samples is None else (samples,)
     N1 = torch.randn(*lead, *A.shape, generator=gen, dtype=A.dtype)
     N2 = torch.randn(*lead, *B.shape, generator=gen, dtype=A.dtype)
@@ -129,9 +132,18 @@ class AdaptedMLP(torch.nn.Module):
     or dense (Z = D). The forward keeps the layer inputs and pre-activations (with their gradients) so the
     DP step can form per-example gradients δ_i a_iᵀ in factored form."""
 
-    def __init__(self, base: dict, kind: str, rank: int = 4, init: str = "standard", init_scale: float = 1e-3,
-                 gauge: torch.Tensor | None = None, gen: torch.Generator | None = None,
-                 dtype: torch.dtype = torch.float64, freeze_B: bool = False):
+    def __init__(
+        self,
+        base: dict,
+        kind: str,
+        rank: int = 4,
+        init: str = "standard",
+        init_scale: float = 1e-3,
+        gauge: torch.Tensor | None = None,
+        gen: torch.Generator | None = None,
+        dtype: torch.dtype = torch.float64,
+        freeze_B: bool = False,
+    ):
         super().__init__()
         self.kind = kind
         for k, v in base.items():
@@ -143,16 +155,16 @@ class AdaptedMLP(torch.nn.Module):
             if kind == "dense":
                 setattr(self, f"D{l}", torch.nn.Parameter(torch.zeros(m, n, dtype=dtype)))
                 continue
-            if init == "standard":      # LoRA: up-projection 0, down-projection U(±1/√n)
+            if init == "standard":  # LoRA: up-projection 0, down-projection U(±1/√n)
                 A = torch.zeros(m, rank, dtype=dtype)
                 B = (torch.rand(n, rank, generator=gen, dtype=dtype) * 2 - 1) / math.sqrt(n)
-            else:                       # small balanced Z0 = U0 S0 V0ᵀ, subtracted from W
+            else:  # small balanced Z0 = U0 S0 V0ᵀ, subtracted from W
                 U0 = torch.linalg.qr(torch.randn(m, rank, generator=gen, dtype=dtype))[0]
                 V0 = torch.linalg.qr(torch.randn(n, rank, generator=gen, dtype=dtype))[0]
                 s0 = init_scale * torch.linalg.matrix_norm(W, ord=2)
                 A, B = U0 * s0.sqrt(), V0 * s0.sqrt()
                 W -= A @ B.T
-            if gauge is not None:       # the same Z0 in another gauge: (A G, B G⁻ᵀ)
+            if gauge is not None:  # the same Z0 in another gauge: (A G, B G⁻ᵀ)
                 A, B = A @ gauge.to(dtype), B @ torch.linalg.inv(gauge.to(dtype)).T
             setattr(self, f"A{l}", torch.nn.Parameter(A))
             setattr(self, f"B{l}", torch.nn.Parameter(B, requires_grad=not freeze_B))
@@ -180,8 +192,20 @@ class DPStep(torch.optim.Optimizer):
     naive / ffa / dense (clip the per-example gradient of the trained tensors jointly to C, add N(0, σ²C²)
     per coordinate, divide by the expected batch b, then SGD or Adam) and prism (below)."""
 
-    def __init__(self, model: AdaptedMLP, mechanism: str, optimizer: str, lr: float, sigma: float, clip: float,
-                 batch: float, gen: torch.Generator, beta1: float = 0.9, beta2: float = 0.999, floor: float = 0.1):
+    def __init__(
+        self,
+        model: AdaptedMLP,
+        mechanism: str,
+        optimizer: str,
+        lr: float,
+        sigma: float,
+        clip: float,
+        batch: float,
+        gen: torch.Generator,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        floor: float = 0.1,
+    ):
         self.model, self.mech, self.opt_name = model, mechanism, optimizer
         self.sigma, self.clip, self.batch, self.gen = sigma, clip, batch, gen
         self.beta1, self.beta2, self.floor = beta1, beta2, floor
@@ -191,12 +215,17 @@ class DPStep(torch.optim.Optimizer):
         self.t = 0
         self.mom = {l: None for l in LAYERS}
         self.v = {l: 0.0 for l in LAYERS}
-        self.log = {"clip_fraction": [], "noise_sq": [], "noise_factor_sq": [], "sigma_min_S": [],
-                    "noise_sq_closed": []}
+        self.log = {
+            "clip_fraction": [],
+            "noise_sq": [],
+            "noise_factor_sq": [],
+            "sigma_min_S": [],
+            "noise_sq_closed": [],
+        }
 
     def _per_example(self):
         n = len(self.model.stash[0][0])
-        return [(a, z.grad * n) for a, z in self.model.stash]      # loss is the batch mean
+        return [(a, z.grad * n) for a, z in self.model.stash]  # loss is the batch mean
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -222,7 +251,7 @@ class DPStep(torch.optim.Optimizer):
                 parts.append((l, a, d, None, None))
                 continue
             A, B = getattr(m, f"A{l}"), getattr(m, f"B{l}")
-            u, w = a @ B, d @ A                      # g_A,i = δ_i (Bᵀa_i)ᵀ, g_B,i = a_i (Aᵀδ_i)ᵀ
+            u, w = a @ B, d @ A  # g_A,i = δ_i (Bᵀa_i)ᵀ, g_B,i = a_i (Aᵀδ_i)ᵀ
             sq = sq + d.pow(2).sum(1) * u.pow(2).sum(1)
             if self.mech == "naive":
                 sq = sq + a.pow(2).sum(1) * w.pow(2).sum(1)
@@ -232,9 +261,12 @@ class DPStep(torch.optim.Optimizer):
         noise_sq = factor_sq = 0.0
         for l, a, d, u, w in parts:
             cd = d * c[:, None]
-            grads = ([(getattr(m, f"D{l}"), cd.T @ a)] if self.mech == "dense" else
-                     [(getattr(m, f"A{l}"), cd.T @ u)] + ([(getattr(m, f"B{l}"), (a * c[:, None]).T @ w)]
-                                                          if self.mech == "naive" else []))
+            grads = (
+                [(getattr(m, f"D{l}"), cd.T @ a)]
+                if self.mech == "dense"
+                else [(getattr(m, f"A{l}"), cd.T @ u)]
+                + ([(getattr(m, f"B{l}"), (a * c[:, None]).T @ w)] if self.mech == "naive" else [])
+            )
             noise = []
             for prm, g in grads:
                 nz = std * torch.randn(g.shape, generator=self.gen, dtype=g.dtype) / self.batch
@@ -263,7 +295,7 @@ class DPStep(torch.optim.Optimizer):
             m, v = self.adam[id(q)]
             m.mul_(b1).add_(q.grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(q.grad, q.grad, value=1 - b2)
-            q.sub_(lr * (m / (1 - b1 ** self.t)) / ((v / (1 - b2 ** self.t)).sqrt() + eps))
+            q.sub_(lr * (m / (1 - b1**self.t)) / ((v / (1 - b2**self.t)).sqrt() + eps))
 
     def _prism_step(self):
         m, ex = self.model, self._per_example()
@@ -278,22 +310,22 @@ class DPStep(torch.optim.Optimizer):
         noise_sq = closed = 0.0
         smin = math.inf
         for l, A, B, U, s, V, a, d in geo:
-            G = (d * c[:, None]).T @ a                            # Σ_i c_i δ_i a_iᵀ, one matmul
+            G = (d * c[:, None]).T @ a  # Σ_i c_i δ_i a_iᵀ, one matmul
             xi = tangent_project(U, V, G) / self.batch
             nu = tangent_noise(U, V, std, self.gen)
             noise_sq += float(nu.pow(2).sum())
             dt = tangent_dim(*G.shape, U.shape[1])
-            closed += std ** 2 * dt
+            closed += std**2 * dt
             g = xi + nu
             if self.opt_name == "adaptive":
-                e_noise = std ** 2 * dt
+                e_noise = std**2 * dt
                 prev = self.mom[l]
                 mom = (1 - self.beta1) * g + (self.beta1 * tangent_project(U, V, prev) if prev is not None else 0)
                 self.mom[l] = mom
                 self.v[l] = self.beta2 * self.v[l] + (1 - self.beta2) * float(g.pow(2).sum())
-                v_hat = max(self.v[l] / (1 - self.beta2 ** self.t) - e_noise, self.floor * e_noise)
+                v_hat = max(self.v[l] / (1 - self.beta2**self.t) - e_noise, self.floor * e_noise)
                 step = self.param_groups[0]["lr"] / math.sqrt(v_hat)
-                direction = mom / (1 - self.beta1 ** self.t)
+                direction = mom / (1 - self.beta1**self.t)
             else:
                 step, direction = self.param_groups[0]["lr"], g
             dA, dB = lift(A, B, direction)

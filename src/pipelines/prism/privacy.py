@@ -1,5 +1,6 @@
 """Privacy accounting: opacus' RDP accountant for the Poisson-subsampled Gaussian mechanism (what the
 pipeline uses), and a small independent integer-order RDP computation used by the tests as a check."""
+
 import math
 
 import numpy as np
@@ -16,16 +17,26 @@ def noise_multiplier(epsilon: float, delta: float, q: float, steps: int) -> floa
     import warnings
 
     from opacus.accountants.utils import get_noise_multiplier
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=q, steps=steps,
-                                          accountant="rdp", epsilon_tolerance=0.005))
+        return float(
+            get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=q,
+                steps=steps,
+                accountant="rdp",
+                epsilon_tolerance=0.005,
+            )
+        )
 
 
 def epsilon_spent(sigma: float, delta: float, q: float, steps: int) -> float:
     import warnings
 
     from opacus.accountants import RDPAccountant
+
     acc = RDPAccountant()
     acc.history = [(sigma, q, steps)]
     with warnings.catch_warnings():
@@ -44,7 +55,7 @@ def rdp_sampled_gaussian(q: float, sigma: float, orders: np.ndarray) -> np.ndarr
         k = np.arange(a + 1)
         logc = gammaln(a + 1) - gammaln(k + 1) - gammaln(a - k + 1)
         logq = k * math.log(q) + (a - k) * math.log1p(-q) if q < 1 else np.where(k == a, 0.0, -np.inf)
-        terms = logc + logq + (k * k - k) / (2 * sigma ** 2)
+        terms = logc + logq + (k * k - k) / (2 * sigma**2)
         mx = terms.max()
         out.append((mx + math.log(np.exp(terms - mx).sum())) / (a - 1))
     return np.array(out)

@@ -1,6 +1,7 @@
 """`prism`: task + noise calibration → train.<variant> (the ε grid and the gauge stress test run inside
 each) → evaluate; the method's contract, built by core."""
-from pipelines.core.spec import Data, Fn, Gain, Method, Train
+
+from pipelines.core.api import Data, Fn, Gain, Method, Train
 from pipelines.prism.data import calibrate_noise, make_task
 from pipelines.prism.evaluate import base_gain, make_plots, report_extra
 from pipelines.prism.params import Params
@@ -18,8 +19,7 @@ def derived(p: Params) -> list:
     """Gains in accuracy at each ε both sides ran (per seed, paired)."""
     out = [Fn(base_gain, ["base_acc", "gain.test_acc.nonprivate_vs_base"], needs_=["nonprivate"], inputs=["task"])]
     naive = set().union(*(_eps(p, v) for v in NAIVE))
-    out += [Gain(k, "prism_adaptive", best_of=NAIVE, label="naive")
-            for k in sorted(_eps(p, "prism_adaptive") & naive)]
+    out += [Gain(k, "prism_adaptive", best_of=NAIVE, label="naive") for k in sorted(_eps(p, "prism_adaptive") & naive)]
     out += [Gain(k, a, b) for a, b in PAIRS for k in sorted(_eps(p, a) & _eps(p, b))]
     return out
 
@@ -27,8 +27,10 @@ def derived(p: Params) -> list:
 SPEC = Method(
     name="prism",
     params=Params,
-    data=[Data(make_task, "params", "task_tensors", name="task"),
-          Data(calibrate_noise, ["params", "task_tensors"], "noise_json", name="noise_calibration")],
+    data=[
+        Data(make_task, "params", "task_tensors", name="task"),
+        Data(calibrate_noise, ["params", "task_tensors"], "noise_json", name="noise_calibration"),
+    ],
     train=Train(train_variant, ["task_tensors", "noise_json"], artifacts="json"),
     derived=derived,
     plots=make_plots,

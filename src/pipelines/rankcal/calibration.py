@@ -8,13 +8,14 @@ instance-based predictors, whose tied scores come out one rounding step apart fr
 sums); the top-k category is a tie-aware argmax (ties → the lowest category). Bins depend only on the
 predictions, so the observed outcomes and all resampled outcomes are scored in one matrix product.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.core.metrics import argmax_ties, binned_ece, equal_mass_bins
+from pipelines.core.api import argmax_ties, binned_ece, equal_mass_bins
 from pipelines.rankcal import ranking as R
 
 NOTIONS = ("full_conf", "full_cw", "pair", "triple_conf", "top1_conf", "top1_cw", "top2_conf")
@@ -23,9 +24,10 @@ NOTIONS = ("full_conf", "full_cw", "pair", "triple_conf", "top1_conf", "top1_cw"
 @dataclass
 class Groups:
     """The binary problems making one notion: scores (g, n) and the category each outcome must hit."""
-    scores: np.ndarray          # (g, n)
-    lut: np.ndarray             # (g, m!) permutation index → category
-    target: np.ndarray          # (g, n) the category whose indicator is compared with the score
+
+    scores: np.ndarray  # (g, n)
+    lut: np.ndarray  # (g, m!) permutation index → category
+    target: np.ndarray  # (g, n) the category whose indicator is compared with the score
 
 
 def notion_groups(Q: np.ndarray, m: int, notion: str) -> Groups | None:
@@ -67,8 +69,9 @@ def notion_groups(Q: np.ndarray, m: int, notion: str) -> Groups | None:
     raise ValueError(f"unknown calibration notion {notion!r}")
 
 
-def notion_calibration_error(groups: Groups, outcomes: np.ndarray, n_bins: int,
-               weights: np.ndarray | None = None) -> np.ndarray:
+def notion_calibration_error(
+    groups: Groups, outcomes: np.ndarray, n_bins: int, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Mean over the notion's binary problems of the ECE, for each row of ``outcomes`` (r, n) of
     permutation indices (or, with ``weights``, for each bootstrap resample of ``outcomes[0]``)."""
     outcomes = np.atleast_2d(outcomes)
@@ -79,9 +82,18 @@ def notion_calibration_error(groups: Groups, outcomes: np.ndarray, n_bins: int,
     return np.mean(vals, axis=0)
 
 
-def calibration_metrics(Q: np.ndarray, y: np.ndarray, m: int, *, n_bins: int = 15, n_debias: int = 20,
-                        n_bootstrap: int = 0, full_cw_max_m: int = 4, rng: np.random.Generator | None = None,
-                        notions: tuple[str, ...] = NOTIONS) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+def calibration_metrics(
+    Q: np.ndarray,
+    y: np.ndarray,
+    m: int,
+    *,
+    n_bins: int = 15,
+    n_debias: int = 20,
+    n_bootstrap: int = 0,
+    full_cw_max_m: int = 4,
+    rng: np.random.Generator | None = None,
+    notions: tuple[str, ...] = NOTIONS,
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Every ``ece_<notion>`` and ``ece_<notion>_db`` of predictions Q (n, m!) against observed
     permutation indices y (n,), plus bootstrap 95% CIs of both when ``n_bootstrap`` > 0.
 
@@ -134,7 +146,9 @@ def proper_scores(Q: np.ndarray, y: np.ndarray, m: int) -> dict[str, float]:
     }
 
 
-def reliability_points(scores: np.ndarray, indicators: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def reliability_points(
+    scores: np.ndarray, indicators: np.ndarray, n_bins: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per equal-mass bin: mean score, observed frequency, count (for reliability diagrams)."""
     ids = equal_mass_bins(scores, n_bins)
     cnt = np.bincount(ids)

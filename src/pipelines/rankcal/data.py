@@ -5,6 +5,7 @@ known truth (Plackett–Luce and Mallows), and user files in the full environmen
 
 Tie-break (documented, deterministic): equal values rank the lower label index first (stable sort).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, read_feature_csv
+from pipelines.core.api import InputDataError, read_feature_csv
 from pipelines.rankcal import ranking as R
 from pipelines.rankcal.params import Params
 
@@ -76,8 +77,9 @@ def sample_mallows(centres: np.ndarray, theta: float, rng: np.random.Generator) 
     return out
 
 
-def synthetic_dataset(kind: str, n: int, W: np.ndarray, theta: float,
-                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_dataset(
+    kind: str, n: int, W: np.ndarray, theta: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     x = rng.normal(size=(n, W.shape[1]))
     u = x @ W.T
     if kind == "pl_truth":
@@ -91,22 +93,32 @@ def read_user_file(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     training: a missing file, column, a wrong dtype, an empty table or a malformed ranking stops the run
     with one line naming the dataset (and the column)."""
     ds = f"file:{name}"
-    df, feats = read_feature_csv(path, ds, {"ranking": "str"}, min_rows=2,
-                                 hint="data.user_dir holds <name>.csv files with columns x_* and 'ranking'; "
-                                      "see src/pipelines/rankcal/README.md",
-                                 key=f"rankcal.data.user_dir ({ds})")
+    df, feats = read_feature_csv(
+        path,
+        ds,
+        {"ranking": "str"},
+        min_rows=2,
+        hint="data.user_dir holds <name>.csv files with columns x_* and 'ranking'; see src/pipelines/rankcal/README.md",
+        key=f"rankcal.data.user_dir ({ds})",
+    )
     try:
         orderings = [[int(t) for t in str(s).strip("()[] ").split(",")] for s in df["ranking"]]
     except ValueError:
-        bad = next(s for s in df["ranking"] if not all(t.strip().lstrip("-").isdigit()
-                                                          for t in str(s).strip("()[] ").split(",")))
-        raise InputDataError(f"dataset '{ds}': column 'ranking' holds {bad!r}; expected labels separated by "
-                             "commas, e.g. \"2,0,1,3\"") from None
+        bad = next(
+            s
+            for s in df["ranking"]
+            if not all(t.strip().lstrip("-").isdigit() for t in str(s).strip("()[] ").split(","))
+        )
+        raise InputDataError(
+            f"dataset '{ds}': column 'ranking' holds {bad!r}; expected labels separated by commas, e.g. \"2,0,1,3\""
+        ) from None
     m = len(orderings[0])
     for r, o in enumerate(orderings):
         if sorted(o) != list(range(m)):
-            raise InputDataError(f"dataset '{ds}': column 'ranking', row {r}: {df['ranking'].iloc[r]!r} is not an "
-                                 f"ordering of the labels 0..{m - 1}")
+            raise InputDataError(
+                f"dataset '{ds}': column 'ranking', row {r}: {df['ranking'].iloc[r]!r} is not an "
+                f"ordering of the labels 0..{m - 1}"
+            )
     return df[feats].to_numpy(float), np.array(orderings, dtype=np.int64)
 
 
@@ -134,8 +146,10 @@ def make_datasets(p: Params) -> pd.DataFrame:
         else:
             x, o = real_dataset(name)
         if o is not None and not 2 <= o.shape[1] <= R.MAX_EXACT_M:
-            raise InputDataError(f"dataset '{name}': column 'ranking' has m = {o.shape[1]} labels; exact "
-                                 f"tables need 2 <= m <= {R.MAX_EXACT_M}")
+            raise InputDataError(
+                f"dataset '{name}': column 'ranking' has m = {o.shape[1]} labels; exact "
+                f"tables need 2 <= m <= {R.MAX_EXACT_M}"
+            )
         for seed in p.seeds:
             # a stream per (seed, dataset) so adding a dataset never changes another one's draws
             rng = np.random.default_rng([seed, zlib.crc32(name.encode())])

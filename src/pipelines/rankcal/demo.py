@@ -2,12 +2,13 @@
 with m = 3, two constant predictors built by linear programming from a PL truth P — Q_sub matches every
 pairwise marginal of P but not its top-1 marginal, Q_top the reverse. A constant predictor is calibrated
 for a notion iff its marginal equals the label marginal, so the estimators must flag exactly this."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.runtime import node_setup
+from pipelines.core.api import node_setup
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import ranking as R
 from pipelines.rankcal.params import Params
@@ -43,11 +44,20 @@ def counterexample(P: np.ndarray, kind: str, margin: float, floor: float) -> np.
         raise ValueError(kind)
     A_eq = np.vstack([np.c_[A_eq, np.zeros((len(A_eq), K))], np.r_[np.ones(K), np.zeros(K)][None]])
     b_eq = np.r_[b_eq, 1.0]
-    res = linprog(c, A_ub=np.vstack(A_ub), b_ub=np.concatenate([np.ravel(b) for b in b_ub]), A_eq=A_eq,
-                  b_eq=b_eq, bounds=[(floor, 1)] * K + [(0, None)] * K, method="highs")
+    res = linprog(
+        c,
+        A_ub=np.vstack(A_ub),
+        b_ub=np.concatenate([np.ravel(b) for b in b_ub]),
+        A_eq=A_eq,
+        b_eq=b_eq,
+        bounds=[(floor, 1)] * K + [(0, None)] * K,
+        method="highs",
+    )
     if res.status != 0:
-        raise ValueError(f"parameter rankcal.demo.margin: the {kind} LP is infeasible at margin {margin} "
-                         f"(status {res.status}: {res.message}); lower the margin or flatten truth_weights")
+        raise ValueError(
+            f"parameter rankcal.demo.margin: the {kind} LP is infeasible at margin {margin} "
+            f"(status {res.status}: {res.message}); lower the margin or flatten truth_weights"
+        )
     return res.x[:K]
 
 
@@ -56,8 +66,10 @@ def population_calibration_error(Q: np.ndarray, P: np.ndarray) -> dict[str, floa
     pairs, plut = R.pair_lut(3)
     rows = (plut == 0).astype(float)
     top = np.stack([(R.perms(3)[:, 0] == j).astype(float) for j in range(3)])
-    return {"pop_ece_pair": float(np.abs(rows @ (Q - P)).mean()),
-            "pop_ece_top1_cw": float(np.abs(top @ (Q - P)).mean())}
+    return {
+        "pop_ece_pair": float(np.abs(rows @ (Q - P)).mean()),
+        "pop_ece_top1_cw": float(np.abs(top @ (Q - P)).mean()),
+    }
 
 
 def hierarchy_demo(p: Params) -> pd.DataFrame:
@@ -74,9 +86,18 @@ def hierarchy_demo(p: Params) -> pd.DataFrame:
         y = R.sample_table(P[None], rng, d.n)[:, 0]
         for name, q in preds.items():
             Q = np.tile(q, (d.n, 1))
-            ece, _ = C.calibration_metrics(Q, y, 3, n_bins=p.ece.n_bins, n_debias=p.ece.n_debias,
-                                           full_cw_max_m=p.ece.full_cw_max_m, rng=rng)
-            rows.append({"variant": f"demo.{name}", "seed": seed, **ece,
-                         "max_ece_db": max(v for k, v in ece.items() if k.endswith("_db")), **C.proper_scores(Q, y, 3),
-                         **population_calibration_error(q, P), **{f"q_{i}": float(v) for i, v in enumerate(q)}})
+            ece, _ = C.calibration_metrics(
+                Q, y, 3, n_bins=p.ece.n_bins, n_debias=p.ece.n_debias, full_cw_max_m=p.ece.full_cw_max_m, rng=rng
+            )
+            rows.append(
+                {
+                    "variant": f"demo.{name}",
+                    "seed": seed,
+                    **ece,
+                    "max_ece_db": max(v for k, v in ece.items() if k.endswith("_db")),
+                    **C.proper_scores(Q, y, 3),
+                    **population_calibration_error(q, P),
+                    **{f"q_{i}": float(v) for i, v in enumerate(q)},
+                }
+            )
     return pd.DataFrame(rows)

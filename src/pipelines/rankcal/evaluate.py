@@ -1,6 +1,7 @@
 """What the report and plots derive from the train nodes' tables: the disagreement between sub-ranking and
 top-k orderings of the models and the RLHF correlation (both declared as ``Fn`` in spec.py), the reliability
 diagrams, the hierarchy-demo and RLHF figures, and the report's bootstrap CIs."""
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,10 @@ def rank_disagreement(values, ds: str) -> float:
     models = [m for m in RANKED_MODELS if values.has(f"{ds}.{m}", "ece_pair_db")]
     if len(models) < 3:
         return math.nan
-    mean = {k: [float(np.mean(list(values.per_seed(f"{ds}.{m}", k).values()))) for m in models]
-            for k in ("ece_pair_db", "ece_top1_conf_db")}
+    mean = {
+        k: [float(np.mean(list(values.per_seed(f"{ds}.{m}", k).values()))) for m in models]
+        for k in ("ece_pair_db", "ece_top1_conf_db")
+    }
     return float(kendalltau(mean["ece_pair_db"], mean["ece_top1_conf_db"]).statistic)
 
 
@@ -54,8 +57,9 @@ def gather_reward_models(values) -> pd.DataFrame:
             ts = tag.endswith("_ts")
             n = int(tag.removesuffix("_ts")[1:])
             for seed, x in by_seed.items():
-                r = rows.setdefault((v, n, ts, seed), {"rm": f"{v.removeprefix('rm_')}_n{n}", "seed": seed,
-                                                       "ts": ts, "n_pairs": n})
+                r = rows.setdefault(
+                    (v, n, ts, seed), {"rm": f"{v.removeprefix('rm_')}_n{n}", "seed": seed, "ts": ts, "n_pairs": n}
+                )
                 r[metric] = x
     return pd.DataFrame(list(rows.values())) if rows else pd.DataFrame(columns=["rm", "seed", "ts"])
 
@@ -67,11 +71,18 @@ def rlhf_metrics(values, p: Params) -> dict[str, float]:
 def rlhf_names(p: Params, planned) -> list[str]:
     if not p.rlhf.enabled:
         return []
-    return ["rlhf.spearman_acc_neg_ece_pair_db", "rlhf.n_reward_models",
-            *(f"rlhf.spearman_acc_neg_ece_pair_db.seed{s}" for s in p.seeds), "rlhf.median_ece_pair_db.raw",
-            "rlhf.median_ece_pair_db.ts", "rlhf.ts_rel_change_median_ece_pair_db",
-            "rlhf.ts_abs_rel_change_median_ece_pair_db", "rlhf.ts_max_abs_accuracy_change",
-            "rlhf.oracle_accuracy", "rlhf.best_accuracy"]
+    return [
+        "rlhf.spearman_acc_neg_ece_pair_db",
+        "rlhf.n_reward_models",
+        *(f"rlhf.spearman_acc_neg_ece_pair_db.seed{s}" for s in p.seeds),
+        "rlhf.median_ece_pair_db.raw",
+        "rlhf.median_ece_pair_db.ts",
+        "rlhf.ts_rel_change_median_ece_pair_db",
+        "rlhf.ts_abs_rel_change_median_ece_pair_db",
+        "rlhf.ts_max_abs_accuracy_change",
+        "rlhf.oracle_accuracy",
+        "rlhf.best_accuracy",
+    ]
 
 
 def rlhf_summary(rlhf: pd.DataFrame) -> dict[str, float]:
@@ -83,19 +94,27 @@ def rlhf_summary(rlhf: pd.DataFrame) -> dict[str, float]:
         return {}
     raw = rlhf[~rlhf.ts].sort_values(["seed", "rm"])
     ts = rlhf[rlhf.ts].sort_values(["seed", "rm"])
-    out = {"rlhf.spearman_acc_neg_ece_pair_db": float(spearmanr(raw.pair_accuracy, -raw.ece_pair_db).statistic),
-           "rlhf.n_reward_models": float(len(raw))}
+    out = {
+        "rlhf.spearman_acc_neg_ece_pair_db": float(spearmanr(raw.pair_accuracy, -raw.ece_pair_db).statistic),
+        "rlhf.n_reward_models": float(len(raw)),
+    }
     for s, d in raw.groupby("seed"):
         out[f"rlhf.spearman_acc_neg_ece_pair_db.seed{s}"] = float(spearmanr(d.pair_accuracy, -d.ece_pair_db).statistic)
     med_raw, med_ts = float(raw.ece_pair_db.median()), float(ts.ece_pair_db.median())
     change = (med_ts - med_raw) / med_raw if med_raw else math.nan
-    out.update({"rlhf.median_ece_pair_db.raw": med_raw, "rlhf.median_ece_pair_db.ts": med_ts,
-                "rlhf.ts_rel_change_median_ece_pair_db": change,
-                "rlhf.ts_abs_rel_change_median_ece_pair_db": abs(change),
-                "rlhf.ts_max_abs_accuracy_change": float(np.abs(raw.pair_accuracy.to_numpy()
-                                                                - ts.pair_accuracy.to_numpy()).max()),
-                "rlhf.oracle_accuracy": float(raw.oracle_accuracy.mean()),
-                "rlhf.best_accuracy": float(raw.pair_accuracy.max())})
+    out.update(
+        {
+            "rlhf.median_ece_pair_db.raw": med_raw,
+            "rlhf.median_ece_pair_db.ts": med_ts,
+            "rlhf.ts_rel_change_median_ece_pair_db": change,
+            "rlhf.ts_abs_rel_change_median_ece_pair_db": abs(change),
+            "rlhf.ts_max_abs_accuracy_change": float(
+                np.abs(raw.pair_accuracy.to_numpy() - ts.pair_accuracy.to_numpy()).max()
+            ),
+            "rlhf.oracle_accuracy": float(raw.oracle_accuracy.mean()),
+            "rlhf.best_accuracy": float(raw.pair_accuracy.max()),
+        }
+    )
     return out
 
 
@@ -123,8 +142,11 @@ def reliability_figure(title: str, tables: dict[str, np.ndarray], y: np.ndarray,
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted probability", title=f"{kind} calibration")
         ax.legend(fontsize=6, loc="upper left", title="model (plain ECE)", title_fontsize=6)
     axes[0].set_ylabel("observed frequency")
-    fig.suptitle(f"{title} (n_test = {len(y)}, m = {m}): reliability diagrams, equal-mass bins; "
-                 "pairwise pooled over pairs, top-1 and full by top-label confidence", fontsize=9)
+    fig.suptitle(
+        f"{title} (n_test = {len(y)}, m = {m}): reliability diagrams, equal-mass bins; "
+        "pairwise pooled over pairs, top-1 and full by top-label confidence",
+        fontsize=9,
+    )
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.13, top=0.85, wspace=0.22)
     return fig
 
@@ -139,17 +161,24 @@ def demo_figure(values):
     rows = (plut == 0).astype(float)
     top = np.stack([(R.perms(3)[:, 0] == j).astype(float) for j in range(3)])
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    for ax, (name, A, labels) in zip(axes, (("pairwise marginals P(i≻j)", rows, ["a≻b", "a≻c", "b≻c"]),
-                                            ("top-1 marginals P(i first)", top, ["a", "b", "c"]))):
+    for ax, (name, A, labels) in zip(
+        axes,
+        (
+            ("pairwise marginals P(i≻j)", rows, ["a≻b", "a≻c", "b≻c"]),
+            ("top-1 marginals P(i first)", top, ["a", "b", "c"]),
+        ),
+    ):
         for k, (v, q) in enumerate(qs.items()):
             ax.bar(np.arange(3) + 0.27 * (k - 1), A @ q, width=0.27, label=v)
         ax.set_xticks(range(3), labels)
         ax.set_title(name, fontsize=9)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Q_sub matches P pairwise but not top-1; Q_top the reverse "
-                 f"(ece_pair_db: sub {d['q_sub']['ece_pair_db']:.3f}, top {d['q_top']['ece_pair_db']:.3f}; "
-                 f"ece_top1_cw_db: sub {d['q_sub']['ece_top1_cw_db']:.3f}, top {d['q_top']['ece_top1_cw_db']:.3f})",
-                 fontsize=8)
+    fig.suptitle(
+        "Q_sub matches P pairwise but not top-1; Q_top the reverse "
+        f"(ece_pair_db: sub {d['q_sub']['ece_pair_db']:.3f}, top {d['q_top']['ece_pair_db']:.3f}; "
+        f"ece_top1_cw_db: sub {d['q_sub']['ece_top1_cw_db']:.3f}, top {d['q_top']['ece_top1_cw_db']:.3f})",
+        fontsize=8,
+    )
     fig.tight_layout()
     return fig
 
@@ -174,8 +203,7 @@ def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
         a = artifacts.get(node_variant(ds)) or {}
         if a.get("Q"):
             tables = {model: Q.double().numpy() for model, Q in a["Q"].items()}
-            figures[f"reliability_{ds}"] = reliability_figure(ds, tables, a["y"].numpy(), int(a["m"]),
-                                                              p.ece.n_bins)
+            figures[f"reliability_{ds}"] = reliability_figure(ds, tables, a["y"].numpy(), int(a["m"]), p.ece.n_bins)
     if "demo" in values.variants:
         figures["hierarchy_demo"] = demo_figure(values)
     rlhf = gather_reward_models(values)
@@ -186,5 +214,9 @@ def make_plots(p: Params, values, artifacts: dict[str, dict]) -> dict:
 
 def report_extra(p: Params, values, artifacts: dict[str, dict]) -> dict:
     """The bootstrap 95% CIs of every ``<dataset>.<model>`` (plot seed)."""
-    cis = {k: ci for ds in p.data.datasets for k, ci in ((artifacts.get(node_variant(ds)) or {}).get("bootstrap") or {}).items()}
+    cis = {
+        k: ci
+        for ds in p.data.datasets
+        for k, ci in ((artifacts.get(node_variant(ds)) or {}).get("bootstrap") or {}).items()
+    }
     return {"bootstrap_ci": {"seed": p.plot_seed, "level": 0.95, "n_bootstrap": p.ece.n_bootstrap, "ci": cis}}

@@ -10,6 +10,7 @@ returning an explicit predictive table Q(π | x) over all m! orderings (m ≤ 6)
 - neural PL (MLP scores) and its temperature-scaled copy (the recalibration variant);
 - uniform: the constant 1/m! anchor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelines.core.training import fit
+from pipelines.core.api import fit
 from pipelines.rankcal import ranking as R
 
 
@@ -43,8 +44,15 @@ class LinearScores(torch.nn.Module):
 
 def _lbfgs(max_iter: int, tolerance_grad: float):
     """One L-BFGS solve of a convex problem (core.training.fit with one full-batch step)."""
-    return lambda params: torch.optim.LBFGS(params, lr=1, max_iter=max_iter, tolerance_grad=tolerance_grad,
-                                            tolerance_change=1e-12, history_size=20, line_search_fn="strong_wolfe")
+    return lambda params: torch.optim.LBFGS(
+        params,
+        lr=1,
+        max_iter=max_iter,
+        tolerance_grad=tolerance_grad,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
 
 def _full_batch(*tensors: torch.Tensor):
@@ -56,9 +64,17 @@ def fit_pl_lin(x: np.ndarray, o: np.ndarray, m: int, l2: float) -> tuple[np.ndar
     model = LinearScores(x.shape[1], m)
     X = torch.as_tensor(x, dtype=torch.float64)
     O = torch.as_tensor(o)
-    fit(model, None, lambda net, xb, ob: _pl_nll_torch(net(xb), ob) + l2 * (net.W**2).sum(),
-        sample_batch=_full_batch(X, O), steps=1, optimizer=_lbfgs(300, 1e-8), grad_clip=None,
-        desc="rankcal.pl_lin", progress=False)
+    fit(
+        model,
+        None,
+        lambda net, xb, ob: _pl_nll_torch(net(xb), ob) + l2 * (net.W**2).sum(),
+        sample_batch=_full_batch(X, O),
+        steps=1,
+        optimizer=_lbfgs(300, 1e-8),
+        grad_clip=None,
+        desc="rankcal.pl_lin",
+        progress=False,
+    )
     return model.W.detach().numpy(), model.b.detach().numpy()
 
 
@@ -145,16 +161,26 @@ def bt_from_pairwise(p: np.ndarray, m: int, l2: float = 1e-4) -> np.ndarray:
 
     def loss_fn(h, pb):
         d = h["s"][:, I] - h["s"][:, J]
-        return -(pb * logsig(d) + (1 - pb) * logsig(-d)).sum() + l2 * (h["s"]**2).sum()
+        return -(pb * logsig(d) + (1 - pb) * logsig(-d)).sum() + l2 * (h["s"] ** 2).sum()
 
-    fit(holder, None, loss_fn, sample_batch=_full_batch(P), steps=1, optimizer=_lbfgs(100, 1e-7),
-        grad_clip=None, desc="rankcal.rpc_bt", progress=False)
+    fit(
+        holder,
+        None,
+        loss_fn,
+        sample_batch=_full_batch(P),
+        steps=1,
+        optimizer=_lbfgs(100, 1e-7),
+        grad_clip=None,
+        desc="rankcal.rpc_bt",
+        progress=False,
+    )
     return holder["s"].detach().numpy()
 
 
 # --------------------------------------------------------------------------- rankings as classes
-def rankings_as_classes(x_train: np.ndarray, y_train: np.ndarray, x_query: np.ndarray, m: int,
-                        eps: float) -> np.ndarray:
+def rankings_as_classes(
+    x_train: np.ndarray, y_train: np.ndarray, x_query: np.ndarray, m: int, eps: float
+) -> np.ndarray:
     """Multinomial LR over the permutations seen in training; each unseen permutation gets mass ε
     before renormalising (else the NLL of an unseen test ranking is infinite)."""
     from sklearn.linear_model import LogisticRegression
@@ -173,8 +199,8 @@ def rankings_as_classes(x_train: np.ndarray, y_train: np.ndarray, x_query: np.nd
 # --------------------------------------------------------------------------- neural PL + TS
 @dataclass
 class NeuralPL:
-    scores_query: np.ndarray   # (n_query, m) log-weights at T = 1
-    scores_hold: np.ndarray    # (n_hold, m) log-weights of the held-out part (empty: no hold-out)
+    scores_query: np.ndarray  # (n_query, m) log-weights at T = 1
+    scores_hold: np.ndarray  # (n_hold, m) log-weights of the held-out part (empty: no hold-out)
     orderings_hold: np.ndarray  # (n_hold, m) its observed orderings
 
 
@@ -186,13 +212,22 @@ def fit_temperature(scores: np.ndarray, orderings: np.ndarray, t_min: float, t_m
     def nll(log_t: float) -> float:
         return float(-R.pl_log_likelihood(scores / np.exp(log_t), orderings).mean())
 
-    res = minimize_scalar(nll, bounds=(np.log(t_min), np.log(t_max)), method="bounded",
-                          options={"xatol": 1e-4})
+    res = minimize_scalar(nll, bounds=(np.log(t_min), np.log(t_max)), method="bounded", options={"xatol": 1e-4})
     return float(np.exp(res.x))
 
 
-def fit_neural_pl(x: np.ndarray, o: np.ndarray, x_query: np.ndarray, m: int, hidden: list[int], steps: int,
-                  lr: float, holdout_fraction: float, min_holdout: int, seed: int) -> NeuralPL:
+def fit_neural_pl(
+    x: np.ndarray,
+    o: np.ndarray,
+    x_query: np.ndarray,
+    m: int,
+    hidden: list[int],
+    steps: int,
+    lr: float,
+    holdout_fraction: float,
+    min_holdout: int,
+    seed: int,
+) -> NeuralPL:
     """MLP scores trained with full-batch Adam on the PL likelihood (core.training.fit). A held-out part
     (for the temperature of ``neural_pl_ts``) is kept out of training only when it has at least
     ``min_holdout`` rankings (else the net trains on everything and the hold-out is empty)."""
@@ -212,8 +247,19 @@ def fit_neural_pl(x: np.ndarray, o: np.ndarray, x_query: np.ndarray, m: int, hid
     net = torch.nn.Sequential(*layers, torch.nn.Linear(width, m))
     X = torch.as_tensor(x[fit_idx], dtype=torch.float32)
     O = torch.as_tensor(o[fit_idx])
-    fit(net, None, lambda mdl, xb, ob: _pl_nll_torch(mdl(xb), ob), sample_batch=_full_batch(X, O), steps=steps,
-        lr=lr, optimizer="adam", weight_decay=0.0, grad_clip=None, seed=seed, desc="rankcal.neural_pl")
+    fit(
+        net,
+        None,
+        lambda mdl, xb, ob: _pl_nll_torch(mdl(xb), ob),
+        sample_batch=_full_batch(X, O),
+        steps=steps,
+        lr=lr,
+        optimizer="adam",
+        weight_decay=0.0,
+        grad_clip=None,
+        seed=seed,
+        desc="rankcal.neural_pl",
+    )
     with torch.no_grad():
         sq = net(torch.as_tensor(x_query, dtype=torch.float32)).double().numpy()
         sh = net(torch.as_tensor(x[hold], dtype=torch.float32)).double().numpy() if len(hold) else np.zeros((0, m))

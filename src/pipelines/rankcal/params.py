@@ -2,21 +2,28 @@
 any node runs, and a bad value, or a claim naming a model the run does not fit, stops the command with one
 line naming the key or the claim (core checks that a claim names a planned dataset, the demo or a declared
 derived metric)."""
+
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
-from pipelines.core.params import Fraction, MethodParams, Strict, names_of
+from pipelines.core.api import Fraction, MethodParams, Strict, names_of
 
 BUILTIN_DATASETS = ("iris", "wine", "digits5", "diabetes", "linnerud", "pl_truth", "mallows_truth")
 # labels m of the bundled datasets (the synthetic ones take data.synthetic.m)
 BUILTIN_M = {"iris": 3, "wine": 3, "digits5": 5, "diabetes": 4, "linnerud": 3}
 DEMO_VARIANTS = ("truth", "q_sub", "q_top")
-MODELS = ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl", "neural_pl_ts",
-          "uniform")
+MODELS = ("pl_lin", "ib_pl", "ib_mallows", "rpc_bt", "rankings_as_classes", "neural_pl", "neural_pl_ts", "uniform")
 
 
 def node_variant(dataset: str) -> str:
@@ -150,7 +157,7 @@ class Params(MethodParams):
     demo: Demo
     rlhf: Rlhf
     rank_disagreement_datasets: list[str] = Field(default_factory=lambda: ["digits5", "diabetes"])
-    plot_seed: int | None = None         # the seed whose extra plots/bootstrap are drawn (None: the first seed)
+    plot_seed: int | None = None  # the seed whose extra plots/bootstrap are drawn (None: the first seed)
 
     @model_validator(mode="after")
     def _claims_name_run_models(self):
@@ -159,18 +166,22 @@ class Params(MethodParams):
         for c in [*self.gates, *self.claims]:
             problem = self.unplanned(c.metric)
             if problem:
-                raise ValueError(f"claim '{c.id}': metric '{c.metric}' {problem}; a run with other models "
-                                 "declares its own claims in an env (conf/<env>/parameters_rankcal.yml, "
-                                 "see src/pipelines/rankcal/README.md)")
+                raise ValueError(
+                    f"claim '{c.id}': metric '{c.metric}' {problem}; a run with other models "
+                    "declares its own claims in an env (conf/<env>/parameters_rankcal.yml, "
+                    "see src/pipelines/rankcal/README.md)"
+                )
         return self
 
     @model_validator(mode="after")
     def _consistent(self):
         missing = [d for d in self.rank_disagreement_datasets if d not in self.data.datasets]
         if missing:
-            raise ValueError(f"rank_disagreement_datasets: {missing} not in data.datasets {self.data.datasets} "
-                             "(give rankcal.rank_disagreement_datasets=[...] with the datasets)")
-        if self.plot_seed is None:      # defaults from seeds, so a sweep over seeds needs no plot_seed
+            raise ValueError(
+                f"rank_disagreement_datasets: {missing} not in data.datasets {self.data.datasets} "
+                "(give rankcal.rank_disagreement_datasets=[...] with the datasets)"
+            )
+        if self.plot_seed is None:  # defaults from seeds, so a sweep over seeds needs no plot_seed
             object.__setattr__(self, "plot_seed", self.seeds[0])
         elif self.plot_seed not in self.seeds:
             raise ValueError(f"plot_seed: {self.plot_seed} is not one of seeds {self.seeds}")
@@ -191,6 +202,8 @@ class Params(MethodParams):
             return f"names model '{model}', which is not in models.variants {self.models.variants}"
         m = self.data.synthetic.m if ds in ("pl_truth", "mallows_truth") else BUILTIN_M.get(ds)
         if model == "rankings_as_classes" and m is not None and m > self.models.rac_max_m:
-            return (f"names rankings_as_classes on '{ds}' (m = {m}), which runs only for "
-                    f"m <= models.rac_max_m = {self.models.rac_max_m}")
+            return (
+                f"names rankings_as_classes on '{ds}' (m = {m}), which runs only for "
+                f"m <= models.rac_max_m = {self.models.rac_max_m}"
+            )
         return None

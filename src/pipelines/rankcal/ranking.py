@@ -6,18 +6,19 @@ A ranking is an *ordering*: ``perms[p, r]`` is the label at position r (0 = best
 permutations are enumerated in lexicographic order (itertools), so for m = 3 the order is
 abc, acb, bac, bca, cab, cba as in the card.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
 MAX_EXACT_M = 6  # 720 orderings: beyond this no explicit table is built
 
 
-@lru_cache(maxsize=None)
+@cache
 def perms(m: int) -> np.ndarray:
     """(m!, m) int array of all orderings in lexicographic order."""
     if not 2 <= m <= MAX_EXACT_M:
@@ -27,7 +28,7 @@ def perms(m: int) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def positions(m: int) -> np.ndarray:
     """(m!, m): ``positions(m)[p, j]`` is the position of label j in permutation p."""
     P = perms(m)
@@ -46,13 +47,13 @@ def perm_index(orderings: np.ndarray) -> np.ndarray:
     alive = np.ones((n, m), dtype=bool)
     for r in range(m):
         # number of still-unplaced labels smaller than the label placed at position r
-        smaller = (alive & (remaining < orderings[:, r:r + 1])).sum(1)
+        smaller = (alive & (remaining < orderings[:, r : r + 1])).sum(1)
         idx += smaller * math.factorial(m - 1 - r)
         alive[np.arange(n), orderings[:, r]] = False
     return idx
 
 
-@lru_cache(maxsize=None)
+@cache
 def kendall_matrix(m: int) -> np.ndarray:
     """(m!, m!) Kendall distances d_K (number of discordant label pairs)."""
     pos = positions(m)
@@ -70,7 +71,7 @@ def kendall_tau(a_idx: np.ndarray, b_idx: np.ndarray, m: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- marginal maps
-@lru_cache(maxsize=None)
+@cache
 def pair_lut(m: int) -> tuple[tuple[tuple[int, int], ...], np.ndarray]:
     """Unordered pairs i < j and a (n_pairs, m!) 0/1 map: 0 when i ≻ j in π, 1 when j ≻ i."""
     pairs = tuple(itertools.combinations(range(m), 2))
@@ -80,7 +81,7 @@ def pair_lut(m: int) -> tuple[tuple[tuple[int, int], ...], np.ndarray]:
     return pairs, lut
 
 
-@lru_cache(maxsize=None)
+@cache
 def subset_lut(m: int, size: int) -> tuple[tuple[tuple[int, ...], ...], np.ndarray]:
     """Subsets A (|A| = size) and a (n_subsets, m!) map π ↦ index of the restriction π|A among the
     size! orders of A (lexicographic over A's elements). The restriction of π to A keeps the
@@ -96,7 +97,7 @@ def subset_lut(m: int, size: int) -> tuple[tuple[tuple[int, ...], ...], np.ndarr
     return subsets, lut
 
 
-@lru_cache(maxsize=None)
+@cache
 def prefix_lut(m: int, k: int) -> tuple[tuple[tuple[int, ...], ...], np.ndarray]:
     """Ordered top-k prefixes τ and a (m!,) map π ↦ index of prefix_k(π)."""
     prefixes = tuple(itertools.permutations(range(m), k))

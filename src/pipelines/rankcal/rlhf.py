@@ -2,6 +2,7 @@
 preferences, read as label-ranking models Q = PL(exp(r / T)) over the K responses of a prompt, scored for
 ranking calibration against full human rankings; correlation of calibration with pairwise (RewardBench
 style) accuracy, and temperature scaling as recalibration at identical accuracy."""
+
 from __future__ import annotations
 
 import logging
@@ -11,9 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.streams import stream_seed
-from pipelines.core.training import fit
+from pipelines.core.api import fit, node_setup, stream_seed
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import ranking as R
 from pipelines.rankcal.params import Params
@@ -63,8 +62,16 @@ def make_rm(arch: str, d: int, hidden: list[int]) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
 
 
-def train_rm(win: np.ndarray, lose: np.ndarray, arch: str, hidden: list[int], lr: float, weight_decay: float,
-             steps: int, seed: int) -> torch.nn.Module:
+def train_rm(
+    win: np.ndarray,
+    lose: np.ndarray,
+    arch: str,
+    hidden: list[int],
+    lr: float,
+    weight_decay: float,
+    steps: int,
+    seed: int,
+) -> torch.nn.Module:
     """Bradley–Terry loss −log σ(r(winner) − r(loser)), full-batch AdamW (core.training.fit)."""
     torch.manual_seed(seed)
     net = make_rm(arch, win.shape[1], hidden)  # float32: ~4x faster than float64 on these tiny nets
@@ -75,8 +82,19 @@ def train_rm(win: np.ndarray, lose: np.ndarray, arch: str, hidden: list[int], lr
         r = model(batch).squeeze(-1)
         return torch.nn.functional.softplus(-(r[:n] - r[n:])).mean()
 
-    fit(net, None, bt_loss, sample_batch=lambda step, gen: (both,), steps=steps, lr=lr, optimizer="adamw",
-        weight_decay=weight_decay, grad_clip=None, seed=seed, desc=f"rankcal.rm_{arch}")
+    fit(
+        net,
+        None,
+        bt_loss,
+        sample_batch=lambda step, gen: (both,),
+        steps=steps,
+        lr=lr,
+        optimizer="adamw",
+        weight_decay=weight_decay,
+        grad_clip=None,
+        seed=seed,
+        desc=f"rankcal.rm_{arch}",
+    )
     return net
 
 
@@ -84,8 +102,12 @@ def fit_bt_temperature(margins: np.ndarray, t_min: float, t_max: float) -> float
     """T minimising the BT NLL of validation reward margins r_w − r_l divided by T (bounded search)."""
     from scipy.optimize import minimize_scalar
 
-    res = minimize_scalar(lambda lt: float(np.logaddexp(0, -margins / np.exp(lt)).mean()),
-                          bounds=(np.log(t_min), np.log(t_max)), method="bounded", options={"xatol": 1e-4})
+    res = minimize_scalar(
+        lambda lt: float(np.logaddexp(0, -margins / np.exp(lt)).mean()),
+        bounds=(np.log(t_min), np.log(t_max)),
+        method="bounded",
+        options={"xatol": 1e-4},
+    )
     return float(np.exp(res.x))
 
 
@@ -114,7 +136,7 @@ def train_reward_model(p: Params, variant: str) -> pd.DataFrame:
     rows = []
     for seed in p.seeds:
         node_setup(p, seed)
-        rng = np.random.default_rng([seed, 17])   # the data: shared by every reward model
+        rng = np.random.default_rng([seed, 17])  # the data: shared by every reward model
         phi_tr, _, o_tr = world.sample(max(r.n_pairs), K, rng)
         win, lose = one_pair_each(phi_tr, o_tr, rng)
         phi_va, _, o_va = world.sample(r.n_val, K, rng)
@@ -123,8 +145,16 @@ def train_reward_model(p: Params, variant: str) -> pd.DataFrame:
         y_te = R.perm_index(o_te)
         oracle = pairwise_accuracy(u_te, o_te)
         for k, n in enumerate(r.n_pairs):
-            net = train_rm(win[:n], lose[:n], cfg.arch, r.hidden, r.lr, cfg.weight_decay, cfg.steps,
-                           stream_seed(seed, f"reward_model/{c}/{k}"))
+            net = train_rm(
+                win[:n],
+                lose[:n],
+                cfg.arch,
+                r.hidden,
+                r.lr,
+                cfg.weight_decay,
+                cfg.steps,
+                stream_seed(seed, f"reward_model/{c}/{k}"),
+            )
             with torch.no_grad():
                 f32 = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
                 rew = net(f32(phi_te)).squeeze(-1).double().numpy()
@@ -135,12 +165,29 @@ def train_reward_model(p: Params, variant: str) -> pd.DataFrame:
                 Q = R.pl_table(scaled)
                 # the debiasing redraws: one stream per (seed, reward model, size, scaling)
                 ece_rng = np.random.default_rng([seed, 18, zlib.crc32(name.encode()), n, int(ts)])
-                ece, _ = C.calibration_metrics(Q, y_te, K, n_bins=p.ece.n_bins, n_debias=p.ece.n_debias,
-                                               full_cw_max_m=p.ece.full_cw_max_m, rng=ece_rng,
-                                               notions=("pair", "top1_conf", "full_conf"))
-                rows.append({"variant": f"{name}_n{n}" + ("_ts" if ts else ""), "rm": f"{name}_n{n}",
-                             "seed": seed, "ts": ts, "n_pairs": n, "temperature": temp,
-                             "pair_accuracy": pairwise_accuracy(scaled, o_te), "oracle_accuracy": oracle,
-                             "nll": float(-np.log(Q[np.arange(len(y_te)), y_te]).mean()), **ece})
+                ece, _ = C.calibration_metrics(
+                    Q,
+                    y_te,
+                    K,
+                    n_bins=p.ece.n_bins,
+                    n_debias=p.ece.n_debias,
+                    full_cw_max_m=p.ece.full_cw_max_m,
+                    rng=ece_rng,
+                    notions=("pair", "top1_conf", "full_conf"),
+                )
+                rows.append(
+                    {
+                        "variant": f"{name}_n{n}" + ("_ts" if ts else ""),
+                        "rm": f"{name}_n{n}",
+                        "seed": seed,
+                        "ts": ts,
+                        "n_pairs": n,
+                        "temperature": temp,
+                        "pair_accuracy": pairwise_accuracy(scaled, o_te),
+                        "oracle_accuracy": oracle,
+                        "nll": float(-np.log(Q[np.arange(len(y_te)), y_te]).mean()),
+                        **ece,
+                    }
+                )
         log.info("rankcal rlhf: seed %s, reward model %s at %d sizes", seed, name, len(r.n_pairs))
     return pd.DataFrame(rows)

@@ -6,6 +6,7 @@ of the RLHF study (rlhf.py).
 
 ``neural_pl_ts`` is the temperature-scaled copy of ``neural_pl``: fitted in the same node from
 ``neural_pl``'s query and held-out scores (only the temperature), so the network is trained once."""
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.spec import Results
+from pipelines.core.api import Results, node_setup
 from pipelines.rankcal import calibration as C
 from pipelines.rankcal import models as M
 from pipelines.rankcal import ranking as R
@@ -33,8 +33,9 @@ def standardise(x_tr: np.ndarray, x_te: np.ndarray) -> tuple[np.ndarray, np.ndar
     return (x_tr - mu) / sd, (x_te - mu) / sd
 
 
-def fit_model(model: str, x_tr: np.ndarray, o_tr: np.ndarray, x_te: np.ndarray, m: int, p: Params,
-              seed: int) -> dict[str, np.ndarray | float] | None:
+def fit_model(
+    model: str, x_tr: np.ndarray, o_tr: np.ndarray, x_te: np.ndarray, m: int, p: Params, seed: int
+) -> dict[str, np.ndarray | float] | None:
     """``{"Q": table (n_test, m!), <scalars worth keeping>}`` of one model on one split (None: the model
     does not apply, e.g. rankings-as-classes beyond ``rac_max_m`` labels)."""
     mp = p.models
@@ -57,10 +58,13 @@ def fit_model(model: str, x_tr: np.ndarray, o_tr: np.ndarray, x_te: np.ndarray, 
         return {"Q": M.rankings_as_classes(xtr, R.perm_index(o_tr), xte, m, mp.rac_epsilon)}
     if model == "neural_pl":
         nn = mp.neural
-        res = M.fit_neural_pl(xtr, o_tr, xte, m, nn.hidden, nn.steps, nn.lr, nn.holdout_fraction,
-                              nn.min_holdout, seed)
-        return {"Q": R.pl_table(res.scores_query), "scores": res.scores_query, "scores_hold": res.scores_hold,
-                "orderings_hold": res.orderings_hold}
+        res = M.fit_neural_pl(xtr, o_tr, xte, m, nn.hidden, nn.steps, nn.lr, nn.holdout_fraction, nn.min_holdout, seed)
+        return {
+            "Q": R.pl_table(res.scores_query),
+            "scores": res.scores_query,
+            "scores_hold": res.scores_hold,
+            "orderings_hold": res.orderings_hold,
+        }
     if model == "uniform":
         K = len(R.perms(m))
         return {"Q": np.full((len(xte), K), 1.0 / K)}
@@ -69,8 +73,10 @@ def fit_model(model: str, x_tr: np.ndarray, o_tr: np.ndarray, x_te: np.ndarray, 
 
 def _tensors(out: dict) -> dict[str, torch.Tensor]:
     # float64: float32 storage would put tied probabilities one float32 step apart
-    return {k: torch.as_tensor(v) if isinstance(v, np.ndarray) else torch.tensor(float(v), dtype=torch.float64)
-            for k, v in out.items()}
+    return {
+        k: torch.as_tensor(v) if isinstance(v, np.ndarray) else torch.tensor(float(v), dtype=torch.float64)
+        for k, v in out.items()
+    }
 
 
 def temperature_scale(e: dict[str, torch.Tensor], p: Params, seed: int) -> dict[str, torch.Tensor]:
@@ -94,7 +100,7 @@ def fit_dataset(d: pd.DataFrame, p: Params, seed: int) -> dict[str, dict[str, to
         if model == "neural_pl_ts":
             out[model] = temperature_scale(out["neural_pl"], p, seed)
             continue
-        node_setup(p, int(seed))   # threads, seed; tiny models: computed on the CPU whatever the device
+        node_setup(p, int(seed))  # threads, seed; tiny models: computed on the CPU whatever the device
         res = fit_model(model, x_tr, o_tr, x_te, m, p, int(seed))
         if res is None:
             log.info("rankcal.%s: skipped on %s (m = %d)", model, d["dataset"].iloc[0], m)
@@ -103,18 +109,24 @@ def fit_dataset(d: pd.DataFrame, p: Params, seed: int) -> dict[str, dict[str, to
     return out
 
 
-def calibration_row(Q: np.ndarray, y: np.ndarray, m: int, entry: dict, p: Params, ds: str, model: str,
-                    seed: int) -> tuple[dict[str, float], dict]:
+def calibration_row(
+    Q: np.ndarray, y: np.ndarray, m: int, entry: dict, p: Params, ds: str, model: str, seed: int
+) -> tuple[dict[str, float], dict]:
     """Every ECE (plain and ``_db``), ``max_ece_db`` and the proper scores of one model's table; bootstrap
     95% CIs for the plot seed."""
     e = p.ece
     n_boot = e.n_bootstrap if int(seed) == p.plot_seed else 0
     # one stream per (seed, dataset, model) for the redraws and the bootstrap
     rng = np.random.default_rng([int(seed), zlib.crc32(f"{ds}.{model}".encode())])
-    ece, ci = C.calibration_metrics(Q, y, m, n_bins=e.n_bins, n_debias=e.n_debias, n_bootstrap=n_boot,
-                                    full_cw_max_m=e.full_cw_max_m, rng=rng)
-    row = {**ece, "max_ece_db": max(v for k, v in ece.items() if k.endswith("_db")), **C.proper_scores(Q, y, m),
-           "n_test": len(y)}
+    ece, ci = C.calibration_metrics(
+        Q, y, m, n_bins=e.n_bins, n_debias=e.n_debias, n_bootstrap=n_boot, full_cw_max_m=e.full_cw_max_m, rng=rng
+    )
+    row = {
+        **ece,
+        "max_ece_db": max(v for k, v in ece.items() if k.endswith("_db")),
+        **C.proper_scores(Q, y, m),
+        "n_test": len(y),
+    }
     for k in ("temperature", "theta_mean"):
         if k in entry:
             row[k] = float(entry[k])
@@ -169,8 +181,7 @@ def reward_model_results(p: Params, variant: str):
     res = Results(variant)
     for rec in train_reward_model(p, variant).to_dict("records"):
         tag = f"n{rec['n_pairs']}" + ("_ts" if rec["ts"] else "")
-        res.add(rec["seed"], **{f"{tag}.{k}": v for k, v in rec.items()
-                                if k in RM_METRICS or k.startswith("ece_")})
+        res.add(rec["seed"], **{f"{tag}.{k}": v for k, v in rec.items() if k in RM_METRICS or k.startswith("ece_")})
     return res.table(), {}
 
 

@@ -1,18 +1,22 @@
 """`recm_advdiff`: 1-D periodic advection–diffusion with a symmetry-breaking knob ε (the small-scale
 task), the user-table loader of the full env, and the measurable data-level symmetry gap (best circulant
 vs best dense linear predictor)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.api import TableSchema, read_user_file
 from pipelines.recm.params import Params
 
 # a user table (--env=full): one row per (ε, sample), arrays of length L
-USER_TABLE = TableSchema("recm.user_data", {"eps": "number", "split": "str", "u_prev": "array",
-                                            "u_now": "array", "u_next": "array"}, min_rows=2,
-                         no_missing=("eps", "split"))
+USER_TABLE = TableSchema(
+    "recm.user_data",
+    {"eps": "number", "split": "str", "u_prev": "array", "u_now": "array", "u_next": "array"},
+    min_rows=2,
+    no_missing=("eps", "split"),
+)
 
 
 def eps_tag(eps: float) -> str:
@@ -42,8 +46,10 @@ def check_stable(p: Params) -> None:
     h = d.dt / d.substeps
     cmax, numax = d.c0 * (1 + max(d.eps)), d.nu0 * (1 + max(d.eps))
     if h * (cmax + 2 * numax) > 1.0:
-        raise ValueError(f"parameter recm.data.substeps: explicit scheme unstable (Δt/substeps · (c_max + 2ν_max) = "
-                         f"{h * (cmax + 2 * numax):.3g} > 1); raise substeps")
+        raise ValueError(
+            f"parameter recm.data.substeps: explicit scheme unstable (Δt/substeps · (c_max + 2ν_max) = "
+            f"{h * (cmax + 2 * numax):.3g} > 1); raise substeps"
+        )
 
 
 def simulate(L: int, n: int, eps: float, p: Params, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -72,8 +78,11 @@ def make_data(p: Params) -> pd.DataFrame:
         rng = np.random.default_rng(d.seed)
         for split, n in (("train", d.n_train), ("test", d.n_test)):
             u0, u1, u2 = simulate(d.L, n, eps, p, rng)
-            frames.append(pd.DataFrame({"eps": float(eps), "split": split, "u_prev": list(u0), "u_now": list(u1),
-                                        "u_next": list(u2)}))
+            frames.append(
+                pd.DataFrame(
+                    {"eps": float(eps), "split": split, "u_prev": list(u0), "u_now": list(u1), "u_next": list(u2)}
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -92,8 +101,10 @@ def check_table(df: pd.DataFrame, p: Params) -> pd.DataFrame:
     for col in ("u_prev", "u_now", "u_next"):
         lens = df[col].map(len)
         if (lens != p.data.L).any():
-            raise _table_error(f"column '{col}' has arrays of length {int(lens[lens != p.data.L].iloc[0])}, "
-                                   f"expected data.L = {p.data.L}")
+            raise _table_error(
+                f"column '{col}' has arrays of length {int(lens[lens != p.data.L].iloc[0])}, "
+                f"expected data.L = {p.data.L}"
+            )
     for eps in p.data.eps:
         for split in ("train", "test"):
             if not ((np.isclose(df["eps"], eps)) & (df["split"] == split)).any():
@@ -102,7 +113,7 @@ def check_table(df: pd.DataFrame, p: Params) -> pd.DataFrame:
 
 
 def _table_error(msg: str):
-    from pipelines.core.schemas import InputDataError
+    from pipelines.core.api import InputDataError
 
     return InputDataError(f"dataset '{USER_TABLE.dataset}': {msg}")
 
@@ -137,8 +148,8 @@ def circulant_features(x: np.ndarray) -> np.ndarray:
     """Rows (sample, position i) with features x_c[(i + d) mod L] for every channel c and offset d: the
     design matrix of the most general shift-equivariant linear map (plus a shared bias)."""
     n, C, L = x.shape
-    idx = (np.arange(L)[:, None] + np.arange(L)[None, :]) % L              # (i, d)
-    return x[:, :, idx].transpose(0, 2, 1, 3).reshape(n * L, C * L)        # (n·L, C·L)
+    idx = (np.arange(L)[:, None] + np.arange(L)[None, :]) % L  # (i, d)
+    return x[:, :, idx].transpose(0, 2, 1, 3).reshape(n * L, C * L)  # (n·L, C·L)
 
 
 def symmetry_gap_linear(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray) -> dict[str, float]:
@@ -153,5 +164,8 @@ def symmetry_gap_linear(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_
     var = float(y_te.var())
     mse_c, mse_d = float(((pred_c - y_te) ** 2).mean()), float(((pred_d - y_te) ** 2).mean())
     gap = (mse_c - mse_d) / var
-    return {"symmetry_gap_linear": gap if gap > REL_PRECISION else 0.0, "linear_circulant_rel_mse": mse_c / var,
-            "linear_dense_rel_mse": mse_d / var}
+    return {
+        "symmetry_gap_linear": gap if gap > REL_PRECISION else 0.0,
+        "linear_circulant_rel_mse": mse_c / var,
+        "linear_dense_rel_mse": mse_d / var,
+    }

@@ -1,6 +1,7 @@
 """The data-level and per-layer symmetry gaps, the variants table (one column per metric and ε), the
 claims' derived metrics, the metric histories (per-layer θ_ℓ(t), the RECM statistic s_ℓ(t), the training
 loss) and the figures: θ trajectories, test MSE vs ε, final θ vs the measured gaps, equivariance error."""
+
 from __future__ import annotations
 
 import math
@@ -8,20 +9,22 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import relative_gain
+from pipelines.core.api import relative_gain
 from pipelines.recm.data import arrays, eps_tag, symmetry_gap_linear
 from pipelines.recm.params import Params
+
 
 # --------------------------------------------------------------------------- symmetry gaps
 def data_gaps(dataset: pd.DataFrame, p: Params) -> pd.DataFrame:
     """The node ``data.symmetry_gap``: per ε, the best circulant vs best dense linear predictor."""
-    from pipelines.core.runtime import node_setup
+    from pipelines.core.api import node_setup
 
     node_setup(p)
     rows = []
     for eps in p.data.eps:
-        rows.append({"eps": float(eps), **symmetry_gap_linear(*arrays(dataset, eps, "train"),
-                                                             *arrays(dataset, eps, "test"))})
+        rows.append(
+            {"eps": float(eps), **symmetry_gap_linear(*arrays(dataset, eps, "train"), *arrays(dataset, eps, "test"))}
+        )
     return pd.DataFrame(rows)
 
 
@@ -49,10 +52,10 @@ def layer_gap(model, x: np.ndarray, y: np.ndarray, batch_size: int) -> list[floa
     half = len(xt) // 2
     for start in range(0, 2 * half - batch_size + 1, batch_size):
         if start < half < start + batch_size:
-            continue                                          # keep the halves disjoint
+            continue  # keep the halves disjoint
         side = 0 if start < half else 1
         model.zero_grad(set_to_none=True)
-        mse(model, xt[start:start + batch_size], yt[start:start + batch_size]).backward()
+        mse(model, xt[start : start + batch_size], yt[start : start + batch_size]).backward()
         for i, layer in enumerate(model.layers):
             G = layer.dense_grad()
             sums[i][side] = G if sums[i][side] is None else sums[i][side] + G
@@ -84,10 +87,11 @@ def fits_table(values, p: Params) -> dict[str, pd.DataFrame]:
         rows = []
         for e in _eps_list(p):
             suffix = "." + eps_tag(e)
-            mine = {k[:-len(suffix)]: d for k, d in ms.items() if k.endswith(suffix)}
+            mine = {k[: -len(suffix)]: d for k, d in ms.items() if k.endswith(suffix)}
             for seed in sorted({s for d in mine.values() for s in d}):
-                rows.append({"variant": v, "eps": e, "seed": seed,
-                             **{k: d[seed] for k, d in mine.items() if seed in d}})
+                rows.append(
+                    {"variant": v, "eps": e, "seed": seed, **{k: d[seed] for k, d in mine.items() if seed in d}}
+                )
         out[v] = pd.DataFrame(rows)
     return out
 
@@ -114,8 +118,9 @@ def histories_table(values, p: Params) -> dict[str, dict]:
         for metric in dict.fromkeys(t.loc[t["variant"] == v, "metric"]):
             name, tag = metric.rsplit(".", 1)
             for seed in sorted(set(t.loc[(t["variant"] == v) & (t["metric"] == metric), "seed"])):
-                out.setdefault(v, {}).setdefault(tag, {}).setdefault(str(seed), {})[name] = \
-                    values.history(v, metric, int(seed))
+                out.setdefault(v, {}).setdefault(tag, {}).setdefault(str(seed), {})[name] = values.history(
+                    v, metric, int(seed)
+                )
     return out
 
 
@@ -143,23 +148,28 @@ def theta_tracks_gap(values, p: Params, gaps: pd.DataFrame) -> dict[str, dict[in
     g = [gap.get(f"symmetry_gap_linear.{eps_tag(e)}", math.nan) for e in eps_list]
     th = {e: values.per_seed("recm", f"max_final_theta.{eps_tag(e)}") for e in eps_list}
     seeds = sorted(set.intersection(*(set(d) for d in th.values())))
-    out: dict[str, dict[int, float]] = {"spearman.max_final_theta_vs_eps": {},
-                                        "spearman.max_final_theta_vs_symmetry_gap": {}}
+    out: dict[str, dict[int, float]] = {
+        "spearman.max_final_theta_vs_eps": {},
+        "spearman.max_final_theta_vs_symmetry_gap": {},
+    }
     for s in seeds:
         ts = [th[e][s] for e in eps_list]
         out["spearman.max_final_theta_vs_eps"][s] = float(spearmanr(eps_list, ts).statistic)
         out["spearman.max_final_theta_vs_symmetry_gap"][s] = float(spearmanr(g, ts).statistic)
         for e, t_, g_ in zip(eps_list, ts, g):
             if g_ > 0:
-                out.setdefault(f"theta_over_gap.{eps_tag(e)}", {})[s] = t_ / g_       # a diagnostic, not a claim
+                out.setdefault(f"theta_over_gap.{eps_tag(e)}", {})[s] = t_ / g_  # a diagnostic, not a claim
     return out
 
 
 def theta_names(p: Params, planned) -> list[str]:
     if len(p.data.eps) < 2:
         return []
-    return ["spearman.max_final_theta_vs_eps", "spearman.max_final_theta_vs_symmetry_gap",
-            *[f"theta_over_gap.{eps_tag(e)}" for e in _eps_list(p) if e > 0]]
+    return [
+        "spearman.max_final_theta_vs_eps",
+        "spearman.max_final_theta_vs_symmetry_gap",
+        *[f"theta_over_gap.{eps_tag(e)}" for e in _eps_list(p) if e > 0],
+    ]
 
 
 def theta_vs_layer_gap(values, p: Params) -> dict[str, dict[int, float]]:
@@ -178,8 +188,9 @@ def theta_vs_layer_gap(values, p: Params) -> dict[str, dict[int, float]]:
                 pairs.append((th[int(seed)], float(r.layer_gap)))
         if len(pairs) >= 3:
             a = np.array(pairs)
-            out.setdefault("spearman.final_theta_vs_layer_gap", {})[int(seed)] = \
-                float(spearmanr(a[:, 0], a[:, 1]).statistic)
+            out.setdefault("spearman.final_theta_vs_layer_gap", {})[int(seed)] = float(
+                spearmanr(a[:, 0], a[:, 1]).statistic
+            )
             out.setdefault("fraction.final_theta_le_layer_gap", {})[int(seed)] = float(np.mean(a[:, 0] <= a[:, 1]))
     return out
 
@@ -189,8 +200,11 @@ def min_gain_vs_strict(values, p: Params) -> dict[str, dict[int, float]]:
     per = [values.per_seed("recm", f"test_mse.{eps_tag(e)}") for e in _big(p)]
     base = [values.per_seed("strict", f"test_mse.{eps_tag(e)}") for e in _big(p)]
     seeds = sorted(set.intersection(*(set(d) for d in per + base)))
-    return {"relative_gain.test_mse.recm_vs_strict.min_eps_ge0p2": {
-        s: min(relative_gain(method=m[s], baseline=b[s]) for m, b in zip(per, base)) for s in seeds}}
+    return {
+        "relative_gain.test_mse.recm_vs_strict.min_eps_ge0p2": {
+            s: min(relative_gain(method=m[s], baseline=b[s]) for m, b in zip(per, base)) for s in seeds
+        }
+    }
 
 
 def _mean_std(values, variant: str, metric: str) -> tuple[float, float]:
@@ -207,7 +221,7 @@ def excess_over_best(values, p: Params) -> dict[str, float]:
     for e in _big(p):
         m, s = _mean_std(values, "recm", f"test_mse.{eps_tag(e)}")
         best = min((_mean_std(values, b, f"test_mse.{eps_tag(e)}") for b in ("cr", "rpp")), key=lambda t: t[0])
-        pooled = math.sqrt((s ** 2 + best[1] ** 2) / 2)
+        pooled = math.sqrt((s**2 + best[1] ** 2) / 2)
         # m <= best + std  <=>  (m - best - std) / best <= 0 (finite with a single seed too)
         excess.append((m - best[0] - pooled) / best[0])
         out[f"excess.test_mse.{eps_tag(e)}.recm_over_best_of_cr_rpp_plus_std"] = excess[-1]
@@ -219,8 +233,10 @@ def excess_names(p: Params, planned) -> list[str]:
     big = _big(p)
     if not big:
         return []
-    return [*[f"excess.test_mse.{eps_tag(e)}.recm_over_best_of_cr_rpp_plus_std" for e in big],
-            "excess.test_mse.recm_over_best_of_cr_rpp_plus_std.max_eps_ge0p2"]
+    return [
+        *[f"excess.test_mse.{eps_tag(e)}.recm_over_best_of_cr_rpp_plus_std" for e in big],
+        "excess.test_mse.recm_over_best_of_cr_rpp_plus_std.max_eps_ge0p2",
+    ]
 
 
 def report_extra(p: Params, values, artifacts: dict, gaps: pd.DataFrame) -> dict:
@@ -269,12 +285,25 @@ def mse_vs_eps_figure(fits: dict[str, pd.DataFrame], gaps: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for i, (v, df) in enumerate(fits.items()):
         g = df.groupby("eps")["test_mse"].agg(["mean", "std"]).reset_index()
-        ax.errorbar(g["eps"], g["mean"], yerr=g["std"], marker="o", capsize=3, label=v,
-                    lw=2.2 if v == "recm" else 1.0, color="k" if v == "recm" else f"C{i}")
-    ax.plot(gaps["eps"], gaps["linear_circulant_rel_mse"].clip(lower=1e-6), "k:", lw=1,
-            label="best circulant linear map")
-    ax.set(xlabel="symmetry-breaking ε", ylabel="test MSE (relative to var y)", yscale="log",
-           title="Test MSE vs symmetry gap (mean ± std over seeds)")
+        ax.errorbar(
+            g["eps"],
+            g["mean"],
+            yerr=g["std"],
+            marker="o",
+            capsize=3,
+            label=v,
+            lw=2.2 if v == "recm" else 1.0,
+            color="k" if v == "recm" else f"C{i}",
+        )
+    ax.plot(
+        gaps["eps"], gaps["linear_circulant_rel_mse"].clip(lower=1e-6), "k:", lw=1, label="best circulant linear map"
+    )
+    ax.set(
+        xlabel="symmetry-breaking ε",
+        ylabel="test MSE (relative to var y)",
+        yscale="log",
+        title="Test MSE vs symmetry gap (mean ± std over seeds)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -294,8 +323,13 @@ def theta_vs_gap_figure(fits: dict[str, pd.DataFrame], gaps: pd.DataFrame, lgaps
         for r in lgaps.itertuples():
             d = f[np.isclose(f["eps"], r.eps) & (f["seed"] == r.seed)]
             if len(d):
-                a1.scatter(r.layer_gap, d[f"final_theta_l{r.layer}"].iloc[0], color=f"C{eps_list.index(r.eps)}",
-                           marker=markers[r.layer % len(markers)], s=30)
+                a1.scatter(
+                    r.layer_gap,
+                    d[f"final_theta_l{r.layer}"].iloc[0],
+                    color=f"C{eps_list.index(r.eps)}",
+                    marker=markers[r.layer % len(markers)],
+                    s=30,
+                )
         for i, e in enumerate(eps_list):
             a1.scatter([], [], color=f"C{i}", label=f"ε = {e:g}")
         for layer in sorted(lgaps["layer"].unique()):
@@ -303,8 +337,11 @@ def theta_vs_gap_figure(fits: dict[str, pd.DataFrame], gaps: pd.DataFrame, lgaps
         lim = max(1e-3, float(np.nanmax(lgaps["layer_gap"])) * 1.1)
         a1.plot([0, lim], [0, lim], "k:", lw=0.8, label="θ = gap")
     a1.axhline(p.recm.tau, color="gray", lw=0.6, ls="-.")
-    a1.set(xlabel="layer's measured symmetry gap (strict net)", ylabel="final θ_ℓ (RECM)",
-           title="final relaxation vs the layer's gap")
+    a1.set(
+        xlabel="layer's measured symmetry gap (strict net)",
+        ylabel="final θ_ℓ (RECM)",
+        title="final relaxation vs the layer's gap",
+    )
     a1.grid(alpha=0.3)
     a1.legend(fontsize=7)
     if f is not None:
@@ -339,8 +376,11 @@ def equiv_figure(fits: dict[str, pd.DataFrame], p: Params):
         vals = [max(_fits_mean(fits, v, "equiv_error", e), 1e-16) for v in names]
         ax.bar(np.arange(len(names)) + (j - (len(eps_list) - 1) / 2) * w, vals, width=w, label=f"ε = {e:g}")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-    ax.set(yscale="log", ylabel="equiv_error (deployed net)", title="Equivariance error after training "
-           "(RECM: layers under τ projected; CR: branch dropped)")
+    ax.set(
+        yscale="log",
+        ylabel="equiv_error (deployed net)",
+        title="Equivariance error after training (RECM: layers under τ projected; CR: branch dropped)",
+    )
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -360,10 +400,9 @@ def loss_figure(hists: dict, p: Params):
             seeds = list(by_seed.values())
             steps = np.array(seeds[0]["train_mse"]["step"])
             vals = np.array([s["train_mse"]["value"] for s in seeds], float).mean(0)
-            k = max(1, len(vals) // 50)                       # a running mean for readability
+            k = max(1, len(vals) // 50)  # a running mean for readability
             sm = np.convolve(vals, np.ones(k) / k, mode="valid")
-            ax.plot(steps[k - 1:], sm, color="k" if v == "recm" else f"C{i}", lw=1.8 if v == "recm" else 0.9,
-                    label=v)
+            ax.plot(steps[k - 1 :], sm, color="k" if v == "recm" else f"C{i}", lw=1.8 if v == "recm" else 0.9, label=v)
         ax.set(title=f"ε = {e:g}", xlabel="step", yscale="log")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("training minibatch MSE (mean over seeds)")
@@ -375,7 +414,11 @@ def loss_figure(hists: dict, p: Params):
 def make_plots(p: Params, values, artifacts: dict, gaps: pd.DataFrame) -> dict:
     """The node ``evaluate.plots``."""
     fits, hists, lgaps = fits_table(values, p), histories_table(values, p), layer_gaps_table(values, p)
-    figs = {"theta_trajectories": theta_figure(hists, p), "test_mse_vs_eps": mse_vs_eps_figure(fits, gaps),
-            "theta_vs_symmetry_gap": theta_vs_gap_figure(fits, gaps, lgaps, p),
-            "equivariance_error": equiv_figure(fits, p), "training_loss": loss_figure(hists, p)}
+    figs = {
+        "theta_trajectories": theta_figure(hists, p),
+        "test_mse_vs_eps": mse_vs_eps_figure(fits, gaps),
+        "theta_vs_symmetry_gap": theta_vs_gap_figure(fits, gaps, lgaps, p),
+        "equivariance_error": equiv_figure(fits, p),
+        "training_loss": loss_figure(hists, p),
+    }
     return figs

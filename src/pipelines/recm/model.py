@@ -2,6 +2,7 @@
 onto the equivariant (block-circulant) maps, and the per-layer relaxation state that the RECM rule
 (train.py) updates: h_{l+1} = σ(E_l h_l + θ_l · U_l h_l), E_l a circular convolution, U_l a dense map
 on the flattened (channels · length) features, θ_l a buffer (never a trainable parameter)."""
+
 from __future__ import annotations
 
 import math
@@ -22,19 +23,19 @@ def diag_sums(M: torch.Tensor, c_out: int, c_in: int, L: int) -> torch.Tensor:
     L×L block of a dense map M (c_out·L, c_in·L). A strided view of the block laid twice side by side
     (differentiable, no index tensors)."""
     B = M.reshape(c_out, L, c_in, L).permute(0, 2, 1, 3)
-    B2 = torch.cat([B, B], dim=-1).contiguous()                          # (o, c, L, 2L)
+    B2 = torch.cat([B, B], dim=-1).contiguous()  # (o, c, L, 2L)
     s = B2.stride()
-    return B2.as_strided((c_out, c_in, L, L), (s[0], s[1], 1, 2 * L + 1)).sum(-1)   # [o, c, d]
+    return B2.as_strided((c_out, c_in, L, L), (s[0], s[1], 1, 2 * L + 1)).sum(-1)  # [o, c, d]
 
 
 def reynolds(M: torch.Tensor, c_out: int, c_in: int, L: int) -> torch.Tensor:
     """P_eq(M) = (1/|G|) Σ_g ρ_out(g)⁻¹ M ρ_in(g) for a dense map M of shape (c_out·L, c_in·L) between
     flattened (channel, position) features: every (o, c) L×L block averaged along its circulant
     diagonals (the block's entry (i, j) is replaced by the mean over i' of (i', i' + (j − i) mod L))."""
-    mean = diag_sums(M, c_out, c_in, L) / L                              # (o, c, d)
+    mean = diag_sums(M, c_out, c_in, L) / L  # (o, c, d)
     ar = torch.arange(L, device=M.device)
-    dmat = (ar[None, :] - ar[:, None]) % L                               # d = (j − i) mod L
-    return mean[:, :, dmat].permute(0, 2, 1, 3).reshape(c_out * L, c_in * L)   # (o, i, c, j)
+    dmat = (ar[None, :] - ar[:, None]) % L  # d = (j − i) mod L
+    return mean[:, :, dmat].permute(0, 2, 1, 3).reshape(c_out * L, c_in * L)  # (o, i, c, j)
 
 
 def perp_inner(A: torch.Tensor, B: torch.Tensor, c_out: int, c_in: int, L: int) -> torch.Tensor:
@@ -66,11 +67,12 @@ class RelaxedLayer(nn.Module):
     on the pre-activation), from which the RECM rule forms the dense-map gradient G = Σ_b δ_b h_bᵀ; this
     is ∂L/∂W_eff for W_eff = E + θU and does not vanish as θ → 0 (unlike U.grad / θ)."""
 
-    def __init__(self, c_in: int, c_out: int, L: int, kernel: int, use_eq: bool = True, theta0: float = 1.0,
-                 u_init: str = "zero"):
+    def __init__(
+        self, c_in: int, c_out: int, L: int, kernel: int, use_eq: bool = True, theta0: float = 1.0, u_init: str = "zero"
+    ):
         super().__init__()
         self.c_in, self.c_out, self.L, self.kernel, self.use_eq = c_in, c_out, L, kernel, use_eq
-        self.u_init = u_init if use_eq else "random"    # dense maps only: they must start random
+        self.u_init = u_init if use_eq else "random"  # dense maps only: they must start random
         self.E = nn.Parameter(torch.empty(c_out, c_in, kernel)) if use_eq else None
         self.U = nn.Parameter(torch.empty(c_out * L, c_in * L))
         self.bias = nn.Parameter(torch.zeros(c_out))
@@ -84,7 +86,7 @@ class RelaxedLayer(nn.Module):
         # the two branches on the same (fan-in) scale so that θ means the same thing in every layer
         if self.E is not None:
             nn.init.normal_(self.E, std=1.0 / math.sqrt(self.c_in * self.kernel))
-        if self.u_init == "zero":      # the relaxed net starts as its equivariant part (W_eff = E)
+        if self.u_init == "zero":  # the relaxed net starts as its equivariant part (W_eff = E)
             nn.init.zeros_(self.U)
         else:
             nn.init.normal_(self.U, std=1.0 / math.sqrt(self.c_in * self.L))
@@ -123,12 +125,22 @@ class RelaxedLayer(nn.Module):
 class RelaxedNet(nn.Module):
     """Input (c_in, L) → ``hidden`` relaxed layers of ``channels`` with GELU → a relaxed output layer."""
 
-    def __init__(self, c_in: int = 2, channels: int = 8, hidden: int = 3, L: int = 32, kernel: int = 5,
-                 use_eq: bool = True, theta0: float = 1.0, u_init: str = "zero"):
+    def __init__(
+        self,
+        c_in: int = 2,
+        channels: int = 8,
+        hidden: int = 3,
+        L: int = 32,
+        kernel: int = 5,
+        use_eq: bool = True,
+        theta0: float = 1.0,
+        u_init: str = "zero",
+    ):
         super().__init__()
         dims = [c_in] + [channels] * hidden + [1]
-        self.layers = nn.ModuleList(RelaxedLayer(a, b, L, kernel, use_eq, theta0, u_init)
-                                    for a, b in zip(dims[:-1], dims[1:]))
+        self.layers = nn.ModuleList(
+            RelaxedLayer(a, b, L, kernel, use_eq, theta0, u_init) for a, b in zip(dims[:-1], dims[1:])
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x
@@ -161,5 +173,5 @@ def equivariance_error(model: nn.Module, x: torch.Tensor, shifts: list[int] | No
     with torch.no_grad():
         fx = model(x)
         num = sum(float(((model(shift(x, k)) - shift(fx, k)) ** 2).sum()) for k in shifts) / len(shifts)
-        den = float((fx ** 2).sum())
+        den = float((fx**2).sum())
     return num / max(den, 1e-30)

@@ -1,22 +1,29 @@
 """Typed parameters of `recm`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
-from pipelines.core.params import MethodParams, Probability, Strict, VariantName
-
+from pipelines.core.api import MethodParams, Probability, Strict, VariantName
 
 
 class Data(Strict):
     """Periodic advection–diffusion u_t + c(x)u_x = ν(x)u_xx; ε breaks the translation symmetry."""
 
-    path: str | None = None                     # a user parquet table (README); None: simulate
+    path: str | None = None  # a user parquet table (README); None: simulate
     L: int = Field(default=32, ge=4, le=256)
-    eps: list[float] = Field(min_length=1)      # symmetry-breaking knob values (one dataset each)
+    eps: list[float] = Field(min_length=1)  # symmetry-breaking knob values (one dataset each)
     n_train: int = Field(default=4000, ge=16)
     n_test: int = Field(default=1000, ge=16)
     c0: NonNegativeFloat = 1.0
@@ -25,7 +32,7 @@ class Data(Strict):
     substeps: PositiveInt = 20
     n_modes: PositiveInt = 4
     max_wavenumber: PositiveInt = 6
-    seed: NonNegativeInt = 1234       # the data stream (the training seeds vary init and batches)
+    seed: NonNegativeInt = 1234  # the data stream (the training seeds vary init and batches)
 
     @field_validator("eps")
     @classmethod
@@ -39,7 +46,7 @@ class Data(Strict):
 
 class Model(Strict):
     channels: PositiveInt = 8
-    hidden: PositiveInt = 3        # hidden relaxed layers (plus the relaxed output layer)
+    hidden: PositiveInt = 3  # hidden relaxed layers (plus the relaxed output layer)
     kernel: PositiveInt = 5
     u_init: Literal["zero", "random"] = "zero"  # the relaxed branch U (unconstrained nets always start random)
 
@@ -58,19 +65,19 @@ class Train(Strict):
     batch_size: int = Field(default=64, ge=2)
     lr: PositiveFloat = 1e-3
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    weight_decay: NonNegativeFloat = 0.0   # every variant but RPP (which sets its own)
+    weight_decay: NonNegativeFloat = 0.0  # every variant but RPP (which sets its own)
     grad_clip: PositiveFloat | None = None
-    log_every: PositiveInt = 5          # history points (θ, loss) every this many steps
+    log_every: PositiveInt = 5  # history points (θ, loss) every this many steps
     equiv_test_inputs: PositiveInt = 256  # test inputs behind equiv_error (all L-1 shifts)
 
 
 class Recm(Strict):
     """The RECM rule (a reconstruction satisfying the abstract's properties)."""
 
-    alpha: float = Field(default=0.01, gt=0, le=1)   # θ ← (1−α)θ + α s
-    beta: float = Field(default=0.99, ge=0, lt=1)    # EMA of the dense-map gradients and of their norm
-    theta0: Probability = 1.0   # start relaxed, as CR does
-    tau: Probability = 0.05     # after training, layers with θ < τ drop U
+    alpha: float = Field(default=0.01, gt=0, le=1)  # θ ← (1−α)θ + α s
+    beta: float = Field(default=0.99, ge=0, lt=1)  # EMA of the dense-map gradients and of their norm
+    theta0: Probability = 1.0  # start relaxed, as CR does
+    tau: Probability = 0.05  # after training, layers with θ < τ drop U
 
 
 class Variant(Strict):
@@ -84,7 +91,7 @@ class Variant(Strict):
     wd_e: NonNegativeFloat = 1e-5
     penalty: NonNegativeFloat = 1e-2
     rule: Literal["two_ema", "single_ema", "grad_at_eq", "branch_violation"] = "two_ema"
-    shuffle_targets: bool = False   # control: targets permuted across training samples (θ must decay too)
+    shuffle_targets: bool = False  # control: targets permuted across training samples (θ must decay too)
 
     @model_validator(mode="after")
     def _theta_for_fixed(self) -> Variant:
@@ -100,5 +107,5 @@ class Params(MethodParams):
     model: Model = Field(default_factory=Model)
     train: Train = Field(default_factory=Train)
     recm: Recm = Field(default_factory=Recm)
-    variants: dict[VariantName, Variant] = Field(min_length=1)   # one train.<variant> node each
+    variants: dict[VariantName, Variant] = Field(min_length=1)  # one train.<variant> node each
     plot_seed: int = 0

@@ -2,6 +2,7 @@
 one variant), the RECM update (our reconstruction), run in fit's per-step callback,
 and the baselines' relaxation schedules (strict θ ≡ 0, fixed θ, RPP θ ≡ 1 with weight decay, CR θ 1 → 0
 with an equivariance penalty and the branch dropped at the end)."""
+
 from __future__ import annotations
 
 import math
@@ -11,19 +12,32 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import StepInfo, fit
+from pipelines.core.api import StepInfo, fit, node_setup
 from pipelines.recm.data import arrays, eps_tag
 from pipelines.recm.model import RelaxedNet, diag_sums, equivariance_error, perp_inner, reynolds, shift
 from pipelines.recm.params import Params, Recm, Variant
 
 
 def build_model(p: Params, spec: Variant) -> RelaxedNet:
-    theta0 = {"strict": 0.0, "unconstrained": 1.0, "fixed": spec.theta or 0.0, "rpp": 1.0, "cr": 1.0,
-              "recm": p.recm.theta0}[spec.kind]
+    theta0 = {
+        "strict": 0.0,
+        "unconstrained": 1.0,
+        "fixed": spec.theta or 0.0,
+        "rpp": 1.0,
+        "cr": 1.0,
+        "recm": p.recm.theta0,
+    }[spec.kind]
     m = p.model
-    return RelaxedNet(c_in=2, channels=m.channels, hidden=m.hidden, L=p.data.L, kernel=m.kernel,
-                      use_eq=spec.kind != "unconstrained", theta0=theta0, u_init=m.u_init)
+    return RelaxedNet(
+        c_in=2,
+        channels=m.channels,
+        hidden=m.hidden,
+        L=p.data.L,
+        kernel=m.kernel,
+        use_eq=spec.kind != "unconstrained",
+        theta0=theta0,
+        u_init=m.u_init,
+    )
 
 
 def trainable(model: RelaxedNet, spec: Variant) -> list[torch.nn.Parameter]:
@@ -36,8 +50,9 @@ def trainable(model: RelaxedNet, spec: Variant) -> list[torch.nn.Parameter]:
     return out
 
 
-def n_params(model: RelaxedNet, spec: Variant, thetas: list[float] | None = None,
-             projected: list[bool] | None = None) -> int:
+def n_params(
+    model: RelaxedNet, spec: Variant, thetas: list[float] | None = None, projected: list[bool] | None = None
+) -> int:
     """Parameters of the deployed net: U counts only in layers whose branch is kept, and a branch
     projected onto the equivariant maps counts as a full-width kernel (c_out · c_in · L)."""
     thetas = thetas if thetas is not None else model.thetas()
@@ -60,8 +75,11 @@ def make_optimizer(model: RelaxedNet, spec: Variant, p: Params):
         u = [layer.U for layer in model.layers]
         e = [layer.E for layer in model.layers]
         b = [layer.bias for layer in model.layers]
-        groups = [{"params": u, "weight_decay": spec.wd_u}, {"params": e, "weight_decay": spec.wd_e},
-                  {"params": b, "weight_decay": 0.0}]
+        groups = [
+            {"params": u, "weight_decay": spec.wd_u},
+            {"params": e, "weight_decay": spec.wd_e},
+            {"params": b, "weight_decay": 0.0},
+        ]
         return lambda _params: cls(groups, lr=t.lr, **extra)
     return lambda params: cls(params, lr=t.lr, weight_decay=t.weight_decay, **extra)
 
@@ -80,7 +98,7 @@ class RecmRule:
     def __init__(self, model: RelaxedNet, r: Recm, rule: str, loss_of_batch=None, seed: int = 0):
         self.model, self.r, self.rule, self.loss_of_batch = model, r, rule, loss_of_batch
         n = len(model.layers)
-        self.ma: list[list[torch.Tensor] | None] = [None] * n    # [EMA of G, EMA of D(G)]
+        self.ma: list[list[torch.Tensor] | None] = [None] * n  # [EMA of G, EMA of D(G)]
         self.mb: list[list[torch.Tensor] | None] = [None] * n
         self.ka = self.kb = self.k = 0
         self.norm = [0.0] * n
@@ -137,16 +155,16 @@ class RecmRule:
                 else:
                     ema[i][0].mul_(r.beta).add_(G, alpha=1 - r.beta)
                     ema[i][1].mul_(r.beta).add_(D, alpha=1 - r.beta)
-                n_hat = self.norm[i] / (1 - r.beta ** self.k)
+                n_hat = self.norm[i] / (1 - r.beta**self.k)
                 if self.rule == "single_ema":
-                    (M, DM), c = self.ma[i], 1 - r.beta ** self.ka
+                    (M, DM), c = self.ma[i], 1 - r.beta**self.ka
                     sq = max(0.0, float((M * M).sum() - (DM * DM).sum() / L))
                     s = math.sqrt(sq) / c / (n_hat + 1e-12)
                 elif self.mb[i] is None:
-                    s = math.nan       # the B average has not seen a batch yet: θ is left as it is
+                    s = math.nan  # the B average has not seen a batch yet: θ is left as it is
                 else:
                     (A, DA), (B, DB) = self.ma[i], self.mb[i]
-                    ca, cb = 1 - r.beta ** self.ka, 1 - r.beta ** self.kb
+                    ca, cb = 1 - r.beta**self.ka, 1 - r.beta**self.kb
                     inner = float((A * B).sum() - (DA * DB).sum() / L) / (ca * cb)
                     s = math.sqrt(max(0.0, inner)) / (n_hat + 1e-12)
                 self.s[i] = s
@@ -166,14 +184,23 @@ def test_mse(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float(((model(x) - y) ** 2).mean())
 
 
-def train_one(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray, p: Params, spec: Variant,
-              seed: int, device: torch.device, desc: str = "model") -> tuple[dict, dict, dict]:
+def train_one(
+    x_tr: np.ndarray,
+    y_tr: np.ndarray,
+    x_te: np.ndarray,
+    y_te: np.ndarray,
+    p: Params,
+    spec: Variant,
+    seed: int,
+    device: torch.device,
+    desc: str = "model",
+) -> tuple[dict, dict, dict]:
     """One variant on one ε and seed: its metrics row, its histories ``{name: {"step", "value"}}`` and
     its state dict. Inputs and targets are scaled by one scalar (the train targets' std), which keeps the
     symmetry; ``test_mse`` is on that scale (a relative MSE)."""
     t, L = p.train, p.data.L
     scale = float(y_tr.std()) or 1.0
-    if spec.shuffle_targets:       # the control: no input–target relation left, symmetric or not
+    if spec.shuffle_targets:  # the control: no input–target relation left, symmetric or not
         y_tr = y_tr[np.random.default_rng(seed).permutation(len(y_tr))]
 
     def tensor(a):
@@ -215,9 +242,21 @@ def train_one(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.nda
                     hist[f"s_l{i}"].append((info.step, s[i]))
 
     t0, c0 = time.perf_counter(), time.process_time()
-    res = fit(model, (xtr, ytr), loss_fn, epochs=None, steps=t.steps, batch_size=t.batch_size, lr=t.lr,
-              optimizer=make_optimizer(model, spec, p), params=trainable(model, spec), grad_clip=t.grad_clip,
-              seed=seed, desc=desc, callback=on_step)
+    res = fit(
+        model,
+        (xtr, ytr),
+        loss_fn,
+        epochs=None,
+        steps=t.steps,
+        batch_size=t.batch_size,
+        lr=t.lr,
+        optimizer=make_optimizer(model, spec, p),
+        params=trainable(model, spec),
+        grad_clip=t.grad_clip,
+        seed=seed,
+        desc=desc,
+        callback=on_step,
+    )
     train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     model.set_track(False)
 
@@ -243,20 +282,27 @@ def train_one(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.nda
         projected = snap
         row["n_layers_snapped"] = float(sum(snap))
     elif spec.kind == "cr":
-        model.set_theta(0.0)                                       # CR ends strictly equivariant
+        model.set_theta(0.0)  # CR ends strictly equivariant
     final = model.thetas()
     n_eq = min(t.equiv_test_inputs, len(xte))
-    row.update({"test_mse": test_mse(model, xte, yte), "train_mse": test_mse(model, xtr, ytr),
-                "equiv_error": equivariance_error(model, xte[:n_eq]),
-                "n_params": float(n_params(model, spec, final, projected)), "train_time_s": train_s,
-                "train_cpu_s": train_cpu_s, "steps": float(res.steps_run),
-                "step_ms": 1e3 * float(np.median(res.step_seconds)) if res.step_seconds else math.nan})
+    row.update(
+        {
+            "test_mse": test_mse(model, xte, yte),
+            "train_mse": test_mse(model, xtr, ytr),
+            "equiv_error": equivariance_error(model, xte[:n_eq]),
+            "n_params": float(n_params(model, spec, final, projected)),
+            "train_time_s": train_s,
+            "train_cpu_s": train_cpu_s,
+            "steps": float(res.steps_run),
+            "step_ms": 1e3 * float(np.median(res.step_seconds)) if res.step_seconds else math.nan,
+        }
+    )
     series = {k: {"step": [s for s, _ in v], "value": [float(x) for _, x in v]} for k, v in hist.items() if v}
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return row, series, state
 
 
-CONSTANT_THETA = ("strict", "unconstrained", "fixed", "rpp")   # θ never moves: no θ history
+CONSTANT_THETA = ("strict", "unconstrained", "fixed", "rpp")  # θ never moves: no θ history
 
 
 def train_variant(dataset: pd.DataFrame, gaps: pd.DataFrame, p: Params, variant: str):
@@ -264,7 +310,7 @@ def train_variant(dataset: pd.DataFrame, gaps: pd.DataFrame, p: Params, variant:
     metrics ``<metric>.<eps tag>``, the data-level ``symmetry_gap_linear.<eps tag>``, for the strict CNN
     each layer's measured gap ``layer_gap_l<ℓ>.<eps tag>``; the histories ``<name>.<eps tag>``) and its
     state dicts ``{eps_tag: {"seed<s>": state}}``."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
     from pipelines.recm.evaluate import layer_gap
 
     spec = p.variants[variant]
@@ -276,16 +322,22 @@ def train_variant(dataset: pd.DataFrame, gaps: pd.DataFrame, p: Params, variant:
         tag = eps_tag(eps)
         for seed in p.seeds:
             device = node_setup(p, seed)
-            row, series, state = train_one(x_tr, y_tr, x_te, y_te, p, spec, seed, device,
-                                           desc=f"{variant} {tag} seed {seed}")
+            row, series, state = train_one(
+                x_tr, y_tr, x_te, y_te, p, spec, seed, device, desc=f"{variant} {tag} seed {seed}"
+            )
             res.add(seed, **{f"{k}.{tag}": v for k, v in row.items()})
             res.add(seed, **{f"symmetry_gap_linear.{tag}": gap.get(tag, math.nan)})
             if spec.kind == "strict":
                 # the layers' measured symmetry gap at the trained strict net (CPU, from its saved state)
                 model = build_model(p, Variant(kind="strict"))
                 model.load_state_dict(state)
-                res.add(seed, **{f"layer_gap_l{i}.{tag}": g
-                                 for i, g in enumerate(layer_gap(model, x_tr, y_tr, p.train.batch_size))})
+                res.add(
+                    seed,
+                    **{
+                        f"layer_gap_l{i}.{tag}": g
+                        for i, g in enumerate(layer_gap(model, x_tr, y_tr, p.train.batch_size))
+                    },
+                )
             for name, s in series.items():
                 if name.startswith("theta_l") and spec.kind in CONSTANT_THETA:
                     continue

@@ -1,20 +1,27 @@
 """The corpus `rlcracker` runs on: a seeded synthetic "language with synonyms" (meaning = the concept
 sequence; each concept has several surface tokens with a Zipf-like human preference), or a user corpus
 plus a lexicon mapping each word to its meaning class (`--env=full`)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.api import TableSchema, read_user_file
 from pipelines.rlcracker.params import Params
 
 SPLITS = ("train", "wm_train", "test")
-CORPUS = TableSchema("rlcracker.wm_corpus", {"split": "str", "question": "str", "answer": "str"},
-                     min_rows=4, no_missing=("split", "question", "answer"), allowed={"split": SPLITS},
-                     covers={"split": SPLITS})
-LEXICON = TableSchema("rlcracker.lexicon", {"token": "str", "concept": "str"}, min_rows=2,
-                      no_missing=("token", "concept"))
+CORPUS = TableSchema(
+    "rlcracker.wm_corpus",
+    {"split": "str", "question": "str", "answer": "str"},
+    min_rows=4,
+    no_missing=("split", "question", "answer"),
+    allowed={"split": SPLITS},
+    covers={"split": SPLITS},
+)
+LEXICON = TableSchema(
+    "rlcracker.lexicon", {"token": "str", "concept": "str"}, min_rows=2, no_missing=("token", "concept")
+)
 
 
 def token_name(concept: int, synonym: int) -> str:
@@ -29,17 +36,21 @@ def synthetic_language(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
     rng = np.random.default_rng(d.seed)
     C, S = d.n_concepts, d.n_synonyms
     base = np.asarray(d.synonym_pref, float) / np.sum(d.synonym_pref)
-    pref = np.stack([base[rng.permutation(S)] for _ in range(C)])              # [C, S]
+    pref = np.stack([base[rng.permutation(S)] for _ in range(C)])  # [C, S]
     logits = rng.normal(0.0, d.transition_logit_std, size=(d.n_topics, C, C))
     trans = np.exp(logits - logits.max(-1, keepdims=True))
     trans /= trans.sum(-1, keepdims=True)
-    lexicon = pd.DataFrame({"token": [token_name(c, s) for c in range(C) for s in range(S)],
-                            "concept": [f"c{c:03d}" for c in range(C) for _ in range(S)],
-                            "pref": pref.reshape(-1)})
+    lexicon = pd.DataFrame(
+        {
+            "token": [token_name(c, s) for c in range(C) for s in range(S)],
+            "concept": [f"c{c:03d}" for c in range(C) for _ in range(S)],
+            "pref": pref.reshape(-1),
+        }
+    )
 
     cum_pref, cum_trans = pref.cumsum(-1), trans.cumsum(-1)
 
-    def draw(cum: np.ndarray) -> int:      # inverse-CDF sampling (rng.choice(p=...) is slow per call)
+    def draw(cum: np.ndarray) -> int:  # inverse-CDF sampling (rng.choice(p=...) is slow per call)
         return min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(cum) - 1)
 
     def word(c: int) -> str:
@@ -55,8 +66,13 @@ def synthetic_language(p: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
             for _ in range(d.answer_len):
                 c = draw(cum_trans[topic, c])
                 chain.append(c)
-            rows.append({"split": split, "question": " ".join([f"t{topic}", word(seeds[0]), word(seeds[1])]),
-                         "answer": " ".join(word(c) for c in chain)})
+            rows.append(
+                {
+                    "split": split,
+                    "question": " ".join([f"t{topic}", word(seeds[0]), word(seeds[1])]),
+                    "answer": " ".join(word(c) for c in chain),
+                }
+            )
     return lexicon, pd.DataFrame(rows)
 
 

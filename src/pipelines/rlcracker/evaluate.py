@@ -2,12 +2,13 @@
 meaning is kept), z, green fraction, similarity, copy rate and length ratio per scheme and length
 (short = one chunk, long = ``long_chunks`` chunks), the threshold calibrated on unwatermarked texts, and
 the RL training curves."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.spec import Diff, Fn
+from pipelines.core.api import Diff, Fn
 from pipelines.rlcracker.model import Language, similarity
 from pipelines.rlcracker.params import Params
 from pipelines.rlcracker.train import make_watermark
@@ -41,10 +42,15 @@ def attack_rows(p: Params, texts: pd.DataFrame, df: pd.DataFrame) -> list[dict]:
                 sfx = f"{scheme}_{length_name(n_chunks)}"
                 g = d[(d.scheme == scheme) & (d["n_chunks"] == n_chunks)]
                 undetected = g["z"] < p.watermark.z_threshold
-                row[f"removal_success_{sfx}"] = 100 * float((undetected & (g.semantic_sim >= p.eval.success_sim)).mean())
-                row[f"removal_success_sim07_{sfx}"] = 100 * float((undetected & (g.semantic_sim > p.eval.repo_sim)).mean())
+                row[f"removal_success_{sfx}"] = 100 * float(
+                    (undetected & (g.semantic_sim >= p.eval.success_sim)).mean()
+                )
+                row[f"removal_success_sim07_{sfx}"] = 100 * float(
+                    (undetected & (g.semantic_sim > p.eval.repo_sim)).mean()
+                )
                 row[f"fpr_calibrated_success_{sfx}"] = 100 * float(
-                    ((g["z"] <= thr[sfx]) & (g.semantic_sim >= p.eval.success_sim)).mean())
+                    ((g["z"] <= thr[sfx]) & (g.semantic_sim >= p.eval.success_sim)).mean()
+                )
                 row[f"mean_z_{sfx}"] = float(g["z"].mean())
                 for m in METRICS[1:]:
                     row[f"{m}_{sfx}"] = float(g[m].mean())
@@ -69,8 +75,12 @@ def _watermark_metrics(p: Params, texts: pd.DataFrame) -> dict[str, float]:
 def watermark_names(p: Params, planned) -> list[str]:
     lengths = dict.fromkeys(("short", length_name(p.data.long_chunks)))
     schemes = dict.fromkeys([p.watermark.train_scheme, *p.watermark.eval_schemes])
-    return [f"watermark.{k}_{s}_{ln}" for s in schemes for ln in lengths
-            for k in ("detect_rate", "null_fpr", "mean_z", "null_mean_z", "calibrated_threshold")]
+    return [
+        f"watermark.{k}_{s}_{ln}"
+        for s in schemes
+        for ln in lengths
+        for k in ("detect_rate", "null_fpr", "mean_z", "null_mean_z", "calibrated_threshold")
+    ]
 
 
 def watermark_fn(values, p: Params, texts: pd.DataFrame) -> dict[str, float]:
@@ -79,51 +89,74 @@ def watermark_fn(values, p: Params, texts: pd.DataFrame) -> dict[str, float]:
     return _watermark_metrics(p, texts)
 
 
-PAIRS = (("sft_paraphrase", "rlcracker"), ("grpo_sem_only", "rlcracker"), ("rlcracker", "grpo_sem_only"),
-         ("rlcracker", "sft_paraphrase"), ("oracle_rl", "rlcracker"))
+PAIRS = (
+    ("sft_paraphrase", "rlcracker"),
+    ("grpo_sem_only", "rlcracker"),
+    ("rlcracker", "grpo_sem_only"),
+    ("rlcracker", "sft_paraphrase"),
+    ("oracle_rl", "rlcracker"),
+)
 
 
 def derived(p: Params) -> list:
     """Paired per-seed differences ``delta.<metric>.<a>_minus_<b>`` (the ablations ran the first seeds only:
     the pairs are those seeds) and the watermark's own metrics."""
     lengths = dict.fromkeys(("short", length_name(p.data.long_chunks)))
-    out = [Diff(f"{m}_{scheme}_{ln}", a, b, name=f"delta.{m}_{scheme}_{ln}.{a}_minus_{b}")
-           for scheme in p.watermark.eval_schemes for ln in lengths
-           for m in ("mean_z", "removal_success", "semantic_sim") for a, b in PAIRS]
+    out = [
+        Diff(f"{m}_{scheme}_{ln}", a, b, name=f"delta.{m}_{scheme}_{ln}.{a}_minus_{b}")
+        for scheme in p.watermark.eval_schemes
+        for ln in lengths
+        for m in ("mean_z", "removal_success", "semantic_sim")
+        for a, b in PAIRS
+    ]
     out.append(Fn(watermark_fn, watermark_names, inputs=["texts"]))
     return out
 
 
-def _success_vs_length(p: Params, lang: Language, texts: pd.DataFrame, df: pd.DataFrame) -> tuple[list[int], list[float]]:
+def _success_vs_length(
+    p: Params, lang: Language, texts: pd.DataFrame, df: pd.DataFrame
+) -> tuple[list[int], list[float]]:
     """Joint success of the long rewrites judged on their first k chunks, k = 1, 2, 4, … long_chunks."""
-    scheme = p.watermark.train_scheme if p.watermark.train_scheme in p.watermark.eval_schemes else p.watermark.eval_schemes[0]
+    scheme = (
+        p.watermark.train_scheme
+        if p.watermark.train_scheme in p.watermark.eval_schemes
+        else p.watermark.eval_schemes[0]
+    )
     wm = make_watermark(lang, p, scheme)
     n_long = int(texts["n_chunks"].max())
     src = texts[(texts.split == "test") & texts.watermarked & (texts.scheme == scheme) & (texts.n_chunks == n_long)]
     src = src.set_index("text_id")
-    d = df[(df.scheme == scheme) & (df.n_chunks == n_long) & (df.seed == df.seed.min())]   # first seed
-    ks, rates = sorted({1, n_long, *(2 ** i for i in range(n_long.bit_length()) if 2 ** i < n_long)}), []
+    d = df[(df.scheme == scheme) & (df.n_chunks == n_long) & (df.seed == df.seed.min())]  # first seed
+    ks, rates = sorted({1, n_long, *(2**i for i in range(n_long.bit_length()) if 2**i < n_long)}), []
     for k in ks:
         ok = []
         for row in d.itertuples():
             y = lang.ids(" ".join(row.rewrite_chunks[:k]))
             s = lang.ids(" ".join(src.loc[row.text_id, "chunks"][:k]))
-            ok.append(wm.z(y) < p.watermark.z_threshold and similarity(lang.concepts(y), lang.concepts(s)) >= p.eval.success_sim)
+            ok.append(
+                wm.z(y) < p.watermark.z_threshold
+                and similarity(lang.concepts(y), lang.concepts(s)) >= p.eval.success_sim
+            )
         rates.append(100 * float(np.mean(ok)) if ok else 0.0)
     return [k * p.data.answer_len for k in ks], rates
 
 
-def make_plots(p: Params, values, artifacts: dict, lexicon: pd.DataFrame, corpus: pd.DataFrame,
-               texts: pd.DataFrame) -> dict:
+def make_plots(
+    p: Params, values, artifacts: dict, lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd.DataFrame
+) -> dict:
     import matplotlib.pyplot as plt
 
-    from pipelines.core.plots import line_plot
+    from pipelines.core.api import line_plot
 
     attacks = {v: pd.DataFrame(a["attack"]) for v, a in artifacts.items()}
     curves = {v: a["curves"] for v, a in artifacts.items() if a["curves"]}
 
     lang = Language(lexicon, corpus)
-    scheme = p.watermark.train_scheme if p.watermark.train_scheme in p.watermark.eval_schemes else p.watermark.eval_schemes[0]
+    scheme = (
+        p.watermark.train_scheme
+        if p.watermark.train_scheme in p.watermark.eval_schemes
+        else p.watermark.eval_schemes[0]
+    )
     n_long = int(texts["n_chunks"].max())
     thr = calibrated_thresholds(texts, p)
     figs = {}
@@ -144,19 +177,28 @@ def make_plots(p: Params, values, artifacts: dict, lexicon: pd.DataFrame, corpus
     for v, df in attacks.items():
         x, y = _success_vs_length(p, lang, texts, df)
         series[v] = y
-    figs["success_vs_length"] = line_plot(x, series, "text length (tokens)", "joint removal success (%)",
-                                          f"success vs length ({scheme}, s ≥ {p.eval.success_sim:g})")
+    figs["success_vs_length"] = line_plot(
+        x,
+        series,
+        "text length (tokens)",
+        "joint removal success (%)",
+        f"success vs length ({scheme}, s ≥ {p.eval.success_sim:g})",
+    )
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for v, df in attacks.items():
         g = df[(df.scheme == scheme) & (df.n_chunks == n_long)]
         ax.scatter(g["semantic_sim"], g["z"], s=8, alpha=0.5, label=v)
     ax.axhline(p.watermark.z_threshold, color="k", ls="--")
     ax.axvline(p.eval.success_sim, color="k", ls=":")
-    ax.set(xlabel="semantic similarity to the source", ylabel="z", title="removal vs fidelity (long texts; success: lower right)")
+    ax.set(
+        xlabel="semantic similarity to the source",
+        ylabel="z",
+        title="removal vs fidelity (long texts; success: lower right)",
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     figs["success_vs_fidelity"] = fig
-    hist = {v: by_seed[min(by_seed, key=int)] for v, by_seed in curves.items()}   # the first seed
+    hist = {v: by_seed[min(by_seed, key=int)] for v, by_seed in curves.items()}  # the first seed
     if hist:
         fig, axes = plt.subplots(2, 3, figsize=(12, 6))
         for ax, name in zip(axes.ravel(), ("reward_sem", "similarity", "rollout_z", "kl_wm", "kl_h", "grad_norm")):

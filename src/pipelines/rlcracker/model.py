@@ -2,6 +2,7 @@
 core's TinyTransformer), batched sampling with an optional watermark, completion log-probabilities, the
 semantic similarity that replaces P-SP (1 − normalised edit distance of concept sequences) and the
 non-adaptive attacks (human-like paraphrase, random synonym substitution)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.seqmodels import KVCache, TinyConfig, TinyTransformer, Tokenizer
+from pipelines.core.api import KVCache, TinyConfig, TinyTransformer, Tokenizer
 
 Q, P, A = "[Q]", "[P]", "[A]"
 
@@ -43,7 +44,9 @@ class Language:
         else:
             counts = pd.Series([w for t in corpus["answer"] for w in t.split()]).value_counts()
             weight = np.array([counts.get(self.tok.itos[i], 0) + 1.0 for i in range(self.V)])
-        self.synonyms: list[np.ndarray] = [self.text_ids[self.concept_of[self.text_ids] == c] for c in range(len(concepts))]
+        self.synonyms: list[np.ndarray] = [
+            self.text_ids[self.concept_of[self.text_ids] == c] for c in range(len(concepts))
+        ]
         self.syn_p = [weight[s] / weight[s].sum() for s in self.synonyms]
         self.allowed_text = torch.zeros(self.V, dtype=torch.bool)
         self.allowed_text[torch.from_numpy(self.text_ids)] = True
@@ -125,15 +128,25 @@ def semantic_reward(s: np.ndarray | float, s0: float) -> np.ndarray:
 
 # ------------------------------------------------------------------------ models
 def make_model(vocab_size: int, cfg) -> TinyTransformer:
-    return TinyTransformer(TinyConfig(vocab_size=vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                                      n_heads=cfg.n_heads, max_len=cfg.max_len))
+    return TinyTransformer(
+        TinyConfig(
+            vocab_size=vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, max_len=cfg.max_len
+        )
+    )
 
 
 def pack(model: TinyTransformer) -> dict:
     c = model.config
-    return {"config": {"vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers,
-                       "n_heads": c.n_heads, "max_len": c.max_len},
-            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {
+        "config": {
+            "vocab_size": c.vocab_size,
+            "d_model": c.d_model,
+            "n_layers": c.n_layers,
+            "n_heads": c.n_heads,
+            "max_len": c.max_len,
+        },
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    }
 
 
 def unpack(blob: dict, device: torch.device | str = "cpu") -> TinyTransformer:
@@ -146,14 +159,24 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
     n = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        ids[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
     return ids
 
 
 @torch.no_grad()
-def sample(model: TinyTransformer, prompts: Sequence[Sequence[int]], n_new: int, *, temperature: float,
-           gen: torch.Generator, allowed: torch.Tensor, eos_id: int | None = None, watermark=None,
-           histories: Sequence[Sequence[int]] | None = None, batch_size: int = 512) -> list[list[int]]:
+def sample(
+    model: TinyTransformer,
+    prompts: Sequence[Sequence[int]],
+    n_new: int,
+    *,
+    temperature: float,
+    gen: torch.Generator,
+    allowed: torch.Tensor,
+    eos_id: int | None = None,
+    watermark=None,
+    histories: Sequence[Sequence[int]] | None = None,
+    batch_size: int = 512,
+) -> list[list[int]]:
     """Sample ``n_new`` tokens (or up to and including ``eos_id``) after each prompt, over the ``allowed``
     tokens, with the KV cache; prompts are bucketed by length. ``watermark`` adds δ to the green logits of
     the context (the row's ``histories`` text followed by what was generated so far)."""
@@ -165,7 +188,7 @@ def sample(model: TinyTransformer, prompts: Sequence[Sequence[int]], n_new: int,
     neg = torch.where(allowed, 0.0, float("-inf")).to(dev)
     for _, idx_all in sorted(by_len.items()):
         for s in range(0, len(idx_all), batch_size):
-            idx = idx_all[s:s + batch_size]
+            idx = idx_all[s : s + batch_size]
             x = torch.as_tensor([list(prompts[i]) for i in idx], dtype=torch.long, device=dev)
             cache = KVCache()
             logits = model(x, cache=cache)[:, -1]
@@ -193,8 +216,9 @@ def sample(model: TinyTransformer, prompts: Sequence[Sequence[int]], n_new: int,
     return out  # type: ignore[return-value]
 
 
-def completion_logprobs(model: TinyTransformer, ids: torch.Tensor, temperature: float,
-                        allowed: torch.Tensor) -> torch.Tensor:
+def completion_logprobs(
+    model: TinyTransformer, ids: torch.Tensor, temperature: float, allowed: torch.Tensor
+) -> torch.Tensor:
     """log p(ids[:, t] | ids[:, :t]) [B, T−1] at ``temperature`` over the ``allowed`` tokens (the sampling
     distribution of :func:`sample`), differentiable."""
     logits = model(ids[:, :-1]).float() / temperature
@@ -202,4 +226,4 @@ def completion_logprobs(model: TinyTransformer, ids: torch.Tensor, temperature: 
     lp = torch.log_softmax(logits, -1)
     tgt = ids[:, 1:]
     out = lp.gather(-1, tgt[..., None])[..., 0]
-    return torch.where(allowed.to(tgt.device)[tgt], out, torch.zeros_like(out))   # disallowed (pad): 0, masked
+    return torch.where(allowed.to(tgt.device)[tgt], out, torch.zeros_like(out))  # disallowed (pad): 0, masked

@@ -3,6 +3,7 @@ watermarked texts, and one function for every variant (the RLCracker GRPO loop o
 repo's ``GRPOTrainer_reph``: sigmoid semantic reward in the group advantage, the token-level distributional
 reward r_kl = KL_wm − KL_h from the frozen reference in two contexts, α up-weighting, k3 penalty to the
 reference under the watermarked context, and the PPL term; its ablations; and the non-adaptive baselines)."""
+
 from __future__ import annotations
 
 import math
@@ -12,17 +13,32 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.rl import Rollouts, group_advantages, grpo_train, k3_kl, masked_mean
-from pipelines.core.runtime import node_setup
-from pipelines.core.seqmodels import sequence_logprobs
-from pipelines.core.streams import stream_seed
-from pipelines.core.training import fit
-from pipelines.rlcracker.model import (Language, completion_logprobs, make_model, pack, pad_batch, sample,
-                                       semantic_reward, similarity, unpack)
+from pipelines.core.api import (
+    Rollouts,
+    fit,
+    group_advantages,
+    grpo_train,
+    k3_kl,
+    masked_mean,
+    node_setup,
+    sequence_logprobs,
+    stream_seed,
+)
+from pipelines.rlcracker.model import (
+    Language,
+    completion_logprobs,
+    make_model,
+    pack,
+    pad_batch,
+    sample,
+    semantic_reward,
+    similarity,
+    unpack,
+)
 from pipelines.rlcracker.params import RL_VARIANTS, Params
 from pipelines.rlcracker.watermark import Watermark
 
-GEN_TEMPERATURE = 1.0    # the watermarked generator samples its (biased) distribution as it is
+GEN_TEMPERATURE = 1.0  # the watermarked generator samples its (biased) distribution as it is
 
 
 def make_watermark(lang: Language, p: Params, scheme: str) -> Watermark:
@@ -53,9 +69,22 @@ def _fit_lm(model, make_rows, cfg, seed: int, desc: str) -> list[float]:
         seqs, starts = make_rows(rng, cfg.batch_size)
         return _batch(seqs, starts, 0)
 
-    fit(model, None, _lm_loss, steps=cfg.steps, sample_batch=sample_batch, lr=cfg.lr, optimizer="adamw",
-        weight_decay=0.0, batch_size=None, seed=seed, desc=desc, scheduler=_cosine,
-        callback=lambda s: losses.append(s.loss), grad_clip=1.0)
+    fit(
+        model,
+        None,
+        _lm_loss,
+        steps=cfg.steps,
+        sample_batch=sample_batch,
+        lr=cfg.lr,
+        optimizer="adamw",
+        weight_decay=0.0,
+        batch_size=None,
+        seed=seed,
+        desc=desc,
+        scheduler=_cosine,
+        callback=lambda s: losses.append(s.loss),
+        grad_clip=1.0,
+    )
     return losses
 
 
@@ -63,8 +92,12 @@ def _cosine(opt, total: int, warmup: float = 0.05, min_ratio: float = 0.1):
     """Linear warm-up over ``warmup``·total steps, then cosine decay to ``min_ratio``·lr."""
     warm = max(1, round(warmup * total))
     return torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / warm)
-        * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total))))
+        opt,
+        lambda i: (
+            min(1.0, (i + 1) / warm)
+            * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+        ),
+    )
 
 
 def train_generator(lexicon: pd.DataFrame, corpus: pd.DataFrame, p: Params) -> tuple[dict, dict]:
@@ -120,8 +153,16 @@ def _sliding_question(question: str, prev_chunk: list[str]) -> str:
     return " ".join(q[:keep] + prev_chunk[-2:])
 
 
-def _generate_texts(model, lang: Language, questions: list[str], n_chunks: int, n_new: int,
-                    wm: Watermark | None, gen: torch.Generator, batch: int) -> tuple[list[list[str]], list[list[str]]]:
+def _generate_texts(
+    model,
+    lang: Language,
+    questions: list[str],
+    n_chunks: int,
+    n_new: int,
+    wm: Watermark | None,
+    gen: torch.Generator,
+    batch: int,
+) -> tuple[list[list[str]], list[list[str]]]:
     chunks: list[list[list[int]]] = [[] for _ in questions]
     qs: list[list[str]] = [[q] for q in questions]
     for k in range(n_chunks):
@@ -130,8 +171,17 @@ def _generate_texts(model, lang: Language, questions: list[str], n_chunks: int, 
                 qs[i].append(_sliding_question(questions[i], [lang.tok.itos[t] for t in chunks[i][-1]]))
         prompts = [lang.qa_prompt(q[k]) for q in qs]
         hist = [[t for c in ch for t in c] for ch in chunks]
-        out = sample(model, prompts, n_new, temperature=GEN_TEMPERATURE, gen=gen, allowed=lang.allowed_text,
-                     watermark=wm, histories=hist, batch_size=batch)
+        out = sample(
+            model,
+            prompts,
+            n_new,
+            temperature=GEN_TEMPERATURE,
+            gen=gen,
+            allowed=lang.allowed_text,
+            watermark=wm,
+            histories=hist,
+            batch_size=batch,
+        )
         for i, o in enumerate(out):
             chunks[i].append(o)
     return qs, [[lang.text(c) for c in ch] for ch in chunks]
@@ -147,15 +197,24 @@ def watermark_texts(lexicon: pd.DataFrame, corpus: pd.DataFrame, generator: dict
     d = p.data
     gen = torch.Generator().manual_seed(p.data.seed + 2)
     train_q = corpus[corpus.split == "wm_train"].question.tolist()
-    test_q = corpus[corpus.split == "test"].question.tolist()[:d.n_test]
+    test_q = corpus[corpus.split == "test"].question.tolist()[: d.n_test]
     null_q = [test_q[i % len(test_q)] for i in range(d.n_null)]
     schemes = list(dict.fromkeys([p.watermark.train_scheme, *p.watermark.eval_schemes]))
     rows = []
 
     def add(scheme, split, qs, texts, n_chunks, watermarked):
         for i, (q, t) in enumerate(zip(qs, texts)):
-            rows.append({"scheme": scheme, "split": split, "n_chunks": n_chunks, "text_id": i,
-                         "watermarked": watermarked, "questions": list(q), "chunks": list(t)})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "split": split,
+                    "n_chunks": n_chunks,
+                    "text_id": i,
+                    "watermarked": watermarked,
+                    "questions": list(q),
+                    "chunks": list(t),
+                }
+            )
 
     n_new = d.answer_len
     for length in (1, d.long_chunks):
@@ -190,8 +249,15 @@ def _aligned(lp: torch.Tensor, starts: list[int], lengths: list[int]) -> tuple[t
     return idx, mask
 
 
-def token_rewards(lp_pa: torch.Tensor, lp_wm: torch.Tensor, lp_h: torch.Tensor, adv: torch.Tensor,
-                  alpha: float | torch.Tensor, mask: torch.Tensor, w_kl: float) -> tuple[torch.Tensor, ...]:
+def token_rewards(
+    lp_pa: torch.Tensor,
+    lp_wm: torch.Tensor,
+    lp_h: torch.Tensor,
+    adv: torch.Tensor,
+    alpha: float | torch.Tensor,
+    mask: torch.Tensor,
+    w_kl: float,
+) -> tuple[torch.Tensor, ...]:
     """R_t = α·A + w_kl·r_kl(t), r_kl = KL_wm − KL_h with the k3 estimates exp(lp_ref − lp_pa) − (lp_ref −
     lp_pa) − 1 of KL(π ‖ ref(·|c_wm)) and KL(π ‖ ref(·|c_h)) on the policy's own tokens (no gradient):
     move away from the watermark-conditioned distribution, stay close to the question-only one."""
@@ -200,9 +266,16 @@ def token_rewards(lp_pa: torch.Tensor, lp_wm: torch.Tensor, lp_h: torch.Tensor, 
     return (alpha * adv[:, None] + w_kl * (kl_wm - kl_h)) * mask, kl_wm, kl_h
 
 
-def rlcracker_objective(lp: torch.Tensor, lp_wm: torch.Tensor, lp_h: torch.Tensor, adv: torch.Tensor,
-                        alpha: float | torch.Tensor, mask: torch.Tensor, w_kl: float,
-                        beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+def rlcracker_objective(
+    lp: torch.Tensor,
+    lp_wm: torch.Tensor,
+    lp_h: torch.Tensor,
+    adv: torch.Tensor,
+    alpha: float | torch.Tensor,
+    mask: torch.Tensor,
+    w_kl: float,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """mean_seq mean_t −(exp(lp − sg(lp))·R_t − β·k3(ref(·|c_wm) ‖ π)) over the masked completion tokens
     (lp [B, L] with gradient; the rest fixed)."""
     lp_pa = lp.detach()
@@ -210,12 +283,23 @@ def rlcracker_objective(lp: torch.Tensor, lp_wm: torch.Tensor, lp_h: torch.Tenso
     kl_ref = k3_kl(lp, lp_wm)
     per_tok = -(torch.exp(lp - lp_pa) * R - beta * kl_ref)
     loss = masked_mean(per_tok, mask, dim=1).mean()
-    return loss, {"kl_wm": float(masked_mean(kl_wm, mask)), "kl_h": float(masked_mean(kl_h, mask)),
-                  "kl_ref": float(masked_mean(kl_ref.detach(), mask))}
+    return loss, {
+        "kl_wm": float(masked_mean(kl_wm, mask)),
+        "kl_h": float(masked_mean(kl_h, mask)),
+        "kl_ref": float(masked_mean(kl_ref.detach(), mask)),
+    }
 
 
-def rl_attack(policy, ref, lang: Language, texts: list[tuple[list[int], str]], p: Params, variant: str,
-              seed: int, wm_train: Watermark) -> dict[str, list[float]]:
+def rl_attack(
+    policy,
+    ref,
+    lang: Language,
+    texts: list[tuple[list[int], str]],
+    p: Params,
+    variant: str,
+    seed: int,
+    wm_train: Watermark,
+) -> dict[str, list[float]]:
     """GRPO with RLCracker's rewards (``rlcracker``), the semantic reward only (``grpo_sem_only``: w_kl = 0),
     or the semantic reward minus the detector's z (``oracle_rl``: violates the threat model, an upper
     bound), on core's GRPO loop (one rollout group per update). Trains ``policy`` in place; returns the
@@ -230,13 +314,19 @@ def rl_attack(policy, ref, lang: Language, texts: list[tuple[list[int], str]], p
         srcs = [texts[i][0] for i in pick for _ in range(G)]
         c_wm = [lang.para_prompt(s) for s in srcs]
         c_h = [lang.qa_prompt(texts[i][1]) for i in pick for _ in range(G)]
-        ys = sample(policy_, c_wm, math.ceil(len(srcs[0]) * rl.max_new_factor), temperature=T, gen=gen,
-                    allowed=allowed, eos_id=lang.eos_id)
+        ys = sample(
+            policy_,
+            c_wm,
+            math.ceil(len(srcs[0]) * rl.max_new_factor),
+            temperature=T,
+            gen=gen,
+            allowed=allowed,
+            eos_id=lang.eos_id,
+        )
         sims = np.array([similarity(lang.concepts(y), lang.concepts(s)) for y, s in zip(ys, srcs)])
         r_sem = semantic_reward(sims, rl.sem_threshold)
-        zs = np.array([wm_train.z(y) for y in ys])    # monitoring; only oracle_rl's reward reads it
-        reward = torch.tensor(r_sem - rl.oracle_z_weight * zs if variant == "oracle_rl" else r_sem,
-                              dtype=torch.float32)
+        zs = np.array([wm_train.z(y) for y in ys])  # monitoring; only oracle_rl's reward reads it
+        reward = torch.tensor(r_sem - rl.oracle_z_weight * zs if variant == "oracle_rl" else r_sem, dtype=torch.float32)
         alpha = max(1.0, rl.w_sem * (1.0 - float(r_sem.mean())))
         ids_wm = pad_batch([c + y for c, y in zip(c_wm, ys)], lang.pad_id).to(dev)
         ids_h = pad_batch([c + y for c, y in zip(c_h, ys)], lang.pad_id).to(dev)
@@ -246,37 +336,81 @@ def rl_attack(policy, ref, lang: Language, texts: list[tuple[list[int], str]], p
         idx_wm, ymask = _aligned(lp_wm_all, [len(c) for c in c_wm], lens)
         idx_h, _ = _aligned(lp_h_all, [len(c) for c in c_h], lens)
         ymask = ymask.to(dev)
-        actions = torch.zeros_like(ids_wm, dtype=torch.bool)    # the rewrite tokens (EOS included)
+        actions = torch.zeros_like(ids_wm, dtype=torch.bool)  # the rewrite tokens (EOS included)
         actions[:, 1:].scatter_(1, idx_wm.to(dev), ymask)
-        return Rollouts(ids_wm, actions, reward, advantages=group_advantages(reward, G, eps=rl.adv_eps).to(dev),
-                        extras={"idx_wm": idx_wm.to(dev), "ymask": ymask, "ids_h": ids_h,
-                                "lp_wm": lp_wm_all.gather(1, idx_wm.to(dev)) * ymask,
-                                "lp_h": lp_h_all.gather(1, idx_h.to(dev)) * ymask},
-                        stats={"reward_sem": float(r_sem.mean()), "similarity": float(sims.mean()),
-                               "alpha": alpha, "rollout_z": float(zs.mean()), "rollout_len": float(np.mean(lens))})
+        return Rollouts(
+            ids_wm,
+            actions,
+            reward,
+            advantages=group_advantages(reward, G, eps=rl.adv_eps).to(dev),
+            extras={
+                "idx_wm": idx_wm.to(dev),
+                "ymask": ymask,
+                "ids_h": ids_h,
+                "lp_wm": lp_wm_all.gather(1, idx_wm.to(dev)) * ymask,
+                "lp_h": lp_h_all.gather(1, idx_h.to(dev)) * ymask,
+            },
+            stats={
+                "reward_sem": float(r_sem.mean()),
+                "similarity": float(sims.mean()),
+                "alpha": alpha,
+                "rollout_z": float(zs.mean()),
+                "rollout_len": float(np.mean(lens)),
+            },
+        )
 
     def objective(b):
         e = b.extras
         lp = b.logp.gather(1, e["idx_wm"]) * e["ymask"]
-        pg, info = rlcracker_objective(lp, e["lp_wm"], e["lp_h"], b.advantages,
-                                       torch.tensor(b.stats["alpha"], device=dev), e["ymask"], w_kl, rl.beta)
+        pg, info = rlcracker_objective(
+            lp,
+            e["lp_wm"],
+            e["lp_h"],
+            b.advantages,
+            torch.tensor(b.stats["alpha"], device=dev),
+            e["ymask"],
+            w_kl,
+            rl.beta,
+        )
         tok_mask = e["ids_h"] != lang.pad_id
-        nll = -masked_mean(sequence_logprobs(b.model, e["ids_h"]), tok_mask[:, 1:])   # PPL term on [question; rewrite]
+        nll = -masked_mean(sequence_logprobs(b.model, e["ids_h"]), tok_mask[:, 1:])  # PPL term on [question; rewrite]
         return pg + rl.w_ppl * nll, info
 
-    res = grpo_train(policy, rollout, iterations=rl.updates, group_size=G, objective=objective,
-                     logprob_fn=lambda m, ids: completion_logprobs(m, ids, T, allowed), old_logprobs=False,
-                     lr=rl.lr, optimizer="adam", weight_decay=0.0, grad_clip=rl.grad_clip, seed=seed,
-                     scheduler=(lambda o, n: _cosine(o, n, warmup=0.1)) if rl.schedule == "cosine" else None,
-                     desc=f"rlcracker.{variant}")
-    keys = ("reward_sem", "similarity", "kl_wm", "kl_h", "kl_ref", "alpha", "grad_norm", "rollout_z",
-            "rollout_len", "loss")
+    res = grpo_train(
+        policy,
+        rollout,
+        iterations=rl.updates,
+        group_size=G,
+        objective=objective,
+        logprob_fn=lambda m, ids: completion_logprobs(m, ids, T, allowed),
+        old_logprobs=False,
+        lr=rl.lr,
+        optimizer="adam",
+        weight_decay=0.0,
+        grad_clip=rl.grad_clip,
+        seed=seed,
+        scheduler=(lambda o, n: _cosine(o, n, warmup=0.1)) if rl.schedule == "cosine" else None,
+        desc=f"rlcracker.{variant}",
+    )
+    keys = (
+        "reward_sem",
+        "similarity",
+        "kl_wm",
+        "kl_h",
+        "kl_ref",
+        "alpha",
+        "grad_norm",
+        "rollout_z",
+        "rollout_len",
+        "loss",
+    )
     return {k: [row[k] for row in res.history] for k in keys}
 
 
 # ------------------------------------------------------------------------------------ attacks + scoring
-def rewrite_chunks(variant: str, lang: Language, chunks: list[list[int]], questions: list[str], p: Params,
-                   seed: int, attacker=None) -> list[list[int]]:
+def rewrite_chunks(
+    variant: str, lang: Language, chunks: list[list[int]], questions: list[str], p: Params, seed: int, attacker=None
+) -> list[list[int]]:
     """Apply one attack to a list of chunks (each rewritten on its own)."""
     rng = np.random.default_rng([seed, 7])
     if variant == "no_attack":
@@ -290,12 +424,22 @@ def rewrite_chunks(variant: str, lang: Language, chunks: list[list[int]], questi
         prompts = [lang.qa_prompt(q) for q in questions]
     else:
         prompts = [lang.para_prompt(c) for c in chunks]
-    out = sample(attacker, prompts, n_new, temperature=p.eval.temperature, gen=gen, allowed=lang.allowed_rewrite,
-                 eos_id=lang.eos_id, batch_size=p.eval.batch_size)
+    out = sample(
+        attacker,
+        prompts,
+        n_new,
+        temperature=p.eval.temperature,
+        gen=gen,
+        allowed=lang.allowed_rewrite,
+        eos_id=lang.eos_id,
+        batch_size=p.eval.batch_size,
+    )
     return [lang.surface(o) for o in out]
 
 
-def score_attack(variant: str, seed: int, lang: Language, texts: pd.DataFrame, p: Params, attacker=None) -> pd.DataFrame:
+def score_attack(
+    variant: str, seed: int, lang: Language, texts: pd.DataFrame, p: Params, attacker=None
+) -> pd.DataFrame:
     """Rewrite every watermarked test text and score it: z and green fraction (the scheme's detector),
     semantic similarity, copy rate and length ratio against the source."""
     test = texts[(texts.split == "test") & texts.watermarked & texts.scheme.isin(p.watermark.eval_schemes)]
@@ -317,39 +461,54 @@ def score_attack(variant: str, seed: int, lang: Language, texts: pd.DataFrame, p
         src = lang.ids(" ".join(row.chunks))
         g, n = wms[row.scheme].count(y)
         overlap = sum((pd.Series(y).value_counts().clip(upper=pd.Series(src).value_counts())).fillna(0)) if y else 0
-        rows.append({"variant": variant, "seed": seed, "scheme": row.scheme, "n_chunks": int(row.n_chunks),
-                     "n_tokens": int(row.n_tokens),
-                     "text_id": int(row.text_id), "z": wms[row.scheme].z(y), "green_fraction": g / n if n else 0.0,
-                     "semantic_sim": similarity(lang.concepts(y), lang.concepts(src)),
-                     "copy_rate": float(overlap) / max(1, len(y)), "len_ratio": len(y) / max(1, len(src)),
-                     "z_source": float(row.z), "rewrite_chunks": per_chunk[r]})
+        rows.append(
+            {
+                "variant": variant,
+                "seed": seed,
+                "scheme": row.scheme,
+                "n_chunks": int(row.n_chunks),
+                "n_tokens": int(row.n_tokens),
+                "text_id": int(row.text_id),
+                "z": wms[row.scheme].z(y),
+                "green_fraction": g / n if n else 0.0,
+                "semantic_sim": similarity(lang.concepts(y), lang.concepts(src)),
+                "copy_rate": float(overlap) / max(1, len(y)),
+                "len_ratio": len(y) / max(1, len(src)),
+                "z_source": float(row.z),
+                "rewrite_chunks": per_chunk[r],
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def train_variant(lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd.DataFrame, attacker_sft: dict,
-                  p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
+def train_variant(
+    lexicon: pd.DataFrame, corpus: pd.DataFrame, texts: pd.DataFrame, attacker_sft: dict, p: Params, variant: str
+) -> tuple[pd.DataFrame, dict]:
     """train.<variant>: the attack on every seed (RL ablations on the first ``rl.ablation_seeds`` seeds) →
     (its long table: the scores per seed and the RL training curves, artifacts: the scored rewrites, the
     curves by seed and the RL policies' weights by seed)."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
     from pipelines.rlcracker.evaluate import attack_rows
 
     lang = Language(lexicon, corpus)
     seeds = list(p.seeds)
     if variant in ("grpo_sem_only", "oracle_rl"):
-        seeds = seeds[:p.rl.ablation_seeds]
+        seeds = seeds[: p.rl.ablation_seeds]
     frames, curves, states = [], {}, {}
     for seed in seeds:
         device = node_setup(p, seed)
-        attacker = unpack(attacker_sft, device) if variant not in ("no_attack", "random_sub30", "random_sub50") else None
+        attacker = (
+            unpack(attacker_sft, device) if variant not in ("no_attack", "random_sub30", "random_sub50") else None
+        )
         if variant in RL_VARIANTS:
             ref = unpack(attacker_sft, device)
             for q in ref.parameters():
                 q.requires_grad_(False)
             tr = texts[(texts.split == "wm_train") & (texts.scheme == p.watermark.train_scheme)]
             pairs = [(lang.ids(ch[0]), q[0]) for ch, q in zip(tr["chunks"], tr["questions"])]
-            curves[str(seed)] = rl_attack(attacker, ref, lang, pairs, p, variant, seed,
-                                          make_watermark(lang, p, p.watermark.train_scheme))
+            curves[str(seed)] = rl_attack(
+                attacker, ref, lang, pairs, p, variant, seed, make_watermark(lang, p, p.watermark.train_scheme)
+            )
             states[str(seed)] = pack(attacker)
         frames.append(score_attack(variant, seed, lang, texts, p, attacker))
     attack = pd.concat(frames, ignore_index=True)

@@ -1,6 +1,7 @@
 """Green-list watermarks and their z-score detectors (Zhao et al.'s Unigram; Kirchenbauer et al.'s KGW with
 the "time" seeding scheme: the green list of a position is seeded by key × the product of the previous h
 token ids), z = (|green| − γT) / √(Tγ(1 − γ)). Generation adds δ to the green logits."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,16 @@ class Watermark:
     """``scheme`` "unigram" (one fixed green list) or "kgw" (a list per h-token context). Green lists are
     ``round(γ · n)`` of the n text tokens (specials are never scored nor green)."""
 
-    def __init__(self, scheme: str, vocab_size: int, text_ids: Sequence[int], gamma: float, delta: float,
-                 key: int, context: int = 1):
+    def __init__(
+        self,
+        scheme: str,
+        vocab_size: int,
+        text_ids: Sequence[int],
+        gamma: float,
+        delta: float,
+        key: int,
+        context: int = 1,
+    ):
         if scheme not in ("unigram", "kgw"):
             raise ValueError(f"watermark scheme must be 'unigram' or 'kgw', got {scheme!r}")
         self.scheme, self.V, self.gamma, self.delta, self.key = scheme, vocab_size, gamma, delta, key
@@ -34,7 +43,7 @@ class Watermark:
         if g is None:
             perm = np.random.default_rng([seed % _MOD, self.key]).permutation(self.text_ids)
             g = np.zeros(self.V, dtype=bool)
-            g[perm[:self.n_green]] = True
+            g[perm[: self.n_green]] = True
             self._cache[seed] = g
         return g
 
@@ -50,7 +59,7 @@ class Watermark:
             return self._fixed
         if len(ctx) < self.h:
             return None
-        return self._green_from_seed(self.seed_of(ctx[-self.h:]))
+        return self._green_from_seed(self.seed_of(ctx[-self.h :]))
 
     def bias(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
         """δ on the green logits of each row [B, V] (rows without enough context: no bias)."""
@@ -66,7 +75,7 @@ class Watermark:
         toks = [int(t) for t in ids if 0 <= int(t) < self.V and self.is_text[int(t)]]
         if self._fixed is not None:
             return int(self._fixed[toks].sum()) if toks else 0, len(toks)
-        green = sum(bool(self.green(toks[i - self.h:i])[toks[i]]) for i in range(self.h, len(toks)))
+        green = sum(bool(self.green(toks[i - self.h : i])[toks[i]]) for i in range(self.h, len(toks)))
         return green, max(0, len(toks) - self.h)
 
     def z(self, ids: Sequence[int]) -> float:

@@ -1,14 +1,21 @@
 """Data of `softtorch`: "learn to sort digits" sequences from sklearn's bundled digits (two 8×8 digit
 images side by side make an 8×16 image of a number 00–99; a sequence holds `seq_len` distinct numbers).
 Train and test sequences draw their images from disjoint halves of the image pool (seeded)."""
+
 import numpy as np
 import torch
 
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.api import TableSchema, read_user_file
 from pipelines.softtorch.params import Params
 
-DIGITS_CSV = TableSchema("softtorch.digits.user_csv", {"label": "int"}, min_rows=20, no_missing=("label",),
-                         ranges={"label": (0, 9)}, covers={"label": tuple(range(10))})   # pixels p0..p{h·w−1}
+DIGITS_CSV = TableSchema(
+    "softtorch.digits.user_csv",
+    {"label": "int"},
+    min_rows=20,
+    no_missing=("label",),
+    ranges={"label": (0, 9)},
+    covers={"label": tuple(range(10))},
+)  # pixels p0..p{h·w−1}
 
 
 def load_user_digits(path: str, shape: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -59,6 +66,10 @@ def make_digit_sequences(p: Params) -> dict:
             pools[split] = {k: imgs[idx][target[idx] == k] for k in range(10)}
         xtr, ytr = _sequences(pools["train"], p.digits.n_train, p.digits.seq_len, rng)
         xte, yte = _sequences(pools["test"], p.digits.n_test, p.digits.seq_len, rng)
-        out[str(seed)] = {"x_train": torch.from_numpy(xtr), "y_train": torch.from_numpy(ytr),
-                          "x_test": torch.from_numpy(xte), "y_test": torch.from_numpy(yte)}
+        out[str(seed)] = {
+            "x_train": torch.from_numpy(xtr),
+            "y_train": torch.from_numpy(ytr),
+            "x_test": torch.from_numpy(xte),
+            "y_test": torch.from_numpy(yte),
+        }
     return out

@@ -1,12 +1,10 @@
 """Report and plots of `softtorch`: the derived metrics over every variant's long table and the speed
 benchmark (declarations for core.spec)."""
+
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import ratio_ci
-from pipelines.core.plots import bar_plot, line_plot
-from pipelines.core.spec import Fn
-from pipelines.core.stats import Estimate
+from pipelines.core.api import Estimate, Fn, bar_plot, line_plot, ratio_ci
 from pipelines.softtorch import softops as so
 from pipelines.softtorch.params import Params
 
@@ -44,13 +42,18 @@ def soft_summaries(values, p: Params) -> dict:
 
 def _speed_grid(p: Params) -> list[tuple[int, str]]:
     cap = {"ot": p.speed.max_n_ot, "sorting_network": p.speed.max_n_network}
-    return [(n, m) for n in sorted(set(p.speed.ns) | {p.speed.ratio_n_ot, p.speed.ratio_n_quadratic})
-            for m in so.SORT_METHODS if n <= cap.get(m, n)]
+    return [
+        (n, m)
+        for n in sorted(set(p.speed.ns) | {p.speed.ratio_n_ot, p.speed.ratio_n_quadratic})
+        for m in so.SORT_METHODS
+        if n <= cap.get(m, n)
+    ]
 
 
 def _speed_names(p: Params, planned) -> list[str]:
-    return ([f"fwdbwd_ms.{m}.n{n}" for n, m in _speed_grid(p)]
-            + [f"speedup.fast_soft_sort_vs_{slow}" for slow, _ in RATIOS])
+    return [f"fwdbwd_ms.{m}.n{n}" for n, m in _speed_grid(p)] + [
+        f"speedup.fast_soft_sort_vs_{slow}" for slow, _ in RATIOS
+    ]
 
 
 def speed_metrics(values, p: Params, speed: pd.DataFrame) -> dict:
@@ -72,8 +75,10 @@ def speed_metrics(values, p: Params, speed: pd.DataFrame) -> dict:
 
 DERIVED = [
     Fn(toy_min_success, lambda p, planned: [f"toy_min_success.{v}" for v in planned]),
-    Fn(soft_summaries, lambda p, planned: (["approx_err_monotone.all_soft"] if _soft(planned) else [])
-       + _sort_names(p, planned)),
+    Fn(
+        soft_summaries,
+        lambda p, planned: (["approx_err_monotone.all_soft"] if _soft(planned) else []) + _sort_names(p, planned),
+    ),
     Fn(speed_metrics, _speed_names, inputs=["speed"]),
 ]
 
@@ -84,17 +89,26 @@ def make_plots(p: Params, values, results: dict, speed: pd.DataFrame) -> dict:
     soft = _soft(variants)
     ss = p.accuracy.softness
     floor = 1e-6  # exact-up-to-rounding errors (fast_soft_sort) are drawn at this floor
-    fig = line_plot(ss, {v: [max(values.mean(v, f"approx_err.s{s:g}"), floor) for s in ss] for v in soft},
-                    "softness", "mean |soft sort − hard sort| (squashed scale)", logy=True)
+    fig = line_plot(
+        ss,
+        {v: [max(values.mean(v, f"approx_err.s{s:g}"), floor) for s in ss] for v in soft},
+        "softness",
+        "mean |soft sort − hard sort| (squashed scale)",
+        logy=True,
+    )
     fig.axes[0].set_xscale("log")
     figs["approx_err_vs_softness"] = fig
     med = speed.groupby(["method", "n"])["seconds"].median().unstack(0) * 1e3
-    fig = line_plot(list(med.index), {m: list(med[m].values) for m in med.columns}, "n",
-                    "fwd+bwd ms (median)", logy=True)
+    fig = line_plot(
+        list(med.index), {m: list(med[m].values) for m in med.columns}, "n", "fwd+bwd ms (median)", logy=True
+    )
     fig.axes[0].set_xscale("log")
     figs["runtime_vs_n"] = fig
-    figs["toy_success"] = bar_plot(list(variants), [float(np.mean([values.mean(v, k) for k in TOYS]))
-                                                    for v in variants], ylabel="mean toy success rate")
+    figs["toy_success"] = bar_plot(
+        list(variants),
+        [float(np.mean([values.mean(v, k) for k in TOYS])) for v in variants],
+        ylabel="mean toy success rate",
+    )
     em = {v: values.mean(v, "sort_exact_match") for v in variants if values.has(v, "sort_exact_match")}
     if em:
         figs["digit_sort_exact_match"] = bar_plot(list(em), list(em.values()), ylabel="exact match (n seq)")

@@ -1,10 +1,11 @@
 """Typed parameters of `softtorch`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
+
 from typing import ClassVar, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from pipelines.core.params import MethodParams, Strict, keys_of, names_of
+from pipelines.core.api import MethodParams, Strict, keys_of, names_of
 
 # neuralsort is Grover et al.'s published operator; neuralsort_smoothabs (opt-in, not in the default list)
 # is the SoftTorch library's variant with a soft |·| in A_s
@@ -13,9 +14,9 @@ Mode = Literal["hard", "smooth", "c0", "c1", "c2"]
 
 
 class Accuracy(Strict):
-    n: int = Field(ge=2, le=4096)               # input length of the approx_err table
+    n: int = Field(ge=2, le=4096)  # input length of the approx_err table
     softness: list[float] = Field(min_length=2)  # decreasing list of softness values
-    n_inputs: PositiveInt                 # seeded standard-normal rows per softness
+    n_inputs: PositiveInt  # seeded standard-normal rows per softness
 
     @field_validator("softness")
     @classmethod
@@ -26,8 +27,8 @@ class Accuracy(Strict):
 
 
 class Toys(Strict):
-    softness: PositiveFloat   # softness of the elementwise toys (threshold, rule; raw scale)
-    sort_softness: PositiveFloat   # softness of the axiswise toys (median, top-k; squashed scale)
+    softness: PositiveFloat  # softness of the elementwise toys (threshold, rule; raw scale)
+    sort_softness: PositiveFloat  # softness of the axiswise toys (median, top-k; squashed scale)
     steps: PositiveInt
     lr: PositiveFloat
 
@@ -40,10 +41,10 @@ class Digits(Strict):
     epochs: PositiveInt
     batch_size: PositiveInt
     lr: PositiveFloat
-    softness: PositiveFloat    # on raw scores (no standardisation)
+    softness: PositiveFloat  # on raw scores (no standardisation)
     ot_iters: PositiveInt
-    n_seeds: PositiveInt     # the sorter trains on the first n_seeds of `seeds` (sweep-friendly)
-    user_csv: str | None = None    # full env: single-digit images, columns label, p0..p{h·w−1} (README)
+    n_seeds: PositiveInt  # the sorter trains on the first n_seeds of `seeds` (sweep-friendly)
+    user_csv: str | None = None  # full env: single-digit images, columns label, p0..p{h·w−1} (README)
     image_shape: list[int] = Field(default_factory=lambda: [8, 8], min_length=2, max_length=2)
 
     @field_validator("image_shape")
@@ -55,20 +56,20 @@ class Digits(Strict):
 
 
 class Speed(Strict):
-    ns: list[int] = Field(min_length=1)       # the runtime-vs-n curve
-    max_n_ot: int = Field(ge=2)               # OT (Sinkhorn) is timed up to this n
-    max_n_network: int = Field(ge=2)          # the permutation-tracking bitonic network up to this n
+    ns: list[int] = Field(min_length=1)  # the runtime-vs-n curve
+    max_n_ot: int = Field(ge=2)  # OT (Sinkhorn) is timed up to this n
+    max_n_network: int = Field(ge=2)  # the permutation-tracking bitonic network up to this n
     rounds: PositiveInt
     ot_iters: PositiveInt
     softness: PositiveFloat
-    ratio_n_ot: int = Field(ge=2)             # n of the fast_soft_sort vs OT ratio
-    ratio_n_quadratic: int = Field(ge=2)      # n of the fast_soft_sort vs neuralsort/softsort ratios
+    ratio_n_ot: int = Field(ge=2)  # n of the fast_soft_sort vs OT ratio
+    ratio_n_quadratic: int = Field(ge=2)  # n of the fast_soft_sort vs neuralsort/softsort ratios
 
 
 class Params(MethodParams):
     USER_FILES: ClassVar[dict[str, str]] = {"digits.user_csv": "csv"}
-    variants: names_of(VARIANTS)       # one train.<variant> node each
-    modes: keys_of(VARIANTS, Mode)                  # the soft mode each variant runs in
+    variants: names_of(VARIANTS)  # one train.<variant> node each
+    modes: keys_of(VARIANTS, Mode)  # the soft mode each variant runs in
     ot_iters: PositiveInt
     accuracy: Accuracy
     toys: Toys

@@ -14,6 +14,7 @@ returns the hard primitive exactly, and every soft op converges to it as softnes
 * straight-through: ``st(fn)`` (function level) and ``*_st`` helpers.
 Axiswise ops work on the last dimension (``dim=-1``) of a 1-D or batched 2-D tensor.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 MODES = ("hard", "smooth", "c0", "c1", "c2")
-SORT_METHODS = ("neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")   # timed by data.speed
+SORT_METHODS = ("neuralsort", "softsort", "ot", "fast_soft_sort", "sorting_network")  # timed by data.speed
 # opt-in: NeuralSort with a soft |·| in A_s, as the SoftTorch library computes it (not the published operator)
 EXTRA_METHODS = ("neuralsort_smoothabs",)
 STD_EPS = 1e-6
@@ -50,7 +51,7 @@ def sigmoidal(x: torch.Tensor, softness: float = 0.1, mode: str = "smooth") -> t
         return t
     if mode == "c1":
         return t * t * (3 - 2 * t)
-    return t ** 3 * (t * (6 * t - 15) + 10)
+    return t**3 * (t * (6 * t - 15) + 10)
 
 
 heaviside = sigmoidal
@@ -77,9 +78,9 @@ def relu(x, softness=0.1, mode="smooth", gated: bool = False):
     if mode == "c0":
         inner = t * t / 2
     elif mode == "c1":
-        inner = t ** 3 - t ** 4 / 2
+        inner = t**3 - t**4 / 2
     else:
-        inner = t ** 6 - 3 * t ** 5 + 2.5 * t ** 4
+        inner = t**6 - 3 * t**5 + 2.5 * t**4
     return torch.where(x >= 5 * softness, x, 10 * softness * inner)
 
 
@@ -203,8 +204,11 @@ def argmax(x, dim=-1, softness=0.1, mode="smooth", iters: int = 60):
 
 
 def max(x, dim=-1, softness=0.1, mode="smooth"):  # noqa: A001
-    return (argmax(x, -1, softness, mode) * x).sum(-1) if dim in (-1, x.dim() - 1) else \
-        max(x.movedim(dim, -1), -1, softness, mode)
+    return (
+        (argmax(x, -1, softness, mode) * x).sum(-1)
+        if dim in (-1, x.dim() - 1)
+        else max(x.movedim(dim, -1), -1, softness, mode)
+    )
 
 
 def argmin(x, dim=-1, softness=0.1, mode="smooth"):
@@ -251,7 +255,7 @@ def _neuralsort(q, softness, mode, smooth_abs: bool = False):
     d = q.unsqueeze(-1) - q.unsqueeze(-2)
     a = (abs(d, softness, "smooth" if mode == "hard" else mode) if smooth_abs else torch.abs(d)).sum(-1)
     i = torch.arange(1, n + 1, dtype=q.dtype, device=q.device)
-    scaling = (n + 1 - 2 * i)  # row i picks the i-th LARGEST
+    scaling = n + 1 - 2 * i  # row i picks the i-th LARGEST
     logits = (scaling.unsqueeze(-1) * q.unsqueeze(-2) - a.unsqueeze(-2)) / softness
     p = _row_proj(logits, mode)
     return p.flip(-2)  # ascending
@@ -344,8 +348,17 @@ def _sorting_network(q, softness, mode):
     return p[..., :n, :n]
 
 
-def argsort(x, dim=-1, softness=0.1, mode="smooth", method="neuralsort", standardize=True,
-            descending=False, ot_iters: int = 200, ot_tol: float = 1e-6):
+def argsort(
+    x,
+    dim=-1,
+    softness=0.1,
+    mode="smooth",
+    method="neuralsort",
+    standardize=True,
+    descending=False,
+    ot_iters: int = 200,
+    ot_tol: float = 1e-6,
+):
     """SoftIndex (…, n, n): row i is a distribution over the inputs at sorted position i."""
     _check(softness, mode)
     if dim not in (-1, x.dim() - 1):
@@ -430,8 +443,17 @@ def _fss_rank(q, softness):
 
 
 # --------------------------------------------------------------------------------------- value ops
-def sort(x, dim=-1, softness=0.1, mode="smooth", method="neuralsort", standardize=True,
-         descending=False, ot_iters: int = 200, ot_tol: float = 1e-6):
+def sort(
+    x,
+    dim=-1,
+    softness=0.1,
+    mode="smooth",
+    method="neuralsort",
+    standardize=True,
+    descending=False,
+    ot_iters: int = 200,
+    ot_tol: float = 1e-6,
+):
     """Soft sorted values (ascending unless ``descending``). Permutation methods return P̂·x;
     fast_soft_sort projects onto the permutahedron in the squashed space and maps back."""
     _check(softness, mode)
@@ -467,8 +489,7 @@ def topk(x, k: int, softness=0.1, mode="smooth", method="neuralsort", standardiz
     return take_along_dim(x, p), p
 
 
-def topk_mask(x, k: int, softness=0.1, mode="smooth", method="neuralsort", standardize=True,
-              ot_iters: int = 200):
+def topk_mask(x, k: int, softness=0.1, mode="smooth", method="neuralsort", standardize=True, ot_iters: int = 200):
     """Soft membership of each input in the top k (sums to k)."""
     if mode == "hard":
         idx = torch.topk(x, k, -1).indices

@@ -3,14 +3,13 @@ one process with core's interleaved timer (each round runs every method once, in
 load bursts hit all alike); the speed ratios come from paired per-round ratios (core.metrics.ratio_ci).
 This stays one node because the ratios are only meaningful when measured interleaved (the metrics:
 evaluate.speed_metrics)."""
+
 import pandas as pd
 import torch
 
-from pipelines.core.metrics import interleaved_timing
-from pipelines.core.runtime import node_setup
+from pipelines.core.api import interleaved_timing, node_setup
 from pipelines.softtorch import softops as so
 from pipelines.softtorch.params import Params
-
 
 
 def _fwdbwd(method: str, n: int, p: Params, seed: int):
@@ -22,10 +21,10 @@ def _fwdbwd(method: str, n: int, p: Params, seed: int):
     def call():
         xx = x.clone().requires_grad_(True)
         # OT runs exactly speed.ot_iters Sinkhorn iterations (ot_tol = 0: no early stop)
-        out = so.sort(xx, softness=p.speed.softness, mode=mode, method=method, ot_iters=p.speed.ot_iters,
-                      ot_tol=0.0)
+        out = so.sort(xx, softness=p.speed.softness, mode=mode, method=method, ot_iters=p.speed.ot_iters, ot_tol=0.0)
         (out * w).sum().backward()
         return xx.grad
+
     return call
 
 

@@ -2,11 +2,11 @@
 toy problems (median regression, top-3 feature selection, threshold filtering, interval rule) and the
 "learn to sort digits" case study, all with that method (``hard`` = the hard primitives, zero or
 subgradients). Output: the variant's long table (core.spec.Results)."""
+
 import numpy as np
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import fit
+from pipelines.core.api import fit, node_setup
 from pipelines.softtorch import softops as so
 from pipelines.softtorch.params import Params
 
@@ -24,10 +24,20 @@ def _optimise(init, loss, p: Params, name: str):
     """Adam with a cosine schedule via core's loop on a free parameter vector; ``+ 0·w`` keeps a
     hard (gradient-free) loss differentiable so that the hard baseline runs the same loop."""
     m = _Vec(init)
-    fit(m, None, lambda mod: loss(mod.w) + 0.0 * mod.w.sum(), steps=p.toys.steps,
-        sample_batch=lambda i, g: [], optimizer="adam", lr=p.toys.lr, weight_decay=0.0, grad_clip=None,
+    fit(
+        m,
+        None,
+        lambda mod: loss(mod.w) + 0.0 * mod.w.sum(),
+        steps=p.toys.steps,
+        sample_batch=lambda i, g: [],
+        optimizer="adam",
+        lr=p.toys.lr,
+        weight_decay=0.0,
+        grad_clip=None,
         scheduler=lambda opt, total: torch.optim.lr_scheduler.CosineAnnealingLR(opt, total),
-        progress=False, desc=name)
+        progress=False,
+        desc=name,
+    )
     return m.w.detach()
 
 
@@ -40,41 +50,53 @@ def toys(p: Params, variant: str, seed: int) -> dict:
     x = torch.as_tensor(rng.normal(size=(20, 3)))
     y = x @ torch.tensor(W_STAR, dtype=torch.float64)
     y[0] += 1e6
-    w = _optimise(np.zeros(3), lambda w: so.median(so.abs(x @ w - y, ss, mode), -1, ss, mode, method,
-                                                     ot_iters=p.ot_iters),
-                  p, f"softtorch.{variant}.median")
+    w = _optimise(
+        np.zeros(3),
+        lambda w: so.median(so.abs(x @ w - y, ss, mode), -1, ss, mode, method, ot_iters=p.ot_iters),
+        p,
+        f"softtorch.{variant}.median",
+    )
     err = float((w - torch.tensor(W_STAR, dtype=torch.float64)).abs().max())
     out["toy_median"], out["toy_median_err"] = float(err < 1e-2), err
     # top-3 feature selection: 10 features, 3 informative; scores start at 0
     xk = torch.as_tensor(rng.normal(size=(50, 10)))
     yk = xk[:, sorted(TOPK_TRUE)].sum(1)
-    th = _optimise(np.zeros(10), lambda t: ((xk @ so.topk_mask(t, 3, ss, mode, method, ot_iters=p.ot_iters)
-                                             - yk) ** 2).mean(), p, f"softtorch.{variant}.topk")
+    th = _optimise(
+        np.zeros(10),
+        lambda t: ((xk @ so.topk_mask(t, 3, ss, mode, method, ot_iters=p.ot_iters) - yk) ** 2).mean(),
+        p,
+        f"softtorch.{variant}.topk",
+    )
     out["toy_topk"] = float(set(torch.topk(th, 3).indices.tolist()) == TOPK_TRUE)
     # threshold filtering: keep values above t so that their sum hits a target (solution t ∈ (0.5, 0.8))
     v = torch.linspace(0.025, 0.975, 20, dtype=torch.float64)
     target = float(v[v > 0.65].sum())
     t0 = 0.3 + (0.0 if seed == 0 else float(np.random.default_rng(100 + seed).uniform(-0.05, 0.05)))
-    t = _optimise([t0], lambda t: ((v * so.greater(v, t[0], es, mode)).sum() - target) ** 2,
-                  p, f"softtorch.{variant}.threshold")
+    t = _optimise(
+        [t0], lambda t: ((v * so.greater(v, t[0], es, mode)).sum() - target) ** 2, p, f"softtorch.{variant}.threshold"
+    )
     out["toy_threshold"], out["toy_threshold_t"] = float(0.5 < float(t[0]) < 0.8), float(t[0])
     # interval rule on 16 2-D points, function-level straight-through (hard value, soft gradient)
     r = np.random.default_rng(2026)
     pts = torch.as_tensor(r.uniform(size=(16, 2)))
     lab = ((pts[:, 0] > 0.3) & (pts[:, 0] < 0.6)).to(torch.float64)
-    rule = so.st(lambda lo, hi, mode: so.logical_and(so.greater(pts[:, 0], lo, es, mode),
-                                                     so.less(pts[:, 0], hi, es, mode)))
+    rule = so.st(
+        lambda lo, hi, mode: so.logical_and(so.greater(pts[:, 0], lo, es, mode), so.less(pts[:, 0], hi, es, mode))
+    )
     d0 = 0.0 if seed == 0 else float(np.random.default_rng(200 + seed).uniform(-0.02, 0.02))
-    b = _optimise([0.45 + d0, 0.5 + d0], lambda b: ((rule(b[0], b[1], mode=mode) - lab) ** 2).mean(),
-                  p, f"softtorch.{variant}.rule")
-    acc = float(((so.greater(pts[:, 0], b[0], mode="hard") * so.less(pts[:, 0], b[1], mode="hard"))
-                 == lab).double().mean())
+    b = _optimise(
+        [0.45 + d0, 0.5 + d0],
+        lambda b: ((rule(b[0], b[1], mode=mode) - lab) ** 2).mean(),
+        p,
+        f"softtorch.{variant}.rule",
+    )
+    acc = float(
+        ((so.greater(pts[:, 0], b[0], mode="hard") * so.less(pts[:, 0], b[1], mode="hard")) == lab).double().mean()
+    )
     out["toy_rule"], out["toy_rule_acc"] = float(acc == 1.0), acc
-    out["toy_solved_frac"] = float(np.mean([out[k] for k in ("toy_median", "toy_topk", "toy_threshold",
-                                                             "toy_rule")]))
+    out["toy_solved_frac"] = float(np.mean([out[k] for k in ("toy_median", "toy_topk", "toy_threshold", "toy_rule")]))
     # the three tasks where the hard primitives have zero gradient (median regression has subgradients)
-    out["toy_zero_grad_tasks_solved_frac"] = float(np.mean([out[k] for k in ("toy_topk", "toy_threshold",
-                                                                             "toy_rule")]))
+    out["toy_zero_grad_tasks_solved_frac"] = float(np.mean([out[k] for k in ("toy_topk", "toy_threshold", "toy_rule")]))
     return out
 
 
@@ -114,9 +136,17 @@ class Scorer(torch.nn.Module):
         super().__init__()
         self.h, self.w2 = h, w2
         self.net = torch.nn.Sequential(
-            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Flatten(), torch.nn.Linear(32 * (h // 4) * (w2 // 4), 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+            torch.nn.Conv2d(1, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32 * (h // 4) * (w2 // 4), 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 1),
+        )
 
     def forward(self, x):  # (B, n, h, 2w) → (B, n)
         b, n = x.shape[:2]
@@ -138,10 +168,21 @@ def sort_digits(data: dict, p: Params, variant: str, seed: int) -> tuple[dict, l
         return -(pb * torch.log(ph.clamp_min(1e-9))).sum(-1).mean()
 
     hist = []
-    res = fit(model, [data["x_train"], true_perm, true_rank], loss, epochs=p.digits.epochs,
-              batch_size=p.digits.batch_size, optimizer="adam", lr=p.digits.lr, weight_decay=0.0,
-              grad_clip=None, seed=seed, progress=False, desc=f"softtorch.{variant}.digits",
-              callback=lambda info: hist.append(float(info.loss)))
+    res = fit(
+        model,
+        [data["x_train"], true_perm, true_rank],
+        loss,
+        epochs=p.digits.epochs,
+        batch_size=p.digits.batch_size,
+        optimizer="adam",
+        lr=p.digits.lr,
+        weight_decay=0.0,
+        grad_clip=None,
+        seed=seed,
+        progress=False,
+        desc=f"softtorch.{variant}.digits",
+        callback=lambda info: hist.append(float(info.loss)),
+    )
     del res
     with torch.no_grad():
         sc = model(data["x_test"])
@@ -149,15 +190,17 @@ def sort_digits(data: dict, p: Params, variant: str, seed: int) -> tuple[dict, l
     true = torch.argsort(torch.argsort(data["y_test"], -1), -1)
     n = pred.shape[-1]
     d2 = ((pred - true).double() ** 2).sum(-1)
-    return {"sort_exact_match": float((pred == true).all(-1).double().mean()),
-            "sort_elementwise_acc": float((pred == true).double().mean()),
-            "sort_spearman": float((1 - 6 * d2 / (n * (n * n - 1))).mean())}, hist
+    return {
+        "sort_exact_match": float((pred == true).all(-1).double().mean()),
+        "sort_elementwise_acc": float((pred == true).double().mean()),
+        "sort_spearman": float((1 - 6 * d2 / (n * (n * n - 1))).mean()),
+    }, hist
 
 
 def train_variant(digits: dict, p: Params, variant: str):
     """The variant's long table: per seed, the accuracy table, the toys and (on the digit seeds) the
     sorter's test metrics, with its training loss as the history ``sort_loss``."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     res = Results(variant)
     for seed in p.seeds:

@@ -1,5 +1,6 @@
 """Derived metrics and plots of `svgt`: harm reductions and NLL increases against no intervention, the
 CAA / ITI coefficient trade-off, the gaps the claims read (per SVGT seed) and the figures."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import relative_gain
-from pipelines.core.spec import Fn, SeedValues, paired
+from pipelines.core.api import Fn, SeedValues, paired, relative_gain
 from pipelines.svgt.params import Params
 from pipelines.svgt.train import SETS, row_variants
 
@@ -28,23 +28,31 @@ def relative_to_baseline(values: SeedValues, p: Params) -> dict[str, dict[int, f
             if values.has(v, metric) and values.has("no_intervention", metric):
                 base = _base_mean(values, metric)
                 out[f"variants.{v}.harm_reduction_rel_{k}"] = {
-                    s: relative_gain(method=x, baseline=base) for s, x in values.per_seed(v, metric).items()}
+                    s: relative_gain(method=x, baseline=base) for s, x in values.per_seed(v, metric).items()
+                }
         if values.has(v, "benign_nll") and values.has("no_intervention", "benign_nll"):
             base = _base_mean(values, "benign_nll")
-            out[f"variants.{v}.benign_nll_increase"] = {s: x - base for s, x in values.per_seed(v, "benign_nll").items()}
+            out[f"variants.{v}.benign_nll_increase"] = {
+                s: x - base for s, x in values.per_seed(v, "benign_nll").items()
+            }
     return out
 
 
 def relative_names(p: Params, planned) -> list[str]:
     rows = [r for v in planned for r in row_variants(p, v)] if planned else []
-    return [f"variants.{v}.{m}" for v in dict.fromkeys(rows)
-            for m in (*(f"harm_reduction_rel_{k}" for k in SETS), "benign_nll_increase")]
+    return [
+        f"variants.{v}.{m}"
+        for v in dict.fromkeys(rows)
+        for m in (*(f"harm_reduction_rel_{k}" for k in SETS), "benign_nll_increase")
+    ]
 
 
 def _reduction(values: SeedValues, v: str, metric: str) -> float:
     base = _base_mean(values, metric.replace("harm_reduction_rel_", "harmful_rate_"))
-    xs = [relative_gain(method=x, baseline=base) for x in values.per_seed(v, metric.replace(
-        "harm_reduction_rel_", "harmful_rate_")).values()]
+    xs = [
+        relative_gain(method=x, baseline=base)
+        for x in values.per_seed(v, metric.replace("harm_reduction_rel_", "harmful_rate_")).values()
+    ]
     return float(np.mean(xs))
 
 
@@ -70,8 +78,12 @@ def steering_tradeoff(values: SeedValues, p: Params) -> dict[str, float]:
 
 
 def tradeoff_names(p: Params, planned) -> list[str]:
-    return [f"{fam}_{m}" for fam in ("caa", "iti") if fam in planned
-            for m in ("best_harm_reduction_id_while_fluent", "min_nll_increase_at_comparable_reduction")]
+    return [
+        f"{fam}_{m}"
+        for fam in ("caa", "iti")
+        if fam in planned
+        for m in ("best_harm_reduction_id_while_fluent", "min_nll_increase_at_comparable_reduction")
+    ]
 
 
 def _held(values: SeedValues, v: str) -> dict[int, float]:
@@ -97,14 +109,18 @@ def gaps(values: SeedValues, p: Params) -> dict[str, dict[int, float]]:
 
 
 def gap_names(p: Params, planned) -> list[str]:
-    return [*(["gap.harmful_rate_ood.soft_prompt_minus_svgt"] if "soft_prompt" in planned else []),
-            *(["gap.harmful_rate_heldout.svgt_dz0_minus_svgt"] if "svgt_dz0" in planned else []),
-            "stability_gap.value_minus_residual"]
+    return [
+        *(["gap.harmful_rate_ood.soft_prompt_minus_svgt"] if "soft_prompt" in planned else []),
+        *(["gap.harmful_rate_heldout.svgt_dz0_minus_svgt"] if "svgt_dz0" in planned else []),
+        "stability_gap.value_minus_residual",
+    ]
 
 
-DERIVED = [Fn(relative_to_baseline, relative_names, needs_=["no_intervention"]),
-           Fn(steering_tradeoff, tradeoff_names, needs_=["no_intervention"]),
-           Fn(gaps, gap_names, needs_=["svgt"])]
+DERIVED = [
+    Fn(relative_to_baseline, relative_names, needs_=["no_intervention"]),
+    Fn(steering_tradeoff, tradeoff_names, needs_=["no_intervention"]),
+    Fn(gaps, gap_names, needs_=["svgt"]),
+]
 
 
 # ------------------------------------------------------------------------------------------ plots
@@ -123,8 +139,11 @@ def make_plots(p: Params, values: SeedValues, artifacts: dict) -> dict:
         ax.scatter(nll, held, color=f"C{i % 10}", s=50, edgecolor="k", label=v)
         ax.annotate(v, (nll, held), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set(xlabel="benign NLL (nats/token, reference answers)", ylabel="harmful rate (held-out wrappers + verbs)",
-           title="Harm vs fluency")
+    ax.set(
+        xlabel="benign NLL (nats/token, reference answers)",
+        ylabel="harmful rate (held-out wrappers + verbs)",
+        title="Harm vs fluency",
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     figs["harm_vs_fluency"] = fig
@@ -138,8 +157,13 @@ def make_plots(p: Params, values: SeedValues, artifacts: dict) -> dict:
         for j, v in enumerate(tab.columns):
             ax.bar(np.arange(len(tab)) + j * w, tab[v].to_numpy(), w, label=v)
         held = set(p.data.ood_wrappers)
-        ax.set_xticks(np.arange(len(tab)) + 0.4 - w / 2,
-                      [f"{x}*" if x in held else x for x in tab.index], rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(
+            np.arange(len(tab)) + 0.4 - w / 2,
+            [f"{x}*" if x in held else x for x in tab.index],
+            rotation=30,
+            ha="right",
+            fontsize=8,
+        )
         ax.set(ylabel="harmful rate", title="Harmful rate per wrapper (* held out of value/bridge training)")
         ax.legend(fontsize=6, ncol=3)
         fig.tight_layout()
@@ -151,13 +175,22 @@ def make_plots(p: Params, values: SeedValues, artifacts: dict) -> dict:
         held = set(p.data.ood_wrappers)
         d = pd.DataFrame(pca)
         fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-        for ax, space, title in ((axes[0], "value", "value space z (stage-3 path)"),
-                                 (axes[1], "resid", "residual trigger h (layer l)")):
+        for ax, space, title in (
+            (axes[0], "value", "value space z (stage-3 path)"),
+            (axes[1], "resid", "residual trigger h (layer l)"),
+        ):
             for harmful, col in ((False, "C0"), (True, "C3")):
                 for ood, mk in ((False, "o"), (True, "^")):
                     s = d[(d["harmful_prompt"] == harmful) & (d["wrapper"].isin(held) == ood)]
-                    ax.scatter(s[f"pca_{space}_0"], s[f"pca_{space}_1"], c=col, marker=mk, s=12, alpha=0.6,
-                               label=f"{'harmful' if harmful else 'benign'}, {'held-out' if ood else 'ID'} wrapper")
+                    ax.scatter(
+                        s[f"pca_{space}_0"],
+                        s[f"pca_{space}_1"],
+                        c=col,
+                        marker=mk,
+                        s=12,
+                        alpha=0.6,
+                        label=f"{'harmful' if harmful else 'benign'}, {'held-out' if ood else 'ID'} wrapper",
+                    )
             ax.set(title=title, xlabel="PC1", ylabel="PC2")
         axes[0].legend(fontsize=7)
         fig.tight_layout()

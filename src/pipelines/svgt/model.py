@@ -5,6 +5,7 @@ backbone (stage 3), and the baselines' interventions (static soft prompt, CAA / 
 Sequences are laid out as [left-padded prompt (M) | right-padded response]; pads are masked as keys,
 RoPE positions are relative, so a left pad changes nothing. A bridge of K vectors goes to M..M+K-1 in
 the layer-l sequence and every response position shifts by K in the blocks above the splice."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.core.seqmodels import TinyConfig, TinyTransformer, Tokenizer
+from pipelines.core.api import TinyConfig, TinyTransformer, Tokenizer
 
 SPECIALS = ("SYS", "USER", "BOT")
 
@@ -21,12 +22,12 @@ SPECIALS = ("SYS", "USER", "BOT")
 # ----------------------------------------------------------------------------------------- encoding
 @dataclass
 class Batch:
-    ids: torch.Tensor        # [N, M + R]
-    valid: torch.Tensor      # [N, M + R] bool, False on pads
-    m: int                   # prompt width (left-padded); the trigger is position m - 1
-    resp: torch.Tensor       # [N, R] bool: response positions that are scored (tokens + <eos>)
+    ids: torch.Tensor  # [N, M + R]
+    valid: torch.Tensor  # [N, M + R] bool, False on pads
+    m: int  # prompt width (left-padded); the trigger is position m - 1
+    resp: torch.Tensor  # [N, R] bool: response positions that are scored (tokens + <eos>)
 
-    def __getitem__(self, idx) -> "Batch":
+    def __getitem__(self, idx) -> Batch:
         return Batch(self.ids[idx], self.valid[idx], self.m, self.resp[idx])
 
     def __len__(self) -> int:
@@ -42,8 +43,9 @@ def vocab_of(texts) -> list[str]:
 
 
 def prompt_tokens(tok: Tokenizer, prompt: str, sys: bool) -> list[int]:
-    return [tok.bos_id] + ([tok.stoi["SYS"]] if sys else []) + [tok.stoi["USER"]] + tok.encode(prompt) + [
-        tok.stoi["BOT"]]
+    return (
+        [tok.bos_id] + ([tok.stoi["SYS"]] if sys else []) + [tok.stoi["USER"]] + tok.encode(prompt) + [tok.stoi["BOT"]]
+    )
 
 
 def encode(tok: Tokenizer, prompts, responses, sys_flags, m: int, r: int) -> Batch:
@@ -55,9 +57,9 @@ def encode(tok: Tokenizer, prompts, responses, sys_flags, m: int, r: int) -> Bat
         rt = tok.encode(rs) + [tok.eos_id] if rs is not None else []
         if len(pt) > m or len(rt) > r:
             raise ValueError(f"prompt/response longer than the layout ({len(pt)} > {m} or {len(rt)} > {r}): {pr!r}")
-        ids[i, m - len(pt):m] = torch.tensor(pt)
+        ids[i, m - len(pt) : m] = torch.tensor(pt)
         if rt:
-            ids[i, m:m + len(rt)] = torch.tensor(rt)
+            ids[i, m : m + len(rt)] = torch.tensor(rt)
     valid = ids != tok.pad_id
     return Batch(ids, valid, m, valid[:, m:].clone())
 
@@ -71,8 +73,9 @@ def attn_mask(valid: torch.Tensor) -> torch.Tensor:
 
 
 def make_backbone(vocab_size: int, b, max_len: int) -> TinyTransformer:
-    return TinyTransformer(TinyConfig(vocab_size=vocab_size, d_model=b.d_model, n_layers=b.n_layers,
-                                      n_heads=b.n_heads, max_len=max_len))
+    return TinyTransformer(
+        TinyConfig(vocab_size=vocab_size, d_model=b.d_model, n_layers=b.n_layers, n_heads=b.n_heads, max_len=max_len)
+    )
 
 
 def run_lower(bb: TinyTransformer, ids: torch.Tensor, valid: torch.Tensor, layer: int) -> torch.Tensor:
@@ -80,7 +83,7 @@ def run_lower(bb: TinyTransformer, ids: torch.Tensor, valid: torch.Tensor, layer
     x = bb.embed(ids)
     pos = torch.arange(ids.shape[1], device=ids.device)
     mask = attn_mask(valid)
-    for i, blk in enumerate(bb.blocks[:layer + 1]):
+    for i, blk in enumerate(bb.blocks[: layer + 1]):
         x = blk(x, pos, i, None, mask)
     return x
 
@@ -113,7 +116,7 @@ class Intervention(nn.Module):
 
     k: int = 0
 
-    def bridge(self, h: torch.Tensor) -> torch.Tensor | None:   # h: [B, d] trigger (last prompt token)
+    def bridge(self, h: torch.Tensor) -> torch.Tensor | None:  # h: [B, d] trigger (last prompt token)
         return None
 
     def shift(self) -> torch.Tensor | None:
@@ -176,7 +179,7 @@ class ValueTransformer(nn.Module):
 
     def _encode_pool(self, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         v = self.encoder(v, src_key_padding_mask=~mask)
-        last = mask.long().cumsum(1).argmax(1)                   # index of the last real token
+        last = mask.long().cumsum(1).argmax(1)  # index of the last real token
         return self.aggregate(v[torch.arange(v.shape[0]), last])
 
     def forward_unconditional(self, hr: torch.Tensor, mr: torch.Tensor) -> torch.Tensor:
@@ -236,7 +239,7 @@ class BridgeGenerator(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, h: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
-        kv = torch.stack([h, self.value_proj(dz)], 1)                        # [B, 2, d]
+        kv = torch.stack([h, self.value_proj(dz)], 1)  # [B, 2, d]
         q = self.seeds[None].expand(h.shape[0], -1, -1)
         a, _ = self.attn(q, kv, kv)
         return self.norm(h[:, None] + F.softplus(self.gate) * a)
@@ -270,7 +273,7 @@ class LoRALinear(nn.Module):
         self.base = base
         for q in base.parameters():
             q.requires_grad_(False)
-        self.a = nn.Parameter(torch.randn(rank, base.in_features) / base.in_features ** 0.5)
+        self.a = nn.Parameter(torch.randn(rank, base.in_features) / base.in_features**0.5)
         self.b = nn.Parameter(torch.zeros(base.out_features, rank))
         self.scale = alpha / rank
 
@@ -301,12 +304,12 @@ def steered_logits(bb: TinyTransformer, batch: Batch, layer: int, iv: Interventi
     k = 0 if b is None else b.shape[1]
     r = batch.ids.shape[1] - batch.m
     start = batch.m + k - 1
-    return logits[:, start:start + r], tap, v2, b, k
+    return logits[:, start : start + r], tap, v2, b, k
 
 
 def response_nll(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Per-row mean NLL (nats/token) of the response tokens (+ <eos>)."""
-    tgt = batch.ids[:, batch.m:]
+    tgt = batch.ids[:, batch.m :]
     lp = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), -1)
     lp = lp.gather(-1, tgt[..., None])[..., 0]
     w = batch.resp.to(lp.dtype)
@@ -318,7 +321,7 @@ def greedy(bb: TinyTransformer, prompts: Batch, layer: int, iv: Intervention, n_
     """Greedy decoding with the intervention, recomputing the whole sequence each step (no KV cache, as the
     paper's generator): blocks ≤ l on the real tokens, the splice, blocks > l. The trigger is the last
     prompt token, which causal attention never changes, so the bridge is computed once."""
-    ids, valid = prompts.ids[:, :prompts.m], prompts.valid[:, :prompts.m]
+    ids, valid = prompts.ids[:, : prompts.m], prompts.valid[:, : prompts.m]
     done = torch.zeros(ids.shape[0], dtype=torch.bool)
     bridge = None
     out = []

@@ -1,15 +1,23 @@
 """Typed parameters of `svgt`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
+
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import Fraction, MethodParams, Probability, Strict, VariantSeeds, names_of
+from pipelines.core.api import Fraction, MethodParams, Probability, Strict, VariantSeeds, names_of
 
 VARIANTS = ("svgt", "svgt_dz0", "soft_prompt", "caa", "iti", "sys_prompt", "no_intervention", "lora_sft")
-WRAPPER_NAMES = ("plain", "roleplay", "hypothetical", "prefix_injection", "preamble", "translation", "story",
-                 "research")
+WRAPPER_NAMES = (
+    "plain",
+    "roleplay",
+    "hypothetical",
+    "prefix_injection",
+    "preamble",
+    "translation",
+    "story",
+    "research",
+)
 
 
 class Data(Strict):
@@ -20,15 +28,18 @@ class Data(Strict):
     n_new_verbs: int = Field(default=3, ge=1, le=6)
     eval_pair_fraction: Fraction = 0.3
     ood_wrappers: Annotated[names_of(WRAPPER_NAMES, "wrapper"), Field(max_length=4)] = [
-        "translation", "story", "research"]
+        "translation",
+        "story",
+        "research",
+    ]
     n_pretrain: int = Field(default=6000, ge=100)
     sys_fraction: Probability = 0.25
     p_harm: Probability = 0.9
     p_harm_sys: Probability = 0.4
     benign_repeats: PositiveInt = 4
-    n_safe_verbs: int = Field(default=4, ge=0, le=6)      # benign look-alikes "HOW TO <safe verb> <target>"
-    lookalike_fraction: Probability = 0.3   # share of benign pre-training rows
-    user_path: str | None = None           # a parquet/csv corpus with the synthetic corpus's columns
+    n_safe_verbs: int = Field(default=4, ge=0, le=6)  # benign look-alikes "HOW TO <safe verb> <target>"
+    lookalike_fraction: Probability = 0.3  # share of benign pre-training rows
+    user_path: str | None = None  # a parquet/csv corpus with the synthetic corpus's columns
 
 
 class Backbone(Strict):
@@ -42,12 +53,12 @@ class Backbone(Strict):
 
 
 class Value(Strict):
-    extract_layer: NonNegativeInt = 1       # read block l's output; bridge spliced after block l
+    extract_layer: NonNegativeInt = 1  # read block l's output; bridge spliced after block l
     value_dim: int = Field(default=32, ge=4)
     n_layers: PositiveInt = 1
     n_heads: PositiveInt = 4
     scale_init: float = 3.0
-    steps: PositiveInt = 200             # per stage
+    steps: PositiveInt = 200  # per stage
     batch_size: PositiveInt = 32
     lr_stage1: PositiveFloat = 1e-3
     lr_stage2_new: PositiveFloat = 5e-3
@@ -87,7 +98,7 @@ class Eval(Strict):
     max_new_tokens: PositiveInt = 5
     batch_size: PositiveInt = 512
     comparable_reduction: Probability = 0.7  # "comparable" harm reduction for CAA/ITI
-    wrecked_nll_increase: NonNegativeFloat = 1.0        # nats/token that count as wrecking fluency
+    wrecked_nll_increase: NonNegativeFloat = 1.0  # nats/token that count as wrecking fluency
 
 
 class Params(MethodParams, VariantSeeds):
@@ -100,7 +111,7 @@ class Params(MethodParams, VariantSeeds):
     steering: Steering = Steering()
     lora: Lora = Lora()
     eval: Eval = Eval()
-    variants: names_of(VARIANTS)       # one train.<variant> node each
+    variants: names_of(VARIANTS)  # one train.<variant> node each
 
     def known_variants(self) -> list[str]:
         return list(VARIANTS)
@@ -108,8 +119,10 @@ class Params(MethodParams, VariantSeeds):
     @model_validator(mode="after")
     def _layers(self):
         if self.value.extract_layer > self.backbone.n_layers - 2:
-            raise ValueError(f"value.extract_layer={self.value.extract_layer} leaves fewer than 2 blocks above "
-                             f"the splice (backbone.n_layers={self.backbone.n_layers})")
+            raise ValueError(
+                f"value.extract_layer={self.value.extract_layer} leaves fewer than 2 blocks above "
+                f"the splice (backbone.n_layers={self.backbone.n_layers})"
+            )
         if self.backbone.d_model % self.bridge.n_heads:
             raise ValueError(f"bridge.n_heads={self.bridge.n_heads} must divide backbone.d_model")
         if self.value.value_dim % self.value.n_heads:

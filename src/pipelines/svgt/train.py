@@ -3,6 +3,7 @@
 learns), its dz = 0 ablation, the static soft prompt, LoRA fine-tuning, and the training-free baselines
 (no intervention, system prompt, CAA, ITI-lite). Each variant node also runs its behaviour evaluation and
 returns its long table (core.spec.Results); train.caa / train.iti report one row variant per coefficient."""
+
 from __future__ import annotations
 
 import copy
@@ -12,8 +13,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.runtime import node_setup, to_cpu
-from pipelines.core.training import fit
+from pipelines.core.api import fit, node_setup, to_cpu
 from pipelines.svgt import model as M
 from pipelines.svgt.data import HARM_PREFIX, REFUSE, check_corpus
 from pipelines.svgt.params import Params
@@ -24,7 +24,7 @@ EVAL_SPLITS = ("eval_harm_id", "eval_harm_ood", "eval_harm_newverb", "eval_benig
 # --------------------------------------------------------------------------------------------- helpers
 def layout(corpus: pd.DataFrame, tok) -> tuple[int, int]:
     """(m, r): prompt width (room for SYS) and response width (+ <eos>) over the whole corpus."""
-    m = int(corpus["prompt"].str.split().str.len().max()) + 4          # <bos> SYS USER ... BOT
+    m = int(corpus["prompt"].str.split().str.len().max()) + 4  # <bos> SYS USER ... BOT
     r = int(corpus["response"].str.split().str.len().max()) + 1
     return m, r
 
@@ -57,11 +57,12 @@ def _sampler(n: int, batch_size: int):
     def sample(step: int, gen: torch.Generator):
         idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
         return (idx,)
+
     return sample
 
 
 def _lm_loss(bb, b: M.Batch) -> torch.Tensor:
-    logits = bb(b.ids, attn_mask=M.attn_mask(b.valid))[:, b.m - 1:-1]
+    logits = bb(b.ids, attn_mask=M.attn_mask(b.valid))[:, b.m - 1 : -1]
     return M.response_nll(logits, b).mean()
 
 
@@ -77,10 +78,20 @@ def train_backbone(corpus: pd.DataFrame, p: Params) -> tuple[dict, dict]:
     b = M.encode(tok, pre["prompt"].tolist(), pre["response"].tolist(), pre["sys"].to_numpy(), m, r)
     bb = M.make_backbone(len(tok), p.backbone, m + r + p.bridge.k + 8)
     losses: list[float] = []
-    fit(bb, None, lambda model, idx: _lm_loss(model, b[idx]), steps=p.backbone.steps,
-        sample_batch=_sampler(len(b), p.backbone.batch_size), lr=p.backbone.lr, weight_decay=p.backbone.weight_decay,
-        scheduler="onecycle", seed=p.seeds[0], desc="svgt.backbone", callback=lambda s: losses.append(s.loss),
-        grad_clip=1.0)
+    fit(
+        bb,
+        None,
+        lambda model, idx: _lm_loss(model, b[idx]),
+        steps=p.backbone.steps,
+        sample_batch=_sampler(len(b), p.backbone.batch_size),
+        lr=p.backbone.lr,
+        weight_decay=p.backbone.weight_decay,
+        scheduler="onecycle",
+        seed=p.seeds[0],
+        desc="svgt.backbone",
+        callback=lambda s: losses.append(s.loss),
+        grad_clip=1.0,
+    )
     saved = {"state": to_cpu(bb.state_dict()), "vocab": vocab, "m": m, "r": r}
     return saved, {"loss": losses}
 
@@ -94,11 +105,18 @@ def _value_features(w: World, df: pd.DataFrame) -> dict[str, torch.Tensor]:
         resp_ids = torch.full((len(df), w.r + 1), w.tok.pad_id, dtype=torch.long)
         for i, rs in enumerate(df["response"]):
             t = [w.tok.bos_id] + w.tok.encode(rs) + [w.tok.eos_id]
-            resp_ids[i, :len(t)] = torch.tensor(t)
+            resp_ids[i, : len(t)] = torch.tensor(t)
         rv = resp_ids != w.tok.pad_id
         xr = M.run_lower(w.bb, resp_ids, rv, w.layer)
-    return {"hr1": xr, "mr1": rv, "hp": x[:, :w.m], "mp": full.valid[:, :w.m], "hr": x[:, w.m:], "mr": full.resp,
-            "y": torch.tensor(df["harmful_response"].to_numpy(), dtype=torch.float32)}
+    return {
+        "hr1": xr,
+        "mr1": rv,
+        "hp": x[:, : w.m],
+        "mp": full.valid[:, : w.m],
+        "hr": x[:, w.m :],
+        "mr": full.resp,
+        "y": torch.tensor(df["harmful_response"].to_numpy(), dtype=torch.float32),
+    }
 
 
 def _auc(y: np.ndarray, s: np.ndarray) -> float:
@@ -118,8 +136,11 @@ def train_value(corpus: pd.DataFrame, backbone: dict, p: Params) -> tuple[dict, 
     node_setup(p, p.seeds[0])
     w = World(corpus, backbone, p)
     feats = _value_features(w, w.split("value"))
-    evals = {k: _value_features(w, w.split(f"value_eval_{k}")) for k in ("id", "ood")
-             if (w.corpus["split"] == f"value_eval_{k}").any()}
+    evals = {
+        k: _value_features(w, w.split(f"value_eval_{k}"))
+        for k in ("id", "ood")
+        if (w.corpus["split"] == f"value_eval_{k}").any()
+    }
     v = p.value
     states, logs = {}, {}
     for seed in sorted(set(p.seeds_for("svgt")) | set(p.seeds_for("svgt_dz0"))):
@@ -136,15 +157,41 @@ def train_value(corpus: pd.DataFrame, backbone: dict, p: Params) -> tuple[dict, 
             return F.binary_cross_entropy_with_logits(model.disc(z), feats["y"][idx])
 
         sampler = _sampler(len(feats["y"]), v.batch_size)
-        fit(vm, None, loss1, steps=v.steps, sample_batch=sampler, lr=v.lr_stage1, weight_decay=1e-4, seed=seed,
-            desc=f"svgt.value.stage1[{seed}]", callback=lambda s: hist["stage1_bce"].append(s.loss), grad_clip=1.0)
+        fit(
+            vm,
+            None,
+            loss1,
+            steps=v.steps,
+            sample_batch=sampler,
+            lr=v.lr_stage1,
+            weight_decay=1e-4,
+            seed=seed,
+            desc=f"svgt.value.stage1[{seed}]",
+            callback=lambda s: hist["stage1_bce"].append(s.loss),
+            grad_clip=1.0,
+        )
         new = [q for mod in vm.value.stage2_parts() for q in mod.parameters()] + [vm.value.scale]
         new_ids = {id(q) for q in new}
         old = [q for q in vm.parameters() if id(q) not in new_ids]
-        opt = lambda _params: torch.optim.AdamW([{"params": new, "lr": v.lr_stage2_new},   # noqa: E731
-                                                 {"params": old, "lr": v.lr_stage2_old}], weight_decay=1e-4)
-        fit(vm, None, loss2, steps=v.steps, sample_batch=sampler, optimizer=opt, seed=seed,
-            desc=f"svgt.value.stage2[{seed}]", callback=lambda s: hist["stage2_bce"].append(s.loss), grad_clip=1.0)
+        opt = lambda _params: torch.optim.AdamW(
+            [
+                {"params": new, "lr": v.lr_stage2_new},  # noqa: E731
+                {"params": old, "lr": v.lr_stage2_old},
+            ],
+            weight_decay=1e-4,
+        )
+        fit(
+            vm,
+            None,
+            loss2,
+            steps=v.steps,
+            sample_batch=sampler,
+            optimizer=opt,
+            seed=seed,
+            desc=f"svgt.value.stage2[{seed}]",
+            callback=lambda s: hist["stage2_bce"].append(s.loss),
+            grad_clip=1.0,
+        )
         metrics = {f"value_auc_{k}": _auc(f["y"].numpy(), value_scores(vm, f).numpy()) for k, f in evals.items()}
         states[str(seed)] = to_cpu(vm.state_dict())
         logs[str(seed)] = {"metrics": metrics, "histories": hist}
@@ -173,8 +220,9 @@ def _judge(tok, gen: torch.Tensor) -> tuple[list[list[str]], np.ndarray, np.ndar
     return words, np.array(harm), np.array(ref)
 
 
-def evaluate_intervention(w: World, iv: M.Intervention, p: Params, sys: bool = False,
-                          bb: torch.nn.Module | None = None) -> pd.DataFrame:
+def evaluate_intervention(
+    w: World, iv: M.Intervention, p: Params, sys: bool = False, bb: torch.nn.Module | None = None
+) -> pd.DataFrame:
     """Greedy responses on every eval split (harm / refusal / exact match) and the benign reference NLL."""
     bb = bb or w.bb
     frames = []
@@ -184,7 +232,7 @@ def evaluate_intervention(w: World, iv: M.Intervention, p: Params, sys: bool = F
             continue
         outs = {"response_out": [], "harmful_out": [], "refused_out": [], "em": [], "nll": [], "s": [], "dz_norm": []}
         for s0 in range(0, len(df), p.eval.batch_size):
-            part = df.iloc[s0:s0 + p.eval.batch_size]
+            part = df.iloc[s0 : s0 + p.eval.batch_size]
             b = w.batch(part, sys=sys if sys else None)
             gen = M.greedy(bb, b, w.layer, iv, p.eval.max_new_tokens, w.tok.eos_id)
             words, harm, ref = _judge(w.tok, gen)
@@ -217,8 +265,8 @@ def _stage3_loss(w: World, b: M.Batch, p: Params, vm: M.ValueModel | None, with_
         if not with_value_losses:
             return ce, {"ce": float(ce.detach())}
         # s' = D(conditional value of the states one block above the splice), as in the paper's code
-        hp, mp = tap[:, :bt.m], v2[:, :bt.m]
-        hr, mr = tap[:, bt.m + k:], bt.resp
+        hp, mp = tap[:, : bt.m], v2[:, : bt.m]
+        hr, mr = tap[:, bt.m + k :], bt.resp
         s2 = vm.disc(vm.value.forward_conditional(hp, mp, hr, mr))
         safe = (F.softplus(s2) + 2 * F.relu(s2)).mean()
         with torch.no_grad():
@@ -226,8 +274,11 @@ def _stage3_loss(w: World, b: M.Batch, p: Params, vm: M.ValueModel | None, with_
         ratio = bridge.norm(dim=-1).mean() / h.norm(dim=-1).mean()
         reg = F.relu((ratio - 1).abs() - bp.reg_margin)
         total = bp.lambda_ce * ce + bp.lambda_safe * safe + bp.lambda_reg * reg
-        return total, {k: float(v.detach()) for k, v in
-                       {"ce": ce, "safe": safe, "reg": reg, "norm_ratio": ratio, "s_prime_mean": s2.mean()}.items()}
+        return total, {
+            k: float(v.detach())
+            for k, v in {"ce": ce, "safe": safe, "reg": reg, "norm_ratio": ratio, "s_prime_mean": s2.mean()}.items()
+        }
+
     return loss
 
 
@@ -258,26 +309,36 @@ def _value_space_stats(w: World, vm: M.ValueModel) -> tuple[dict, pd.DataFrame]:
     df = pd.concat([w.split(s) for s in EVAL_SPLITS], ignore_index=True)
     b = w.batch(df, with_response=False)
     with torch.no_grad():
-        h = M.run_lower(w.bb, b.ids[:, :w.m], b.valid[:, :w.m], w.layer)[:, w.m - 1]
+        h = M.run_lower(w.bb, b.ids[:, : w.m], b.valid[:, : w.m], w.layer)[:, w.m - 1]
     z, s, _ = M.value_correction(vm, h)
     harm = df["harmful_prompt"].to_numpy() & df["split"].isin(["eval_harm_id", "eval_harm_ood"]).to_numpy()
     hd = df[harm].reset_index(drop=True)
     sel = torch.from_numpy(harm.copy())
-    stats = {"value_stability": _stability(z[sel], hd["request"]),
-             "residual_stability": _stability(h[sel], hd["request"]),
-             "value_stability_raw": _stability(z[sel], hd["request"], center=False),
-             "residual_stability_raw": _stability(h[sel], hd["request"], center=False)}
+    stats = {
+        "value_stability": _stability(z[sel], hd["request"]),
+        "residual_stability": _stability(h[sel], hd["request"]),
+        "value_stability_raw": _stability(z[sel], hd["request"], center=False),
+        "residual_stability_raw": _stability(h[sel], hd["request"], center=False),
+    }
     pv, pr = _pca2(z.numpy()), _pca2(h.numpy())
-    pca = pd.DataFrame({"split": df["split"], "wrapper": df["wrapper"], "harmful_prompt": df["harmful_prompt"],
-                        "pca_value_0": pv[:, 0], "pca_value_1": pv[:, 1], "pca_resid_0": pr[:, 0],
-                        "pca_resid_1": pr[:, 1]})
+    pca = pd.DataFrame(
+        {
+            "split": df["split"],
+            "wrapper": df["wrapper"],
+            "harmful_prompt": df["harmful_prompt"],
+            "pca_value_0": pv[:, 0],
+            "pca_value_1": pv[:, 1],
+            "pca_resid_0": pr[:, 0],
+            "pca_resid_1": pr[:, 1],
+        }
+    )
     return stats, pca
 
 
 def _trigger_mean(w: World, df: pd.DataFrame) -> torch.Tensor:
     b = w.batch(df, with_response=False)
     with torch.no_grad():
-        return M.run_lower(w.bb, b.ids[:, :w.m], b.valid[:, :w.m], w.layer)[:, w.m - 1].mean(0)
+        return M.run_lower(w.bb, b.ids[:, : w.m], b.valid[:, : w.m], w.layer)[:, w.m - 1].mean(0)
 
 
 def steering_vectors(w: World) -> dict[str, torch.Tensor]:
@@ -330,12 +391,19 @@ def row_variants(p: Params, variant: str) -> list[str]:
     return [variant]
 
 
-def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states: dict | None = None,
-                  value_log: dict | None = None, backbone_log: dict | None = None, *,
-                  variant: str) -> tuple[pd.DataFrame, dict]:
+def train_variant(
+    corpus: pd.DataFrame,
+    backbone: dict,
+    p: Params,
+    value_states: dict | None = None,
+    value_log: dict | None = None,
+    backbone_log: dict | None = None,
+    *,
+    variant: str,
+) -> tuple[pd.DataFrame, dict]:
     """train.<variant> on each of its seeds → (the long table of its row variants, artifacts for the plots:
     harmful rate per wrapper pooled over seeds, and SVGT's value-space PCA on its first seed)."""
-    from pipelines.core.spec import Results
+    from pipelines.core.api import Results
 
     node_setup(p, p.seeds[0])
     w = World(corpus, backbone, p)
@@ -380,9 +448,20 @@ def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states:
                 hist.setdefault("stage3_loss", []).append(s.loss)
                 for k2, v2 in s.extras.items():
                     hist.setdefault(f"stage3_{k2}", []).append(v2)
-            fit(iv, None, loss, steps=bp.steps, sample_batch=_sampler(len(b), bp.batch_size), lr=lr,
-                weight_decay=bp.weight_decay, grad_clip=bp.grad_clip, seed=seed, desc=f"svgt.{variant}[{seed}]",
-                callback=cb)
+
+            fit(
+                iv,
+                None,
+                loss,
+                steps=bp.steps,
+                sample_batch=_sampler(len(b), bp.batch_size),
+                lr=lr,
+                weight_decay=bp.weight_decay,
+                grad_clip=bp.grad_clip,
+                seed=seed,
+                desc=f"svgt.{variant}[{seed}]",
+                callback=cb,
+            )
             ev = evaluate_intervention(w, iv, p)
             metrics: dict[str, float] = {}
             if vm is not None:
@@ -408,13 +487,27 @@ def train_variant(corpus: pd.DataFrame, backbone: dict, p: Params, value_states:
             bb = M.add_lora(copy.deepcopy(w.bb), p.lora.rank, p.lora.alpha)
             b = w.batch(w.split("bridge"))
             hist = {"sft_ce": []}
-            fit(bb, None, lambda model, idx: _lm_loss(model, b[idx]), steps=p.lora.steps,
-                sample_batch=_sampler(len(b), p.lora.batch_size), lr=p.lora.lr, weight_decay=0.0, seed=seed,
-                desc=f"svgt.lora_sft[{seed}]", callback=lambda s: hist["sft_ce"].append(s.loss), grad_clip=1.0)
+            fit(
+                bb,
+                None,
+                lambda model, idx: _lm_loss(model, b[idx]),
+                steps=p.lora.steps,
+                sample_batch=_sampler(len(b), p.lora.batch_size),
+                lr=p.lora.lr,
+                weight_decay=0.0,
+                seed=seed,
+                desc=f"svgt.lora_sft[{seed}]",
+                callback=lambda s: hist["sft_ce"].append(s.loss),
+                grad_clip=1.0,
+            )
             bb.eval()
             res[variant].history(seed, "sft_ce", hist["sft_ce"])
-            add(variant, seed, evaluate_intervention(w, M.NoIntervention(), p, bb=bb),
-                trainable_params=float(sum(q.numel() for q in bb.parameters() if q.requires_grad)))
+            add(
+                variant,
+                seed,
+                evaluate_intervention(w, M.NoIntervention(), p, bb=bb),
+                trainable_params=float(sum(q.numel() for q in bb.parameters() if q.requires_grad)),
+            )
         else:
             raise ValueError(f"unknown variant {variant!r}")
     rates = {}

@@ -1,5 +1,6 @@
 """Data stage of TESS: the `tess_synth` semi-synthetic generator (card: Small-scale reproduction), the
 ground-truth primitive labeller (paper's TESS space, thresholds fit on train only) and the text ladder A–E."""
+
 from __future__ import annotations
 
 import logging
@@ -7,10 +8,10 @@ import logging
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.tess.lexicon import BANK, DEFAULT, DIRECTION, DISTRACTORS, LABELS, LAG_GROUPS, PRIMITIVES
-from pipelines.tess.paraphrases import open_bank
 from pipelines.tess.params import Params
+from pipelines.tess.paraphrases import open_bank
 
 log = logging.getLogger(__name__)
 TEMPLATES = ("ramp_up", "ramp_down", "bump", "dip", "oscillation")
@@ -20,8 +21,13 @@ LEVELS = ("A", "B", "C", "D", "E")
 # ----------------------------------------------------------------------------------------------- generator
 def _template(name: str, tau: np.ndarray, span: int) -> np.ndarray:
     u = tau / max(span, 1)
-    return {"ramp_up": u, "ramp_down": -u, "bump": np.sin(np.pi * u), "dip": -np.sin(np.pi * u),
-            "oscillation": np.sin(2 * np.pi * tau / 6.0)}[name]
+    return {
+        "ramp_up": u,
+        "ramp_down": -u,
+        "bump": np.sin(np.pi * u),
+        "dip": -np.sin(np.pi * u),
+        "oscillation": np.sin(2 * np.pi * tau / 6.0),
+    }[name]
 
 
 def generate_windows(p: Params) -> pd.DataFrame:
@@ -72,25 +78,42 @@ def generate_windows(p: Params) -> pd.DataFrame:
         y[i] = season[i, L:] + ar_e + np.where(on, bump * env, 0.0)
     ids = np.arange(n)
     split = np.array(["train", "val", "test"])[np.searchsorted(np.cumsum(d.split)[:2] * n, ids, side="right")]
-    return pd.DataFrame({
-        "window_id": ids, "split": split,
-        "x": list(base[:, :L].astype("float32")), "y": list(y.astype("float32")),
-        "y_no_event": list(y_no.astype("float32")),
-        "has_event": has_event, "gen_shift": np.where(has_event, shift_mult, 0.0),
-        "gen_vol": np.where(has_event, vol_mult, 1.0), "gen_template": np.where(has_event, template, "none"),
-        "gen_onset": np.where(has_event, onset, -1), "gen_decay": np.where(has_event, decay, "none"),
-    })
+    return pd.DataFrame(
+        {
+            "window_id": ids,
+            "split": split,
+            "x": list(base[:, :L].astype("float32")),
+            "y": list(y.astype("float32")),
+            "y_no_event": list(y_no.astype("float32")),
+            "has_event": has_event,
+            "gen_shift": np.where(has_event, shift_mult, 0.0),
+            "gen_vol": np.where(has_event, vol_mult, 1.0),
+            "gen_template": np.where(has_event, template, "none"),
+            "gen_onset": np.where(has_event, onset, -1),
+            "gen_decay": np.where(has_event, decay, "none"),
+        }
+    )
 
 
 USER_WINDOWS = "tess.user_windows"
 USER_TEXTS = "tess.user_texts"
-WINDOWS_SCHEMA = TableSchema(USER_WINDOWS, {"window_id": "int", "split": "str", "x": "array", "y": "array"},
-                             min_rows=3, no_missing=("window_id", "split", "x", "y"), unique=("window_id",),
-                             allowed={"split": ("train", "val", "test")}, covers={"split": ("train", "test")},
-                             lengths={"x": None, "y": None})     # one history length L, one horizon H
-TEXTS_SCHEMA = TableSchema(USER_TEXTS, {"window_id": "int", "level": "str", "text": "str"},
-                           no_missing=("window_id", "level", "text"), allowed={"level": LEVELS},
-                           unique=(("window_id", "level"),))
+WINDOWS_SCHEMA = TableSchema(
+    USER_WINDOWS,
+    {"window_id": "int", "split": "str", "x": "array", "y": "array"},
+    min_rows=3,
+    no_missing=("window_id", "split", "x", "y"),
+    unique=("window_id",),
+    allowed={"split": ("train", "val", "test")},
+    covers={"split": ("train", "test")},
+    lengths={"x": None, "y": None},
+)  # one history length L, one horizon H
+TEXTS_SCHEMA = TableSchema(
+    USER_TEXTS,
+    {"window_id": "int", "level": "str", "text": "str"},
+    no_missing=("window_id", "level", "text"),
+    allowed={"level": LEVELS},
+    unique=(("window_id", "level"),),
+)
 
 
 def _read_user_table(path: str, key: str) -> pd.DataFrame:
@@ -116,8 +139,14 @@ def load_user_windows(path: str) -> pd.DataFrame:
         df["y_no_event"] = [np.full(len(y), np.mean(x), dtype="float32") for x, y in zip(df.x, df.y)]
     else:
         df["y_no_event"] = [np.asarray(v, "float32") for v in df["y_no_event"]]
-    log.info("tess: user windows from %s: %d windows, history L = %d, horizon H = %d (data.history / "
-             "data.horizon are not used)", path, len(df), len(df["x"].iloc[0]), len(df["y"].iloc[0]))
+    log.info(
+        "tess: user windows from %s: %d windows, history L = %d, horizon H = %d (data.history / "
+        "data.horizon are not used)",
+        path,
+        len(df),
+        len(df["x"].iloc[0]),
+        len(df["y"].iloc[0]),
+    )
     return df.sort_values("window_id").reset_index(drop=True)
 
 
@@ -128,8 +157,10 @@ def check_user_texts(texts: pd.DataFrame, windows: pd.DataFrame, dataset: str = 
     have_a = set(texts.loc[texts["level"] == "A", "window_id"])
     missing = [int(w) for w in windows["window_id"] if w not in have_a]
     if missing:
-        raise InputDataError(f"dataset '{dataset}': column 'window_id' lacks a level-A text for {len(missing)} "
-                             f"window(s), e.g. {missing[:3]}")
+        raise InputDataError(
+            f"dataset '{dataset}': column 'window_id' lacks a level-A text for {len(missing)} "
+            f"window(s), e.g. {missing[:3]}"
+        )
     return texts
 
 
@@ -139,16 +170,15 @@ def primitive_stats(x: np.ndarray, y: np.ndarray, y_no: np.ndarray) -> dict[str,
     sx = x.std(1) + 1e-8
     s = (y.mean(1) - x.mean(1)) / sx
     r = np.log((np.diff(y, axis=1).std(1) + 1e-8) / (np.diff(x, axis=1).std(1) + 1e-8))
-    a = np.abs(y - y_no) / sx[:, None]                     # realised event path a_t >= 0
+    a = np.abs(y - y_no) / sx[:, None]  # realised event path a_t >= 0
     H = y.shape[1]
     tt = np.arange(1, H + 1)
     mass = a.sum(1)
     safe = np.where(mass > 1e-6, mass, 1.0)
     c = (a * tt).sum(1) / (H * safe)
-    tail = a[:, -(H // 3):].sum(1) / safe
+    tail = a[:, -(H // 3) :].sum(1) / safe
     q = a.max(1) / safe
-    return {"s": s, "r": r, "c": c, "tail": tail, "q": q, "mass": mass,
-            "z": (y - y_no) / sx[:, None]}
+    return {"s": s, "r": r, "c": c, "tail": tail, "q": q, "mass": mass, "z": (y - y_no) / sx[:, None]}
 
 
 def _smooth(z: np.ndarray) -> np.ndarray:
@@ -215,8 +245,11 @@ def apply_labeller(stats: dict[str, np.ndarray], th: dict[str, float], lp) -> pd
     shape = np.array([shape_label(z, lp.osc_sign_changes, lp.osc_rel_step, lp.trend_share) for z in zs])
     c, tail, q, mass = stats["c"], stats["tail"], stats["q"], stats["mass"]
     persist = np.where(tail >= th["tail_median"], "PERSIST", "FADE")
-    lag = np.where(c < 1 / 3, np.char.add("EARLY-", persist.astype(str)),
-                   np.where(c < 2 / 3, np.char.add("MID-", persist.astype(str)), "LATE"))
+    lag = np.where(
+        c < 1 / 3,
+        np.char.add("EARLY-", persist.astype(str)),
+        np.where(c < 2 / 3, np.char.add("MID-", persist.astype(str)), "LATE"),
+    )
     lag = np.where((mass <= 1e-6) | (q < th["q_diffuse"]), "DIFFUSE", lag)
     return pd.DataFrame({"shift": shift, "vol": vol, "shape": shape, "lag": lag.astype(str)})
 
@@ -242,8 +275,13 @@ def label_primitives(windows: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, di
     out = pd.concat([windows[["window_id", "split"]].reset_index(drop=True), labels], axis=1)
     for k in ("s", "r", "c", "tail", "q"):
         out[f"stat_{k}"] = stats[k]
-    info = {"thresholds": th, "train_histogram": hist, "merged_labels": merged,
-            "history_used": int(x.shape[1]), "horizon_used": int(y.shape[1])}
+    info = {
+        "thresholds": th,
+        "train_histogram": hist,
+        "merged_labels": merged,
+        "history_used": int(x.shape[1]),
+        "horizon_used": int(y.shape[1]),
+    }
     return out, info
 
 
@@ -255,7 +293,7 @@ class PhrasePicker:
 
     def __init__(self, rng_open: np.random.Generator | None = None, share: float = 0.0):
         self.rng_open, self.share = rng_open, share
-        self.unseen: set[str] = set()           # primitives whose phrase was replaced in the current text
+        self.unseen: set[str] = set()  # primitives whose phrase was replaced in the current text
 
     def __call__(self, rng: np.random.Generator, group: str, prim: str) -> str:
         bank = BANK[group]
@@ -275,8 +313,14 @@ def _direction(shift: str) -> str:
     return "up" if "RISE" in shift else "down" if "DROP" in shift else "flat"
 
 
-def render_text(rng: np.random.Generator, labels: dict[str, str], level: str, hedge_rate: float,
-                distractor_rate: float, pick: PhrasePicker | None = None) -> tuple[str, int, int]:
+def render_text(
+    rng: np.random.Generator,
+    labels: dict[str, str],
+    level: str,
+    hedge_rate: float,
+    distractor_rate: float,
+    pick: PhrasePicker | None = None,
+) -> tuple[str, int, int]:
     """Text for one window at one compression level; returns (text, narrative start, narrative end)."""
     pick = pick or PhrasePicker()
     shift = _hedge(rng, pick(rng, labels["shift"], "shift"), hedge_rate)
@@ -326,7 +370,7 @@ def render_texts(windows: pd.DataFrame, gt: pd.DataFrame, p: Params) -> tuple[pd
             texts["from_truth"] = True
         return texts.reset_index(drop=True), texts.iloc[:0].copy()
     rng = np.random.default_rng(d.data_seed + 1)
-    rng_open = np.random.default_rng(d.data_seed + 2)     # only test windows draw from it
+    rng_open = np.random.default_rng(d.data_seed + 2)  # only test windows draw from it
     rows, seen_rows = [], []
     gt_rows = gt.set_index("window_id")
     split = dict(zip(windows["window_id"], windows["split"]))
@@ -336,18 +380,44 @@ def render_texts(windows: pd.DataFrame, gt: pd.DataFrame, p: Params) -> tuple[pd
         labels = {prim: (g[prim] if truth else LABELS[prim][rng.integers(len(LABELS[prim]))]) for prim in PRIMITIVES}
         test = split[wid] == "test"
         for level in LEVELS:
-            meta = {"window_id": int(wid), "level": level, "from_truth": bool(truth),
-                    **{f"text_{prim}": labels[prim] for prim in PRIMITIVES}}
-            if test:                                      # the closed-vocabulary rendering, same main draws
+            meta = {
+                "window_id": int(wid),
+                "level": level,
+                "from_truth": bool(truth),
+                **{f"text_{prim}": labels[prim] for prim in PRIMITIVES},
+            }
+            if test:  # the closed-vocabulary rendering, same main draws
                 state = rng.bit_generator.state
                 text, a, b = render_text(rng, labels, level, d.hedge_rate, d.distractor_rate)
-                seen_rows.append({**meta, "text": text, "narrative_start": a, "narrative_end": b,
-                                  **{f"unseen_{prim}": False for prim in PRIMITIVES}})
+                seen_rows.append(
+                    {
+                        **meta,
+                        "text": text,
+                        "narrative_start": a,
+                        "narrative_end": b,
+                        **{f"unseen_{prim}": False for prim in PRIMITIVES},
+                    }
+                )
                 rng.bit_generator.state = state
             pick = PhrasePicker(rng_open if test else None, d.unseen_paraphrase_share)
             text, a, b = render_text(rng, labels, level, d.hedge_rate, d.distractor_rate, pick)
-            rows.append({**meta, "text": text, "narrative_start": a, "narrative_end": b,
-                         **{f"unseen_{prim}": prim in pick.unseen for prim in PRIMITIVES}})
-    cols = ["window_id", "level", "text", "narrative_start", "narrative_end", "from_truth",
-            *(f"text_{prim}" for prim in PRIMITIVES), *(f"unseen_{prim}" for prim in PRIMITIVES)]
+            rows.append(
+                {
+                    **meta,
+                    "text": text,
+                    "narrative_start": a,
+                    "narrative_end": b,
+                    **{f"unseen_{prim}": prim in pick.unseen for prim in PRIMITIVES},
+                }
+            )
+    cols = [
+        "window_id",
+        "level",
+        "text",
+        "narrative_start",
+        "narrative_end",
+        "from_truth",
+        *(f"text_{prim}" for prim in PRIMITIVES),
+        *(f"unseen_{prim}" for prim in PRIMITIVES),
+    ]
     return pd.DataFrame(rows)[cols], pd.DataFrame(seen_rows, columns=cols)

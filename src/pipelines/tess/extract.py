@@ -5,6 +5,7 @@ log p(top1) − log p(top2). ``minilm_head`` (default, ``head.py``) is a classif
 embeddings fitted on the train windows' labels; ``lexicon`` is a pure cue-lexicon scorer with intensifiers,
 hedges and negation; ``prototype`` compares MiniLM sentence embeddings with label descriptions; ``llm`` asks
 an OpenAI-compatible endpoint (see ``llm.py``)."""
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,17 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from pipelines.tess.lexicon import (DEFAULT, HEDGES, INTENSIFIERS, LABELS, LAG_GROUPS, MAX_LABELS, NEGATIONS,
-                                    PRIMITIVES, known_phrases)
+from pipelines.tess.lexicon import (
+    DEFAULT,
+    HEDGES,
+    INTENSIFIERS,
+    LABELS,
+    LAG_GROUPS,
+    MAX_LABELS,
+    NEGATIONS,
+    PRIMITIVES,
+    known_phrases,
+)
 from pipelines.tess.params import Params
 
 TOKEN = re.compile(r"[a-z]+")
@@ -73,19 +83,25 @@ def lexicon_scores(text: str, overlap: float) -> dict[str, np.ndarray]:
     by_first = cue_index(overlap)
     i = 0
     while i < len(toks):
-        match = next(((cue, prim, group) for cue, prim, group in by_first.get(toks[i], ())
-                      if tuple(toks[i:i + len(cue)]) == cue), None)          # longest cue first
+        match = next(
+            (
+                (cue, prim, group)
+                for cue, prim, group in by_first.get(toks[i], ())
+                if tuple(toks[i : i + len(cue)]) == cue
+            ),
+            None,
+        )  # longest cue first
         if match is None:
             i += 1
             continue
         cue, prim, group = match
         n = len(cue)
         w = BASE_WEIGHT
-        if any(t in INTENSIFIERS for t in toks[max(0, i - 2):i + n + 1]):
+        if any(t in INTENSIFIERS for t in toks[max(0, i - 2) : i + n + 1]):
             w *= 1.5
-        if any(t in HEDGES for t in toks[max(0, i - 2):i]):
+        if any(t in HEDGES for t in toks[max(0, i - 2) : i]):
             w *= 0.5
-        negated = any(t in NEGATIONS for t in toks[max(0, i - 3):i])
+        negated = any(t in NEGATIONS for t in toks[max(0, i - 3) : i])
         for lab, share in _group_labels(prim, group, negated).items():
             scores[prim][LABELS[prim].index(lab)] += w * share
         i += n
@@ -107,16 +123,16 @@ def summarise(probs: np.ndarray) -> tuple[int, float, float]:
     return int(order[0]), margin, ent
 
 
-EXTRACTION_COLUMNS = ["window_id", "level", "rendering", "primitive", "backend", "probs", "label", "margin",
-                      "entropy"]
+EXTRACTION_COLUMNS = ["window_id", "level", "rendering", "primitive", "backend", "probs", "label", "margin", "entropy"]
 
 
 def empty_extractions() -> pd.DataFrame:
     return pd.DataFrame(columns=EXTRACTION_COLUMNS)
 
 
-def extraction_rows(window_ids, levels, probs_by_prim: dict[str, np.ndarray], backend: str,
-                    rendering: str = "open") -> pd.DataFrame:
+def extraction_rows(
+    window_ids, levels, probs_by_prim: dict[str, np.ndarray], backend: str, rendering: str = "open"
+) -> pd.DataFrame:
     """Long table: one row per (window, level, primitive) with probs padded to MAX_LABELS; ``rendering`` is
     ``open`` for ``texts`` and ``seen`` for the closed-vocabulary test rendering ``texts_seen``."""
     rows = []
@@ -125,10 +141,20 @@ def extraction_rows(window_ids, levels, probs_by_prim: dict[str, np.ndarray], ba
         for wid, lvl, pr in zip(window_ids, levels, P):
             top, margin, ent = summarise(pr)
             padded = np.zeros(MAX_LABELS, "float32")
-            padded[:len(pr)] = pr
-            rows.append({"window_id": int(wid), "level": lvl, "rendering": rendering, "primitive": prim,
-                         "backend": backend,
-                         "probs": padded, "label": LABELS[prim][top], "margin": margin, "entropy": ent})
+            padded[: len(pr)] = pr
+            rows.append(
+                {
+                    "window_id": int(wid),
+                    "level": lvl,
+                    "rendering": rendering,
+                    "primitive": prim,
+                    "backend": backend,
+                    "probs": padded,
+                    "label": LABELS[prim][top],
+                    "margin": margin,
+                    "entropy": ent,
+                }
+            )
     return pd.DataFrame(rows, columns=EXTRACTION_COLUMNS)
 
 
@@ -140,8 +166,9 @@ def lexicon_table(texts: pd.DataFrame, overlap: float, temperature: float, rende
         sc = lexicon_scores(text, overlap)
         for prim in PRIMITIVES:
             probs[prim].append(_softmax(sc[prim], temperature))
-    return extraction_rows(texts["window_id"], texts["level"], {k: np.array(v) for k, v in probs.items()},
-                           "lexicon", rendering)
+    return extraction_rows(
+        texts["window_id"], texts["level"], {k: np.array(v) for k, v in probs.items()}, "lexicon", rendering
+    )
 
 
 def extract_lexicon(texts: pd.DataFrame, texts_seen: pd.DataFrame, p: Params) -> pd.DataFrame:
@@ -153,19 +180,27 @@ def extract_lexicon(texts: pd.DataFrame, texts_seen: pd.DataFrame, p: Params) ->
 
 # ------------------------------------------------------------------------------------------- prototype
 PROTOTYPES = {
-    "STRONG-RISE": "the value will rise sharply", "MILD-RISE": "the value will rise slightly",
-    "STABLE": "the value will stay flat", "MILD-DROP": "the value will fall slightly",
+    "STRONG-RISE": "the value will rise sharply",
+    "MILD-RISE": "the value will rise slightly",
+    "STABLE": "the value will stay flat",
+    "MILD-DROP": "the value will fall slightly",
     "STRONG-DROP": "the value will fall sharply",
-    "MUCH-CALMER": "fluctuations will become much calmer", "CALMER": "fluctuations will become a bit calmer",
-    "SAME": "fluctuations will stay as usual", "CHOPPIER": "fluctuations will become a bit more volatile",
+    "MUCH-CALMER": "fluctuations will become much calmer",
+    "CALMER": "fluctuations will become a bit calmer",
+    "SAME": "fluctuations will stay as usual",
+    "CHOPPIER": "fluctuations will become a bit more volatile",
     "MUCH-CHOPPIER": "fluctuations will become much more volatile",
-    "ASCEND": "the path will climb steadily", "DESCEND": "the path will decline steadily",
-    "PEAK": "the path will rise to a peak and come back down", "TROUGH": "the path will dip and then recover",
+    "ASCEND": "the path will climb steadily",
+    "DESCEND": "the path will decline steadily",
+    "PEAK": "the path will rise to a peak and come back down",
+    "TROUGH": "the path will dip and then recover",
     "OSCILLATE": "the path will go up and down repeatedly",
     "EARLY-FADE": "the change happens right away and is temporary",
     "EARLY-PERSIST": "the change happens right away and lasts",
-    "MID-FADE": "the change happens midway and is temporary", "MID-PERSIST": "the change happens midway and lasts",
-    "LATE": "the change happens near the end", "DIFFUSE": "the change has no clear timing",
+    "MID-FADE": "the change happens midway and is temporary",
+    "MID-PERSIST": "the change happens midway and lasts",
+    "LATE": "the change happens near the end",
+    "DIFFUSE": "the change has no clear timing",
 }
 
 

@@ -12,6 +12,7 @@ The gate downstream is trained on the train windows' extractions and their corre
 like extractions of unseen texts: the train windows' extractions are cross-fitted (``head.folds`` folds,
 each predicted by a head fitted on the other folds); val and test windows (and the closed-vocabulary test
 rendering) are read by the head fitted on all train windows. Test labels are never read."""
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import fit
+from pipelines.core.api import fit, node_setup
 from pipelines.tess.extract import empty_extractions, extraction_rows
 from pipelines.tess.lexicon import LABELS, PRIMITIVES
 from pipelines.tess.params import Params
@@ -51,15 +51,35 @@ def head_loss(model: PrimitiveHead, x: torch.Tensor, y: torch.Tensor, l2: float)
     return ce + l2 * model.linear.weight.pow(2).sum()
 
 
-def fit_head(x_tr: torch.Tensor, y_tr: torch.Tensor, x_va: torch.Tensor | None, y_va: torch.Tensor | None,
-             l2: float, steps: int, patience: int, seed: int) -> PrimitiveHead:
+def fit_head(
+    x_tr: torch.Tensor,
+    y_tr: torch.Tensor,
+    x_va: torch.Tensor | None,
+    y_va: torch.Tensor | None,
+    l2: float,
+    steps: int,
+    patience: int,
+    seed: int,
+) -> PrimitiveHead:
     """Full-batch L-BFGS on the penalised cross-entropy; with val data, early stopping on val cross-entropy."""
     model = PrimitiveHead(x_tr.shape[1])
     has_val = x_va is not None and len(x_va) > 0
     val = (lambda m: float(head_loss(m, x_va, y_va, 0.0))) if has_val else None
-    fit(model, [x_tr, y_tr], lambda m, x, y: head_loss(m, x, y, l2), val_score=val, epochs=steps,
-        batch_size=None, optimizer="lbfgs", lr=1.0, patience=patience if val else None, seed=seed,
-        grad_clip=None, desc="minilm_head", progress=False)
+    fit(
+        model,
+        [x_tr, y_tr],
+        lambda m, x, y: head_loss(m, x, y, l2),
+        val_score=val,
+        epochs=steps,
+        batch_size=None,
+        optimizer="lbfgs",
+        lr=1.0,
+        patience=patience if val else None,
+        seed=seed,
+        grad_clip=None,
+        desc="minilm_head",
+        progress=False,
+    )
     return model.eval()
 
 
@@ -70,8 +90,10 @@ def head_probs(model: PrimitiveHead, x: torch.Tensor) -> dict[str, np.ndarray]:
 
 def label_index(gt: pd.DataFrame, ids: np.ndarray) -> torch.Tensor:
     g = gt.set_index("window_id").loc[ids]
-    return torch.tensor(np.stack([g[prim].map({lab: i for i, lab in enumerate(LABELS[prim])}).to_numpy()
-                                  for prim in PRIMITIVES], 1), dtype=torch.long)
+    return torch.tensor(
+        np.stack([g[prim].map({lab: i for i, lab in enumerate(LABELS[prim])}).to_numpy() for prim in PRIMITIVES], 1),
+        dtype=torch.long,
+    )
 
 
 class Standardise:
@@ -104,7 +126,7 @@ def extract_minilm_head(emb: dict, gt: pd.DataFrame, windows: pd.DataFrame, p: P
         y_tr, y_va = label_index(gt, ids[tr]), label_index(gt, ids[va])
         args = (h.l2, h.steps, h.patience)
         full = fit_head(x[tr], y_tr, x[va], y_va, *args, seed=p.data.data_seed)
-        probs = head_probs(full, x)                        # val / test (train rows replaced below)
+        probs = head_probs(full, x)  # val / test (train rows replaced below)
         fold = fold_ids(len(tr), min(h.folds, len(tr)), p.data.data_seed)
         for f in np.unique(fold):
             rest, held = tr[fold != f], tr[fold == f]
@@ -112,11 +134,20 @@ def extract_minilm_head(emb: dict, gt: pd.DataFrame, windows: pd.DataFrame, p: P
             for prim, pr in head_probs(m, x[held]).items():
                 probs[prim][held] = pr
         parts.append(extraction_rows(ids, [level] * len(ids), probs, "minilm_head"))
-        acc = {prim: float((probs[prim][va].argmax(1) == y_va[:, k].numpy()).mean()) if len(va) else float("nan")
-               for k, prim in enumerate(PRIMITIVES)}
+        acc = {
+            prim: float((probs[prim][va].argmax(1) == y_va[:, k].numpy()).mean()) if len(va) else float("nan")
+            for k, prim in enumerate(PRIMITIVES)
+        }
         log.info("tess: minilm_head level %s, val accuracy %s", level, {k: round(v, 3) for k, v in acc.items()})
         seen = emb.get(f"seen_{level}")
         if seen is not None and len(seen["window_id"]):
-            parts.append(extraction_rows(seen["window_id"].numpy(), [level] * len(seen["window_id"]),
-                                         head_probs(full, scale(seen["clauses"].float())), "minilm_head", "seen"))
+            parts.append(
+                extraction_rows(
+                    seen["window_id"].numpy(),
+                    [level] * len(seen["window_id"]),
+                    head_probs(full, scale(seen["clauses"].float())),
+                    "minilm_head",
+                    "seen",
+                )
+            )
     return pd.concat(parts, ignore_index=True) if parts else empty_extractions()

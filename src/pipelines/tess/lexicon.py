@@ -2,6 +2,7 @@
 
 The generator renders texts from the full banks; the extractor's cue lexicon knows only a fixed
 share (``lexicon_overlap``) of each bank, so extraction is not a tautology (card: Pitfalls)."""
+
 from __future__ import annotations
 
 import random
@@ -35,7 +36,13 @@ BANK: dict[str, list[str]] = {
     "ASCEND": ["climb steadily", "trend upward", "build up step by step", "ratchet up", "grind upward"],
     "DESCEND": ["fall steadily", "trend downward", "bleed lower", "ratchet down", "grind downward"],
     "PEAK": ["peak then ease", "top out and retreat", "spike then fade back", "crest then recede", "hump then settle"],
-    "TROUGH": ["dip then rebound", "bottom out and recover", "sag then bounce", "slump then recover", "hollow then rise"],
+    "TROUGH": [
+        "dip then rebound",
+        "bottom out and recover",
+        "sag then bounce",
+        "slump then recover",
+        "hollow then rise",
+    ],
     "OSCILLATE": ["zigzag", "seesaw back and forth", "oscillate", "bob up and down", "flip flop"],
     # lag: timing
     "EARLY": ["immediately", "right away", "at the open", "straight away", "from the start"],
@@ -44,14 +51,23 @@ BANK: dict[str, list[str]] = {
     # lag: persistence
     "FADE": ["temporarily", "briefly", "only for a moment", "in a short lived way", "fleetingly"],
     "PERSIST": ["for good", "in a lasting way", "persistently", "durably", "for the long haul"],
-    "DIFFUSE": ["with no clear timing", "spread across the period", "diffusely", "without a distinct moment",
-                "scattered over time"],
+    "DIFFUSE": [
+        "with no clear timing",
+        "spread across the period",
+        "diffusely",
+        "without a distinct moment",
+        "scattered over time",
+    ],
 }
 # level-E cues (overall direction only) and their label groups
 DIRECTION = {"up": ["higher overall"], "down": ["lower overall"], "flat": ["flat overall"]}
 LAG_GROUPS = {
-    "EARLY-FADE": ("EARLY", "FADE"), "EARLY-PERSIST": ("EARLY", "PERSIST"), "MID-FADE": ("MID", "FADE"),
-    "MID-PERSIST": ("MID", "PERSIST"), "LATE": ("LATE",), "DIFFUSE": ("DIFFUSE",),
+    "EARLY-FADE": ("EARLY", "FADE"),
+    "EARLY-PERSIST": ("EARLY", "PERSIST"),
+    "MID-FADE": ("MID", "FADE"),
+    "MID-PERSIST": ("MID", "PERSIST"),
+    "LATE": ("LATE",),
+    "DIFFUSE": ("DIFFUSE",),
 }
 INTENSIFIERS = {"very", "sharply", "strongly", "significantly", "dramatically"}
 HEDGES = {"may", "might", "could", "possibly", "perhaps"}

@@ -6,6 +6,7 @@ the label distribution is read exactly). Fallback when the server gives no logpr
 ``temperature``, vote frequencies + ε (the paper repo's scheme), ``<think>…</think>`` stripped.
 Responses are cached by ``core.llm.ChatClient`` in ``<cache_dir>/responses.jsonl`` (append-only); with no
 endpoint configured the backend runs from the cache or fails closed with a clear error."""
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.core.llm import ChatClient
+from pipelines.core.api import ChatClient
 from pipelines.tess.extract import empty_extractions, extraction_rows
 from pipelines.tess.lexicon import LABELS, PRIMITIVES
 from pipelines.tess.params import Params
@@ -32,9 +33,11 @@ DEFINITIONS = {
 
 def build_prompt(primitive: str, text: str, history_summary: str) -> str:
     options = "\n".join(f"{i + 1}. {lab}" for i, lab in enumerate(LABELS[primitive]))
-    return (f"You label time-series news with one temporal primitive: {primitive} "
-            f"({DEFINITIONS[primitive]}).\nOptions:\n{options}\nHistory: {history_summary}\nText: {text}\n"
-            "Answer with exactly one line 'Label: N' where N is the option number.")
+    return (
+        f"You label time-series news with one temporal primitive: {primitive} "
+        f"({DEFINITIONS[primitive]}).\nOptions:\n{options}\nHistory: {history_summary}\nText: {text}\n"
+        "Answer with exactly one line 'Label: N' where N is the option number."
+    )
 
 
 def parse_votes(contents: list[str], n_labels: int) -> np.ndarray:
@@ -66,19 +69,29 @@ def parse_logprobs(choice: dict, n_labels: int) -> np.ndarray | None:
 class LLMClient:
     """Label distributions for prompts, over core's OpenAI-compatible client (which caches responses)."""
 
-    def __init__(self, base_url: str | None, model: str, api_key: str | None, timeout_s: float, samples: int,
-                 temperature: float, cache_dir: str | Path):
+    def __init__(
+        self,
+        base_url: str | None,
+        model: str,
+        api_key: str | None,
+        timeout_s: float,
+        samples: int,
+        temperature: float,
+        cache_dir: str | Path,
+    ):
         self.samples, self.temperature = samples, temperature
-        self.chat = ChatClient(base_url, model, api_key, timeout_s, Path(cache_dir) / "responses.jsonl",
-                               param_prefix="tess.extractor.llm")
+        self.chat = ChatClient(
+            base_url, model, api_key, timeout_s, Path(cache_dir) / "responses.jsonl", param_prefix="tess.extractor.llm"
+        )
 
     def probs(self, prompt: str, n_labels: int) -> np.ndarray:
         msgs = [{"role": "user", "content": prompt}]
         out = self.chat.chat(msgs, temperature=0, max_tokens=8, logprobs=True, top_logprobs=10)
         p = parse_logprobs(out["choices"][0], n_labels)
         if p is None:
-            p = parse_votes(self.chat.texts(msgs, temperature=self.temperature, n=self.samples, max_tokens=512),
-                            n_labels)
+            p = parse_votes(
+                self.chat.texts(msgs, temperature=self.temperature, n=self.samples, max_tokens=512), n_labels
+            )
         return p
 
 
@@ -92,8 +105,9 @@ def extract_llm(texts: pd.DataFrame, texts_seen: pd.DataFrame, windows: pd.DataF
     if p.extractor.backend != "llm":
         return empty_extractions()
     c = p.extractor.llm
-    client = LLMClient(c.base_url, c.model, os.environ.get(c.api_key_env), c.timeout_s, c.samples, c.temperature,
-                       c.cache_dir)
+    client = LLMClient(
+        c.base_url, c.model, os.environ.get(c.api_key_env), c.timeout_s, c.samples, c.temperature, c.cache_dir
+    )
     hist = {int(w): history_summary(np.asarray(x)) for w, x in zip(windows["window_id"], windows["x"])}
     parts = []
     for table, rendering in ((texts, "open"), (texts_seen, "seen")):
@@ -103,6 +117,9 @@ def extract_llm(texts: pd.DataFrame, texts_seen: pd.DataFrame, windows: pd.DataF
         for wid, text in zip(table["window_id"], table["text"]):
             for prim in PRIMITIVES:
                 probs[prim].append(client.probs(build_prompt(prim, text, hist[int(wid)]), len(LABELS[prim])))
-        parts.append(extraction_rows(table["window_id"], table["level"], {k: np.array(v) for k, v in probs.items()},
-                                     "llm", rendering))
+        parts.append(
+            extraction_rows(
+                table["window_id"], table["level"], {k: np.array(v) for k, v in probs.items()}, "llm", rendering
+            )
+        )
     return pd.concat(parts, ignore_index=True)

@@ -1,6 +1,7 @@
 """Forecasters: PatchTST (channel-independent patches, RevIN-normalised inputs) with the TESS gated
 primitive prefix (paper §4, card Mechanism 3–4), and the baselines DLinear, sentence fusion and token
 cross-attention (Time-MMD / MM-TSFlib style)."""
+
 from __future__ import annotations
 
 import torch
@@ -38,15 +39,16 @@ class GatedPrimitivePrefix(nn.Module):
         self.table = nn.Parameter(torch.randn(K, MAX_LABELS, d) * 0.02)
         self.null = nn.Parameter(torch.zeros(K, d))
         self.type_emb = nn.Parameter(torch.randn(K, d) * 0.02)
-        self.w1 = nn.Parameter(torch.randn(K, f, hidden) / f ** 0.5)
+        self.w1 = nn.Parameter(torch.randn(K, f, hidden) / f**0.5)
         self.b1 = nn.Parameter(torch.zeros(K, hidden))
-        self.w2 = nn.Parameter(torch.randn(K, hidden) / hidden ** 0.5)
+        self.w2 = nn.Parameter(torch.randn(K, hidden) / hidden**0.5)
         self.b2 = nn.Parameter(torch.zeros(K))
 
     def forward(self, probs, margin_z, entropy, pooled, gate_mode: str = "learned"):
         B = probs.shape[0]
-        feats = torch.cat([margin_z[..., None], entropy[..., None], probs,
-                           pooled[:, None, :].expand(B, K, -1)], -1)             # (B, K, F)
+        feats = torch.cat(
+            [margin_z[..., None], entropy[..., None], probs, pooled[:, None, :].expand(B, K, -1)], -1
+        )  # (B, K, F)
         h = torch.relu(torch.einsum("bkf,kfh->bkh", feats, self.w1) + self.b1)
         logit = torch.einsum("bkh,kh->bk", h, self.w2) + self.b2
         g = torch.sigmoid(logit) if gate_mode == "learned" else torch.ones_like(logit)
@@ -63,8 +65,21 @@ class PatchTST(nn.Module):
     primitive tokens prepended as a prefix. Only the patch tokens are flattened into the head, so the head
     size does not depend on the prefix and the prefix acts through attention (card: Pitfalls)."""
 
-    def __init__(self, L: int, H: int, d: int, heads: int, layers: int, d_ff: int, patch: int, stride: int,
-                 dropout: float, text: str = "none", text_dim: int = 0, gate_hidden: int = 32):
+    def __init__(
+        self,
+        L: int,
+        H: int,
+        d: int,
+        heads: int,
+        layers: int,
+        d_ff: int,
+        patch: int,
+        stride: int,
+        dropout: float,
+        text: str = "none",
+        text_dim: int = 0,
+        gate_hidden: int = 32,
+    ):
         super().__init__()
         self.patch, self.stride, self.text = patch, stride, text
         self.n_patches = (L - patch) // stride + 1
@@ -89,9 +104,19 @@ class PatchTST(nn.Module):
     def patches(self, x: torch.Tensor) -> torch.Tensor:
         return self.embed(x.unfold(1, self.patch, self.stride)) + self.pos
 
-    def forward(self, x: torch.Tensor, sent=None, tokens=None, token_mask=None, probs=None, margin_z=None,
-                entropy=None, gate_mode: str = "learned", return_gate: bool = False):
-        z = self.patches(x)                                              # (B, P, d)
+    def forward(
+        self,
+        x: torch.Tensor,
+        sent=None,
+        tokens=None,
+        token_mask=None,
+        probs=None,
+        margin_z=None,
+        entropy=None,
+        gate_mode: str = "learned",
+        return_gate: bool = False,
+    ):
+        z = self.patches(x)  # (B, P, d)
         gate = logit = None
         if self.text == "fusion":
             z = z + self.text_proj(sent)[:, None, :]
@@ -100,11 +125,11 @@ class PatchTST(nn.Module):
             z = torch.cat([prefix, z], 1)
         z = self.encoder(self.drop(z))
         if self.text == "tess":
-            z = z[:, K:]                                                 # prefix never enters the head
+            z = z[:, K:]  # prefix never enters the head
         if self.text == "xattn":
             kv = self.text_proj(tokens)
             att, w = self.cross(z, kv, kv, key_padding_mask=~token_mask, need_weights=True)
-            self.last_attention = w.detach()                             # (B, P, T) averaged over heads
+            self.last_attention = w.detach()  # (B, P, T) averaged over heads
             z = self.cross_norm(z + att)
         out = self.head(z.flatten(1))
         return (out, gate, logit) if return_gate else out

@@ -1,30 +1,31 @@
 """Typed parameters of `tess` (validated before any node runs; unknown keys are rejected)."""
+
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import Fraction, MethodParams, Probability, Strict
+from pipelines.core.api import Fraction, MethodParams, Probability, Strict
 
 
 class Data(Strict):
     n_windows: int = Field(ge=30)
     split: list[float] = Field(min_length=3, max_length=3)  # train / val / test fractions
-    history: int = Field(ge=32)          # L
-    horizon: int = Field(ge=6)           # H
+    history: int = Field(ge=32)  # L
+    horizon: int = Field(ge=6)  # H
     period: int = Field(ge=2)
     ar_phi: float = Field(ge=0, lt=1)
     ar_sigma: PositiveFloat
     p_event: Probability
-    reliability: Probability        # rho: share of texts rendered from the true primitives
-    lexicon_overlap: float = Field(gt=0, le=1)    # share of generator synonyms the extractor lexicon knows
-    distractor_rate: NonNegativeFloat          # Poisson mean of distractor sentences at level A
+    reliability: Probability  # rho: share of texts rendered from the true primitives
+    lexicon_overlap: float = Field(gt=0, le=1)  # share of generator synonyms the extractor lexicon knows
+    distractor_rate: NonNegativeFloat  # Poisson mean of distractor sentences at level A
     hedge_rate: Probability
     # share of the TEST windows' cue phrases drawn from paraphrases that never occur in training
     # (0: every test phrase is one the train split also uses, i.e. the closed-vocabulary benchmark)
     unseen_paraphrase_share: Probability = 0.5
     data_seed: int = 0
     source: Literal["synthetic", "files"] = "synthetic"
-    windows_path: str | None = None               # --env=full: user data (see README)
+    windows_path: str | None = None  # --env=full: user data (see README)
     texts_path: str | None = None
 
     @model_validator(mode="after")
@@ -37,7 +38,7 @@ class Data(Strict):
 
 
 class Labeller(Strict):
-    shift_quantiles: list[float] = Field(min_length=2, max_length=2)   # |s| cut points -> STABLE/MILD/STRONG
+    shift_quantiles: list[float] = Field(min_length=2, max_length=2)  # |s| cut points -> STABLE/MILD/STRONG
     vol_quantiles: list[float] = Field(min_length=2, max_length=2)
     osc_sign_changes: PositiveInt
     osc_rel_step: Fraction
@@ -59,10 +60,11 @@ class LLM(Strict):
 class Head(Strict):
     """The `minilm_head` extractor: per-primitive multinomial logistic regression on frozen MiniLM sentence
     embeddings, fitted on the train windows' primitive labels (L-BFGS, early stopping on val loss)."""
-    l2: NonNegativeFloat = 1e-2          # penalty on the weights, added to the mean cross-entropy
-    steps: PositiveInt = 15           # L-BFGS steps (20 iterations each)
+
+    l2: NonNegativeFloat = 1e-2  # penalty on the weights, added to the mean cross-entropy
+    steps: PositiveInt = 15  # L-BFGS steps (20 iterations each)
     patience: PositiveInt = 2
-    folds: int = Field(default=5, ge=2)            # cross-fitting: train-window extractions are out-of-fold
+    folds: int = Field(default=5, ge=2)  # cross-fitting: train-window extractions are out-of-fold
 
 
 class Extractor(Strict):
@@ -82,8 +84,8 @@ class Model(Strict):
     stride: PositiveInt
     dropout: float = Field(ge=0, lt=1)
     gate_hidden: int = Field(ge=4)
-    text_tokens: int = Field(ge=8)       # MiniLM tokens kept per text (cross-attention baseline)
-    token_dim: int = Field(ge=4)         # PCA size of MiniLM token embeddings
+    text_tokens: int = Field(ge=8)  # MiniLM tokens kept per text (cross-attention baseline)
+    token_dim: int = Field(ge=4)  # PCA size of MiniLM token embeddings
 
     @model_validator(mode="after")
     def _heads(self):
@@ -103,14 +105,14 @@ class Train(Strict):
 
 class Eval(Strict):
     sweeps: bool = False
-    single_seed_variants: bool = True   # ablations / level-D runs on the first seed only (budget)
+    single_seed_variants: bool = True  # ablations / level-D runs on the first seed only (budget)
     forecast_plots: NonNegativeInt = 4
 
 
 class Params(MethodParams):
     USER_FILES: ClassVar[dict[str, str]] = {"data.windows_path": "parquet", "data.texts_path": "parquet"}
     USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "files"}
-    THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
+    THREADS_SCALE = True  # models large enough that a second intra-op thread pays (docs/threads.md)
     data: Data
     labeller: Labeller
     extractor: Extractor = Extractor()

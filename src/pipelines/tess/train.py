@@ -6,6 +6,7 @@ Every variant returns its long results table and its predictions as tensors (tes
 the train and val windows, which TF-IDF + ridge and MiniLM + ridge fit their residual on). The variants that read text also
 predict the closed-vocabulary test rendering with the same fitted model (``<variant>_seen`` rows): the train
 and val texts of the two renderings are identical, so a second fit would be the same fit."""
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import fit
+from pipelines.core.api import fit, node_setup
 from pipelines.tess.lexicon import LABELS, MAX_LABELS, PRIMITIVES
 from pipelines.tess.model import DLinear, PatchTST
 from pipelines.tess.params import Params
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 UNIMODAL = ("naive", "seasonal_naive", "dlinear", "patchtst")
 RAW_TEXT = ("tfidf_ridge", "minilm_ridge", "fusion_A", "xattn_A")
 OFFLINE_BACKENDS = ("minilm_head", "lexicon", "prototype")
-SEEN = "_seen"                 # suffix of the closed-vocabulary condition's report rows
+SEEN = "_seen"  # suffix of the closed-vocabulary condition's report rows
 RIDGE_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
 PRED_COLUMNS = ["variant", "seed", "window_id", "pred"]
 LOG_COLUMNS = ["variant", "seed"]
@@ -34,8 +34,8 @@ LOG_COLUMNS = ["variant", "seed"]
 
 @dataclass
 class Arrays:
-    x: torch.Tensor            # (n, L) history, RevIN-normalised by its own mean / std
-    y: torch.Tensor            # (n, H) future in the same units (the metric's scale)
+    x: torch.Tensor  # (n, L) history, RevIN-normalised by its own mean / std
+    y: torch.Tensor  # (n, H) future in the same units (the metric's scale)
     ids: np.ndarray
     idx: dict[str, torch.Tensor]
 
@@ -55,8 +55,9 @@ def gt_index(gt: pd.DataFrame, ids: np.ndarray) -> np.ndarray:
     return np.stack([g[prim].map({lab: i for i, lab in enumerate(LABELS[prim])}).to_numpy() for prim in PRIMITIVES], 1)
 
 
-def primitive_features(extr: pd.DataFrame, level: str, ids: np.ndarray, train_idx: torch.Tensor,
-                       rendering: str = "open") -> dict[str, torch.Tensor]:
+def primitive_features(
+    extr: pd.DataFrame, level: str, ids: np.ndarray, train_idx: torch.Tensor, rendering: str = "open"
+) -> dict[str, torch.Tensor]:
     """probs (n, K, M), margin standardised with train statistics per primitive, entropy, top label.
 
     ``rendering="seen"``: the windows of the closed-vocabulary test rendering take its extractions, every
@@ -77,11 +78,13 @@ def primitive_features(extr: pd.DataFrame, level: str, ids: np.ndarray, train_id
         top.append(ep["label"].map({lab: i for i, lab in enumerate(LABELS[prim])}).to_numpy())
     m = np.stack(margin, 1).astype(float)
     tr = train_idx.numpy()
-    mz = (m - m[tr].mean(0)) / (m[tr].std(0) + 1e-6)   # margin scales differ by backend: standardise
-    return {"probs": torch.tensor(np.stack(probs, 1), dtype=torch.float32),
-            "margin_z": torch.tensor(mz, dtype=torch.float32),
-            "entropy": torch.tensor(np.stack(ent, 1).astype(float), dtype=torch.float32),
-            "top": torch.tensor(np.stack(top, 1).astype(np.int64))}
+    mz = (m - m[tr].mean(0)) / (m[tr].std(0) + 1e-6)  # margin scales differ by backend: standardise
+    return {
+        "probs": torch.tensor(np.stack(probs, 1), dtype=torch.float32),
+        "margin_z": torch.tensor(mz, dtype=torch.float32),
+        "entropy": torch.tensor(np.stack(ent, 1).astype(float), dtype=torch.float32),
+        "top": torch.tensor(np.stack(top, 1).astype(np.int64)),
+    }
 
 
 def oracle_features(gt_idx: np.ndarray) -> dict[str, torch.Tensor]:
@@ -89,8 +92,12 @@ def oracle_features(gt_idx: np.ndarray) -> dict[str, torch.Tensor]:
     n = len(gt_idx)
     probs = torch.zeros(n, len(PRIMITIVES), MAX_LABELS)
     probs.scatter_(2, torch.from_numpy(gt_idx)[..., None], 1.0)
-    return {"probs": probs, "margin_z": torch.zeros(n, len(PRIMITIVES)), "entropy": torch.zeros(n, len(PRIMITIVES)),
-            "top": torch.from_numpy(gt_idx)}
+    return {
+        "probs": probs,
+        "margin_z": torch.zeros(n, len(PRIMITIVES)),
+        "entropy": torch.zeros(n, len(PRIMITIVES)),
+        "top": torch.from_numpy(gt_idx),
+    }
 
 
 def shuffled(feats: dict[str, torch.Tensor], idx: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
@@ -110,13 +117,14 @@ def hard(feats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _predict(model, a: Arrays, part: torch.Tensor, inputs: dict[str, torch.Tensor], gate_mode: str | None,
-             device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _predict(
+    model, a: Arrays, part: torch.Tensor, inputs: dict[str, torch.Tensor], gate_mode: str | None, device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     outs, gates = [], []
     model.eval()
     with torch.no_grad():
         for s in range(0, len(part), 512):
-            b = part[s:s + 512]
+            b = part[s : s + 512]
             kw = {k: v[b].to(device) for k, v in inputs.items()}
             if gate_mode is not None:
                 o, g, _ = model(a.x[b].to(device), **kw, gate_mode=gate_mode, return_gate=True)
@@ -127,8 +135,17 @@ def _predict(model, a: Arrays, part: torch.Tensor, inputs: dict[str, torch.Tenso
     return torch.cat(outs), (torch.cat(gates) if gates else None)
 
 
-def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p: Params, seed: int, desc: str, device,
-              gate_mode: str | None = None, gate_target: torch.Tensor | None = None) -> dict:
+def train_one(
+    model,
+    a: Arrays,
+    inputs: dict[str, torch.Tensor],
+    p: Params,
+    seed: int,
+    desc: str,
+    device,
+    gate_mode: str | None = None,
+    gate_target: torch.Tensor | None = None,
+) -> dict:
     """Fit with the shared loop (AdamW, early stopping on val MSE, NaN guard); MSE + λ·BCE(gate) for TESS."""
     model.to(device)
     keys = list(inputs)
@@ -139,7 +156,7 @@ def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p: Params, seed
         tensors.append(gate_target[tr])
 
     def loss_fn(m, x, y, *rest):
-        kw = {k: v.to(device) for k, v in zip(keys, rest[:len(keys)])}
+        kw = {k: v.to(device) for k, v in zip(keys, rest[: len(keys)])}
         x, y = x.to(device), y.to(device)
         if gate_mode is None:
             return torch.nn.functional.mse_loss(m(x, **kw), y)
@@ -147,7 +164,8 @@ def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p: Params, seed
         loss = torch.nn.functional.mse_loss(out, y)
         if use_gate_loss:
             loss = loss + p.train.lambda_gate * torch.nn.functional.binary_cross_entropy_with_logits(
-                logit, rest[-1].to(device))
+                logit, rest[-1].to(device)
+            )
         return loss
 
     def val_mse(m):
@@ -155,23 +173,53 @@ def train_one(model, a: Arrays, inputs: dict[str, torch.Tensor], p: Params, seed
         return float(((pred - a.y[a.idx["val"]]) ** 2).mean())
 
     t0 = time.perf_counter()
-    res = fit(model, tensors, loss_fn, val_score=val_mse, epochs=p.train.epochs, lr=p.train.lr,
-              weight_decay=p.train.weight_decay, batch_size=p.train.batch_size, patience=p.train.patience,
-              seed=seed, desc=desc, grad_clip=1.0)
+    res = fit(
+        model,
+        tensors,
+        loss_fn,
+        val_score=val_mse,
+        epochs=p.train.epochs,
+        lr=p.train.lr,
+        weight_decay=p.train.weight_decay,
+        batch_size=p.train.batch_size,
+        patience=p.train.patience,
+        seed=seed,
+        desc=desc,
+        grad_clip=1.0,
+    )
     seconds = time.perf_counter() - t0
     return {"model": model.cpu(), "epochs": res.epochs_run, "best_val_mse": res.best_val, "train_seconds": seconds}
 
 
 def _backbone(p: Params, L: int, H: int, text: str = "none", text_dim: int = 0) -> PatchTST:
     m = p.model
-    return PatchTST(L, H, m.d_model, m.n_heads, m.n_layers, m.d_ff, m.patch_len, m.stride, m.dropout,
-                    text=text, text_dim=text_dim, gate_hidden=m.gate_hidden)
+    return PatchTST(
+        L,
+        H,
+        m.d_model,
+        m.n_heads,
+        m.n_layers,
+        m.d_ff,
+        m.patch_len,
+        m.stride,
+        m.dropout,
+        text=text,
+        text_dim=text_dim,
+        gate_hidden=m.gate_hidden,
+    )
 
 
 def _rows(variant: str, seed: int, ids: np.ndarray, pred: torch.Tensor, **arrays: torch.Tensor) -> list[dict]:
-    return [{"variant": variant, "seed": seed, "window_id": int(w), "pred": pr.numpy().astype("float32"),
-             **{k: v[i].numpy().astype("float32") for k, v in arrays.items()}}
-            for i, (w, pr) in enumerate(zip(ids, pred))]
+    return [
+        {
+            "variant": variant,
+            "seed": seed,
+            "window_id": int(w),
+            "pred": pr.numpy().astype("float32"),
+            **{k: v[i].numpy().astype("float32") for k, v in arrays.items()},
+        }
+        for i, (w, pr) in enumerate(zip(ids, pred))
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -192,9 +240,20 @@ def plan(p: Params) -> dict[str, list[int]]:
     """Which variants run on which seeds (ablations and compressed levels on the first seed by default)."""
     all_s, first = list(p.seeds), ([p.seeds[0]] if p.eval.single_seed_variants else list(p.seeds))
     out = {v: all_s for v in (*UNIMODAL, *RAW_TEXT, "tess", "tess_nogate")}
-    out.update({v: first for v in ("oracle", "shuffled", *(v for v in backend_variants(p) if v != "tess"),
-                                   "tess_D", "fusion_D", "xattn_D")})
-    if p.eval.sweeps:                                   # the full A–E ladder and hard labels
+    out.update(
+        {
+            v: first
+            for v in (
+                "oracle",
+                "shuffled",
+                *(v for v in backend_variants(p) if v != "tess"),
+                "tess_D",
+                "fusion_D",
+                "xattn_D",
+            )
+        }
+    )
+    if p.eval.sweeps:  # the full A–E ladder and hard labels
         out.update({f"tess_{lv}": first for lv in ("B", "C", "E")})
         out.update({f"{b}_{lv}": first for b in ("fusion", "xattn") for lv in ("B", "C", "E")})
         out["tess_hard"] = first
@@ -234,9 +293,17 @@ def variant_inputs(p: Params, variant: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------ variants
-def train_variant(p: Params, windows: pd.DataFrame, variant: str, gt: pd.DataFrame | None = None,
-                  texts: pd.DataFrame | None = None, texts_seen: pd.DataFrame | None = None, emb: dict | None = None,
-                  base: dict | None = None, extractions: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
+def train_variant(
+    p: Params,
+    windows: pd.DataFrame,
+    variant: str,
+    gt: pd.DataFrame | None = None,
+    texts: pd.DataFrame | None = None,
+    texts_seen: pd.DataFrame | None = None,
+    emb: dict | None = None,
+    base: dict | None = None,
+    extractions: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, dict]:
     """The node ``train.<variant>``: the variant's long results table (its rows and those of its
     ``<variant>_seen`` condition: test MSE / MAE, fit time, attention and gate diagnostics per seed) and its
     test predictions as tensors (PatchTST's: every window, the ridge baselines' base)."""
@@ -246,10 +313,17 @@ def train_variant(p: Params, windows: pd.DataFrame, variant: str, gt: pd.DataFra
     return results_table(windows, variant, preds, logs, texts), prediction_tensors(preds, variant)
 
 
-def predict_variant(p: Params, windows: pd.DataFrame, variant: str, gt: pd.DataFrame | None = None,
-                    texts: pd.DataFrame | None = None, texts_seen: pd.DataFrame | None = None,
-                    emb: dict | None = None, base: dict | None = None,
-                    extractions: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def predict_variant(
+    p: Params,
+    windows: pd.DataFrame,
+    variant: str,
+    gt: pd.DataFrame | None = None,
+    texts: pd.DataFrame | None = None,
+    texts_seen: pd.DataFrame | None = None,
+    emb: dict | None = None,
+    base: dict | None = None,
+    extractions: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train one variant on its seeds; returns (predictions, fit log). Each seed starts from
     ``node_setup(p, seed)``, so a variant node gives the same result alone, resumed or in a full run."""
     seeds = plan(p)[variant]
@@ -294,13 +368,12 @@ def _naive(variant: str, a: Arrays, p: Params, seed: int) -> list[dict]:
     if variant == "naive":
         return _rows(variant, seed, a.ids[te], a.x[te, -1:].expand(-1, H))
     period = p.data.period
-    season = a.x[:, L - period:][:, torch.arange(H) % period]
+    season = a.x[:, L - period :][:, torch.arange(H) % period]
     return _rows(variant, seed, a.ids[te], season[te])
 
 
 def _fit_log(variant: str, seed: int, r: dict, **extra) -> dict:
-    return {"variant": variant, "seed": seed, **{k: r[k] for k in ("epochs", "best_val_mse", "train_seconds")},
-            **extra}
+    return {"variant": variant, "seed": seed, **{k: r[k] for k in ("epochs", "best_val_mse", "train_seconds")}, **extra}
 
 
 def _unimodal(variant: str, a: Arrays, p: Params, seed: int, device) -> tuple[dict, list[dict]]:
@@ -320,7 +393,7 @@ def _neural_text(variant: str, a: Arrays, emb: dict, p: Params, seed: int, devic
     kind, level = variant.split("_")
     e = emb[level]
     assert np.array_equal(e["window_id"].numpy(), a.ids), "text embeddings misaligned with windows"
-    inputs = ({"sent": e["sent"]} if kind == "fusion" else {"tokens": e["tokens"].float(), "token_mask": e["mask"]})
+    inputs = {"sent": e["sent"]} if kind == "fusion" else {"tokens": e["tokens"].float(), "token_mask": e["mask"]}
     dim = e["sent"].shape[1] if kind == "fusion" else e["tokens"].shape[2]
     r = train_one(_backbone(p, L, H, kind, dim), a, inputs, p, seed, f"{variant} s{seed}", device)
     pred, _ = _predict(r["model"], a, te, inputs, None, "cpu")
@@ -351,9 +424,9 @@ def attention_cue_ratio(model, a: Arrays, part: torch.Tensor, inputs: dict, cue:
     model.eval()
     with torch.no_grad():
         for s in range(0, len(part), 512):
-            b = part[s:s + 512]
+            b = part[s : s + 512]
             model(a.x[b], **{k: v[b] for k, v in inputs.items()})
-            w = model.last_attention.mean(1)                     # (B, T) averaged over patch queries
+            w = model.last_attention.mean(1)  # (B, T) averaged over patch queries
             c, m = cue[b].float(), inputs["token_mask"][b].float()
             masses.append((w * c).sum(1))
             shares.append(c.sum(1) / m.sum(1).clamp(min=1))
@@ -375,13 +448,21 @@ def _ridge_on_residual(X: np.ndarray, resid: np.ndarray, base: np.ndarray, y: np
     return best
 
 
-def _text_ridge(variant: str, a: Arrays, seed: int, base: dict, texts: pd.DataFrame | None,
-                texts_seen: pd.DataFrame | None, emb: dict | None, p: Params) -> tuple[list[dict], dict]:
+def _text_ridge(
+    variant: str,
+    a: Arrays,
+    seed: int,
+    base: dict,
+    texts: pd.DataFrame | None,
+    texts_seen: pd.DataFrame | None,
+    emb: dict | None,
+    p: Params,
+) -> tuple[list[dict], dict]:
     """TF-IDF of the level-A text, or the minilm_head extractor's input for it (the mean of its clauses'
     MiniLM embeddings, as MiniLM gives them: a first run standardised them, as the head does, and the
     unbounded ridge read-out then blew up on unseen paraphrases) → ridge on PatchTST's residual (same
     seed), alpha chosen on val."""
-    b = base[f"seed{seed}"]                       # PatchTST's predictions of every window, same seed
+    b = base[f"seed{seed}"]  # PatchTST's predictions of every window, same seed
     pos = {int(w): i for i, w in enumerate(b["window_id"].tolist())}
     base_all = b["pred"].numpy()[[pos[int(w)] for w in a.ids]].astype("float32")
     y = a.y.numpy()
@@ -399,7 +480,7 @@ def _text_ridge(variant: str, a: Arrays, seed: int, base: dict, texts: pd.DataFr
             seen_text = pd.Series(t, index=a.ids)
             seen_text.loc[ts["window_id"].to_numpy()] = ts["text"].to_numpy()
             seen_X = vec.transform(seen_text.to_numpy())
-    else:                               # the minilm_head extractor's input: the clause-mean embeddings
+    else:  # the minilm_head extractor's input: the clause-mean embeddings
         assert np.array_equal(emb["A"]["window_id"].numpy(), a.ids), "text embeddings misaligned with windows"
         X = emb["A"]["clauses"].numpy().astype("float64")
         if "seen_A" in emb:
@@ -415,8 +496,9 @@ def _text_ridge(variant: str, a: Arrays, seed: int, base: dict, texts: pd.DataFr
     return rows, {"variant": variant, "seed": seed, "alpha": alpha, "best_val_mse": val}
 
 
-def _tess(variant: str, a: Arrays, gt: pd.DataFrame, extr: pd.DataFrame | None, p: Params, seed: int,
-          device) -> tuple[list[dict], dict] | None:
+def _tess(
+    variant: str, a: Arrays, gt: pd.DataFrame, extr: pd.DataFrame | None, p: Params, seed: int, device
+) -> tuple[list[dict], dict] | None:
     """TESS and its ablations: no gate, oracle primitives, shuffled primitives, each extractor backend,
     compressed text levels (and hard labels under eval.sweeps)."""
     L, H = a.x.shape[1], a.y.shape[1]
@@ -444,17 +526,25 @@ def _tess(variant: str, a: Arrays, gt: pd.DataFrame, extr: pd.DataFrame | None, 
         if has_seen_condition(variant, p) and "rendering" in extr and (extr["rendering"] == "seen").any():
             seen_f = primitive_features(extr, level, a.ids, tr, rendering="seen")
     gt_t = torch.from_numpy(g_idx)
-    correct = (f["top"] == gt_t).float()          # gate target; used on train only
+    correct = (f["top"] == gt_t).float()  # gate target; used on train only
     inputs = {k: v for k, v in f.items() if k != "top"}
-    r = train_one(_backbone(p, L, H, "tess"), a, inputs, p, seed, f"{variant} s{seed}", device,
-                  gate_mode=gate_mode, gate_target=correct)
+    r = train_one(
+        _backbone(p, L, H, "tess"),
+        a,
+        inputs,
+        p,
+        seed,
+        f"{variant} s{seed}",
+        device,
+        gate_mode=gate_mode,
+        gate_target=correct,
+    )
     pred, gate = _predict(r["model"], a, te, inputs, gate_mode, "cpu")
     gates = {"gate": gate, "correct": correct[te]} if gate_mode == "learned" else {}
     rows = _rows(variant, seed, a.ids[te.numpy()], pred, **gates)
     if seen_f is not None:
         s_inputs = {k: v for k, v in seen_f.items() if k != "top"}
         pred_s, gate_s = _predict(r["model"], a, te, s_inputs, gate_mode, "cpu")
-        gates_s = ({"gate": gate_s, "correct": (seen_f["top"] == gt_t).float()[te]}
-                   if gate_mode == "learned" else {})
+        gates_s = {"gate": gate_s, "correct": (seen_f["top"] == gt_t).float()[te]} if gate_mode == "learned" else {}
         rows += _rows(variant + SEEN, seed, a.ids[te.numpy()], pred_s, **gates_s)
     return rows, _fit_log(variant, seed, r)

@@ -6,6 +6,7 @@ each fitted on the train windows and scored by the val windows' cross-entropy an
 
 It reads the newest saved ``tess.text_emb_tensors``, ``tess.primitives_gt`` and ``tess.windows``; test
 windows are never scored."""
+
 from __future__ import annotations
 
 import glob
@@ -15,7 +16,7 @@ import pandas as pd
 import torch
 import yaml
 
-from pipelines.core.params import validate
+from pipelines.core.api import validate
 from pipelines.tess.head import Standardise, fit_head, head_loss, head_probs, label_index
 from pipelines.tess.lexicon import PRIMITIVES
 from pipelines.tess.params import Params
@@ -45,10 +46,18 @@ def val_table(emb: dict, gt: pd.DataFrame, windows: pd.DataFrame, p: Params, lev
             for l2 in L2_GRID:
                 m = fit_head(x[tr], y_tr, x[va], y_va, l2, h.steps, h.patience, seed=p.data.data_seed)
                 probs = head_probs(m, x[va])
-                acc = float(np.mean([(probs[k].argmax(1) == y_va[:, i].numpy()).mean()
-                                     for i, k in enumerate(PRIMITIVES)]))
-                rows.append({"level": level, "features": feat, "l2": l2,
-                             "val_ce": float(head_loss(m, x[va], y_va, 0.0)), "val_macro_acc": acc})
+                acc = float(
+                    np.mean([(probs[k].argmax(1) == y_va[:, i].numpy()).mean() for i, k in enumerate(PRIMITIVES)])
+                )
+                rows.append(
+                    {
+                        "level": level,
+                        "features": feat,
+                        "l2": l2,
+                        "val_ce": float(head_loss(m, x[va], y_va, 0.0)),
+                        "val_macro_acc": acc,
+                    }
+                )
     return pd.DataFrame(rows)
 
 

@@ -1,6 +1,7 @@
 """Placement algorithms (card: "ECA", "GC-TrSP", "λ-Hybrid", the pair-centred GC ablation and the
 baselines k-median local search, random stops and busiest endpoints). All return a sorted list of stop
 indices with at most k entries; numpy only."""
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,14 @@ def _gth_smallest(x: np.ndarray, g: int) -> np.ndarray:
     return np.partition(x, g - 1, axis=0)[g - 1]
 
 
-def expanding(inst: Instance, budget: int, mode: str = "set", group_factor: float = 2.0,
-              use_walk: bool = True, use_combos: bool = True) -> Expansion:
+def expanding(
+    inst: Instance,
+    budget: int,
+    mode: str = "set",
+    group_factor: float = 2.0,
+    use_walk: bool = True,
+    use_combos: bool = True,
+) -> Expansion:
     """The Expanding Cost Algorithm (``use_walk`` and ``use_combos``) or, with both off, Greedy Capture over
     pair-centres. A threshold δ grows from 0 over the unsatisfied set U (all agents at first):
 
@@ -45,7 +52,7 @@ def expanding(inst: Instance, budget: int, mode: str = "set", group_factor: floa
     U = np.ones(inst.n, bool)
     in_S = np.zeros(inst.m, bool)
     out = Expansion([], U)
-    centre_cost = np.full(inst.n, np.inf)       # pair-GC: best ride on one opened pair-centre
+    centre_cost = np.full(inst.n, np.inf)  # pair-GC: best ride on one opened pair-centre
 
     def current() -> np.ndarray:
         c = inst.route_cost(np.flatnonzero(in_S)) if use_combos else centre_cost
@@ -56,7 +63,7 @@ def expanding(inst: Instance, budget: int, mode: str = "set", group_factor: floa
         need = (~in_S[pairs[:, 0]]).astype(int) + (~in_S[pairs[:, 1]])
         ok = need <= budget - in_S.sum()
         if use_combos:
-            ok &= need > 0     # a pair inside S changes no ECA cost
+            ok &= need > 0  # a pair inside S changes no ECA cost
         if not ok.any():
             break
         cand = np.flatnonzero(ok)
@@ -108,7 +115,7 @@ def greedy_capture(E: np.ndarray, threshold: int, budget: int, open0=()) -> list
 def _add_one_costs(inst: Instance, base: list[int], cur: np.ndarray) -> np.ndarray:
     """(n, m): each agent's cost after adding candidate b to ``base`` (its current cost ``cur``)."""
     B = np.asarray(base, int)
-    diag = inst.ds + np.diag(inst.c)[None] + inst.dt                   # ride b → b
+    diag = inst.ds + np.diag(inst.c)[None] + inst.dt  # ride b → b
     new = np.minimum(cur[:, None], diag)
     if len(B):
         # ride b → x and x → b for x in base
@@ -226,4 +233,4 @@ def busiest(inst: Instance) -> list[int]:
     """The k candidates that are the nearest candidate of the most endpoints (ties: lower index)."""
     near = endpoints(inst).argmin(1)
     counts = np.bincount(near, minlength=inst.m)
-    return sorted(np.argsort(-counts, kind="stable")[:inst.k].tolist())
+    return sorted(np.argsort(-counts, kind="stable")[: inst.k].tolist())

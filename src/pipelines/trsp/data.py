@@ -1,25 +1,40 @@
 """Instances of `trsp` as one table (card: "Data"): the seeded small-market carpool city over the (k, γ)
 grid, the A → B versus C_j → D_j gadget family, and (full env) the user's trips. One row per agent or
 candidate stop; the train nodes rebuild the distance form (``instance.Instance``) from it."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import TableSchema, read_user_file
+from pipelines.core.api import TableSchema, read_user_file
 from pipelines.trsp.instance import Instance, from_metric, from_points
 from pipelines.trsp.params import Params
 
 COLUMNS = ["instance", "family", "seed", "k", "gamma", "param", "role", "group", "sx", "sy", "tx", "ty"]
-AGENTS = TableSchema("trsp.user_agents", {"sx": "number", "sy": "number", "tx": "number", "ty": "number"},
-                     min_rows=2, no_missing=("sx", "sy", "tx", "ty"))
-CANDIDATES = TableSchema("trsp.user_candidates", {"x": "number", "y": "number"}, min_rows=2,
-                         no_missing=("x", "y"))
-NODES = TableSchema("trsp.user_graph_nodes", {"node": "int", "x": "number", "y": "number"}, min_rows=2,
-                    no_missing=("x", "y"), unique=("node",))
-EDGES = TableSchema("trsp.user_graph_edges", {"u": "int", "v": "int", "length_km": "number"}, min_rows=1,
-                    no_missing=("length_km",), finite=("length_km",), ranges={"length_km": (0, None)},
-                    refs={"u": (NODES.dataset, "node"), "v": (NODES.dataset, "node")})
+AGENTS = TableSchema(
+    "trsp.user_agents",
+    {"sx": "number", "sy": "number", "tx": "number", "ty": "number"},
+    min_rows=2,
+    no_missing=("sx", "sy", "tx", "ty"),
+)
+CANDIDATES = TableSchema("trsp.user_candidates", {"x": "number", "y": "number"}, min_rows=2, no_missing=("x", "y"))
+NODES = TableSchema(
+    "trsp.user_graph_nodes",
+    {"node": "int", "x": "number", "y": "number"},
+    min_rows=2,
+    no_missing=("x", "y"),
+    unique=("node",),
+)
+EDGES = TableSchema(
+    "trsp.user_graph_edges",
+    {"u": "int", "v": "int", "length_km": "number"},
+    min_rows=1,
+    no_missing=("length_km",),
+    finite=("length_km",),
+    ranges={"length_km": (0, None)},
+    refs={"u": (NODES.dataset, "node"), "v": (NODES.dataset, "node")},
+)
 GRAPH_COLUMNS = ["kind", "node", "x", "y", "u", "v", "length_km"]
 
 # City layout on [0, L]² as fractions of L: three residential clusters, a remote minority suburb and
@@ -40,19 +55,23 @@ def city_trips(c, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.
     n_res = n - n_min
     home = rng.integers(0, len(RESIDENTIAL), n_res)
     centres = np.array(RESIDENTIAL) * L
-    s = np.vstack([centres[home] + rng.normal(0, c.residential_sigma_km, (n_res, 2)),
-                   np.array(MINORITY) * L + rng.normal(0, c.residential_sigma_km, (n_min, 2))])
+    s = np.vstack(
+        [
+            centres[home] + rng.normal(0, c.residential_sigma_km, (n_res, 2)),
+            np.array(MINORITY) * L + rng.normal(0, c.residential_sigma_km, (n_min, 2)),
+        ]
+    )
     groups = np.array([f"res{h}" for h in home] + ["minority"] * n_min)
     shares = np.array([*c.job_shares, 1 - sum(c.job_shares)])
     job = rng.choice(3, n, p=shares / shares.sum())
     jobs = np.array(JOBS) * L
-    t = np.where((job < 2)[:, None], jobs[np.minimum(job, 1)] + rng.normal(0, c.job_sigma_km, (n, 2)),
-                 rng.uniform(0, L, (n, 2)))
+    t = np.where(
+        (job < 2)[:, None], jobs[np.minimum(job, 1)] + rng.normal(0, c.job_sigma_km, (n, 2)), rng.uniform(0, L, (n, 2))
+    )
     return _clip(s, L), _clip(t, L), groups
 
 
-def candidate_stops(s: np.ndarray, t: np.ndarray, n_kmeans: int, grid: list[int], L: float,
-                    seed: int) -> np.ndarray:
+def candidate_stops(s: np.ndarray, t: np.ndarray, n_kmeans: int, grid: list[int], L: float, seed: int) -> np.ndarray:
     """k-means++ centres of all endpoints plus a regular grid (duplicates dropped)."""
     pts = []
     if n_kmeans:
@@ -69,18 +88,29 @@ def candidate_stops(s: np.ndarray, t: np.ndarray, n_kmeans: int, grid: list[int]
     return np.unique(np.round(cand, 9), axis=0)
 
 
-def _rows(name: str, family: str, seed: int, k: int, gamma: float, param: float, s, t, groups,
-          cand) -> pd.DataFrame:
+def _rows(name: str, family: str, seed: int, k: int, gamma: float, param: float, s, t, groups, cand) -> pd.DataFrame:
     n, m = len(s), len(cand)
-    return pd.DataFrame({
-        "instance": name, "family": family, "seed": seed, "k": k, "gamma": float(gamma), "param": float(param),
-        "role": ["agent"] * n + ["candidate"] * m, "group": list(groups) + ["stop"] * m,
-        "sx": np.r_[s[:, 0], cand[:, 0]], "sy": np.r_[s[:, 1], cand[:, 1]],
-        "tx": np.r_[t[:, 0], np.full(m, np.nan)], "ty": np.r_[t[:, 1], np.full(m, np.nan)]})
+    return pd.DataFrame(
+        {
+            "instance": name,
+            "family": family,
+            "seed": seed,
+            "k": k,
+            "gamma": float(gamma),
+            "param": float(param),
+            "role": ["agent"] * n + ["candidate"] * m,
+            "group": list(groups) + ["stop"] * m,
+            "sx": np.r_[s[:, 0], cand[:, 0]],
+            "sy": np.r_[s[:, 1], cand[:, 1]],
+            "tx": np.r_[t[:, 0], np.full(m, np.nan)],
+            "ty": np.r_[t[:, 1], np.full(m, np.nan)],
+        }
+    )
 
 
-def gadget_points(walk_ab: float, walk_cd: float, jitter: float, n_random: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def gadget_points(
+    walk_ab: float, walk_cd: float, jitter: float, n_random: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """n = 24, k = 4 (g = 12): twelve agents A → B (walk ``walk_ab``) and two groups of six C_j → D_j
     (walk ``walk_cd``), the C_j 4 km apart; candidates A, B, C_j, D_j and ``n_random`` uniform points."""
     A, B = np.array([0.0, 0.0]), np.array([walk_ab, 0.0])
@@ -103,7 +133,7 @@ def read_table(path: str, key: str) -> pd.DataFrame:
 def user_rows(p: Params) -> list[pd.DataFrame]:
     u, c = p.data.user, p.data.city
     agents = read_table(u.agents_path, "agents_path")
-    cands = read_table(u.candidates_path, "candidates_path") if u.candidates_path else None   # read, then checked
+    cands = read_table(u.candidates_path, "candidates_path") if u.candidates_path else None  # read, then checked
     agents = AGENTS.check(agents)
     s = agents[["sx", "sy"]].to_numpy(float)
     t = agents[["tx", "ty"]].to_numpy(float)
@@ -111,11 +141,10 @@ def user_rows(p: Params) -> list[pd.DataFrame]:
     if cands is not None:
         cand = CANDIDATES.check(cands)[["x", "y"]].to_numpy(float)
     else:
-        o = np.vstack([s, t]).min(0)   # the grid spans the trips' bounding square
+        o = np.vstack([s, t]).min(0)  # the grid spans the trips' bounding square
         L = float(max(np.ptp(np.vstack([s, t]), 0).max(), 1e-9))
         cand = candidate_stops(s - o, t - o, c.n_kmeans_candidates, c.grid, L, 0) + o
-    return [_rows(f"user_k{k}_g{g:g}", "user", 0, k, g, 0.0, s, t, groups, cand)
-            for k in c.ks for g in c.gammas]
+    return [_rows(f"user_k{k}_g{g:g}", "user", 0, k, g, 0.0, s, t, groups, cand) for k in c.ks for g in c.gammas]
 
 
 def make_instances(p: Params) -> pd.DataFrame:
@@ -127,8 +156,11 @@ def make_instances(p: Params) -> pd.DataFrame:
             rng = np.random.default_rng([seed, 1])
             s, t, groups = city_trips(c, rng)
             cand = candidate_stops(s, t, c.n_kmeans_candidates, c.grid, c.plane_km, seed)
-            frames += [_rows(f"city_s{seed}_k{k}_g{g:g}", "city", seed, k, g, 0.0, s, t, groups, cand)
-                       for k in c.ks for g in c.gammas]
+            frames += [
+                _rows(f"city_s{seed}_k{k}_g{g:g}", "city", seed, k, g, 0.0, s, t, groups, cand)
+                for k in c.ks
+                for g in c.gammas
+            ]
         if gd.enabled:
             for w in gd.walk_cd_km:
                 rng = np.random.default_rng([seed, 2, int(round(w * 1000))])
@@ -143,13 +175,24 @@ def make_graph(p: Params) -> pd.DataFrame:
     """The user's road graph as one table (``kind`` node / edge), checked; empty without one."""
     u = p.data.user
     if u is None or u.graph_nodes_path is None:
-        return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("x", "y", "length_km") else
-                                          ("object" if c == "kind" else "int64")) for c in GRAPH_COLUMNS})
-    nodes, edges = read_table(u.graph_nodes_path, "graph_nodes_path"), read_table(u.graph_edges_path, "graph_edges_path")
+        return pd.DataFrame(
+            {
+                c: pd.Series(
+                    dtype="float64" if c in ("x", "y", "length_km") else ("object" if c == "kind" else "int64")
+                )
+                for c in GRAPH_COLUMNS
+            }
+        )
+    nodes, edges = (
+        read_table(u.graph_nodes_path, "graph_nodes_path"),
+        read_table(u.graph_edges_path, "graph_edges_path"),
+    )
     nodes = NODES.check(nodes)
     edges = EDGES.check(edges, tables={NODES.dataset: nodes})
-    return pd.concat([nodes[["node", "x", "y"]].assign(kind="node"),
-                      edges[["u", "v", "length_km"]].assign(kind="edge")], ignore_index=True)[GRAPH_COLUMNS]
+    return pd.concat(
+        [nodes[["node", "x", "y"]].assign(kind="node"), edges[["u", "v", "length_km"]].assign(kind="edge")],
+        ignore_index=True,
+    )[GRAPH_COLUMNS]
 
 
 def graph_distances(graph: pd.DataFrame, pts: np.ndarray) -> np.ndarray:
@@ -186,11 +229,20 @@ def to_instances(table: pd.DataFrame, metric: str, graph: pd.DataFrame | None = 
         if road and meta["family"] == "user":
             n, m = len(s), len(cand)
             D = graph_distances(graph, np.vstack([s, t, cand]))
-            inst = from_metric(D, np.arange(n), np.arange(n, 2 * n), np.arange(2 * n, 2 * n + m), int(meta["k"]),
-                               float(meta["gamma"]), name=str(name), groups=a["group"].to_numpy(),
-                               coords={"s": s, "t": t, "cand": cand})
+            inst = from_metric(
+                D,
+                np.arange(n),
+                np.arange(n, 2 * n),
+                np.arange(2 * n, 2 * n + m),
+                int(meta["k"]),
+                float(meta["gamma"]),
+                name=str(name),
+                groups=a["group"].to_numpy(),
+                coords={"s": s, "t": t, "cand": cand},
+            )
         else:
-            inst = from_points(s, t, cand, int(meta["k"]), float(meta["gamma"]), metric, name=str(name),
-                               groups=a["group"].to_numpy())
+            inst = from_points(
+                s, t, cand, int(meta["k"]), float(meta["gamma"]), metric, name=str(name), groups=a["group"].to_numpy()
+            )
         out.append((meta, inst))
     return out

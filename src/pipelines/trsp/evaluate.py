@@ -2,6 +2,7 @@
 summaries (city / user grid, gadget family, adversarial search); the derived comparisons (price of
 fairness, k-median's social-cost gain, JR-bound violations); the maps, the JR–core trade-off over λ and
 the distribution of JR factors."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ import pandas as pd
 from pipelines.trsp.params import Params, hybrid_lambda
 from pipelines.trsp.train import JR_BOUND
 
-INSTANCE_FAMILIES = ("city", "gadget", "user", "adversarial_step")   # rows that are one solved instance
+INSTANCE_FAMILIES = ("city", "gadget", "user", "adversarial_step")  # rows that are one solved instance
 SUMMARY = ("social_cost_mean", "social_cost_p90", "minority_cost_mean", "frac_using_shuttle", "runtime_s")
 
 
@@ -88,8 +89,11 @@ def best_other(values, p: Params) -> dict[str, float]:
 
 def violation_totals(values, p: Params) -> dict[str, float]:
     """Solved instances over the 1 + √2 JR bound, summed over seeds, per variant (point values)."""
-    return {f"jr_bound_violations_total.{v}": float(sum(values.per_seed(v, "jr_bound_violations").values()))
-            for v in values.variants if values.has(v, "jr_bound_violations")}
+    return {
+        f"jr_bound_violations_total.{v}": float(sum(values.per_seed(v, "jr_bound_violations").values()))
+        for v in values.variants
+        if values.has(v, "jr_bound_violations")
+    }
 
 
 def adversarial_histories(metrics: pd.DataFrame, p: Params) -> dict[str, tuple[list[int], list[float]]]:
@@ -97,19 +101,26 @@ def adversarial_histories(metrics: pd.DataFrame, p: Params) -> dict[str, tuple[l
     the proxy it climbs and the exact JR factor of each accepted instance, as ``{metric: (steps, values)}``."""
     if "objective" not in metrics:
         return {}
-    d = metrics[(metrics.family == "adversarial_step") & (metrics.seed == p.plot_seed)
-                & (metrics.objective == "jr")]
+    d = metrics[(metrics.family == "adversarial_step") & (metrics.seed == p.plot_seed) & (metrics.objective == "jr")]
     if d.empty:
         return {}
     restart = d.instance.str.rsplit("_r", n=1).str[1].astype(int)
     x = (restart * (p.adversarial.steps + 1) + d["draw"]).astype(int).tolist()
-    return {"adversarial_jr_proxy": (x, d.proxy.astype(float).tolist()),
-            "adversarial_jr_beta_hat": (x, d.jr_beta_hat.astype(float).tolist())}
+    return {
+        "adversarial_jr_proxy": (x, d.proxy.astype(float).tolist()),
+        "adversarial_jr_beta_hat": (x, d.jr_beta_hat.astype(float).tolist()),
+    }
 
 
 def report_extra(p: Params, values, artifacts) -> dict:
-    return {"definitions": {"metric": p.metric, "deviation": p.deviation, "jr_group_factor": p.jr_group_factor,
-                            "core_t3": f"lower bound (shortlist of {p.core.shortlist} candidates)"}}
+    return {
+        "definitions": {
+            "metric": p.metric,
+            "deviation": p.deviation,
+            "jr_group_factor": p.jr_group_factor,
+            "core_t3": f"lower bound (shortlist of {p.core.shortlist} candidates)",
+        }
+    }
 
 
 # --------------------------------------------------------------------------------------------- plots
@@ -128,8 +139,7 @@ def map_figure(instances: pd.DataFrame, metrics: pd.DataFrame, p: Params):
         return None
     ks = sorted(city.k.unique())
     k = p.plot_k if p.plot_k in ks else ks[-1]
-    sel = city[(city.seed == (p.plot_seed if p.plot_seed in set(city.seed) else city.seed.iloc[0]))
-               & (city.k == k)]
+    sel = city[(city.seed == (p.plot_seed if p.plot_seed in set(city.seed) else city.seed.iloc[0])) & (city.k == k)]
     name = sel.instance.iloc[0]
     d = instances[instances.instance == name]
     agents, cand = d[d.role == "agent"], d[d.role == "candidate"]
@@ -146,16 +156,22 @@ def map_figure(instances: pd.DataFrame, metrics: pd.DataFrame, p: Params):
             ax.scatter(a.sx, a.sy, s=4, color=f"C{gi}", alpha=0.5, label=f"{gname} origin")
             ax.scatter(a.tx, a.ty, s=4, marker="x", color=f"C{gi}", alpha=0.3)
         ax.scatter(cand.sx, cand.sy, s=8, color="0.7", marker="s")
-        ax.scatter(cand.sx.to_numpy()[stops], cand.sy.to_numpy()[stops], s=120, color="red", marker="*",
-                   edgecolor="k", zorder=5)
+        ax.scatter(
+            cand.sx.to_numpy()[stops],
+            cand.sy.to_numpy()[stops],
+            s=120,
+            color="red",
+            marker="*",
+            edgecolor="k",
+            zorder=5,
+        )
         ax.set_title(f"{v}: cost {r.social_cost_mean:.2f} km, JR {r.jr_beta_hat:.2f}", fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
-    for ax in axes.ravel()[len(variants):]:
+    for ax in axes.ravel()[len(variants) :]:
         ax.axis("off")
     axes[0, 0].legend(fontsize=5, loc="lower left", markerscale=2)
-    fig.suptitle(f"{name}: origins (dots), destinations (x), candidates (grey), chosen stops (red stars)",
-                 fontsize=9)
+    fig.suptitle(f"{name}: origins (dots), destinations (x), candidates (grey), chosen stops (red stars)", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -168,12 +184,19 @@ def tradeoff_figure(rows: list[dict]):
     lam = {v: lam_of(v) for v in frame.index if lam_of(v) is not None}
     order = sorted(lam, key=lam.get)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    series = [(c, c.replace("_", " ")) for c in frame.columns
-              if c.endswith("_jr_beta_hat") and c.startswith("gadget_")]
-    series += [(c, c.replace("_", " ")) for c in ("city_jr_beta_hat_max", "city_core_t2_a2_max",
-                                                  "city_core_t3_a1_max", "city_core_t3_a2_max",
-                                                  "adversarial_jr_max", "adversarial_core_t2_a2_max")
-                                                  if c in frame]
+    series = [(c, c.replace("_", " ")) for c in frame.columns if c.endswith("_jr_beta_hat") and c.startswith("gadget_")]
+    series += [
+        (c, c.replace("_", " "))
+        for c in (
+            "city_jr_beta_hat_max",
+            "city_core_t2_a2_max",
+            "city_core_t3_a1_max",
+            "city_core_t3_a2_max",
+            "adversarial_jr_max",
+            "adversarial_core_t2_a2_max",
+        )
+        if c in frame
+    ]
     for c, label in series:
         axes[0].plot([lam[v] for v in order], frame.loc[order, c], "o-", label=label)
     axes[0].axhline(JR_BOUND, color="k", ls="--", lw=0.8, label="1 + √2")
@@ -193,8 +216,11 @@ def tradeoff_figure(rows: list[dict]):
             if pd.notna(frame.loc[v, xcol]) and pd.notna(frame.loc[v, ycol]):
                 axes[2].scatter(frame.loc[v, xcol], frame.loc[v, ycol], color=f"C{i}", s=30)
                 axes[2].annotate(v, (frame.loc[v, xcol], frame.loc[v, ycol]), fontsize=7)
-        axes[2].set(xlabel=xcol.replace("_", " ") + " (β̂)", ylabel=ycol.replace("_", " ") + " (km)",
-                    title="JR (adversarial) vs social cost, means over seeds")
+        axes[2].set(
+            xlabel=xcol.replace("_", " ") + " (β̂)",
+            ylabel=ycol.replace("_", " ") + " (km)",
+            title="JR (adversarial) vs social cost, means over seeds",
+        )
     fig.tight_layout()
     return fig
 
@@ -208,12 +234,18 @@ def jr_distribution_figure(metrics: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(variants)), 4.2))
     rng = np.random.default_rng(0)
     for i, v in enumerate(variants):
-        for j, (fam, marker) in enumerate((("city", "o"), ("user", "o"), ("gadget", "s"),
-                                           ("adversarial_step", "."))):
+        for j, (fam, marker) in enumerate((("city", "o"), ("user", "o"), ("gadget", "s"), ("adversarial_step", "."))):
             y = d[(d.variant == v) & (d.family == fam)].jr_beta_hat.to_numpy()
             if len(y):
-                ax.scatter(i + 0.18 * (j - 1.5) + rng.uniform(-0.05, 0.05, len(y)), y, s=8, marker=marker,
-                           color=f"C{j}", alpha=0.5, label=fam if i == 0 else None)
+                ax.scatter(
+                    i + 0.18 * (j - 1.5) + rng.uniform(-0.05, 0.05, len(y)),
+                    y,
+                    s=8,
+                    marker=marker,
+                    color=f"C{j}",
+                    alpha=0.5,
+                    label=fam if i == 0 else None,
+                )
     ax.axhline(JR_BOUND, color="k", ls="--", lw=0.8, label="1 + √2")
     ax.set_yscale("log")
     ax.set_xticks(range(len(variants)), variants, rotation=30, fontsize=8)
@@ -225,8 +257,7 @@ def jr_distribution_figure(metrics: pd.DataFrame):
 
 def make_plots(p: Params, values, artifacts: dict, instances: pd.DataFrame) -> dict:
     metrics = frame(artifacts)
-    figs = {"jr_core_tradeoff": tradeoff_figure(seed_rows(metrics)),
-            "jr_distribution": jr_distribution_figure(metrics)}
+    figs = {"jr_core_tradeoff": tradeoff_figure(seed_rows(metrics)), "jr_distribution": jr_distribution_figure(metrics)}
     m = map_figure(instances, metrics, p)
     if m is not None:
         figs["stop_maps"] = m

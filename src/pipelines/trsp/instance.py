@@ -5,6 +5,7 @@ Everything is held as distances, so the algorithms and the violation measures ne
 ``c[p, q]`` between candidate stops. An agent's cost under a stop set S is
 ``min(walk_i, min_{p, q in S} ds[i, p] + c[p, q] + dt[i, q])`` (p = q allowed; it never beats walking in a
 metric space, by the triangle inequality)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,13 +20,13 @@ class InstanceError(ValueError):
 
 @dataclass
 class Instance:
-    ds: np.ndarray          # (n, m) d(s_i, l)
-    dt: np.ndarray          # (n, m) d(l, t_i)
-    walk: np.ndarray        # (n,)  d(s_i, t_i)
-    c: np.ndarray           # (m, m) shuttle cost between stops, c[p, p] = 0
+    ds: np.ndarray  # (n, m) d(s_i, l)
+    dt: np.ndarray  # (n, m) d(l, t_i)
+    walk: np.ndarray  # (n,)  d(s_i, t_i)
+    c: np.ndarray  # (m, m) shuttle cost between stops, c[p, p] = 0
     k: int
     name: str = "instance"
-    groups: np.ndarray | None = None            # (n,) group label per agent (reporting only)
+    groups: np.ndarray | None = None  # (n,) group label per agent (reporting only)
     coords: dict = field(default_factory=dict)  # optional coordinates for plots: s, t (n, 2), cand (m, 2)
 
     def __post_init__(self) -> None:
@@ -36,8 +37,9 @@ class Instance:
         n, m = self.ds.shape
         bad = None
         if self.dt.shape != (n, m) or self.walk.shape != (n,) or self.c.shape != (m, m):
-            bad = (f"shapes ds {self.ds.shape}, dt {self.dt.shape}, walk {self.walk.shape}, c {self.c.shape} "
-                   "do not agree")
+            bad = (
+                f"shapes ds {self.ds.shape}, dt {self.dt.shape}, walk {self.walk.shape}, c {self.c.shape} do not agree"
+            )
         elif n < 1 or m < 2:
             bad = f"{n} agents and {m} candidate stops (need >= 1 and >= 2)"
         elif not all(np.isfinite(a).all() for a in (self.ds, self.dt, self.walk, self.c)):
@@ -116,27 +118,59 @@ def minkowski(a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:
     if metric == "l1":
         return diff.sum(-1)
     if metric == "l2":
-        return np.sqrt((diff ** 2).sum(-1))
+        return np.sqrt((diff**2).sum(-1))
     raise ValueError(f"metric {metric!r}: use 'l1' or 'l2'")
 
 
-def from_points(s: np.ndarray, t: np.ndarray, cand: np.ndarray, k: int, gamma: float, metric: str,
-                name: str = "instance", groups: np.ndarray | None = None) -> Instance:
+def from_points(
+    s: np.ndarray,
+    t: np.ndarray,
+    cand: np.ndarray,
+    k: int,
+    gamma: float,
+    metric: str,
+    name: str = "instance",
+    groups: np.ndarray | None = None,
+) -> Instance:
     """An instance in the plane: shuttle cost γ·d(p, q) (γ = 0: a free shuttle)."""
     s, t, cand = (np.asarray(a, float) for a in (s, t, cand))
     walk = np.diag(minkowski(s, t, metric)) if len(s) else np.zeros(0)
-    return Instance(ds=minkowski(s, cand, metric), dt=minkowski(t, cand, metric), walk=walk,
-                    c=gamma * minkowski(cand, cand, metric), k=int(k), name=name, groups=groups,
-                    coords={"s": s, "t": t, "cand": cand})
+    return Instance(
+        ds=minkowski(s, cand, metric),
+        dt=minkowski(t, cand, metric),
+        walk=walk,
+        c=gamma * minkowski(cand, cand, metric),
+        k=int(k),
+        name=name,
+        groups=groups,
+        coords={"s": s, "t": t, "cand": cand},
+    )
 
 
-def from_metric(D: np.ndarray, s_idx, t_idx, cand_idx, k: int, gamma: float = 0.0,
-                c: np.ndarray | None = None, name: str = "instance", groups: np.ndarray | None = None,
-                coords: dict | None = None) -> Instance:
+def from_metric(
+    D: np.ndarray,
+    s_idx,
+    t_idx,
+    cand_idx,
+    k: int,
+    gamma: float = 0.0,
+    c: np.ndarray | None = None,
+    name: str = "instance",
+    groups: np.ndarray | None = None,
+    coords: dict | None = None,
+) -> Instance:
     """An instance on the points of a general metric ``D`` (e.g. shortest paths in a road graph): agents
     travel s_idx[i] → t_idx[i], stops are cand_idx; shuttle cost ``c`` or γ·D between stops."""
     D = np.asarray(D, float)
     s_idx, t_idx, cand_idx = (np.asarray(a, int) for a in (s_idx, t_idx, cand_idx))
     cc = gamma * D[np.ix_(cand_idx, cand_idx)] if c is None else np.asarray(c, float)
-    return Instance(ds=D[np.ix_(s_idx, cand_idx)], dt=D[np.ix_(cand_idx, t_idx)].T, walk=D[s_idx, t_idx],
-                    c=cc, k=int(k), name=name, groups=groups, coords=coords or {})
+    return Instance(
+        ds=D[np.ix_(s_idx, cand_idx)],
+        dt=D[np.ix_(cand_idx, t_idx)].T,
+        walk=D[s_idx, t_idx],
+        c=cc,
+        k=int(k),
+        name=name,
+        groups=groups,
+        coords=coords or {},
+    )

@@ -5,6 +5,7 @@ such a group of size g exists exactly when β is below the g-th largest ratio co
 smallest β for which S is β-fair is max(1, max_T g-th largest ratio). JR: T a pair, g = ⌈f·n/k⌉ (f = 2 by
 default: a pair costs two of the k stops). Core: g = ⌈α·|T|·n/k⌉; |T| = 2 over all pairs (exact) and
 |T| = 3 over the triples of a shortlist of candidates (a lower bound)."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,8 @@ import numpy as np
 
 from pipelines.trsp.instance import Instance, pair_table
 
-RTOL = 1e-9          # ratios within this of 1 are "no improvement" (ties are not violations)
-CHUNK = 4_000_000    # ratio entries held at once (full scale: m²·n ≈ 1e9 does not fit)
+RTOL = 1e-9  # ratios within this of 1 are "no improvement" (ties are not violations)
+CHUNK = 4_000_000  # ratio entries held at once (full scale: m²·n ≈ 1e9 does not fit)
 
 
 def group_size(factor: float, n: int, k: int) -> int:
@@ -49,7 +50,7 @@ def factor(cost_S: np.ndarray, devs: np.ndarray, walk: np.ndarray, g: int) -> tu
     best, arg = -np.inf, -1
     step = max(1, CHUNK // max(n, 1))
     for a in range(0, P, step):
-        cost_T = np.minimum(walk[:, None], devs[:, a:a + step])
+        cost_T = np.minimum(walk[:, None], devs[:, a : a + step])
         b = _blocking(cost_S, cost_T, g)
         j = int(np.argmax(b))
         if b[j] > best:
@@ -92,13 +93,13 @@ def core_t3(inst: Instance, S, alpha: float, short: np.ndarray) -> float:
     g = group_size(3 * alpha, inst.n, inst.k)
     if g > inst.n or len(short) < 3:
         return 1.0
-    sub = inst.sub_routes(short)                                   # (n, s, s)
+    sub = inst.sub_routes(short)  # (n, s, s)
     triples = np.array(list(combinations(range(len(short)), 3)))
     cost_S = inst.cost(S)
     best = 1.0
     step = max(1, CHUNK // (9 * inst.n))
     for a in range(0, len(triples), step):
-        tr = triples[a:a + step]
+        tr = triples[a : a + step]
         # every ordered pair (incl. p = q) within the triple: 9 rides
         rides = np.stack([sub[:, tr[:, x], tr[:, y]] for x in range(3) for y in range(3)], 0).min(0)
         b = _blocking(cost_S, np.minimum(inst.walk[:, None], rides), g)

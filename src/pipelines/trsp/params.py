@@ -1,17 +1,26 @@
 """Typed parameters of `trsp`: node functions take `Params` as a type hint, Kedro validates it before
 any node runs, and a bad value stops the command with one line naming the key."""
+
 from __future__ import annotations
 
 import re
 from typing import ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from pipelines.core.params import MethodParams, Strict
+from pipelines.core.api import MethodParams, Strict
 
 FIXED_VARIANTS = ("eca", "gc_trsp", "pair_gc", "kmedian", "random", "busiest", "eca_nofill", "pair_gc_nofill")
-HYBRID_RE = re.compile(r"^hybrid_(\d{2,3})$")     # hybrid_25 → λ = 0.25
+HYBRID_RE = re.compile(r"^hybrid_(\d{2,3})$")  # hybrid_25 → λ = 0.25
 
 
 def hybrid_lambda(variant: str) -> float | None:
@@ -22,6 +31,7 @@ def hybrid_lambda(variant: str) -> float | None:
 
 class City(Strict):
     """The seeded small-market carpool city (README: "Data")."""
+
     enabled: bool = True
     n_agents: int = Field(ge=8, le=20000)
     plane_km: PositiveFloat
@@ -72,6 +82,7 @@ class City(Strict):
 
 class Gadget(Strict):
     """The A → B versus C_j → D_j family (README: "Data")."""
+
     enabled: bool = True
     walk_ab_km: PositiveFloat
     walk_cd_km: list[float] = Field(min_length=1)
@@ -91,10 +102,11 @@ class Gadget(Strict):
 class User(Strict):
     """Full env: the user's trips (and optionally candidate stops and a road graph), checked against their
     schemas before any placement."""
-    agents_path: str                       # .csv or .parquet: sx, sy, tx, ty (km), optional group
-    candidates_path: str | None = None     # .csv or .parquet: x, y (km); none: k-means++ centres + grid
-    graph_nodes_path: str | None = None    # road graph: node (int), x, y (km); points snap to the nearest node
-    graph_edges_path: str | None = None    # road graph: u, v (int node ids), length_km; shortest paths = metric
+
+    agents_path: str  # .csv or .parquet: sx, sy, tx, ty (km), optional group
+    candidates_path: str | None = None  # .csv or .parquet: x, y (km); none: k-means++ centres + grid
+    graph_nodes_path: str | None = None  # road graph: node (int), x, y (km); points snap to the nearest node
+    graph_edges_path: str | None = None  # road graph: u, v (int node ids), length_km; shortest paths = metric
 
     @model_validator(mode="after")
     def _graph(self):
@@ -131,9 +143,10 @@ class Core(Strict):
 
 class Adversarial(Strict):
     """Hill-climbing on instance coordinates against the JR proxy (card: "Adversarial search")."""
+
     variants: list[str]
-    objectives: list[Literal["jr", "core"]] = Field(min_length=1)   # the proxy each search climbs
-    starts: list[Literal["clustered", "hubs"]] = Field(min_length=1)   # start kinds, cycled over restarts
+    objectives: list[Literal["jr", "core"]] = Field(min_length=1)  # the proxy each search climbs
+    starts: list[Literal["clustered", "hubs"]] = Field(min_length=1)  # start kinds, cycled over restarts
     restarts: NonNegativeInt
     steps: NonNegativeInt
     n_min: int = Field(ge=4)
@@ -156,20 +169,22 @@ class Adversarial(Strict):
 
 
 class Params(MethodParams):
-    USER_FILES: ClassVar[dict[str, str]] = {"data.user.agents_path": "parquet",
-                                            "data.user.candidates_path": "parquet",
-                                            "data.user.graph_nodes_path": "parquet",
-                                            "data.user.graph_edges_path": "parquet"}
+    USER_FILES: ClassVar[dict[str, str]] = {
+        "data.user.agents_path": "parquet",
+        "data.user.candidates_path": "parquet",
+        "data.user.graph_nodes_path": "parquet",
+        "data.user.graph_edges_path": "parquet",
+    }
     metric: Literal["l1", "l2"]
-    deviation: Literal["set", "ordered"]            # what a JR group proposes (README: "Definitions")
-    jr_group_factor: float = Field(gt=0, le=10)     # JR groups have ⌈f·n/k⌉ agents (bound claims: f >= 2)
-    variants: list[str] = Field(min_length=1)       # one train.<variant> node each
+    deviation: Literal["set", "ordered"]  # what a JR group proposes (README: "Definitions")
+    jr_group_factor: float = Field(gt=0, le=10)  # JR groups have ⌈f·n/k⌉ agents (bound claims: f >= 2)
+    variants: list[str] = Field(min_length=1)  # one train.<variant> node each
     data: Data
     kmedian: KMedian
     random_draws: int = Field(ge=1, le=1000)
     core: Core
     adversarial: Adversarial
-    plot_seed: int | None = None         # the seed whose extra plots/bootstrap are drawn (None: the first seed)
+    plot_seed: int | None = None  # the seed whose extra plots/bootstrap are drawn (None: the first seed)
     plot_k: int = Field(ge=2)
 
     @field_validator("jr_group_factor")
@@ -180,12 +195,17 @@ class Params(MethodParams):
         f < 2 (a legitimate convention to measure, e.g. the card's n/k) a group can be left unserved when the
         budget runs out, so a claim on ``jr_bound_violations`` would test a bound that does not hold."""
         if f < 2:
-            bound = [c.id for c in [*info.data.get("gates", []), *info.data.get("claims", [])]
-                     if "jr_bound_violations" in c.metric]
+            bound = [
+                c.id
+                for c in [*info.data.get("gates", []), *info.data.get("claims", [])]
+                if "jr_bound_violations" in c.metric
+            ]
             if bound:
-                raise ValueError(f"{f:g} < 2, but the 1 + √2 JR bound claimed by {bound} holds only for f >= 2 "
-                                 "(the proof's budget step: ⌊n/g⌋ pairs fit in k stops only when g >= 2n/k); "
-                                 "with f < 2 declare claims without jr_bound_violations in an env")
+                raise ValueError(
+                    f"{f:g} < 2, but the 1 + √2 JR bound claimed by {bound} holds only for f >= 2 "
+                    "(the proof's budget step: ⌊n/g⌋ pairs fit in k stops only when g >= 2n/k); "
+                    "with f < 2 declare claims without jr_bound_violations in an env"
+                )
         return f
 
     @field_validator("variants")
@@ -194,8 +214,9 @@ class Params(MethodParams):
         for x in v:
             lam = hybrid_lambda(x)
             if x not in FIXED_VARIANTS and (lam is None or not 0 <= lam <= 1):
-                raise ValueError(f"unknown variant {x!r}: use {FIXED_VARIANTS} or hybrid_<100·λ> "
-                                 "with λ in [0, 1], e.g. hybrid_50")
+                raise ValueError(
+                    f"unknown variant {x!r}: use {FIXED_VARIANTS} or hybrid_<100·λ> with λ in [0, 1], e.g. hybrid_50"
+                )
         return v
 
     @model_validator(mode="after")
@@ -205,7 +226,7 @@ class Params(MethodParams):
             raise ValueError(f"adversarial.variants: {bad} are not in variants {self.variants}")
         if "random" in self.adversarial.variants:
             raise ValueError("adversarial.variants: 'random' has no deterministic solution to attack")
-        if self.plot_seed is None:      # defaults from seeds, so a sweep over seeds needs no plot_seed
+        if self.plot_seed is None:  # defaults from seeds, so a sweep over seeds needs no plot_seed
             object.__setattr__(self, "plot_seed", self.seeds[0])
         elif self.plot_seed not in self.seeds:
             raise ValueError(f"plot_seed: {self.plot_seed} is not one of seeds {self.seeds}")
@@ -221,9 +242,11 @@ class Params(MethodParams):
         for kind, c in [*(("gate", g) for g in self.gates), *(("claim", c) for c in self.claims)]:
             problem = self.unplanned(c.metric)
             if problem:
-                raise ValueError(f"{kind} '{c.id}': metric '{c.metric}' {problem}; a run without it declares its "
-                                 f"own {kind}s in an env (conf/<env>/parameters_trsp.yml, see "
-                                 "src/pipelines/trsp/README.md)")
+                raise ValueError(
+                    f"{kind} '{c.id}': metric '{c.metric}' {problem}; a run without it declares its "
+                    f"own {kind}s in an env (conf/<env>/parameters_trsp.yml, see "
+                    "src/pipelines/trsp/README.md)"
+                )
         return self
 
     def unplanned(self, metric: str) -> str | None:

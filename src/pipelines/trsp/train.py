@@ -2,6 +2,7 @@
 (city × (k, γ), gadgets, user data), measures each solution (social cost, exact JR factor, core factors)
 and, for the variants listed in ``adversarial.variants``, runs the adversarial hill-climbing search
 against the JR proxy. A failure names the variant and the instance that caused it."""
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.spec import Results, json_records
+from pipelines.core.api import Results, json_records, node_setup
 from pipelines.trsp import algorithms as A
 from pipelines.trsp import measures as Ms
 from pipelines.trsp.data import to_instances
@@ -35,7 +35,7 @@ def solve(inst: Instance, variant: str, p: Params, rng: np.random.Generator) -> 
         return A.hybrid(inst, lam, mode, f)
     if variant == "eca":
         return A.eca(inst, mode, f)
-    if variant in ("eca_nofill", "pair_gc_nofill"):   # ablation: the expansion's own stops, no leftover fill
+    if variant in ("eca_nofill", "pair_gc_nofill"):  # ablation: the expansion's own stops, no leftover fill
         combos = variant == "eca_nofill"
         return A.expanding(inst, inst.k, mode, f, use_walk=combos, use_combos=combos).stops
     if variant == "gc_trsp":
@@ -54,11 +54,14 @@ def solve(inst: Instance, variant: str, p: Params, rng: np.random.Generator) -> 
 def measure(inst: Instance, S: list[int], p: Params, core: bool) -> dict[str, float]:
     """Per-solution metrics; the core factors only when ``core`` (t3: a lower bound on a shortlist)."""
     cost = inst.cost(S)
-    out = {"n_stops": float(len(S)), "social_cost_mean": float(cost.mean()),
-           "social_cost_p90": float(np.quantile(cost, 0.9)),
-           "frac_using_shuttle": float(np.mean(cost < inst.walk - 1e-12)),
-           "walk_mean": float(inst.walk.mean()),
-           "jr_beta_hat": Ms.jr_factor(inst, S, p.deviation, p.jr_group_factor)}
+    out = {
+        "n_stops": float(len(S)),
+        "social_cost_mean": float(cost.mean()),
+        "social_cost_p90": float(np.quantile(cost, 0.9)),
+        "frac_using_shuttle": float(np.mean(cost < inst.walk - 1e-12)),
+        "walk_mean": float(inst.walk.mean()),
+        "jr_beta_hat": Ms.jr_factor(inst, S, p.deviation, p.jr_group_factor),
+    }
     if inst.groups is not None and (inst.groups == "minority").any():
         out["minority_cost_mean"] = float(cost[inst.groups == "minority"].mean())
     if core:
@@ -92,11 +95,11 @@ def place(inst: Instance, meta: dict, variant: str, p: Params, rng: np.random.Ge
         S = _checked(variant, inst.name, solve, inst, variant, p, rng)
         runtime = time.perf_counter() - t0
         if len(S) > inst.k or len(set(S)) != len(S):
-            raise PlacementError(f"trsp.train.{variant}: instance '{inst.name}': {len(S)} stops {S} "
-                                 f"for a budget of k = {inst.k}")
+            raise PlacementError(
+                f"trsp.train.{variant}: instance '{inst.name}': {len(S)} stops {S} for a budget of k = {inst.k}"
+            )
         m = _checked(variant, inst.name, measure, inst, S, p, variant != "random")
-        rows.append({**meta, "variant": variant, "draw": d, "stops": " ".join(map(str, S)),
-                     "runtime_s": runtime, **m})
+        rows.append({**meta, "variant": variant, "draw": d, "stops": " ".join(map(str, S)), "runtime_s": runtime, **m})
     return rows
 
 
@@ -115,7 +118,7 @@ def adversarial_start(rng: np.random.Generator, a, kind: str = "clustered") -> d
         s = H[rng.integers(0, h, n)] + rng.normal(0, 0.05, (n, 2))
         t = H[rng.integers(0, h, n)] + rng.normal(0, 0.05, (n, 2))
         i, j = np.triu_indices(h, 1)
-        cand = np.vstack([H, (H[i] + H[j]) / 2, rng.uniform(0, L, (a.m, 2))])[:a.m]
+        cand = np.vstack([H, (H[i] + H[j]) / 2, rng.uniform(0, L, (a.m, 2))])[: a.m]
         return {"s": s, "t": t, "cand": cand, "k": k, "gamma": gamma}
     src, dst = rng.uniform(0, L, (3, 2)), rng.uniform(0, L, (3, 2))
     s = src[rng.integers(0, 3, n)] + rng.normal(0, 0.1 * L, (n, 2))
@@ -150,7 +153,7 @@ def adversarial_search(variant: str, p: Params, seed: int, objective: str = "jr"
         for step in range(a.steps + 1):
             if step == 0:
                 cand_state = state
-            else:   # move one point: a Gaussian step, or part of the way towards a point of its kind
+            else:  # move one point: a Gaussian step, or part of the way towards a point of its kind
                 key = ("s", "t", "cand")[int(prop.integers(0, 3))]
                 x = state[key].copy()
                 i, j = prop.integers(0, len(x), 2)
@@ -168,14 +171,35 @@ def adversarial_search(variant: str, p: Params, seed: int, objective: str = "jr"
                 jr = _checked(variant, where, Ms.jr_factor, inst, S, p.deviation, p.jr_group_factor)
                 core = _checked(variant, where, Ms.core_t2, inst, S, 2.0)
                 best_jr, best_core = max(best_jr, jr), max(best_core, core)
-                last = {"instance": name, "family": "adversarial_step", "objective": objective, "seed": seed,
-                        "k": state["k"], "gamma": state["gamma"], "param": float(step), "variant": variant,
-                        "draw": step, "stops": " ".join(map(str, S)), "jr_beta_hat": jr, "core_t2_a2": core,
-                        "proxy": proxy, "n_agents": float(inst.n)}
+                last = {
+                    "instance": name,
+                    "family": "adversarial_step",
+                    "objective": objective,
+                    "seed": seed,
+                    "k": state["k"],
+                    "gamma": state["gamma"],
+                    "param": float(step),
+                    "variant": variant,
+                    "draw": step,
+                    "stops": " ".join(map(str, S)),
+                    "jr_beta_hat": jr,
+                    "core_t2_a2": core,
+                    "proxy": proxy,
+                    "n_agents": float(inst.n),
+                }
                 rows.append(last)
         if last is not None:
-            rows.append({**last, "family": "adversarial", "param": float(a.steps), "draw": 0,
-                         "jr_beta_hat": best_jr, "core_t2_a2": best_core, "proxy": best})
+            rows.append(
+                {
+                    **last,
+                    "family": "adversarial",
+                    "param": float(a.steps),
+                    "draw": 0,
+                    "jr_beta_hat": best_jr,
+                    "core_t2_a2": best_core,
+                    "proxy": best,
+                }
+            )
     return rows
 
 

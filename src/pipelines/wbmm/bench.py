@@ -8,6 +8,7 @@ ratios would compare different minutes of a shared machine.
 
 Only ratios from one run are meant to be compared: absolute times depend on the machine and its load.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,12 +23,17 @@ import pandas as pd
 import torch
 from torch import nn
 
-from pipelines.core.metrics import interleaved_timing
-from pipelines.core.runtime import node_setup
-from pipelines.core.training import fit
+from pipelines.core.api import fit, interleaved_timing, node_setup
 from pipelines.wbmm.model import build_net
-from pipelines.wbmm.ops import WBMM, WindowAttention, build_matrix, relative_index, unfold_dwconv, window_partition, \
-    window_reverse
+from pipelines.wbmm.ops import (
+    WBMM,
+    WindowAttention,
+    build_matrix,
+    relative_index,
+    unfold_dwconv,
+    window_partition,
+    window_reverse,
+)
 from pipelines.wbmm.params import Params
 from pipelines.wbmm.train import cross_entropy, prepare, timing_clock
 
@@ -48,22 +54,34 @@ def tune_malloc() -> dict[str, object]:
         ok_trim = bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
         return {"malloc_tuned": False, "libc": str(name)}
-    return {"malloc_tuned": ok_mmap and ok_trim, "libc": str(name), "mmap_threshold": MMAP_THRESHOLD,
-            "trim_threshold": TRIM_THRESHOLD}
+    return {
+        "malloc_tuned": ok_mmap and ok_trim,
+        "libc": str(name),
+        "mmap_threshold": MMAP_THRESHOLD,
+        "trim_threshold": TRIM_THRESHOLD,
+    }
 
 
 def backend_info(device: torch.device) -> dict[str, object]:
     """Versions and flags the DW path depends on (torch switches DW algorithms by k and backend)."""
     info: dict[str, object] = {
-        "torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()),
     }
     for line in torch.__config__.show().splitlines():
         if "MKL-DNN" in line or "oneDNN" in line:
             info["onednn"] = line.strip().lstrip("- ")
     if device.type == "cuda":
-        info.update({"gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version(), "cudnn_benchmark": torch.backends.cudnn.benchmark})
+        info.update(
+            {
+                "gpu": torch.cuda.get_device_name(device),
+                "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version(),
+                "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            }
+        )
     return info
 
 
@@ -118,9 +136,11 @@ def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tenso
         index = relative_index(param, device=dev)
         return lambda: build_matrix(table, index)
     if op == "wbmm_reshape":
+
         def reshape() -> torch.Tensor:
             xw, shape = window_partition(x, param)
             return window_reverse(xw, param, x.shape[0], shape)
+
         return reshape
     if op == "unfold":
         weight = nn.Parameter(torch.randn(c, 1, param, param, device=dev, dtype=dt) * 0.1)
@@ -131,6 +151,7 @@ def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tenso
         def unfold_step() -> None:
             weight.grad, xg.grad = None, None
             unfold_dwconv(xg, weight).backward(grad)
+
         return unfold_step
     if op == "dw":
         mod: nn.Module = nn.Conv2d(c, c, param, padding=param // 2, groups=c, bias=False)
@@ -154,11 +175,13 @@ def _callable(op: str, param: int, mode: str, x: torch.Tensor, grad: torch.Tenso
             prm.grad = None
         xg.grad = None
         mod(xg).backward(grad)
+
     return step
 
 
-def inner_count(fn: Callable[[], object], sync: Callable[[], None], clock: str, min_sample_s: float,
-                max_inner: int) -> int:
+def inner_count(
+    fn: Callable[[], object], sync: Callable[[], None], clock: str, min_sample_s: float, max_inner: int
+) -> int:
     """Calls per sample: enough that one sample lasts ``min_sample_s`` (from a warm call's time), so
     sub-millisecond ops are not timed at the clock's and the scheduler's granularity."""
     tick = time.perf_counter if clock == "wall" else time.process_time
@@ -171,8 +194,9 @@ def inner_count(fn: Callable[[], object], sync: Callable[[], None], clock: str, 
     return int(min(max_inner, max(1, math.ceil(min_sample_s / max(t, 1e-9)))))
 
 
-def time_group(calls: dict, sync: Callable[[], None], clock: str, rounds: int, warmup: int,
-               min_sample_s: float, max_inner: int) -> dict:
+def time_group(
+    calls: dict, sync: Callable[[], None], clock: str, rounds: int, warmup: int, min_sample_s: float, max_inner: int
+) -> dict:
     """``{key: (seconds per call, one value per round), inner}`` for calls timed together in interleaved
     rounds; each sample repeats its call ``inner`` times (per call, from :func:`inner_count`)."""
     inner = {k: inner_count(fn, sync, clock, min_sample_s, max_inner) for k, fn in calls.items()}
@@ -191,8 +215,7 @@ def run_benchmark(grid: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, dict]:
     return pd.DataFrame(results), env
 
 
-def _time_grid(grid: pd.DataFrame, p: Params, device: torch.device, sync: Callable[[], None],
-               clock: str) -> list[dict]:
+def _time_grid(grid: pd.DataFrame, p: Params, device: torch.device, sync: Callable[[], None], clock: str) -> list[dict]:
     b_ = p.bench
     results = []
     for (dtype, b, c, h), rows in grid.groupby(["dtype", "batch", "channels", "size"], sort=False):
@@ -202,8 +225,9 @@ def _time_grid(grid: pd.DataFrame, p: Params, device: torch.device, sync: Callab
         x = torch.randn(b, c, h, h, generator=gen).to(device=device, dtype=dt)
         grad = torch.randn(b, c, h, h, generator=gen).to(device=device, dtype=dt)
         torch.manual_seed(seed)  # module initialisations
-        calls = {(r.op, int(r.param), r.mode): _callable(r.op, int(r.param), r.mode, x, grad)
-                 for r in rows.itertuples()}
+        calls = {
+            (r.op, int(r.param), r.mode): _callable(r.op, int(r.param), r.mode, x, grad) for r in rows.itertuples()
+        }
         timed = {}
         for mode in dict.fromkeys(k[2] for k in calls):  # fwd under no_grad, fwd+bwd with autograd
             group = {k: v for k, v in calls.items() if k[2] == mode}
@@ -211,9 +235,21 @@ def _time_grid(grid: pd.DataFrame, p: Params, device: torch.device, sync: Callab
                 timed.update(time_group(group, sync, clock, b_.rounds, b_.warmup, b_.min_sample_s, b_.max_inner))
         for (op, param, mode), (secs, inner) in timed.items():
             for r, s in enumerate(secs):
-                results.append({"dtype": dtype, "batch": int(b), "channels": int(c), "size": int(h), "op": op,
-                                "param": param, "mode": mode, "round": r, "seconds": float(s), "inner": inner,
-                                "threads": torch.get_num_threads()})
+                results.append(
+                    {
+                        "dtype": dtype,
+                        "batch": int(b),
+                        "channels": int(c),
+                        "size": int(h),
+                        "op": op,
+                        "param": param,
+                        "mode": mode,
+                        "round": r,
+                        "seconds": float(s),
+                        "inner": inner,
+                        "threads": torch.get_num_threads(),
+                    }
+                )
         del calls, x, grad
     return results
 
@@ -228,11 +264,12 @@ def train_speed(images: dict, p: Params) -> pd.DataFrame:
         return _train_speed(images, p, device, sync, clock, threads)
 
 
-def _train_speed(images: dict, p: Params, device: torch.device, sync: Callable[[], None], clock: str,
-                 threads: int) -> pd.DataFrame:
+def _train_speed(
+    images: dict, p: Params, device: torch.device, sync: Callable[[], None], clock: str, threads: int
+) -> pd.DataFrame:
     a, seed = p.acc, p.seeds[0]
     xtr, ytr, _, yte, n_classes = prepare(images[str(seed)], device)
-    xb, yb = xtr[:a.batch_size], ytr[:a.batch_size]
+    xb, yb = xtr[: a.batch_size], ytr[: a.batch_size]
     fns = {}
     for variant, pattern in a.variants.items():
         torch.manual_seed(seed)
@@ -240,9 +277,25 @@ def _train_speed(images: dict, p: Params, device: torch.device, sync: Callable[[
         opt = torch.optim.AdamW(net.parameters(), lr=a.lr, weight_decay=a.weight_decay)
 
         def step(net: nn.Module = net, opt: torch.optim.Optimizer = opt, desc: str = f"{variant} step") -> None:
-            fit(net, (xb, yb), cross_entropy, epochs=1, batch_size=None, optimizer=lambda _params: opt,
-                grad_clip=None, seed=seed, progress=False, desc=desc)
+            fit(
+                net,
+                (xb, yb),
+                cross_entropy,
+                epochs=1,
+                batch_size=None,
+                optimizer=lambda _params: opt,
+                grad_clip=None,
+                seed=seed,
+                progress=False,
+                desc=desc,
+            )
+
         fns[variant] = step
     times = interleaved_timing(fns, rounds=a.speed_rounds, warmup=a.speed_warmup, sync=sync, clock=clock)
-    return pd.DataFrame([{"variant": v, "round": r, "seconds": float(s), "batch_size": len(yb), "clock": clock,
-                          "threads": threads} for v, ts in times.items() for r, s in enumerate(ts)])
+    return pd.DataFrame(
+        [
+            {"variant": v, "round": r, "seconds": float(s), "batch_size": len(yb), "clock": clock, "threads": threads}
+            for v, ts in times.items()
+            for r, s in enumerate(ts)
+        ]
+    )

@@ -1,6 +1,7 @@
 """Inputs of `wbmm`: the benchmark grid (random tensors are drawn, seeded, in the benchmark node) and the
 images of the accuracy check: sklearn's bundled digits (8×8, bilinearly upsampled) or a user .npz, which
 is checked (arrays, columns, dtypes, sizes) before any training."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,7 +11,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.wbmm.ops import unfold_buffer_mb
 from pipelines.wbmm.params import Params
 
@@ -26,13 +27,11 @@ def make_grid(p: Params) -> pd.DataFrame:
         ops += [("unfold", k) for k in b_.unfold_kernels if unfold_buffer_mb(b, c, h, k) <= b_.unfold_max_mb]
         ops += [("attn", w) for w in b_.attn_windows]
         for (op, param), mode in itertools.product(ops, b_.modes):
-            rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": op, "param": param,
-                         "mode": mode})
+            rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": op, "param": param, "mode": mode})
         # the two parts of WBMM's forward the paper's cost discussion separates
         for w in b_.windows:
             for op in ("wbmm_build_m", "wbmm_reshape"):
-                rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": op, "param": w,
-                             "mode": "fwd"})
+                rows.append({"dtype": dtype, "batch": b, "channels": c, "size": h, "op": op, "param": w, "mode": "fwd"})
     return pd.DataFrame(rows)
 
 
@@ -44,10 +43,18 @@ def _resize(t: torch.Tensor, size: int) -> torch.Tensor:
     return t.contiguous()
 
 
-SPLIT_SCHEMAS = {s: TableSchema("wbmm.acc.data_path", {f"x_{s}": "array[number]", f"y_{s}": "int"},
-                                 min_rows=2 if s == "train" else 1, no_missing=(f"y_{s}",), finite=(f"x_{s}",),
-                                 ranges={f"y_{s}": (0, None)}, item="array")
-                 for s in SPLITS}        # labels 0..K-1: K is their max + 1
+SPLIT_SCHEMAS = {
+    s: TableSchema(
+        "wbmm.acc.data_path",
+        {f"x_{s}": "array[number]", f"y_{s}": "int"},
+        min_rows=2 if s == "train" else 1,
+        no_missing=(f"y_{s}",),
+        finite=(f"x_{s}",),
+        ranges={f"y_{s}": (0, None)},
+        item="array",
+    )
+    for s in SPLITS
+}  # labels 0..K-1: K is their max + 1
 
 
 def check_npz(arrays: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
@@ -60,12 +67,14 @@ def check_npz(arrays: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]
         SPLIT_SCHEMAS[s].refine(dataset=name).check(arrays)
         x, y = np.asarray(arrays[f"x_{s}"]), np.asarray(arrays[f"y_{s}"])
         if x.ndim not in (3, 4):
-            raise InputDataError(f"dataset '{name}': array 'x_{s}' should be N×H×W or N×C×H×W images, "
-                                 f"got shape {x.shape}")
+            raise InputDataError(
+                f"dataset '{name}': array 'x_{s}' should be N×H×W or N×C×H×W images, got shape {x.shape}"
+            )
         out[f"x_{s}"], out[f"y_{s}"] = x, y
     if out["x_train"].shape[1:] != out["x_test"].shape[1:]:
-        raise InputDataError(f"dataset '{name}': 'x_train' images are {out['x_train'].shape[1:]} but 'x_test' "
-                             f"{out['x_test'].shape[1:]}")
+        raise InputDataError(
+            f"dataset '{name}': 'x_train' images are {out['x_train'].shape[1:]} but 'x_test' {out['x_test'].shape[1:]}"
+        )
     return out
 
 
@@ -96,8 +105,7 @@ def make_images(p: Params) -> dict:
     y = torch.as_tensor(digits.target).long()
     out: dict[str, dict[str, torch.Tensor]] = {}
     for seed in p.seeds:
-        tr, te = train_test_split(np.arange(len(y)), test_size=a.test_size, stratify=digits.target,
-                                  random_state=seed)
-        tr, te = torch.as_tensor(tr[:a.train_limit]), torch.as_tensor(te)
+        tr, te = train_test_split(np.arange(len(y)), test_size=a.test_size, stratify=digits.target, random_state=seed)
+        tr, te = torch.as_tensor(tr[: a.train_limit]), torch.as_tensor(te)
         out[str(seed)] = {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
     return out

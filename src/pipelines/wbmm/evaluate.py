@@ -10,6 +10,7 @@ Grid summaries (``min`` / ``max`` / ``median`` over the configs, all of them or 
 the same monotone function to the per-config values and to the per-config interval ends, with each
 config's interval at confidence 1 − (1 − c)/m for m configs (Bonferroni): if every config's interval holds
 its true value, which happens with probability ≥ c, the summary's interval holds the summary's true value."""
+
 from __future__ import annotations
 
 import math
@@ -23,10 +24,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
-from pipelines.core.metrics import median_ci, ratio_ci  # noqa: E402
-from pipelines.core.plots import bar_plot  # noqa: E402
-from pipelines.core.spec import Diff, Fn  # noqa: E402
-from pipelines.core.stats import Estimate  # noqa: E402
+from pipelines.core.api import (  # noqa: E402  # noqa: E402
+    Diff,
+    Estimate,  # noqa: E402
+    Fn,
+    bar_plot,  # noqa: E402
+    median_ci,
+    ratio_ci,
+)
 from pipelines.wbmm.bench import KEYS, op_flops, padded  # noqa: E402
 from pipelines.wbmm.params import Params  # noqa: E402
 
@@ -74,10 +79,18 @@ def summary(bench: pd.DataFrame) -> pd.DataFrame:
         ms = 1e3 * float(np.median(s))
         op, param, b, c, h = rec["op"], int(rec["param"]), int(rec["batch"]), int(rec["channels"]), int(rec["size"])
         flops = op_flops(op, param, b, c, h) if rec["mode"] == "fwd" else math.nan
-        rows.append({**rec, "ms": ms, "p25_ms": 1e3 * float(np.quantile(s, 0.25)),
-                     "p75_ms": 1e3 * float(np.quantile(s, 0.75)), "rounds": len(s), "inner": int(g["inner"].iloc[0]),
-                     "padded_size": padded(h, param) if op.startswith("wbmm") or op == "attn" else h,
-                     "gflops_effective": flops / (ms * 1e-3) / 1e9})
+        rows.append(
+            {
+                **rec,
+                "ms": ms,
+                "p25_ms": 1e3 * float(np.quantile(s, 0.25)),
+                "p75_ms": 1e3 * float(np.quantile(s, 0.75)),
+                "rounds": len(s),
+                "inner": int(g["inner"].iloc[0]),
+                "padded_size": padded(h, param) if op.startswith("wbmm") or op == "attn" else h,
+                "gflops_effective": flops / (ms * 1e-3) / 1e9,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -97,8 +110,9 @@ def _put(out: dict[str, float], name: str, est: Est) -> None:
     out[name], out[f"{name}.ci_low"], out[f"{name}.ci_high"] = (float(v) for v in est)
 
 
-def summarise_grid(out: dict[str, float], prefix: str, estimate: Callable[[Cfg, float], Est],
-                   configs: list[Cfg], confidence: float) -> None:
+def summarise_grid(
+    out: dict[str, float], prefix: str, estimate: Callable[[Cfg, float], Est], configs: list[Cfg], confidence: float
+) -> None:
     """``<prefix>.<config>`` for every config, and ``<prefix>.{min,max,median}[_h_ge28]`` over the grid,
     each with its interval (module docstring: Bonferroni over the configs a summary reads)."""
     for cfg in configs:
@@ -123,7 +137,8 @@ def op_rows(bench: pd.DataFrame, p: Params, summ: pd.DataFrame | None = None) ->
         if r.op in OPS:
             name = op_variant(r.op, int(r.param))
             rows.setdefault(name, {"variant": name, "seed": p.seeds[0]})[
-                f"{r.mode}_ms_{cfg_name(r.dtype, int(r.batch), int(r.channels), int(r.size))}"] = r.ms
+                f"{r.mode}_ms_{cfg_name(r.dtype, int(r.batch), int(r.channels), int(r.size))}"
+            ] = r.ms
     return list(rows.values())
 
 
@@ -147,29 +162,34 @@ def bench_metrics(bench: pd.DataFrame, p: Params) -> tuple[list[dict], dict[str,
 
     def ratio(num: tuple, den: tuple, scale: float = 1.0) -> Callable[[Cfg, float], Est]:
         """Per config: scale · t(num) / t(den), paired round by round."""
+
         def est(cfg: Cfg, c: float) -> Est:
             a, b = t.get((*cfg, *num)), t.get((*cfg, *den))
             if a is None or b is None:
                 return NAN3
             v, lo, hi = rat_ci(a, b, c)
             return scale * v, scale * lo, scale * hi
+
         return est
 
     def slope(op: str, params: list[int], mode: str) -> Callable[[Cfg, float], Est]:
         """Per config: median over rounds of the round's log-log slope of time vs param²."""
+
         def est(cfg: Cfg, c: float) -> Est:
             ts = [t.get((*cfg, op, q, mode)) for q in params]
             if len(params) < 2 or any(x is None for x in ts):
                 return NAN3
             per_round = [loglog_slope([q * q for q in params], col) for col in np.vstack(ts).T]
             return med_ci(np.asarray(per_round), c)
+
         return est
 
     pairs = {*map(tuple, p.pairs.matched_rf), *map(tuple, p.pairs.matched_params), tuple(p.pairs.headline)}
     for w, k in sorted(pairs):
         for mode in modes:
-            summarise_grid(m, f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}", ratio(("dw", k, mode), ("wbmm", w, mode)),
-                           configs, conf)
+            summarise_grid(
+                m, f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}", ratio(("dw", k, mode), ("wbmm", w, mode)), configs, conf
+            )
     w, k = p.pairs.headline
     for mode in modes:
         for cfg in configs:  # the card's claim_w14_faster_than_dw5_H{H} per config: 1 yes, 0 no, 0.5 undecided
@@ -188,9 +208,11 @@ def bench_metrics(bench: pd.DataFrame, p: Params) -> tuple[list[dict], dict[str,
         if {13, 17} <= set(p.bench.dw_kernels):
             summarise_grid(m, f"jump_dw_k13_to_k17.{mode}", ratio(("dw", 17, mode), ("dw", 13, mode)), configs, conf)
     if {7, 14} <= set(windows) and "fwd" in modes:
+
         def gflops_ratio(cfg: Cfg, c: float) -> Est:  # GFLOP/s(w14)/GFLOP/s(w7) = F14/F7 · t(w7)/t(w14)
             f = op_flops("wbmm", 14, *cfg[1:]) / op_flops("wbmm", 7, *cfg[1:])
             return ratio(("wbmm", 7, "fwd"), ("wbmm", 14, "fwd"), f)(cfg, c)
+
         summarise_grid(m, "gflops_ratio.wbmm_w14_vs_w7", gflops_ratio, configs, conf)
     return rows, m
 
@@ -260,12 +282,17 @@ def _bench_names(p: Params, planned) -> list[str]:
     """The grid summaries a claim may name (per-config names depend on the grid)."""
     b = p.bench
     suffixes = ["", f"_h_ge{LARGE}"] if any(h >= LARGE for h in b.sizes) else [""]
-    prefixes = [f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}" for mode in b.modes
-                for w, k in {*map(tuple, p.pairs.matched_rf), *map(tuple, p.pairs.matched_params),
-                             tuple(p.pairs.headline)}]
+    prefixes = [
+        f"speedup.{mode}.wbmm_w{w}_vs_dw_k{k}"
+        for mode in b.modes
+        for w, k in {*map(tuple, p.pairs.matched_rf), *map(tuple, p.pairs.matched_params), tuple(p.pairs.headline)}
+    ]
     for mode in b.modes:
-        prefixes += [f"slope_dw_time_vs_k2.{mode}", f"slope_dw_time_vs_k2_k_le13.{mode}",
-                     f"slope_wbmm_time_vs_w2.{mode}"]
+        prefixes += [
+            f"slope_dw_time_vs_k2.{mode}",
+            f"slope_dw_time_vs_k2_k_le13.{mode}",
+            f"slope_wbmm_time_vs_w2.{mode}",
+        ]
         if {13, 17} <= set(b.dw_kernels):
             prefixes.append(f"jump_dw_k13_to_k17.{mode}")
     if {7, 14} <= set(b.windows) and "fwd" in b.modes:
@@ -275,26 +302,34 @@ def _bench_names(p: Params, planned) -> list[str]:
 
 def _speed_names(p: Params, planned) -> list[str]:
     method, *others = list(p.acc.variants)
-    return (["train_step.timing_threads"] + [f"train_step.imgs_per_s.{v}" for v in p.acc.variants]
-            + [f"ratio.train_imgs_per_s.{method}_vs_{o}" for o in others])
+    return (
+        ["train_step.timing_threads"]
+        + [f"train_step.imgs_per_s.{v}" for v in p.acc.variants]
+        + [f"ratio.train_imgs_per_s.{method}_vs_{o}" for o in others]
+    )
 
 
 def derived(p: Params) -> list:
     method, *others = list(p.acc.variants)
-    return [Fn(operator_speed, _bench_names, needs_=["operator_speed"], inputs=["bench"]),
-            Fn(train_speed_metrics, _speed_names, needs_=["train_speed"], inputs=["speed"]),
-            *(Diff("test_acc", method, o) for o in others)]
+    return [
+        Fn(operator_speed, _bench_names, needs_=["operator_speed"], inputs=["bench"]),
+        Fn(train_speed_metrics, _speed_names, needs_=["train_speed"], inputs=["speed"]),
+        *(Diff("test_acc", method, o) for o in others),
+    ]
 
 
 def report_extra(p: Params, values, artifacts: Mapping) -> dict:
     bench_env = (artifacts.get("operator_speed") or {}).get("env", {})
     clock = bench_env.get("clock", "wall")
-    return {"bench_env": bench_env, "timing_threads": p.bench.threads,
-            "timing_note": f"speed numbers come from {p.bench.rounds} (operators) and {p.acc.speed_rounds} "
-                           f"(training step) interleaved rounds at {p.bench.threads} intra-op thread(s) "
-                           f"(bench.threads) on the '{clock}' clock; ratios are medians of "
-                           f"per-round ratios with {p.bench.confidence:.0%} intervals (grid summaries: joint, "
-                           "Bonferroni); compare ratios, not absolute times (machine and load dependent)"}
+    return {
+        "bench_env": bench_env,
+        "timing_threads": p.bench.threads,
+        "timing_note": f"speed numbers come from {p.bench.rounds} (operators) and {p.acc.speed_rounds} "
+        f"(training step) interleaved rounds at {p.bench.threads} intra-op thread(s) "
+        f"(bench.threads) on the '{clock}' clock; ratios are medians of "
+        f"per-round ratios with {p.bench.confidence:.0%} intervals (grid summaries: joint, "
+        "Bonferroni); compare ratios, not absolute times (machine and load dependent)",
+    }
 
 
 # --------------------------------------------------------------------------------------------- plots
@@ -307,10 +342,21 @@ def latency_figure(summ: pd.DataFrame, dtype: str, c: int, h: int):
         for i, (op, b) in enumerate(sorted({(r.op, r.batch) for r in d[d["mode"] == mode].itertuples()})):
             s = d[(d.op == op) & (d.batch == b) & (d["mode"] == mode)].sort_values("param")
             style = "-" if op in ("dw", "unfold") else "--"
-            ax.errorbar(s.param, s.ms, yerr=[s.ms - s.p25_ms, s.p75_ms - s.ms], fmt="o" + style, ms=4, capsize=2,
-                        label=f"{op} B={b}", color=f"C{i}")
-        ax.set(xlabel="kernel side k (DW) / window side w (WBMM)", ylabel=f"{mode} median ms (log)",
-               title=f"{mode}: C={c}, H=W={h}, {dtype}")
+            ax.errorbar(
+                s.param,
+                s.ms,
+                yerr=[s.ms - s.p25_ms, s.p75_ms - s.ms],
+                fmt="o" + style,
+                ms=4,
+                capsize=2,
+                label=f"{op} B={b}",
+                color=f"C{i}",
+            )
+        ax.set(
+            xlabel="kernel side k (DW) / window side w (WBMM)",
+            ylabel=f"{mode} median ms (log)",
+            title=f"{mode}: C={c}, H=W={h}, {dtype}",
+        )
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
@@ -326,9 +372,11 @@ def _num(x: object) -> float:
 def speedup_heatmap(m: Mapping[str, float], p: Params, configs: list[Cfg]):
     """t_DW / t_WBMM for every reported pair × mode (rows) and config (columns); > 1 means WBMM faster;
     '?' marks a cell whose interval straddles 1."""
-    labels = ([(w, k, "matched RF") for w, k in p.pairs.matched_rf]
-              + [(w, k, "matched params") for w, k in p.pairs.matched_params]
-              + [(*p.pairs.headline, "headline")])
+    labels = (
+        [(w, k, "matched RF") for w, k in p.pairs.matched_rf]
+        + [(w, k, "matched params") for w, k in p.pairs.matched_params]
+        + [(*p.pairs.headline, "headline")]
+    )
     vals, undecided, names = [], [], []
     for w, k, kind in labels:
         for mode in p.bench.modes:
@@ -347,8 +395,15 @@ def speedup_heatmap(m: Mapping[str, float], p: Params, configs: list[Cfg]):
     for i in range(vals.shape[0]):
         for j in range(vals.shape[1]):
             if math.isfinite(vals[i, j]):
-                ax.text(j, i, f"{vals[i, j]:.2f}" + ("?" if undecided[i][j] else ""), ha="center", va="center",
-                        fontsize=7, color="white" if abs(logv[i, j]) > 0.6 * span else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{vals[i, j]:.2f}" + ("?" if undecided[i][j] else ""),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if abs(logv[i, j]) > 0.6 * span else "black",
+                )
     ax.set_title("speedup t_DW / t_WBMM (blue: WBMM faster; ?: interval straddles 1)")
     fig.colorbar(im, ax=ax, label="log2 speedup")
     fig.tight_layout()
@@ -361,8 +416,11 @@ def gflops_figure(summ: pd.DataFrame):
     for i, ((dtype, b, c, h), s) in enumerate(d.groupby(["dtype", "batch", "channels", "size"])):
         s = s.sort_values("param")
         ax.plot(s.param, s.gflops_effective, "o-", color=f"C{i % 10}", label=cfg_name(dtype, b, c, h))
-    ax.set(xlabel="window side w", ylabel="effective GFLOP/s (2·B·C·H_pad·W_pad·w² / t)",
-           title="WBMM forward: throughput vs window")
+    ax.set(
+        xlabel="window side w",
+        ylabel="effective GFLOP/s (2·B·C·H_pad·W_pad·w² / t)",
+        title="WBMM forward: throughput vs window",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -382,14 +440,28 @@ def make_plots(p: Params, values, artifacts: Mapping) -> dict:
     figures["wbmm_gflops_vs_window"] = gflops_figure(summ)
     nets = [v for v in p.acc.variants if values.has(v, "test_acc")]
     accs = [np.asarray(list(values.per_seed(v, "test_acc").values()), float) for v in nets]
-    figures["accuracy"] = bar_plot(nets, [float(a.mean()) for a in accs], [float(a.std()) for a in accs],
-                                   ylabel="test accuracy (%)", title="tiny nets, mean ± std over seeds")
+    figures["accuracy"] = bar_plot(
+        nets,
+        [float(a.mean()) for a in accs],
+        [float(a.std()) for a in accs],
+        ylabel="test accuracy (%)",
+        title="tiny nets, mean ± std over seeds",
+    )
     mets = speed_metrics(_speed_frame(artifacts["train_speed"]), p)
     speed = [v for v in p.acc.variants if f"train_step.imgs_per_s.{v}" in mets]
     val = np.asarray([_num(mets[f"train_step.imgs_per_s.{v}"]) for v in speed], float)
-    err = np.asarray([[val[i] - _num(mets[f"train_step.imgs_per_s.{v}.ci_low"]) for i, v in enumerate(speed)],
-                      [_num(mets[f"train_step.imgs_per_s.{v}.ci_high"]) - val[i] for i, v in enumerate(speed)]], float)
-    figures["train_throughput"] = bar_plot(speed, list(val), err if len(speed) else None,
-                                           ylabel="train images / s (median step, interleaved)",
-                                           title=f"tiny nets: training step, {p.bench.confidence:.0%} interval")
+    err = np.asarray(
+        [
+            [val[i] - _num(mets[f"train_step.imgs_per_s.{v}.ci_low"]) for i, v in enumerate(speed)],
+            [_num(mets[f"train_step.imgs_per_s.{v}.ci_high"]) - val[i] for i, v in enumerate(speed)],
+        ],
+        float,
+    )
+    figures["train_throughput"] = bar_plot(
+        speed,
+        list(val),
+        err if len(speed) else None,
+        ylabel="train images / s (median step, interleaved)",
+        title=f"tiny nets: training step, {p.bench.confidence:.0%} interval",
+    )
     return figures

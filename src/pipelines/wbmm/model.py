@@ -1,6 +1,7 @@
 """The tiny accuracy-check network: UniRepLKNet-style blocks (token mixer → BN → SE → FFN with GELU +
 GRN → layer scale, residual) whose mixer alternates WBMM ('W') or a large DW conv with 3×3 DW ('D'),
 as the paper's stage patterns do (e.g. WDW / (WD)×9); two stages, 14×14 and 7×7."""
+
 from __future__ import annotations
 
 import torch
@@ -67,8 +68,16 @@ class Block(nn.Module):
 class TinyNet(nn.Module):
     """stem 3×3 → stage 1 (size², widths[0]) → 2×2 stride-2 conv + BN → stage 2 → GAP → FC."""
 
-    def __init__(self, pattern: list[str], in_ch: int, n_classes: int, widths: tuple[int, int] = (16, 32),
-                 blocks: int = 2, ffn_ratio: int = 2, layer_scale_init: float = 1.0) -> None:
+    def __init__(
+        self,
+        pattern: list[str],
+        in_ch: int,
+        n_classes: int,
+        widths: tuple[int, int] = (16, 32),
+        blocks: int = 2,
+        ffn_ratio: int = 2,
+        layer_scale_init: float = 1.0,
+    ) -> None:
         super().__init__()
         c1, c2 = widths
         mix = [pattern[i % len(pattern)] for i in range(blocks)]  # the stage pattern, cycled

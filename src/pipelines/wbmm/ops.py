@@ -8,6 +8,7 @@ Conventions (checked in tests/methods/test_wbmm.py against ``F.conv2d``):
 - inside each w×w window, ``wbmm(x) = x + depthwise_conv(x, K)`` with zero padding at window borders;
 - H and W are zero-padded up to multiples of w (as the dense backbones do) and the output is cropped back.
 """
+
 from __future__ import annotations
 
 import math
@@ -101,7 +102,7 @@ def dw_kernel_to_table(kernel: torch.Tensor, w: int) -> torch.Tensor:
         raise ValueError(f"kernel must be odd, square and at most 2w-1={2 * w - 1}, got {k}x{k2}")
     table = kernel.new_zeros(c, 2 * w - 1, 2 * w - 1)
     o = w - 1 - k // 2
-    table[:, o:o + k, o:o + k] = kernel
+    table[:, o : o + k, o : o + k] = kernel
     return table.view(c, -1)
 
 

@@ -1,14 +1,22 @@
 """Typed parameters of `wbmm` (Kedro validates ``params:wbmm`` into :class:`Params` before any node runs;
 a bad value stops the run with one line naming its key)."""
+
 from __future__ import annotations
 
 import re
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+)
 
-from pipelines.core.params import MethodParams, Strict, VariantName
+from pipelines.core.api import MethodParams, Strict, VariantName
 
 MIXER_RE = re.compile(r"^(w|dw)([1-9][0-9]*)$")
 

@@ -6,20 +6,18 @@ same epochs, batch and seeds). Each node also records its own per-step throughpu
 the interleaved training-step benchmark (``bench.train_speed``), where the variants run side by side.
 The two interleaved speed benchmarks are one node each (``train.operator_speed``: its table holds the row
 of every timed op; ``train.train_speed``), because what each compares must run in one process."""
+
 from __future__ import annotations
 
+import json
 import statistics
 import time
-
-import json
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipelines.core.runtime import node_setup
-from pipelines.core.spec import Results
-from pipelines.core.training import StepInfo, fit
+from pipelines.core.api import Results, StepInfo, fit, node_setup
 from pipelines.wbmm.model import build_net
 from pipelines.wbmm.ops import WBMM
 from pipelines.wbmm.params import Params
@@ -59,15 +57,16 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: in
     correct = 0
     with torch.no_grad():
         for i in range(0, len(y), batch):
-            correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
+            correct += (model(x[i : i + batch]).argmax(1) == y[i : i + batch]).sum().item()
     for m in model.modules():
         if isinstance(m, WBMM):
             m.uncache()
     return 100.0 * correct / len(y)
 
 
-def train_one(pattern: list[str], data: dict, p: Params, seed: int, device: torch.device, clock: str,
-              desc: str = "model") -> tuple[dict, dict]:
+def train_one(
+    pattern: list[str], data: dict, p: Params, seed: int, device: torch.device, clock: str, desc: str = "model"
+) -> tuple[dict, dict]:
     """Train one variant on one seed (seeded by the caller); its metrics row and its state dict.
     ``fit_imgs_per_s`` is batch / median full-batch step time on ``clock`` (after 3 warm-up steps)."""
     a = p.acc
@@ -81,19 +80,34 @@ def train_one(pattern: list[str], data: dict, p: Params, seed: int, device: torc
 
     t_start, c_start = time.perf_counter(), time.process_time()
     # the old private loop had no gradient clipping: grad_clip=None keeps the recipe (and the numbers)
-    fit(model, (xtr, ytr), cross_entropy, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
-        weight_decay=a.weight_decay, optimizer="adamw", scheduler="onecycle", grad_clip=None, seed=seed,
-        desc=desc, callback=on_step)
+    fit(
+        model,
+        (xtr, ytr),
+        cross_entropy,
+        epochs=a.epochs,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        optimizer="adamw",
+        scheduler="onecycle",
+        grad_clip=None,
+        seed=seed,
+        desc=desc,
+        callback=on_step,
+    )
     train_s, train_cpu_s = time.perf_counter() - t_start, time.process_time() - c_start
     steady = step_s[3:] if len(step_s) > 6 else step_s
-    row = {"test_acc": accuracy(model, xte, yte),
-           "fit_imgs_per_s": a.batch_size / statistics.median(steady) if steady else float("nan"),
-           "train_s": train_s, "train_cpu_s": train_cpu_s,
-           "n_params": float(sum(q.numel() for q in model.parameters()))}
+    row = {
+        "test_acc": accuracy(model, xte, yte),
+        "fit_imgs_per_s": a.batch_size / statistics.median(steady) if steady else float("nan"),
+        "train_s": train_s,
+        "train_cpu_s": train_cpu_s,
+        "n_params": float(sum(q.numel() for q in model.parameters())),
+    }
     return row, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-OPERATOR_SPEED, TRAIN_SPEED = "operator_speed", "train_speed"   # the interleaved benchmarks' nodes
+OPERATOR_SPEED, TRAIN_SPEED = "operator_speed", "train_speed"  # the interleaved benchmarks' nodes
 
 
 def planned(p: Params) -> list[str]:
@@ -135,8 +149,9 @@ def train_variant(data, p: Params, variant: str) -> tuple[pd.DataFrame, dict]:
         # so an explicit CPU clock falls back to wall time when this node runs several threads
         choice = "wall" if p.bench.clock == "cpu" and torch.get_num_threads() != 1 else p.bench.clock
         clock = timing_clock(choice, device, torch.get_num_threads())
-        row, state = train_one(p.acc.variants[variant], data[str(seed)], p, seed, device, clock,
-                               desc=f"{variant} seed {seed}")
+        row, state = train_one(
+            p.acc.variants[variant], data[str(seed)], p, seed, device, clock, desc=f"{variant} seed {seed}"
+        )
         res.add(seed, **row)
         states[f"seed{seed}"] = state
     return res.table(), states

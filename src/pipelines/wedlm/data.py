@@ -3,6 +3,7 @@ and the fixed token layout that keeps EOS at a fixed absolute position (card's E
 
 Layout of one sequence of length L:  [PAD]* [TAG] prompt-symbols [SEP] | answer-symbols [EOS] [PAD]*
 with the prompt left-padded to ``prompt_len`` and the answer of fixed length per regime."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from pipelines.core.schemas import InputDataError, TableSchema, read_user_file
+from pipelines.core.api import InputDataError, TableSchema, read_user_file
 from pipelines.wedlm.params import Params
 
 
@@ -50,8 +51,7 @@ def sample_items(regime: str, n: int, rng: np.random.Generator, p, chain: np.nda
     T = d.max_prompt_terms + a_len
     if regime == "count":
         start = rng.integers(0, S, size=(n, 1))
-        stride = (rng.choice(np.asarray(d.count_strides), size=(n, 1)) if d.count_strides
-                  else d.count_stride)
+        stride = rng.choice(np.asarray(d.count_strides), size=(n, 1)) if d.count_strides else d.count_stride
         seq = (start + stride * np.arange(T)[None]) % S
     else:  # markov: the answer continues the chain from the prompt's last symbol
         cdf = np.cumsum(chain, 1)
@@ -60,7 +60,7 @@ def sample_items(regime: str, n: int, rng: np.random.Generator, p, chain: np.nda
         for t in range(1, T):
             u = rng.random(n)[:, None]
             seq[:, t] = np.minimum((u > cdf[seq[:, t - 1]]).sum(1), S - 1)
-    return [(row[:k].tolist(), row[k:k + a_len].tolist()) for row, k in zip(seq, ks)]
+    return [(row[:k].tolist(), row[k : k + a_len].tolist()) for row, k in zip(seq, ks)]
 
 
 def layout_prompt(regime: str, prompt: list[int], v: Vocab, prompt_len: int) -> list[int]:
@@ -70,24 +70,32 @@ def layout_prompt(regime: str, prompt: list[int], v: Vocab, prompt_len: int) -> 
     return [v.pad] * (prompt_len - len(body)) + body
 
 
-def layout_sequence(regime: str, prompt: list[int], answer: list[int], v: Vocab, prompt_len: int,
-                    seq_len: int) -> list[int]:
+def layout_sequence(
+    regime: str, prompt: list[int], answer: list[int], v: Vocab, prompt_len: int, seq_len: int
+) -> list[int]:
     seq = layout_prompt(regime, prompt, v, prompt_len) + list(answer) + [v.eos]
     if len(seq) > seq_len:
         raise ValueError(f"sequence of length {len(seq)} does not fit data.seq_len={seq_len}")
     return seq + [v.pad] * (seq_len - len(seq))
 
 
-SCHEMA = TableSchema("wedlm.file", {"regime": "str", "prompt": "array[int]", "answer": "array[int]"},
-                     no_missing=("regime", "prompt", "answer"), row_label="line")
+SCHEMA = TableSchema(
+    "wedlm.file",
+    {"regime": "str", "prompt": "array[int]", "answer": "array[int]"},
+    no_missing=("regime", "prompt", "answer"),
+    row_label="line",
+)
 
 
 def _schema(split: str, path: str, d) -> TableSchema:
     """:data:`SCHEMA` with the bounds of ``p.data``: known regimes, token ids in [0, n_symbols), a prompt of at
     most prompt_len − 2 symbols (the regime tag and the separator take two places)."""
-    return SCHEMA.refine(dataset=f"wedlm.{split} ({path})", allowed={"regime": tuple(d.regimes)},
-                         ranges={"prompt": (0, d.n_symbols - 1), "answer": (0, d.n_symbols - 1)},
-                         lengths={"prompt": (None, d.prompt_len - 2)})
+    return SCHEMA.refine(
+        dataset=f"wedlm.{split} ({path})",
+        allowed={"regime": tuple(d.regimes)},
+        ranges={"prompt": (0, d.n_symbols - 1), "answer": (0, d.n_symbols - 1)},
+        lengths={"prompt": (None, d.prompt_len - 2)},
+    )
 
 
 def _jsonl_name(path: str, split: str) -> str:
@@ -124,10 +132,17 @@ def read_jsonl(path: str, split: str, p: Params, table: pd.DataFrame | None = No
     df = _schema(split, path, d).check(table)
     for lineno, regime, answer in zip(df.index, df["regime"], df["answer"]):
         if len(answer) != d.answer_len[regime]:
-            raise InputDataError(f"dataset '{name}': line {lineno}: column 'answer' has {len(answer)} tokens, "
-                                 f"data.answer_len[{regime!r}] = {d.answer_len[regime]}")
-    return pd.DataFrame({"regime": df["regime"].astype(str), "prompt": [list(x) for x in df["prompt"]],
-                         "answer": [list(x) for x in df["answer"]]})
+            raise InputDataError(
+                f"dataset '{name}': line {lineno}: column 'answer' has {len(answer)} tokens, "
+                f"data.answer_len[{regime!r}] = {d.answer_len[regime]}"
+            )
+    return pd.DataFrame(
+        {
+            "regime": df["regime"].astype(str),
+            "prompt": [list(x) for x in df["prompt"]],
+            "answer": [list(x) for x in df["answer"]],
+        }
+    )
 
 
 def make_tasks(p: Params) -> tuple[pd.DataFrame, dict]:
@@ -140,13 +155,17 @@ def make_tasks(p: Params) -> tuple[pd.DataFrame, dict]:
     d = p.data
     extra: dict = {}
     if d.source == "file":
-        tables = {s: jsonl_table(getattr(d, f"{s}_path"), s) for s in ("test", "train")}   # both read, then checked
+        tables = {s: jsonl_table(getattr(d, f"{s}_path"), s) for s in ("test", "train")}  # both read, then checked
         test = read_jsonl(d.test_path, "test", p, tables["test"])
         train = read_jsonl(d.train_path, "train", p, tables["train"])
         v = vocab_of(p)
         extra["train_sequences"] = torch.tensor(
-            [layout_sequence(r, pr, a, v, d.prompt_len, d.seq_len)
-             for r, pr, a in zip(train.regime, train.prompt, train.answer)], dtype=torch.long)
+            [
+                layout_sequence(r, pr, a, v, d.prompt_len, d.seq_len)
+                for r, pr, a in zip(train.regime, train.prompt, train.answer)
+            ],
+            dtype=torch.long,
+        )
     else:
         chain = markov_chain(d.n_symbols, d.markov_sigma, d.markov_temperature, d.seed)
         extra["chain"] = torch.tensor(chain, dtype=torch.float64)
@@ -154,15 +173,15 @@ def make_tasks(p: Params) -> tuple[pd.DataFrame, dict]:
         frames = []
         for regime in d.regimes:
             items = sample_items(regime, d.n_test, rng, p, chain)
-            frames.append(pd.DataFrame({"regime": regime, "prompt": [a for a, _ in items],
-                                        "answer": [b for _, b in items]}))
+            frames.append(
+                pd.DataFrame({"regime": regime, "prompt": [a for a, _ in items], "answer": [b for _, b in items]})
+            )
         test = pd.concat(frames, ignore_index=True)
     test["item"] = test.groupby("regime").cumcount()
     return test, extra
 
 
-def training_batch(regimes: list[str], n: int, rng: np.random.Generator, p, chain: np.ndarray,
-                   v: Vocab):
+def training_batch(regimes: list[str], n: int, rng: np.random.Generator, p, chain: np.ndarray, v: Vocab):
     """A fresh batch of laid-out sequences (regimes drawn uniformly): LongTensor [n, L]."""
     import torch
 

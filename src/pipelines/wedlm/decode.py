@@ -3,6 +3,7 @@ AR greedy, WeDLM streaming parallel decoding (commit the leading filled slots ev
 window), and the block-wise baseline (commit only whole blocks). Batched over prompts of equal length;
 caches are ragged per row (a validity mask), which is exact because attention does not depend on where a
 key sits physically, only on the mask and its logical (RoPE) position."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -58,12 +59,12 @@ def forward_on_cache(model: TinyLM, cache: KVCache, tok: torch.Tensor, pos: torc
 
 @dataclass
 class DecodeResult:
-    tokens: list[list[int]]          # generated tokens per prompt, up to and including the first EOS
-    forwards: list[int]              # sequential model calls, prefill included
-    processed: list[int]             # token instances run through the model after the prompt
-    cached: list[int]                # generated tokens whose K/V entered the cache
+    tokens: list[list[int]]  # generated tokens per prompt, up to and including the first EOS
+    forwards: list[int]  # sequential model calls, prefill included
+    processed: list[int]  # token instances run through the model after the prompt
+    cached: list[int]  # generated tokens whose K/V entered the cache
     fills: list[int]
-    out_of_order: list[int]          # fills that left an unfilled mask to their left
+    out_of_order: list[int]  # fills that left an unfilled mask to their left
     # per forward of row 0: committed (in the cache), decided (committed + leading filled run), filled
     trace: list[dict] = field(default_factory=list)
 
@@ -88,8 +89,9 @@ def decode_ar(model: TinyLM, prompts: torch.Tensor, eos: int, max_new: int) -> D
     ids = torch.arange(n, device=dev)
     trace = [{"step": 0, "committed": 0, "decided": 1, "filled": 0, "window": 0}]
     for step in range(1, max_new):
-        alive = torch.tensor([out[i][-1] != eos and len(out[i]) < max_new for i in ids.tolist()],
-                             dtype=torch.bool, device=dev)
+        alive = torch.tensor(
+            [out[i][-1] != eos and len(out[i]) < max_new for i in ids.tolist()], dtype=torch.bool, device=dev
+        )
         if not alive.any():
             break
         if not alive.all():
@@ -105,8 +107,7 @@ def decode_ar(model: TinyLM, prompts: torch.Tensor, eos: int, max_new: int) -> D
             fwd[i] += 1
             proc[i] += 1
         if ids[0] == 0:
-            trace.append({"step": step, "committed": len(out[0]) - 1, "decided": len(out[0]), "filled": 0,
-                          "window": 0})
+            trace.append({"step": step, "committed": len(out[0]) - 1, "decided": len(out[0]), "filled": 0, "window": 0})
     return DecodeResult(out, fwd, proc, list(proc), [len(o) for o in out], [0] * n, trace)
 
 
@@ -137,9 +138,19 @@ def _predict(win_tok, win_filled, has_logit, win_logits, tau, lam, fallback):
 
 
 @torch.no_grad()
-def decode_parallel(model: TinyLM, prompts: torch.Tensor, eos: int, mask_id: int, max_new: int,
-                    window: int, tau: float, lam: float, mode: str = "stream",
-                    refill: str = "before_forward", fallback: str = "argmin") -> DecodeResult:
+def decode_parallel(
+    model: TinyLM,
+    prompts: torch.Tensor,
+    eos: int,
+    mask_id: int,
+    max_new: int,
+    window: int,
+    tau: float,
+    lam: float,
+    mode: str = "stream",
+    refill: str = "before_forward",
+    fallback: str = "argmin",
+) -> DecodeResult:
     """WeDLM streaming (``mode='stream'``) or block-wise (``mode='block'``) parallel decoding.
 
     Every forward runs [slots to commit, other filled slots, masks] in that physical order on top of the
@@ -180,12 +191,19 @@ def decode_parallel(model: TinyLM, prompts: torch.Tensor, eos: int, mask_id: int
             fills[i] += int(nf[a])
             ooo[i] += int(no[a])
             if i == 0:
-                trace.append({"step": step, "committed": len(out[0]), "decided": len(out[0]) + int(lead[a]),
-                              "filled": int(win_filled[a].sum()), "window": W})
+                trace.append(
+                    {
+                        "step": step,
+                        "committed": len(out[0]),
+                        "decided": len(out[0]) + int(lead[a]),
+                        "filled": int(win_filled[a].sum()),
+                        "window": W,
+                    }
+                )
             if done[a]:
-                seq = out[i] + win_tok[a, :int(lead[a])].tolist()
+                seq = out[i] + win_tok[a, : int(lead[a])].tolist()
                 if eos in seq:
-                    seq = seq[:seq.index(eos) + 1]
+                    seq = seq[: seq.index(eos) + 1]
                 final[i] = seq[:max_new]
         if done.all():
             break

@@ -1,6 +1,7 @@
 """The tiny causal transformer (RoPE on *logical* positions) and WeDLM's training construction:
 dual-stream input, per-block masking with topological reordering, the 2L × 2L attention mask and the
 mixed loss (masked-slot CE weighted by 1/γ + next-token AR loss) — paper §3 "causal mask recovery"."""
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,7 @@ class TinyLM(nn.Module):
     """One LM head for both roles: at a [MASK] input it predicts that slot's own token, at an observed
     token the next token (the input tells the two apart, as in the paper)."""
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int,
-                 rope_base: float = 10000.0):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, rope_base: float = 10000.0):
         super().__init__()
         self.emb = nn.Embedding(vocab, d_model)
         self.layers = nn.ModuleList(Layer(d_model, n_heads, d_ff, rope_base) for _ in range(n_layers))
@@ -55,8 +55,9 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(d_model, vocab)
         nn.init.normal_(self.emb.weight, std=0.02)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None,
-                past: list | None = None):
+    def forward(
+        self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None, past: list | None = None
+    ):
         """tokens, pos [N, T]; mask [N or 1, T, S_past + T] (True = may attend; default causal over the
         physical order); past: per layer (k, v) [N, H, S_past, dh]. Returns logits and per-layer new (k, v)."""
         T = tokens.shape[1]
@@ -94,8 +95,9 @@ def dual_stream_mask(blk: torch.Tensor) -> torch.Tensor:
     return m
 
 
-def dual_stream_batch(x: torch.Tensor, prompt_len: int, block: int, offset: int, gamma_min: float,
-                      mask_id: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def dual_stream_batch(
+    x: torch.Tensor, prompt_len: int, block: int, offset: int, gamma_min: float, mask_id: int, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Training input of causal mask recovery for clean sequences x [N, L].
 
     Per (sequence, block) a ratio γ ~ U(0, 1] (clamped to ≥ gamma_min) masks round(γ · #maskable) random
@@ -133,15 +135,17 @@ def dual_stream_batch(x: torch.Tensor, prompt_len: int, block: int, offset: int,
     }
 
 
-def wedlm_loss(model: TinyLM, batch: dict, x: torch.Tensor, ar_target_mask: torch.Tensor,
-               ar_weight: float) -> tuple[torch.Tensor, dict]:
+def wedlm_loss(
+    model: TinyLM, batch: dict, x: torch.Tensor, ar_target_mask: torch.Tensor, ar_weight: float
+) -> tuple[torch.Tensor, dict]:
     """(L_mlm + ar_weight · L_ar) / 2: masked slots predict their own token (no shift), weighted by 1/γ;
     the clean stream predicts the next token."""
     L = x.shape[1]
     logits, _ = model(batch["tokens"], batch["pos"], batch["mask"])
     tgt = batch["mlm_target"]
-    ce = F.cross_entropy(logits[:, L:].reshape(-1, logits.shape[-1]), tgt.clamp_min(0).reshape(-1),
-                         reduction="none").view_as(tgt)
+    ce = F.cross_entropy(
+        logits[:, L:].reshape(-1, logits.shape[-1]), tgt.clamp_min(0).reshape(-1), reduction="none"
+    ).view_as(tgt)
     l_mlm = (ce * batch["mlm_weight"]).sum()
     l_ar = ar_loss_from_logits(logits[:, :L], x, ar_target_mask)
     return (l_mlm + ar_weight * l_ar) / 2, {"mlm": l_mlm.item(), "ar": l_ar.item()}
@@ -149,8 +153,9 @@ def wedlm_loss(model: TinyLM, batch: dict, x: torch.Tensor, ar_target_mask: torc
 
 def ar_loss_from_logits(logits: torch.Tensor, x: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
     """Next-token CE on x; ``target_mask`` [N, L] marks which targets count (not the left padding)."""
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
-                         reduction="none").view(x.shape[0], -1)
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none").view(
+        x.shape[0], -1
+    )
     m = target_mask[:, 1:].float()
     return (ce * m).sum() / m.sum().clamp_min(1.0)
 
@@ -163,4 +168,3 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the untempered softmax."""
     logp = torch.log_softmax(logits.float(), -1)
     return -(logp.exp() * logp).sum(-1)
-

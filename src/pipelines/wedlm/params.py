@@ -1,9 +1,10 @@
 """Typed parameters of `wedlm` (validated before any node runs; an error names the key)."""
+
 from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from pipelines.core.params import MethodParams, Strict, keys_of
+from pipelines.core.api import MethodParams, Strict, keys_of
 
 Regime = Literal["count", "markov", "reverse"]
 
@@ -16,8 +17,8 @@ class Data(Strict):
     test_path: str | None = None
     regimes: list[Regime] = Field(min_length=1)
     n_symbols: int = Field(ge=4, le=100_000)
-    prompt_len: int = Field(ge=4)               # fixed prompt length after left padding
-    seq_len: int = Field(ge=8)                  # training length L (prompt + answer + EOS + PAD tail)
+    prompt_len: int = Field(ge=4)  # fixed prompt length after left padding
+    seq_len: int = Field(ge=8)  # training length L (prompt + answer + EOS + PAD tail)
     answer_len: keys_of(get_args(Regime), int)  # answer content length per regime (EOS comes after)
     min_prompt_terms: PositiveInt
     max_prompt_terms: PositiveInt
@@ -43,8 +44,10 @@ class Data(Strict):
         if "reverse" in self.regimes and self.answer_len["reverse"] > self.prompt_len - 2:
             raise ValueError("answer_len['reverse'] must fit in the prompt (≤ prompt_len - 2)")
         if self.count_strides and len(set(self.count_strides)) > 1 and self.min_prompt_terms < 2:
-            raise ValueError("count_strides with several strides needs min_prompt_terms >= 2 (the stride "
-                             "must be readable from the prompt)")
+            raise ValueError(
+                "count_strides with several strides needs min_prompt_terms >= 2 (the stride "
+                "must be readable from the prompt)"
+            )
         if self.source == "file" and not (self.train_path and self.test_path):
             raise ValueError("source 'file' needs train_path and test_path")
         return self
@@ -56,7 +59,7 @@ class Model(Strict):
     n_layers: PositiveInt
     d_ff: int = Field(ge=8)
     rope_base: float = Field(default=10000.0, gt=1)
-    init_path: str | None = None                # a state dict of this architecture (e.g. an AR backbone)
+    init_path: str | None = None  # a state dict of this architecture (e.g. an AR backbone)
 
     @model_validator(mode="after")
     def _heads(self):
@@ -70,27 +73,27 @@ class Train(Strict):
     batch_size: PositiveInt
     lr: float = Field(gt=0, le=1)
     weight_decay: NonNegativeFloat
-    block_size: PositiveInt               # B: masking/reordering block of the prediction stream
-    gamma_min: float = Field(gt=0, le=1)        # clamp of the per-block mask ratio (1/γ weights)
-    ar_weight: NonNegativeFloat              # total = (L_mlm + ar_weight · L_ar) / 2
+    block_size: PositiveInt  # B: masking/reordering block of the prediction stream
+    gamma_min: float = Field(gt=0, le=1)  # clamp of the per-block mask ratio (1/γ weights)
+    ar_weight: NonNegativeFloat  # total = (L_mlm + ar_weight · L_ar) / 2
     grad_clip: PositiveFloat
-    random_block_offset: bool = True            # shift block boundaries per step (windows start anywhere)
+    random_block_offset: bool = True  # shift block boundaries per step (windows start anywhere)
     ar_only_seeds: list[int] = Field(default_factory=list)  # the AR-only baseline's seeds (train.ar_only); [] drops it
 
 
 class Decode(Strict):
-    window: PositiveInt                   # W
-    tau: PositiveFloat                    # entropy threshold (nats)
-    lam: NonNegativeFloat                    # distance penalty of the method config
-    lam_fast: NonNegativeFloat               # the aggressive config (and block-wise)
+    window: PositiveInt  # W
+    tau: PositiveFloat  # entropy threshold (nats)
+    lam: NonNegativeFloat  # distance penalty of the method config
+    lam_fast: NonNegativeFloat  # the aggressive config (and block-wise)
     max_new_tokens: PositiveInt
     refill: Literal["before_forward", "after_predict"] = "before_forward"
     fallback: Literal["argmin", "leftmost"] = "argmin"
 
 
 class Eval(Strict):
-    taus: list[float] = Field(min_length=1)     # frontier over the threshold (streaming and block-wise)
-    n_timing: PositiveInt                 # prompts per regime decoded at batch 1 for wall clock
+    taus: list[float] = Field(min_length=1)  # frontier over the threshold (streaming and block-wise)
+    n_timing: PositiveInt  # prompts per regime decoded at batch 1 for wall clock
     timing_rounds: PositiveInt = 5  # the n_timing prompts split into this many interleaved rounds
     sweeps: bool = False
     sweep_lams: list[float] = Field(default_factory=lambda: [0.0, 0.02, 0.1])
@@ -113,7 +116,7 @@ def trained_variants(p) -> list[str]:
 class Params(MethodParams):
     USER_FILES: ClassVar[dict[str, str]] = {"data.train_path": "jsonl", "data.test_path": "jsonl"}
     USER_FILE_SETTINGS: ClassVar[dict[str, Any]] = {"data.source": "file"}
-    THREADS_SCALE = True     # models large enough that a second intra-op thread pays (docs/threads.md)
+    THREADS_SCALE = True  # models large enough that a second intra-op thread pays (docs/threads.md)
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     data: Data
     model: Model

@@ -2,10 +2,18 @@
 `train.ar_only_seeds` is set — trained, decoding the test set, and the decoders' wall clock interleaved side
 by side in the same process) → evaluate; the method's contract, built by core. The table's row variants are
 the decoders: `ar`, `wedlm`, `wedlm_fast`, `blockwise` (the `wedlm` weights) and `ar_only`."""
-from pipelines.core.spec import Data, Diff, Fn, Method, Ratio, Train
+
+from pipelines.core.api import Data, Diff, Fn, Method, Ratio, Train
 from pipelines.wedlm.data import make_tasks
-from pipelines.wedlm.evaluate import (WEDLM_VARIANTS, make_plots, max_wedlm, max_wedlm_names, report_extra,
-                                      speed_ratio_names, speed_ratios)
+from pipelines.wedlm.evaluate import (
+    WEDLM_VARIANTS,
+    make_plots,
+    max_wedlm,
+    max_wedlm_names,
+    report_extra,
+    speed_ratio_names,
+    speed_ratios,
+)
 from pipelines.wedlm.params import Params
 from pipelines.wedlm.train import train_variant
 
@@ -13,11 +21,16 @@ from pipelines.wedlm.train import train_variant
 def derived(p: Params) -> list:
     """Per seed, paired: exact match against AR decoding of the same weights, the tokens-per-forward ratios;
     the fastest WeDLM decoder; the wall-clock ratios (their own interval over the timing rounds)."""
-    out = [Diff(f"exact_match_{r}", v, "ar", name=f"delta.exact_match_{r}.{v}_minus_ar")
-           for r in p.data.regimes for v in WEDLM_VARIANTS]
+    out = [
+        Diff(f"exact_match_{r}", v, "ar", name=f"delta.exact_match_{r}.{v}_minus_ar")
+        for r in p.data.regimes
+        for v in WEDLM_VARIANTS
+    ]
     for r in p.data.regimes:
-        out += [Ratio(f"tokens_per_forward_{r}", "wedlm_fast", b, name=f"ratio.tokens_per_forward_{r}.wedlm_fast_vs_{b}")
-                for b in ("wedlm", "blockwise")]
+        out += [
+            Ratio(f"tokens_per_forward_{r}", "wedlm_fast", b, name=f"ratio.tokens_per_forward_{r}.wedlm_fast_vs_{b}")
+            for b in ("wedlm", "blockwise")
+        ]
     return [*out, Fn(max_wedlm, max_wedlm_names), Fn(speed_ratios, speed_ratio_names)]
 
 

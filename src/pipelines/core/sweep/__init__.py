@@ -21,18 +21,63 @@ or Ray), ``results`` (what is kept: results, hold rates, summary, ``sweep.json``
 MLflow run), ``driver`` (the ``kedro sweep`` command). Imports only click at module level (``kedro`` loads
 this with every command); mlflow, pandas, matplotlib and ray are imported where used.
 """
+
 from __future__ import annotations
 
 from pipelines.core.sweep.base import FAILED, INTERRUPTED, OK, PENDING, RUNNING, GridError, SweepInterrupted
 from pipelines.core.sweep.driver import run_sweep, sweep
-from pipelines.core.sweep.grid import (error_line, expand_grid, new_sweep_id, parse_assignments, parse_grid,
-                                       parse_value, pipeline_of, sample_points, split_top_level)
+from pipelines.core.sweep.grid import (
+    error_line,
+    expand_grid,
+    new_sweep_id,
+    parse_assignments,
+    parse_grid,
+    parse_value,
+    pipeline_of,
+    sample_points,
+    split_top_level,
+)
 from pipelines.core.sweep.point import point_args, run_point
-from pipelines.core.sweep.results import (hold_rate_table, hold_rates, load_doc, point_results, points_table,
-                                          resume_todo, summary_markdown, sweep_hold_rate_markdown, write_summary)
+from pipelines.core.sweep.results import (
+    hold_rate_table,
+    hold_rates,
+    load_doc,
+    point_results,
+    points_table,
+    resume_todo,
+    summary_markdown,
+    sweep_hold_rate_markdown,
+    write_summary,
+)
 
-__all__ = ["FAILED", "INTERRUPTED", "OK", "PENDING", "RUNNING", "GridError", "SweepInterrupted", "error_line",
-           "expand_grid", "hold_rate_table", "hold_rates", "load_doc", "new_sweep_id", "parse_assignments",
-           "parse_grid", "parse_value", "pipeline_of", "point_args", "point_results", "points_table",
-           "resume_todo", "run_point", "run_sweep", "sample_points", "split_top_level", "summary_markdown",
-           "sweep", "sweep_hold_rate_markdown", "write_summary"]
+__all__ = [
+    "FAILED",
+    "INTERRUPTED",
+    "OK",
+    "PENDING",
+    "RUNNING",
+    "GridError",
+    "SweepInterrupted",
+    "error_line",
+    "expand_grid",
+    "hold_rate_table",
+    "hold_rates",
+    "load_doc",
+    "new_sweep_id",
+    "parse_assignments",
+    "parse_grid",
+    "parse_value",
+    "pipeline_of",
+    "point_args",
+    "point_results",
+    "points_table",
+    "resume_todo",
+    "run_point",
+    "run_sweep",
+    "sample_points",
+    "split_top_level",
+    "summary_markdown",
+    "sweep",
+    "sweep_hold_rate_markdown",
+    "write_summary",
+]

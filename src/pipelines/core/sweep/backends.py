@@ -1,4 +1,5 @@
 """Where points run: local subprocesses, at most ``--max-parallel`` at once, or one Ray task per point."""
+
 from __future__ import annotations
 
 import subprocess
@@ -6,7 +7,6 @@ import time
 from typing import Any
 
 from pipelines.core.cpus import usable_cpus
-
 from pipelines.core.sweep.point import run_point, stop_process
 
 
@@ -64,8 +64,7 @@ class _LocalBackend:
 class _RayBackend:
     """Points as Ray tasks (``num_cpus`` each); starts a local instance for ``address=local``."""
 
-    def __init__(self, address: str, cpus_per_point: float, max_inflight: int | None,
-                 env_vars: dict[str, str]) -> None:
+    def __init__(self, address: str, cpus_per_point: float, max_inflight: int | None, env_vars: dict[str, str]) -> None:
         import logging
 
         import ray
@@ -96,8 +95,13 @@ class _RayBackend:
         return len(self._refs)
 
     def submit(self, index: int, job: dict[str, Any]) -> None:
-        ref = self._fn.options(num_cpus=self.cpus, max_retries=0, retry_exceptions=False,
-                               runtime_env=self._runtime_env, name=f"sweep-point-{index}").remote(job)
+        ref = self._fn.options(
+            num_cpus=self.cpus,
+            max_retries=0,
+            retry_exceptions=False,
+            runtime_env=self._runtime_env,
+            name=f"sweep-point-{index}",
+        ).remote(job)
         self._refs[ref] = (index, time.perf_counter())
 
     def wait_one(self) -> list[tuple[int, dict[str, Any]]]:
@@ -111,8 +115,17 @@ class _RayBackend:
                 out.append((index, ray.get(ref)))
             except Exception as exc:  # noqa: BLE001 - a lost worker / node: the point failed, not the sweep
                 first = (str(exc).strip().splitlines() or [""])[0]
-                out.append((index, {"returncode": -1, "stdout": "", "wall_seconds": round(time.perf_counter() - t0, 3),
-                                    "stderr": f"Error: the point's Ray task failed: {type(exc).__name__}: {first}"}))
+                out.append(
+                    (
+                        index,
+                        {
+                            "returncode": -1,
+                            "stdout": "",
+                            "wall_seconds": round(time.perf_counter() - t0, 3),
+                            "stderr": f"Error: the point's Ray task failed: {type(exc).__name__}: {first}",
+                        },
+                    )
+                )
         return out
 
     def close(self, cancel: bool = False) -> None:

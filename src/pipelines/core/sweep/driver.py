@@ -1,4 +1,5 @@
 """The driver: ``kedro sweep`` (new or ``--resume``): runs the points and writes the summary."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,6 @@ import os
 import re
 import shlex
 import signal
-import sys
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -14,23 +14,63 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import click
+
 from pipelines.core.cpus import usable_cpus
+from pipelines.core.sweep.backends import _LocalBackend, _RayBackend
+from pipelines.core.sweep.base import (
+    _RACE,
+    _TRANSIENT,
+    CONCURRENCY_ENV,
+    FAILED,
+    INTERRUPTED,
+    OK,
+    PENDING,
+    RUNNING,
+    SCHEMA,
+    SWEEP_ID_ENV,
+    SWEEP_POINT_ENV,
+    TRANSIENT_RETRIES,
+    GridError,
+    SweepInterrupted,
+    _on_sigterm,
+)
+from pipelines.core.sweep.grid import (
+    error_line,
+    expand_grid,
+    new_sweep_id,
+    parse_assignments,
+    parse_grid,
+    parse_value,
+    pipeline_of,
+    sample_points,
+)
+from pipelines.core.sweep.point import point_args
+from pipelines.core.sweep.results import (
+    _short,
+    hold_rate_table,
+    load_doc,
+    point_results,
+    points_table,
+    resume_todo,
+    save_doc,
+    sweep_dir,
+    write_summary,
+)
+from pipelines.core.sweep.store import Store, _absolute_uri, _retry
 from pipelines.core.versions import SESSION_LOCK_ENV, _session_lock_path
 
-import click
-from pipelines.core.sweep.base import CONCURRENCY_ENV, FAILED, GridError, INTERRUPTED, OK, PENDING, RUNNING, SCHEMA, SWEEP_ID_ENV, SWEEP_POINT_ENV, SweepInterrupted, TRANSIENT_RETRIES, _RACE, _TRANSIENT, _on_sigterm
-from pipelines.core.sweep.grid import error_line, expand_grid, new_sweep_id, parse_assignments, parse_grid, parse_value, pipeline_of, sample_points
-from pipelines.core.sweep.point import point_args
-from pipelines.core.sweep.backends import _LocalBackend, _RayBackend
-from pipelines.core.sweep.results import _short, hold_rate_table, load_doc, point_results, points_table, resume_todo, save_doc, sweep_dir, write_summary
-from pipelines.core.sweep.store import Store, _absolute_uri, _retry
 
-
-def _point_env(doc: Mapping[str, Any], p: Mapping[str, Any], tracking_uri: str, concurrency: int,
-               root: Path) -> dict[str, str]:
+def _point_env(
+    doc: Mapping[str, Any], p: Mapping[str, Any], tracking_uri: str, concurrency: int, root: Path
+) -> dict[str, str]:
     sid = doc["sweep_id"]
-    tags = {"sweep_id": sid, "sweep_point": str(p["index"]), "sweep_attempt": str(p["attempts"]),
-            **{f"sweep.{k}": v for k, v in p["overrides"].items()}}
+    tags = {
+        "sweep_id": sid,
+        "sweep_point": str(p["index"]),
+        "sweep_attempt": str(p["attempts"]),
+        **{f"sweep.{k}": v for k, v in p["overrides"].items()},
+    }
     context: dict[str, Any] = {}
     if os.environ.get("MLFLOW_RUN_CONTEXT"):
         try:
@@ -39,8 +79,9 @@ def _point_env(doc: Mapping[str, Any], p: Mapping[str, Any], tracking_uri: str, 
             context = {}
     env = {
         SWEEP_ID_ENV: sid,
-        SWEEP_POINT_ENV: json.dumps({"sweep_id": sid, "index": p["index"], "attempt": p["attempts"],
-                                     "overrides": p["overrides"]}),
+        SWEEP_POINT_ENV: json.dumps(
+            {"sweep_id": sid, "index": p["index"], "attempt": p["attempts"], "overrides": p["overrides"]}
+        ),
         CONCURRENCY_ENV: str(concurrency),
         SESSION_LOCK_ENV: str(_session_lock_path(root)),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
@@ -56,16 +97,21 @@ def _point_env(doc: Mapping[str, Any], p: Mapping[str, Any], tracking_uri: str, 
 
 
 def _point_tags(doc: Mapping[str, Any], p: Mapping[str, Any]) -> dict[str, str]:
-    return {"sweep_id": doc["sweep_id"], "sweep_point": str(p["index"]), "sweep_attempt": str(p["attempts"]),
-            **{f"sweep.{k}": v for k, v in p["overrides"].items()}}
+    return {
+        "sweep_id": doc["sweep_id"],
+        "sweep_point": str(p["index"]),
+        "sweep_attempt": str(p["attempts"]),
+        **{f"sweep.{k}": v for k, v in p["overrides"].items()},
+    }
 
 
 def _command_line(pipeline: str, env: str | None, params: Mapping[str, str]) -> str:
     return "kedro " + " ".join(shlex.quote(a) for a in point_args(pipeline, env, params))
 
 
-def _finish_point(doc: dict[str, Any], p: dict[str, Any], res: Mapping[str, Any], store: Store | None,
-                  root: Path, out_dir: Path) -> None:
+def _finish_point(
+    doc: dict[str, Any], p: dict[str, Any], res: Mapping[str, Any], store: Store | None, root: Path, out_dir: Path
+) -> None:
     """Record a finished point: status, error line, logs, its MLflow run (tagged), its report's results."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -73,10 +119,21 @@ def _finish_point(doc: dict[str, Any], p: dict[str, Any], res: Mapping[str, Any]
     (logs / f"{stem}.stdout.log").write_text(res.get("stdout") or "")
     (logs / f"{stem}.stderr.log").write_text(res.get("stderr") or "")
     rc = int(res.get("returncode", -1))
-    p.update(status=OK if rc == 0 else FAILED, returncode=rc, wall_seconds=res.get("wall_seconds"),
-             error=None if rc == 0 else error_line(res.get("stderr") or "", rc), host=res.get("host"),
-             log=f"logs/{stem}.stderr.log", run_id=None, save_version=None, report=None,
-             claims=[], claims_held=None, claims_declared=None, headline=None)
+    p.update(
+        status=OK if rc == 0 else FAILED,
+        returncode=rc,
+        wall_seconds=res.get("wall_seconds"),
+        error=None if rc == 0 else error_line(res.get("stderr") or "", rc),
+        host=res.get("host"),
+        log=f"logs/{stem}.stderr.log",
+        run_id=None,
+        save_version=None,
+        report=None,
+        claims=[],
+        claims_held=None,
+        claims_declared=None,
+        headline=None,
+    )
     run = None
     if store is not None:
         try:
@@ -105,8 +162,9 @@ def _finish_point(doc: dict[str, Any], p: dict[str, Any], res: Mapping[str, Any]
     p["save_version"] = p["save_version"] or report.get("save_version")
 
 
-def _discard(doc: Mapping[str, Any], p: dict[str, Any], store: Store | None, root: Path, out_dir: Path,
-             why: str) -> None:
+def _discard(
+    doc: Mapping[str, Any], p: dict[str, Any], store: Store | None, root: Path, out_dir: Path, why: str
+) -> None:
     """A finished point whose results cannot be trusted: failed, its parent run re-tagged
     ``role=discarded`` (status FAILED) and its report moved out of data/08_reporting/<m>/report.json/ into
     the sweep's ``discarded/``, so neither the MLflow nor the folder scoreboard takes it as a result."""
@@ -130,8 +188,9 @@ def _discard(doc: Mapping[str, Any], p: dict[str, Any], store: Store | None, roo
         p["report"] = str(dest.relative_to(root))
 
 
-def run_sweep(doc: dict[str, Any], todo: list[int], root: Path, max_parallel: int | None,
-              runner_params: Mapping[str, str]) -> dict[str, Any]:
+def run_sweep(
+    doc: dict[str, Any], todo: list[int], root: Path, max_parallel: int | None, runner_params: Mapping[str, str]
+) -> dict[str, Any]:
     """Run the points ``todo`` of ``doc`` (updated in place, sweep.json rewritten after each point)."""
     out_dir = sweep_dir(root, doc["sweep_id"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -139,8 +198,12 @@ def run_sweep(doc: dict[str, Any], todo: list[int], root: Path, max_parallel: in
 
     uri = _absolute_uri(runctx.tracking_uri())
     experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or doc["pipeline"]
-    doc.update(tracking_uri=uri, experiment=experiment, launches=int(doc.get("launches", 0)) + 1,
-               updated_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    doc.update(
+        tracking_uri=uri,
+        experiment=experiment,
+        launches=int(doc.get("launches", 0)) + 1,
+        updated_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
     store = Store(uri, experiment, root)
 
     address = (runner_params.get("address") or "").strip()
@@ -150,19 +213,27 @@ def run_sweep(doc: dict[str, Any], todo: list[int], root: Path, max_parallel: in
         concurrency = parallel
     else:
         if uri.startswith("sqlite:") and address.lower() != "local":
-            click.echo("sweep: points on a Ray cluster log to this machine's sqlite store only if they run "
-                       "here; set MLFLOW_TRACKING_URI to the team's tracking server", err=True)
+            click.echo(
+                "sweep: points on a Ray cluster log to this machine's sqlite store only if they run "
+                "here; set MLFLOW_TRACKING_URI to the team's tracking server",
+                err=True,
+            )
         cpus = float(parse_value(runner_params.get("num_cpus", "1")))
-        backend = _RayBackend(address, cpus, max_parallel,
-                              {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-                               "KEDRO_DISABLE_TELEMETRY": "true"})
+        backend = _RayBackend(
+            address,
+            cpus,
+            max_parallel,
+            {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "KEDRO_DISABLE_TELEMETRY": "true"},
+        )
         concurrency = 1  # replaced on the worker by the points its node runs at once
     points = {p["index"]: p for p in doc["points"]}
     for i in todo:
         points[i]["status"] = PENDING
     save_doc(doc, out_dir)
-    click.echo(f"sweep {doc['sweep_id']}: {len(todo)} of {len(doc['points'])} point(s) of "
-               f"'{doc['pipeline']}' ({backend.describe()}); writing to {out_dir}")
+    click.echo(
+        f"sweep {doc['sweep_id']}: {len(todo)} of {len(doc['points'])} point(s) of "
+        f"'{doc['pipeline']}' ({backend.describe()}); writing to {out_dir}"
+    )
 
     queue = deque(todo)
     retries: dict[int, int] = {}
@@ -178,8 +249,11 @@ def run_sweep(doc: dict[str, Any], todo: list[int], root: Path, max_parallel: in
                 p = points[queue.popleft()]
                 p["attempts"] = int(p.get("attempts", 0)) + 1
                 params = {**(doc.get("params") or {}), **p["overrides"]}
-                job = {"args": point_args(doc["pipeline"], doc.get("env"), params), "cwd": str(root),
-                       "env": _point_env(doc, p, uri, concurrency, root)}
+                job = {
+                    "args": point_args(doc["pipeline"], doc.get("env"), params),
+                    "cwd": str(root),
+                    "env": _point_env(doc, p, uri, concurrency, root),
+                }
                 if isinstance(backend, _RayBackend):
                     job.update(ray_cpus=backend.cpus, n_points=len(todo))
                 p["command"] = _command_line(doc["pipeline"], doc.get("env"), params)
@@ -195,12 +269,21 @@ def run_sweep(doc: dict[str, Any], todo: list[int], root: Path, max_parallel: in
                 raced = _RACE.search(" ".join(f"{res.get('stdout') or ''} {stderr}".split()))
                 if raced:
                     path = re.search(r"filepath=(?:PurePosixPath\()?'([^']+)'", raced.group(1))
-                    _discard(doc, p, store, root, out_dir,
-                             f"Error: it read back a version of {path.group(1) if path else 'a dataset'} that a "
-                             "concurrent run wrote (Kedro: save version did not match load version); its "
-                             "results are discarded")
-                if (p["status"] == FAILED and (raced or _TRANSIENT.search(stderr))
-                        and retries.get(index, 0) < TRANSIENT_RETRIES):
+                    _discard(
+                        doc,
+                        p,
+                        store,
+                        root,
+                        out_dir,
+                        f"Error: it read back a version of {path.group(1) if path else 'a dataset'} that a "
+                        "concurrent run wrote (Kedro: save version did not match load version); its "
+                        "results are discarded",
+                    )
+                if (
+                    p["status"] == FAILED
+                    and (raced or _TRANSIENT.search(stderr))
+                    and retries.get(index, 0) < TRANSIENT_RETRIES
+                ):
                     retries[index] = retries.get(index, 0) + 1
                     click.echo(f"sweep: point {index}: {p['error']}; retrying")
                     p["status"] = PENDING
@@ -209,11 +292,19 @@ def run_sweep(doc: dict[str, Any], todo: list[int], root: Path, max_parallel: in
                     continue
                 finished += 1
                 values = ", ".join(f"{_short(k, doc['pipeline'])}={v}" for k, v in p["overrides"].items())
-                tail = f": {p['error']}" if p["status"] == FAILED else (
-                    f", claims held {p['claims_held']}/{p['claims_declared']}" if p.get("claims_declared") is not None
-                    else "")
-                click.echo(f"[{finished}/{len(todo)}] point {index} ({values}) {p['status']} in "
-                           f"{(p.get('wall_seconds') or 0):.1f} s{tail}")
+                tail = (
+                    f": {p['error']}"
+                    if p["status"] == FAILED
+                    else (
+                        f", claims held {p['claims_held']}/{p['claims_declared']}"
+                        if p.get("claims_declared") is not None
+                        else ""
+                    )
+                )
+                click.echo(
+                    f"[{finished}/{len(todo)}] point {index} ({values}) {p['status']} in "
+                    f"{(p.get('wall_seconds') or 0):.1f} s{tail}"
+                )
                 save_doc(doc, out_dir)
     except BaseException:
         cancelled = True
@@ -235,8 +326,9 @@ def run_sweep(doc: dict[str, Any], todo: list[int], root: Path, max_parallel: in
     return doc
 
 
-def _sweep_command(pipeline: str, env: str | None, grids: Sequence[str], params: str | None,
-                   sample: int | None, seed: int) -> str:
+def _sweep_command(
+    pipeline: str, env: str | None, grids: Sequence[str], params: str | None, sample: int | None, seed: int
+) -> str:
     args = [f"--pipeline={pipeline}"] + ([f"--env={env}"] if env else [])
     args += [a for g in grids for a in ("--grid", g)] + ([f"--params={params}"] if params else [])
     args += [f"--sample={sample}", f"--seed={seed}"] if sample else []
@@ -265,25 +357,57 @@ def _check_request(root: Path, pipeline: str, env: str | None) -> None:
 
 @click.command("sweep")
 @click.option("--pipeline", "-p", "pipeline", default=None, help="The pipeline every point runs.")
-@click.option("--grid", "-g", "grids", multiple=True, metavar="KEY=V1,V2,...",
-              help="A parameter and its values (YAML; commas inside brackets do not split). Repeat for "
-                   "more keys: the points are the Cartesian product.")
+@click.option(
+    "--grid",
+    "-g",
+    "grids",
+    multiple=True,
+    metavar="KEY=V1,V2,...",
+    help="A parameter and its values (YAML; commas inside brackets do not split). Repeat for "
+    "more keys: the points are the Cartesian product.",
+)
 @click.option("--env", "-e", default=None, help="Kedro env of every point (e.g. test, full).")
 @click.option("--params", default=None, metavar="KEY=V,...", help="Fixed overrides applied to every point.")
-@click.option("--sample", type=click.IntRange(min=1), default=None,
-              help="Run a random subset of N points of the grid (reproducible with --seed).")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run a random subset of N points of the grid (reproducible with --seed).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --sample.")
-@click.option("--max-parallel", type=click.IntRange(min=1), default=None,
-              help="Points running at once (default: usable CPUs locally; no cap on Ray).")
-@click.option("--runner-params", default=None, metavar="address=local|auto|ray://...[,num_cpus=1]",
-              help="Run each point as a Ray task: address=local starts a local instance, anything else "
-                   "joins a cluster; num_cpus per point (default 1).")
-@click.option("--resume", "resume_id", default=None, metavar="SWEEP_ID",
-              help="Rerun the points of an earlier sweep that did not finish ok, then rewrite its summary.")
+@click.option(
+    "--max-parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Points running at once (default: usable CPUs locally; no cap on Ray).",
+)
+@click.option(
+    "--runner-params",
+    default=None,
+    metavar="address=local|auto|ray://...[,num_cpus=1]",
+    help="Run each point as a Ray task: address=local starts a local instance, anything else "
+    "joins a cluster; num_cpus per point (default 1).",
+)
+@click.option(
+    "--resume",
+    "resume_id",
+    default=None,
+    metavar="SWEEP_ID",
+    help="Rerun the points of an earlier sweep that did not finish ok, then rewrite its summary.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the points and their commands; run nothing.")
-def sweep(pipeline: str | None, grids: tuple[str, ...], env: str | None, params: str | None,
-          sample: int | None, seed: int, max_parallel: int | None, runner_params: str | None,
-          resume_id: str | None, dry_run: bool) -> None:
+def sweep(
+    pipeline: str | None,
+    grids: tuple[str, ...],
+    env: str | None,
+    params: str | None,
+    sample: int | None,
+    seed: int,
+    max_parallel: int | None,
+    runner_params: str | None,
+    resume_id: str | None,
+    dry_run: bool,
+) -> None:
     """Run a pipeline over a grid of parameter overrides, each point a full `kedro run` in its own process,
     and summarise how robust the claims are (data/08_reporting/<m>/sweeps/<sweep_id>/).
 
@@ -304,8 +428,9 @@ def sweep(pipeline: str | None, grids: tuple[str, ...], env: str | None, params:
                 raise GridError("--runner-params num_cpus: expected a number > 0")
         if resume_id:
             if pipeline or grids or params or sample or env:
-                raise GridError("--resume reruns a sweep as it was defined: give only --max-parallel / "
-                                "--runner-params with it")
+                raise GridError(
+                    "--resume reruns a sweep as it was defined: give only --max-parallel / --runner-params with it"
+                )
             pipeline_of(resume_id)
             doc = load_doc(root, resume_id)
             todo = resume_todo(doc)
@@ -324,15 +449,33 @@ def sweep(pipeline: str | None, grids: tuple[str, ...], env: str | None, params:
             combos = expand_grid(parsed)
             chosen = sample_points(len(combos), sample, seed)
             sid = new_sweep_id(pipeline)
-            doc = {"schema": SCHEMA, "sweep_id": sid, "pipeline": pipeline, "env": env,
-                   "grid": [{"key": k, "values": v} for k, v in parsed], "params": fixed,
-                   "sample": sample, "seed": seed if sample else None, "grid_size": len(combos),
-                   "max_parallel": max_parallel, "runner_params": rparams,
-                   "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "launches": 0,
-                   "command": _sweep_command(pipeline, env, grids, params, sample, seed),
-                   "points": [{"index": j, "grid_index": gi, "overrides": combos[gi],
-                               "values": {k: parse_value(v) for k, v in combos[gi].items()},
-                               "status": PENDING, "attempts": 0} for j, gi in enumerate(chosen)]}
+            doc = {
+                "schema": SCHEMA,
+                "sweep_id": sid,
+                "pipeline": pipeline,
+                "env": env,
+                "grid": [{"key": k, "values": v} for k, v in parsed],
+                "params": fixed,
+                "sample": sample,
+                "seed": seed if sample else None,
+                "grid_size": len(combos),
+                "max_parallel": max_parallel,
+                "runner_params": rparams,
+                "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "launches": 0,
+                "command": _sweep_command(pipeline, env, grids, params, sample, seed),
+                "points": [
+                    {
+                        "index": j,
+                        "grid_index": gi,
+                        "overrides": combos[gi],
+                        "values": {k: parse_value(v) for k, v in combos[gi].items()},
+                        "status": PENDING,
+                        "attempts": 0,
+                    }
+                    for j, gi in enumerate(chosen)
+                ],
+            }
             todo = [p["index"] for p in doc["points"]]
     except GridError as exc:
         raise click.UsageError(str(exc)) from None
@@ -342,8 +485,10 @@ def sweep(pipeline: str | None, grids: tuple[str, ...], env: str | None, params:
         click.echo(f"sweep {doc['sweep_id']} (dry run): {len(todo)} point(s)")
         for i in todo:
             p = doc["points"][i]
-            click.echo(f"  #{i}: " + _command_line(doc["pipeline"], doc.get("env"),
-                                                    {**(doc.get("params") or {}), **p["overrides"]}))
+            click.echo(
+                f"  #{i}: "
+                + _command_line(doc["pipeline"], doc.get("env"), {**(doc.get("params") or {}), **p["overrides"]})
+            )
         return
     if not todo:
         click.echo(f"sweep {doc['sweep_id']}: every point finished ok; nothing to rerun")
@@ -352,8 +497,11 @@ def sweep(pipeline: str | None, grids: tuple[str, ...], env: str | None, params:
             run_sweep(doc, todo, root, max_parallel, rparams)
         except KeyboardInterrupt as exc:
             why = str(exc) or "interrupted (Ctrl-C)"
-            click.echo(f"Error: sweep {doc['sweep_id']} {why}; the points that did not finish are marked "
-                       f"interrupted; rerun them with: kedro sweep --resume {doc['sweep_id']}", err=True)
+            click.echo(
+                f"Error: sweep {doc['sweep_id']} {why}; the points that did not finish are marked "
+                f"interrupted; rerun them with: kedro sweep --resume {doc['sweep_id']}",
+                err=True,
+            )
             raise SystemExit(143 if isinstance(exc, SweepInterrupted) else 130) from None
     out_dir = sweep_dir(root, doc["sweep_id"])
     if not todo:
@@ -364,5 +512,7 @@ def sweep(pipeline: str | None, grids: tuple[str, ...], env: str | None, params:
     click.echo(f"summary: {out_dir / 'summary.md'} (+ summary.parquet, heatmap.png, sweep.json)")
     bad = [p for p in doc["points"] if p["status"] != OK]
     if bad:
-        raise click.ClickException(f"{len(bad)} of {len(doc['points'])} point(s) did not finish ok; "
-                                   f"rerun them with: kedro sweep --resume {doc['sweep_id']}")
+        raise click.ClickException(
+            f"{len(bad)} of {len(doc['points'])} point(s) did not finish ok; "
+            f"rerun them with: kedro sweep --resume {doc['sweep_id']}"
+        )

@@ -1,5 +1,6 @@
 """Parsing a sweep request: grid values, keys, fixed parameters, sampled points, sweep ids, a failed
 point's error line."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,8 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-
-from pipelines.core.sweep.base import GridError, _CLOSE, _KEY, _OPEN, _SWEEP_ID
+from pipelines.core.sweep.base import _CLOSE, _KEY, _OPEN, _SWEEP_ID, GridError
 
 
 def split_top_level(text: str, sep: str = ",") -> list[str]:
@@ -147,9 +147,10 @@ def error_line(stderr: str, returncode: int) -> str:
     lines = [ln for ln in lines if ln and not re.match(r"^[\u2500-\u257f\s]+$", ln)]  # no box rules
     pick = next((ln for ln in reversed(lines) if ln.startswith("Error:")), None)
     if pick is None:
-        pick = next((ln for ln in reversed(lines)
-                     if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", ln)), None)
+        pick = next(
+            (ln for ln in reversed(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", ln)), None
+        )
     if pick is None:
-        pick = next((ln for ln in reversed(lines) if not ln[0] in "\u2502\u2570\u256d"), None)
+        pick = next((ln for ln in reversed(lines) if ln[0] not in "\u2502\u2570\u256d"), None)
     pick = pick or f"exit code {returncode}"
     return pick if len(pick) <= 400 else pick[:397] + "..."

@@ -1,4 +1,5 @@
 """One point: its ``kedro run`` arguments and the subprocess that runs it."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from pipelines.core.versions import unique_session_class
 
 from pipelines.core.sweep.base import CONCURRENCY_ENV, LOG_CAP, THREADS_ENV
 
@@ -33,8 +32,7 @@ def _ray_node_concurrency(cpus_per_point: float, n_points: int) -> int:
         import ray
 
         node_id = ray.get_runtime_context().get_node_id()
-        cpus = next((n.get("Resources", {}).get("CPU", 1.0) for n in ray.nodes()
-                     if n.get("NodeID") == node_id), 1.0)
+        cpus = next((n.get("Resources", {}).get("CPU", 1.0) for n in ray.nodes() if n.get("NodeID") == node_id), 1.0)
     except Exception:  # noqa: BLE001 - outside Ray or an old API: one point at a time
         return 1
     per_node = int(cpus // cpus_per_point) if cpus_per_point > 0 else n_points
@@ -71,8 +69,16 @@ def run_point(job: Mapping[str, Any], on_start=None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pipelines", *job["args"]]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
     except OSError as exc:
         proc = None
         rc, out, err = 127, "", f"Error: cannot start {cmd[0]}: {exc}"
@@ -85,8 +91,14 @@ def run_point(job: Mapping[str, Any], on_start=None) -> dict[str, Any]:
             stop_process(proc)
             raise
         rc = proc.returncode
-    return {"returncode": rc, "stdout": out[-LOG_CAP:], "stderr": err[-LOG_CAP:],
-            "wall_seconds": round(time.perf_counter() - t0, 3), "host": socket.gethostname(), "cwd": cwd}
+    return {
+        "returncode": rc,
+        "stdout": out[-LOG_CAP:],
+        "stderr": err[-LOG_CAP:],
+        "wall_seconds": round(time.perf_counter() - t0, 3),
+        "host": socket.gethostname(),
+        "cwd": cwd,
+    }
 
 
 # ============================================================================================ the point process

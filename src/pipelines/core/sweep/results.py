@@ -1,4 +1,5 @@
 """What a sweep keeps: each point's results, hold rates, the summary tables and heatmap, ``sweep.json``."""
+
 from __future__ import annotations
 
 import json
@@ -7,13 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
-from pipelines.core.sweep.base import FAILED, GridError, INTERRUPTED, OK, PENDING
+from pipelines.core.sweep.base import FAILED, INTERRUPTED, OK, PENDING, GridError
 from pipelines.core.sweep.grid import pipeline_of
 
 
 def _num(x: Any) -> float | None:
-    from pipelines.core.headline import finite   # one finite-float reader
+    from pipelines.core.headline import finite  # one finite-float reader
 
     return finite(x)
 
@@ -22,11 +22,18 @@ def point_results(report: Mapping[str, Any], root: Path | None) -> dict[str, Any
     """What the summary keeps of a point's report: claims (value, holds) and the headline value."""
     from pipelines.core.headline import headline_of
 
-    claims = [{"id": c.get("id"), "value": _num(c.get("value")), "holds": bool(c.get("holds"))}
-              for c in report.get("claims") or [] if c.get("id")]
-    out: dict[str, Any] = {"claims": claims, "claims_held": sum(c["holds"] for c in claims),
-                           "claims_declared": len(claims), "headline": None,
-                           "save_version": report.get("save_version")}
+    claims = [
+        {"id": c.get("id"), "value": _num(c.get("value")), "holds": bool(c.get("holds"))}
+        for c in report.get("claims") or []
+        if c.get("id")
+    ]
+    out: dict[str, Any] = {
+        "claims": claims,
+        "claims_held": sum(c["holds"] for c in claims),
+        "claims_declared": len(claims),
+        "headline": None,
+        "save_version": report.get("save_version"),
+    }
     try:
         head, _ = headline_of(report, root)
     except Exception:  # noqa: BLE001 - a malformed headline block only loses the column
@@ -37,8 +44,12 @@ def point_results(report: Mapping[str, Any], root: Path | None) -> dict[str, Any
         if value is None:
             metrics = report.get("metrics") or {}
             value = metrics.get(metric, metrics.get(f"{method}.{metric}"))
-        out["headline"] = {"metric": metric, "method": method, "value": _num(value),
-                           "lower_is_better": bool(head.get("lower_is_better", True))}
+        out["headline"] = {
+            "metric": metric,
+            "method": method,
+            "value": _num(value),
+            "lower_is_better": bool(head.get("lower_is_better", True)),
+        }
     return out
 
 
@@ -54,8 +65,7 @@ def hold_rates(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Per claim: ``held`` of ``n`` ok points that report it, and the ``rate`` (None if n = 0)."""
     out = {}
     for cid in claim_ids(doc):
-        vals = [c["holds"] for p in doc["points"] if p["status"] == OK
-                for c in p.get("claims") or [] if c["id"] == cid]
+        vals = [c["holds"] for p in doc["points"] if p["status"] == OK for c in p.get("claims") or [] if c["id"] == cid]
         out[cid] = {"held": sum(vals), "n": len(vals), "rate": (sum(vals) / len(vals)) if vals else None}
     return out
 
@@ -70,12 +80,20 @@ def summary_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         head = p.get("headline") or {}
         row: dict[str, Any] = {"point": p["index"]}
         row.update({k: p["overrides"].get(k) for k in keys})
-        row.update({"status": p["status"], "error": p.get("error"), "run_id": p.get("run_id"),
-                    "save_version": p.get("save_version"), "attempts": p.get("attempts", 0),
-                    "wall_seconds": p.get("wall_seconds"),
-                    "headline_metric": (f"{head['method']}.{head['metric']}" if head.get("metric") else None),
-                    "headline": head.get("value"),
-                    "claims_held": p.get("claims_held"), "claims_declared": p.get("claims_declared")})
+        row.update(
+            {
+                "status": p["status"],
+                "error": p.get("error"),
+                "run_id": p.get("run_id"),
+                "save_version": p.get("save_version"),
+                "attempts": p.get("attempts", 0),
+                "wall_seconds": p.get("wall_seconds"),
+                "headline_metric": (f"{head['method']}.{head['metric']}" if head.get("metric") else None),
+                "headline": head.get("value"),
+                "claims_held": p.get("claims_held"),
+                "claims_declared": p.get("claims_declared"),
+            }
+        )
         by_id = {c["id"]: c for c in p.get("claims") or []}
         for cid in cids:
             c = by_id.get(cid)
@@ -86,7 +104,7 @@ def summary_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _short(key: str, pipeline: str) -> str:
-    return key[len(pipeline) + 1:] if key.startswith(pipeline + ".") else key
+    return key[len(pipeline) + 1 :] if key.startswith(pipeline + ".") else key
 
 
 def _cell(x: Any) -> str:
@@ -103,15 +121,23 @@ def points_table(doc: Mapping[str, Any]) -> str:
     m = doc["pipeline"]
     keys = [g["key"] for g in doc["grid"]]
     heads = [p.get("headline") for p in doc["points"] if p.get("headline")]
-    head_cols = [f"{heads[0]['method']} {heads[0]['metric']}"] if heads else []   # the headline, if declared
+    head_cols = [f"{heads[0]['method']} {heads[0]['metric']}"] if heads else []  # the headline, if declared
     cols = ["point", *(_short(k, m) for k in keys), "status", *head_cols, "claims held", "wall s", "run", "error"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for p in doc["points"]:
         held = "" if p.get("claims_declared") is None else f"{p.get('claims_held')}/{p.get('claims_declared')}"
         wall = "" if p.get("wall_seconds") is None else f"{p['wall_seconds']:.1f}"
         head = [_fmt((p.get("headline") or {}).get("value"))] if head_cols else []
-        cells = [p["index"], *(p["overrides"].get(k, "") for k in keys), p["status"], *head, held, wall,
-                 p.get("run_id") or "", p.get("error") or ""]
+        cells = [
+            p["index"],
+            *(p["overrides"].get(k, "") for k in keys),
+            p["status"],
+            *head,
+            held,
+            wall,
+            p.get("run_id") or "",
+            p.get("error") or "",
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -139,16 +165,28 @@ def summary_markdown(doc: Mapping[str, Any]) -> str:
     grid = "; ".join(f"`{g['key']}` = {', '.join(g['values'])}" for g in doc["grid"])
     fixed = ", ".join(f"`{k}={v}`" for k, v in (doc.get("params") or {}).items()) or "none"
     sampled = f" (a sample of {doc['sample']} with seed {doc['seed']})" if doc.get("sample") else ""
-    lines = [f"# Sweep {doc['sweep_id']}", "",
-             f"Pipeline `{doc['pipeline']}`, env `{doc.get('env') or 'default'}`, {len(doc['points'])} points"
-             f"{sampled}: {counts[OK]} ok, {counts[FAILED]} failed"
-             + (f", {counts[INTERRUPTED] + counts[PENDING]} not run" if counts[INTERRUPTED] + counts[PENDING] else "")
-             + ".", "", f"Grid: {grid}. Fixed overrides: {fixed}.", "",
-             f"Runs in MLflow experiment `{doc.get('experiment')}` with tag `sweep_id = '{doc['sweep_id']}'`.", "",
-             "## Points", "", points_table(doc),
-             "## Claim robustness", "", "✓ held, ✗ not held, – point failed or no value. "
-             "Hold rate: points where the claim holds / points that finished ok.", "",
-             hold_rate_table(doc)]
+    lines = [
+        f"# Sweep {doc['sweep_id']}",
+        "",
+        f"Pipeline `{doc['pipeline']}`, env `{doc.get('env') or 'default'}`, {len(doc['points'])} points"
+        f"{sampled}: {counts[OK]} ok, {counts[FAILED]} failed"
+        + (f", {counts[INTERRUPTED] + counts[PENDING]} not run" if counts[INTERRUPTED] + counts[PENDING] else "")
+        + ".",
+        "",
+        f"Grid: {grid}. Fixed overrides: {fixed}.",
+        "",
+        f"Runs in MLflow experiment `{doc.get('experiment')}` with tag `sweep_id = '{doc['sweep_id']}'`.",
+        "",
+        "## Points",
+        "",
+        points_table(doc),
+        "## Claim robustness",
+        "",
+        "✓ held, ✗ not held, – point failed or no value. "
+        "Hold rate: points where the claim holds / points that finished ok.",
+        "",
+        hold_rate_table(doc),
+    ]
     return "\n".join(lines)
 
 
@@ -180,8 +218,13 @@ def write_heatmap(doc: Mapping[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(min(1.0 + 0.45 * len(pts), 40), min(0.8 + 0.32 * max(len(cids), 1), 40)))
     ax.imshow(grid, cmap=ListedColormap(colors), vmin=-0.5, vmax=3.5, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(len(pts)))
-    ax.set_xticklabels([f"#{p['index']}  " + ", ".join(f"{_short(k, m)}={v}" for k, v in p["overrides"].items())
-                        for p in pts], fontsize=7, rotation=50, ha="right", rotation_mode="anchor")
+    ax.set_xticklabels(
+        [f"#{p['index']}  " + ", ".join(f"{_short(k, m)}={v}" for k, v in p["overrides"].items()) for p in pts],
+        fontsize=7,
+        rotation=50,
+        ha="right",
+        rotation_mode="anchor",
+    )
     ax.set_yticks(range(len(cids)))
     ax.set_yticklabels([f"{c} ({rates[c]['held']}/{rates[c]['n']})" for c in cids], fontsize=8)
     ax.set_xticks(np.arange(-0.5, len(pts), 1), minor=True)
@@ -189,14 +232,22 @@ def write_heatmap(doc: Mapping[str, Any], path: Path) -> None:
     ax.grid(which="minor", color="#444444", linewidth=0.5)
     ax.tick_params(which="minor", length=0)
     if not cids:
-        ax.text(len(pts) / 2 - 0.5, 0, "no claim values\n(no point finished ok)", ha="center", va="center",
-                fontsize=8)
-    ax.set_title(f"claims x points, sweep {doc['sweep_id']}\n(held / ok points after each claim)", fontsize=9,
-                 loc="left")
-    ax.legend(handles=[Patch(color=colors[3], label="held"), Patch(color=colors[2], label="not held"),
-                       Patch(color=colors[0], label="point failed"),
-                       Patch(facecolor=colors[1], edgecolor="#444444", label="no value")],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        ax.text(len(pts) / 2 - 0.5, 0, "no claim values\n(no point finished ok)", ha="center", va="center", fontsize=8)
+    ax.set_title(
+        f"claims x points, sweep {doc['sweep_id']}\n(held / ok points after each claim)", fontsize=9, loc="left"
+    )
+    ax.legend(
+        handles=[
+            Patch(color=colors[3], label="held"),
+            Patch(color=colors[2], label="not held"),
+            Patch(color=colors[0], label="point failed"),
+            Patch(facecolor=colors[1], edgecolor="#444444", label="no value"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        frameon=False,
+    )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -210,7 +261,7 @@ def write_summary(doc: Mapping[str, Any], out_dir: Path) -> list[Path]:
     keys = {g["key"] for g in doc["grid"]}
     for col in df.columns:
         if col in keys:
-            continue   # swept values stay as written (strings)
+            continue  # swept values stay as written (strings)
         if col.startswith("claim.") and col.endswith(".holds"):
             df[col] = df[col].astype("boolean")
         elif (col.startswith("claim.") and col.endswith(".value")) or col in ("wall_seconds", "headline"):
@@ -265,5 +316,7 @@ def sweep_hold_rate_markdown(sweep_id: str, project: Path) -> str:
         raise SystemExit(f"scoreboard: no sweep {sweep_id!r} under {project / 'data' / '08_reporting'}")
     doc = json.loads(path.read_text())
     ok = sum(p["status"] == OK for p in doc["points"])
-    return (f"# Claim hold rates: sweep {sweep_id}\n\n`{doc['pipeline']}`, {len(doc['points'])} points, "
-            f"{ok} ok. Details: `{path.parent / 'summary.md'}`.\n\n" + hold_rate_table(doc, per_point=False))
+    return (
+        f"# Claim hold rates: sweep {sweep_id}\n\n`{doc['pipeline']}`, {len(doc['points'])} points, "
+        f"{ok} ok. Details: `{path.parent / 'summary.md'}`.\n\n" + hold_rate_table(doc, per_point=False)
+    )

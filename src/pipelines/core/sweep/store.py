@@ -1,4 +1,5 @@
 """The sweep's MLflow store: its own run ``sweep-<id>`` and the points' tags."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-
 from pipelines.core.sweep.base import FAILED, OK
 from pipelines.core.sweep.results import hold_rates
 
@@ -16,7 +16,7 @@ from pipelines.core.sweep.results import hold_rates
 def _absolute_uri(uri: str) -> str:
     """A relative ``sqlite:///x.db`` made absolute (points run from the project root, not this cwd)."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        path, _, query = uri[len("sqlite:///"):].partition("?")
+        path, _, query = uri[len("sqlite:///") :].partition("?")
         if path and path != ":memory:":
             return f"sqlite:///{Path(path).resolve()}" + (f"?{query}" if query else "")
     return uri
@@ -55,8 +55,9 @@ class Store:
             try:
                 from pipelines.core.mlflow_logging import CLASSIC_ML_KIND, EXPERIMENT_KIND_TAG
 
-                return self.client.create_experiment(name, artifact_location=artifact_location,
-                                                     tags={EXPERIMENT_KIND_TAG: CLASSIC_ML_KIND})
+                return self.client.create_experiment(
+                    name, artifact_location=artifact_location, tags={EXPERIMENT_KIND_TAG: CLASSIC_ML_KIND}
+                )
             except Exception:  # noqa: BLE001 - created meanwhile by someone else: use theirs
                 exp = self.client.get_experiment_by_name(name)
                 if exp is None:
@@ -65,16 +66,18 @@ class Store:
             self.client.restore_experiment(exp.experiment_id)
         from pipelines.core.mlflow_logging import mark_experiment_kind
 
-        mark_experiment_kind(exp.experiment_id, self.client)   # here, not by the concurrent points
+        mark_experiment_kind(exp.experiment_id, self.client)  # here, not by the concurrent points
         return exp.experiment_id
 
     def point_run(self, sweep_id: str, index: int, attempt: int, stdout: str):
         """The point's top-level MLflow run (the kedro run's parent run), found by its sweep tags; if
         MLflow did not apply them, found from the run id the point logged, then tagged here."""
-        filt = (f"tags.sweep_id = '{sweep_id}' and tags.sweep_point = '{index}' "
-                f"and tags.sweep_attempt = '{attempt}'")
-        runs = _retry(lambda: self.client.search_runs([self.experiment_id], filt, max_results=500,
-                                                      order_by=["attributes.start_time DESC"]))
+        filt = f"tags.sweep_id = '{sweep_id}' and tags.sweep_point = '{index}' and tags.sweep_attempt = '{attempt}'"
+        runs = _retry(
+            lambda: self.client.search_runs(
+                [self.experiment_id], filt, max_results=500, order_by=["attributes.start_time DESC"]
+            )
+        )
         top = [r for r in runs or [] if "mlflow.parentRunId" not in r.data.tags]
         if top:
             return top[0]
@@ -107,30 +110,47 @@ class Store:
         from mlflow.entities import Metric, Param
 
         sid = doc["sweep_id"]
-        found = _retry(lambda: self.client.search_runs(
-            [self.experiment_id], f"tags.sweep_id = '{sid}' and tags.role = 'sweep'", max_results=1))
+        found = _retry(
+            lambda: self.client.search_runs(
+                [self.experiment_id], f"tags.sweep_id = '{sid}' and tags.role = 'sweep'", max_results=1
+            )
+        )
         if found:
             run_id = found[0].info.run_id
             params: list = []
         else:
-            tags = {"sweep_id": sid, "role": "sweep", "pipeline": doc["pipeline"], "env": doc.get("env") or "",
-                    "mlflow.runName": f"sweep-{sid}"}
-            run_id = _retry(lambda: self.client.create_run(self.experiment_id, run_name=f"sweep-{sid}",
-                                                           tags=tags)).info.run_id
-            params = [Param("grid", json.dumps({g["key"]: g["values"] for g in doc["grid"]})[:6000]),
-                      Param("points", str(len(doc["points"]))),
-                      Param("fixed_params", json.dumps(doc.get("params") or {})[:6000]),
-                      Param("sample", str(doc.get("sample"))), Param("seed", str(doc.get("seed")))]
+            tags = {
+                "sweep_id": sid,
+                "role": "sweep",
+                "pipeline": doc["pipeline"],
+                "env": doc.get("env") or "",
+                "mlflow.runName": f"sweep-{sid}",
+            }
+            run_id = _retry(
+                lambda: self.client.create_run(self.experiment_id, run_name=f"sweep-{sid}", tags=tags)
+            ).info.run_id
+            params = [
+                Param("grid", json.dumps({g["key"]: g["values"] for g in doc["grid"]})[:6000]),
+                Param("points", str(len(doc["points"]))),
+                Param("fixed_params", json.dumps(doc.get("params") or {})[:6000]),
+                Param("sample", str(doc.get("sample"))),
+                Param("seed", str(doc.get("seed"))),
+            ]
         step = int(doc.get("launches", 1))
         ts = int(time.time() * 1000)
         counts = {s: sum(p["status"] == s for p in doc["points"]) for s in (OK, FAILED)}
-        metrics = [Metric(f"hold_rate.{c}", r["rate"], ts, step)
-                   for c, r in hold_rates(doc).items() if r["rate"] is not None]
-        metrics += [Metric("points_ok", counts[OK], ts, step), Metric("points_failed", counts[FAILED], ts, step),
-                    Metric("points", len(doc["points"]), ts, step)]
+        metrics = [
+            Metric(f"hold_rate.{c}", r["rate"], ts, step) for c, r in hold_rates(doc).items() if r["rate"] is not None
+        ]
+        metrics += [
+            Metric("points_ok", counts[OK], ts, step),
+            Metric("points_failed", counts[FAILED], ts, step),
+            Metric("points", len(doc["points"]), ts, step),
+        ]
         for i in range(0, max(len(metrics), 1), 500):
-            _retry(lambda i=i: self.client.log_batch(run_id, metrics=metrics[i:i + 500],
-                                                     params=params if i == 0 else []))
+            _retry(
+                lambda i=i: self.client.log_batch(run_id, metrics=metrics[i : i + 500], params=params if i == 0 else [])
+            )
         for f in files:
             if f.is_file():
                 _retry(lambda f=f: self.client.log_artifact(run_id, str(f)))

@@ -396,8 +396,8 @@ def test_kedro_run_on_local_ray_gives_the_inline_report(ray_local, gpu_probe, e2
     )
 
 
-def tess_train_nodes() -> tuple[set[str], set[str]]:
-    """The train nodes of tess at --env=test (one per variant), and those tagged gpu."""
+def tess_train_nodes() -> tuple[set[str], set[str], set[str]]:
+    """The train nodes of tess at --env=test (one per variant), those tagged gpu, and the datasets they read."""
     from pipelines.core import runctx
     from pipelines.core.registry import load_pipeline
 
@@ -406,7 +406,8 @@ def tess_train_nodes() -> tuple[set[str], set[str]]:
         nodes = [n for n in load_pipeline("tess").nodes if n.name.startswith("tess.train.")]
     finally:
         runctx.set_run_config(None, None, {})
-    return {n.name for n in nodes}, {n.name for n in nodes if "gpu" in n.tags}
+    reads = {i for n in nodes for i in n.inputs if not i.startswith("params:") and i != "parameters"}
+    return {n.name for n in nodes}, {n.name for n in nodes if "gpu" in n.tags}, reads
 
 
 @pytest.mark.ray
@@ -420,7 +421,10 @@ def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_projec
     sequential = test_env_run("tess")  # shared with the registry smoke test: one run per session
     reference = json.loads(sequential.report_path.read_text())
     reports = {}
-    train, gpu = tess_train_nodes()
+    train, gpu, reads = tess_train_nodes()
+    # the reference run's own data: a later tess run of the session (another test) may have saved newer
+    # versions, computed at another thread count
+    pinned = ",".join(f"{d}:{reference['save_version']}" for d in sorted(reads))
     assert len(train) >= 5 and gpu
     for backend, params in (("inline", "address=null"), ("ray", "address=local")):
         _end_mlflow_runs()
@@ -429,7 +433,16 @@ def test_tess_inline_and_local_ray_equal_sequential_runner(ray_local, e2e_projec
             run = run_kedro(
                 e2e_project,
                 "tess",
-                extra=["--runner", RUNNER, "--runner-params", params, "--from-nodes", ",".join(sorted(train))],
+                extra=[
+                    "--runner",
+                    RUNNER,
+                    "--runner-params",
+                    params,
+                    "--from-nodes",
+                    ",".join(sorted(train)),
+                    "--load-versions",
+                    pinned,
+                ],
             )
         assert run.exit_code == 0, run.output
         reports[backend] = run.report

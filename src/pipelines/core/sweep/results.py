@@ -8,14 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.headline import finite as _num  # one finite-float reader
 from pipelines.core.sweep.base import FAILED, INTERRUPTED, OK, PENDING, GridError
 from pipelines.core.sweep.grid import pipeline_of
-
-
-def _num(x: Any) -> float | None:
-    from pipelines.core.headline import finite  # one finite-float reader
-
-    return finite(x)
 
 
 def point_results(report: Mapping[str, Any], root: Path | None) -> dict[str, Any]:
